@@ -1,0 +1,1 @@
+//! lockkit's test support.
