@@ -1,9 +1,123 @@
-//! Implementation detail of `lockkit`: `#[derive(AdvisoryKey)]`.
+//! Implementation detail of `lockkit`: `#[derive(AdvisoryKey)]`. Depend on
+//! `lockkit` (feature `derive`, on by default) instead.
+#![warn(
+    missing_docs,
+    rust_2018_idioms,
+    unreachable_pub,
+    missing_debug_implementations
+)]
+#![deny(unsafe_code)]
+
+mod ast;
+mod attr;
+mod ctxt;
+mod expand;
+mod valid;
+
 use proc_macro::TokenStream;
 
-/// Derives `lockkit::AdvisoryKey`.
+/// Derives `lockkit::AdvisoryKey` (and `lockkit::KeyPart`) following the
+/// normative key format, KEYS.md.
+///
+/// The key of a value is a hash of its namespace and of its fields, in
+/// declaration order, each in its canonical encoding ([`KeyPart`]). Field
+/// names are not encoded: renaming a field keeps every key, reordering or
+/// adding one changes them. An enum encodes the variant's name (not its
+/// discriminant), then the variant's fields.
+///
+/// ```ignore
+/// use lockkit::{AdvisoryKey, LockKey};
+///
+/// #[derive(AdvisoryKey)]
+/// struct Order {
+///     id: i64,
+/// }
+///
+/// // KEYS.md golden vector.
+/// assert_eq!(Order { id: 42 }.lock_key(), LockKey::BigInt(-7205368663365046133));
+/// ```
+///
+/// Structs (named, tuple, unit) and enums derive it; unions do not. An enum
+/// without variants is accepted: it has no values, so it never makes a key.
+///
+/// # Type attributes: `#[advisory_key(...)]` on the struct or enum
+///
+/// | option | meaning |
+/// | --- | --- |
+/// | `namespace = "billing.order"` | The namespace hashed into every key. Default: the type's own name (`r#` stripped). 1 to 64 bytes of ASCII letters, digits and `_ . : / -`, checked at compile time. Give one explicitly to keep keys when the type is renamed or moved; a type whose name is not a valid namespace (non-ASCII, say) needs one. |
+/// | `pair` | Use PostgreSQL's `(int4, int4)` key space: `Pair(class, low 32 bits of the hash)`. Default: the `bigint` key space, `BigInt(namespace tag << 48 \| 48 bits of the hash)`. |
+/// | `class = -17` | With `pair`: the class (first `int4`) instead of the high 32 bits of the namespace hash. An `i32` literal, may be negative. |
+/// | `pair = "exact"` | Exact mode: `Pair(class, value)` for a struct with a single `i32` field, the value unhashed, for interoperating with SQL that locks `(class, id)`. `class` may be given; `stripes` may not. |
+/// | `stripes = 1024` | Fold every value of the type onto that many keys (`hash % stripes`), bounding how many locks the type can hold. At least 1. Not with `raw` or exact mode. |
+/// | `raw` | The value is the key, unhashed: only on a newtype over `i64` (`BigInt(self.0)`) or over `(i32, i32)` (`Pair(self.0.0, self.0.1)`). A raw key has no namespace, so `namespace`, `class`, `stripes` and `pair` are errors on it. |
+/// | `crate = "path::to::lockkit"` | Where generated code finds lockkit, if it is not `::lockkit` (a renamed dependency or a re-export). |
+///
+/// ```ignore
+/// #[derive(AdvisoryKey)]
+/// #[advisory_key(namespace = "billing.invoice", pair, class = 7)]
+/// struct Invoice { id: u64 }            // LockKey::Pair(7, ..)
+///
+/// #[derive(AdvisoryKey)]
+/// #[advisory_key(pair = "exact", class = 7)]
+/// struct Account(i32);                  // Account(5).lock_key() == LockKey::Pair(7, 5)
+///
+/// #[derive(AdvisoryKey)]
+/// #[advisory_key(raw)]
+/// struct LegacyJobId(i64);              // LegacyJobId(9).lock_key() == LockKey::BigInt(9)
+///
+/// #[derive(AdvisoryKey)]
+/// #[advisory_key(stripes = 1024)]
+/// struct Event { business_key: String } // at most 1024 distinct keys
+/// ```
+///
+/// # Field attributes: `#[advisory_key(...)]` on a field
+///
+/// | option | meaning |
+/// | --- | --- |
+/// | `skip` | The field is not part of the key. |
+/// | `with = "path::to::fn"` | Encode the field with `fn(&FieldType, &mut lockkit::Parts<'_>)` instead of its `KeyPart` impl. |
+///
+/// ```ignore
+/// fn cents(amount: &f64, parts: &mut lockkit::Parts<'_>) {
+///     parts.put(&((amount * 100.0).round() as i64));
+/// }
+///
+/// #[derive(AdvisoryKey)]
+/// struct Payment {
+///     order: u64,
+///     #[advisory_key(with = "cents")]
+///     amount: f64,
+///     #[advisory_key(skip)]
+///     note: String,
+/// }
+/// ```
+///
+/// # Field types
+///
+/// Every encoded field must implement `lockkit::KeyPart`: integers (encoded
+/// by value, so widening `i32` to `i64` keeps every key), `bool`, `char`,
+/// strings (`&str`, `String`, `Box<str>`, `Cow<str>`, `Arc<str>` all encode
+/// alike), `Option`, slices, `Vec`, arrays, tuples, references and smart
+/// pointers, `uuid::Uuid` (feature `uuid`) and other `#[derive(AdvisoryKey)]`
+/// types, so key types nest. Floats (`f32`, `f64`, also inside `Option`,
+/// `Vec`, arrays, references and tuples) are a compile error, since NaN and
+/// -0.0 make equality ambiguous; convert them or use `with`.
+///
+/// A generic type gets a `FieldType: KeyPart` bound for each encoded field
+/// whose type mentions a type parameter, so `struct Scoped<T> { tenant: T,
+/// id: u64 }` is a key type whenever `T: KeyPart`. Every instance shares the
+/// type's namespace.
+///
+/// [`KeyPart`]: https://docs.rs/lockkit/latest/lockkit/trait.KeyPart.html
 #[proc_macro_derive(AdvisoryKey, attributes(advisory_key))]
 pub fn derive_advisory_key(input: TokenStream) -> TokenStream {
-    let _ = input;
-    TokenStream::new()
+    derive(input.into()).into()
+}
+
+/// The derive on `proc_macro2` tokens, callable from unit tests.
+pub(crate) fn derive(input: proc_macro2::TokenStream) -> proc_macro2::TokenStream {
+    match syn::parse2::<syn::DeriveInput>(input) {
+        Ok(input) => expand::derive(&input),
+        Err(e) => e.to_compile_error(),
+    }
 }
