@@ -1,1 +1,79 @@
-//! lockkit's test support.
+//! lockkit's test support: a throwaway PostgreSQL server for the
+//! integration tests, benchmarks and doctests.
+//!
+//! # Example
+//!
+//! ```
+//! use lockkit_tests::TestServer;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let server = TestServer::builder()
+//!     .setting("deadlock_timeout", "100ms")
+//!     .start();
+//! let client = server.connect().await;
+//! let row = client.query_one("SHOW deadlock_timeout", &[]).await.unwrap();
+//! assert_eq!(row.get::<_, &str>(0), "100ms");
+//! # }
+//! ```
+//!
+//! A test on the server its binary shares:
+//!
+//! ```no_run
+//! use lockkit_tests::TestServer;
+//!
+//! #[tokio::test(flavor = "multi_thread")]
+//! async fn it_works() {
+//!     let db = TestServer::shared();
+//!     let _log = db.guard(); // prints the server log if the test fails
+//!     let client = db.connect().await;
+//!     // …
+//! }
+//! ```
+//!
+//! # Where the server comes from
+//!
+//! [`TestServer::shared`] uses `DATABASE_URL` when it is set; otherwise it,
+//! like every [`TestServer::builder`] server, is a new cluster: `initdb`
+//! into a directory under the temp dir, started with `pg_ctl` on a free
+//! loopback port (retried on a clash) and a Unix socket, trust auth,
+//! superuser and database `postgres`, and settings for speed
+//! (`fsync=off`, …) and for standbys (`wal_level=replica`). The programs are
+//! found with `pg_config --bindir`, else in the newest
+//! `/usr/lib/postgresql/*/bin`, else on `PATH`. Starting one takes about a
+//! second and blocks the calling thread, which is fine in an async test.
+//!
+//! PostgreSQL refuses to run as root. When the tests run as root, the
+//! server programs run as `postgres`, else `nobody`, and own the directory.
+//!
+//! # Logs
+//!
+//! The server's stderr goes to a log file. It is printed to stderr, which
+//! the test runner shows with a failed test, when a private server drops
+//! during a panic, when a [`LogGuard`] does, and in the panic message when
+//! a server fails to start.
+//!
+//! # Clean-up
+//!
+//! A server is stopped and its directory removed when its handle drops. A
+//! watchdog process per server does the same when the test process exits,
+//! even if it is killed: that is what stops the shared server, which lives
+//! in a `static` and never drops. Only killing the watchdog itself leaves a
+//! server behind, in a `lockkit-pg-<pid>-<n>` directory in the temp dir.
+#![warn(
+    missing_docs,
+    rust_2018_idioms,
+    unreachable_pub,
+    missing_debug_implementations
+)]
+#![deny(unsafe_code)]
+
+mod account;
+mod binaries;
+mod instance;
+mod server;
+
+#[cfg(test)]
+mod tests;
+
+pub use server::{Builder, LogGuard, TestServer};

@@ -1,0 +1,463 @@
+//! [`TestServer`], its [`Builder`] and the [`LogGuard`].
+
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use std::{env, fmt, io, thread};
+
+use tokio_postgres::{Client, Config, NoTls, SimpleQueryMessage};
+
+use crate::instance::Instance;
+
+/// How long [`TestServer::standby`] waits for the standby to accept
+/// connections in recovery.
+const STANDBY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A PostgreSQL server for tests: a throwaway cluster this process started,
+/// or the server named by `DATABASE_URL` (only for [`TestServer::shared`]).
+///
+/// A throwaway server is stopped and its directory removed when the handle
+/// drops, or when the process exits or is killed (see the crate docs). If the
+/// handle drops while its thread panics, the server log is printed to
+/// stderr, which the test runner shows with the failed test.
+///
+/// Every method that needs the server programs (`stop`, `start`,
+/// `restart`, `standby`) panics on a server from `DATABASE_URL`.
+pub struct TestServer {
+    url: String,
+    config: Config,
+    instance: Option<Instance>,
+}
+
+impl TestServer {
+    /// A builder for a private throwaway server, with per-test settings.
+    ///
+    /// Private servers are always throwaway, even when `DATABASE_URL` is
+    /// set: their settings, restarts and standbys need a server of their own.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// The server all tests of this test binary share, started on first use.
+    ///
+    /// When `DATABASE_URL` is set (and not empty) that server is used and
+    /// nothing is started. Otherwise a throwaway server with the default
+    /// settings is started once; it is stopped and removed when the process
+    /// exits. Tests that need settings or restarts of their own use
+    /// [`TestServer::builder`]. Isolate tables with
+    /// [`create_database`](Self::create_database) or unique names.
+    ///
+    /// Create a [`guard`](Self::guard) at the start of each test, so the
+    /// log is printed if the test fails.
+    ///
+    /// # Panics
+    ///
+    /// If the server cannot be started (the message has its log), or
+    /// `DATABASE_URL` is not a valid connection string; in every test that
+    /// calls this, without trying again.
+    pub fn shared() -> &'static TestServer {
+        static SHARED: OnceLock<Result<TestServer, String>> = OnceLock::new();
+        let shared = SHARED.get_or_init(|| match env::var("DATABASE_URL") {
+            Ok(url) if !url.is_empty() => Self::external(url),
+            _ => Builder::default().try_start().map_err(|e| e.to_string()),
+        });
+        match shared {
+            Ok(server) => server,
+            Err(e) => panic!("cannot start the shared test server: {e}"),
+        }
+    }
+
+    fn external(url: String) -> Result<Self, String> {
+        let config = url
+            .parse()
+            .map_err(|e| format!("DATABASE_URL is not a valid connection string: {e}"))?;
+        Ok(Self {
+            url,
+            config,
+            instance: None,
+        })
+    }
+
+    fn from_instance(instance: Instance) -> Self {
+        let port = instance.port();
+        let mut config = Config::new();
+        config
+            .host("127.0.0.1")
+            .port(port)
+            .user("postgres")
+            .dbname("postgres")
+            .connect_timeout(Duration::from_secs(10));
+        Self {
+            url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            config,
+            instance: Some(instance),
+        }
+    }
+
+    /// The connection URL, e.g. `postgres://postgres@127.0.0.1:41234/postgres`:
+    /// for tokio-postgres, libpq and Diesel alike.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The connection settings for tokio-postgres, as in [`url`](Self::url).
+    pub fn config(&self) -> Config {
+        self.config.clone()
+    }
+
+    /// The directory of the server's Unix socket (`.s.PGSQL.<port>`); `None`
+    /// for a server from `DATABASE_URL`.
+    pub fn socket_dir(&self) -> Option<&Path> {
+        self.instance.as_ref().map(Instance::socket_dir)
+    }
+
+    /// The server log (its stderr); `None` for a server from `DATABASE_URL`.
+    pub fn log_path(&self) -> Option<&Path> {
+        self.instance.as_ref().map(Instance::log_path)
+    }
+
+    /// Connects as the superuser `postgres`, running the connection on a
+    /// spawned tokio task.
+    ///
+    /// # Panics
+    ///
+    /// If the connection fails, or outside a tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops the half-open connection.
+    pub async fn connect(&self) -> Client {
+        match self.try_connect().await {
+            Ok(client) => client,
+            Err(e) => panic!("cannot connect to the test server at {}: {e}", self.url),
+        }
+    }
+
+    /// Like [`connect`](Self::connect), but hands back the error, for tests
+    /// of what happens while the server is down.
+    ///
+    /// # Errors
+    ///
+    /// When the connection fails.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`connect`](Self::connect).
+    pub async fn try_connect(&self) -> Result<Client, tokio_postgres::Error> {
+        let (client, connection) = self.config.connect(NoTls).await?;
+        // Its error, if any, also fails the client's next call; tests that
+        // restart the server expect it.
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(client)
+    }
+
+    /// Creates the database `name` (dropping an old one first) and returns
+    /// its URL, so a test can have tables of its own on a shared server.
+    ///
+    /// # Panics
+    ///
+    /// If the database cannot be created, or outside a tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: the database may or may not exist afterwards.
+    pub async fn create_database(&self, name: &str) -> String {
+        let client = self.connect().await;
+        let ident = format!("\"{}\"", name.replace('"', "\"\""));
+        // Two statements: together they would be one implicit transaction,
+        // which `DROP DATABASE` refuses.
+        for sql in [
+            format!("DROP DATABASE IF EXISTS {ident} WITH (FORCE)"),
+            format!("CREATE DATABASE {ident}"),
+        ] {
+            if let Err(e) = client.batch_execute(&sql).await {
+                panic!("cannot create database {ident} on {}: {e}", self.url);
+            }
+        }
+        with_dbname(&self.url, name)
+    }
+
+    /// A guard that prints the server log written while it lives, if its
+    /// thread panics. Create one at the start of each test on the
+    /// [`shared`](Self::shared) server. Does nothing on a server from
+    /// `DATABASE_URL`.
+    pub fn guard(&self) -> LogGuard<'_> {
+        LogGuard {
+            server: self,
+            from: self.instance.as_ref().map_or(0, Instance::log_len),
+        }
+    }
+
+    /// Stops the server (`pg_ctl stop -m fast`: sessions are ended, open
+    /// transactions rolled back), keeping its data for [`start`](Self::start).
+    ///
+    /// Blocks the calling thread, also inside an async test, until the
+    /// server has exited.
+    ///
+    /// # Panics
+    ///
+    /// If the server is not running or cannot be stopped, or is the one
+    /// from `DATABASE_URL`.
+    pub fn stop(&self) {
+        if let Err(e) = self.instance("stop").stop("fast") {
+            panic!("cannot stop the test server at {}: {e}", self.url);
+        }
+    }
+
+    /// Starts the server again after [`stop`](Self::stop), on the same port
+    /// and data; returns once it accepts connections.
+    ///
+    /// Blocks the calling thread, also inside an async test.
+    ///
+    /// # Panics
+    ///
+    /// If the server cannot be started (the message has its log), or is the
+    /// one from `DATABASE_URL`.
+    pub fn start(&self) {
+        if let Err(e) = self.instance("start").start() {
+            panic!("cannot start the test server at {}: {e}", self.url);
+        }
+    }
+
+    /// [`stop`](Self::stop) then [`start`](Self::start): every session ends,
+    /// and with it every advisory lock; the data stays.
+    ///
+    /// # Panics
+    ///
+    /// As `stop` and `start`.
+    pub fn restart(&self) {
+        self.stop();
+        self.start();
+    }
+
+    /// Builds and starts a hot standby of this server with
+    /// `pg_basebackup -R`, on its own port, with the same settings. Returns
+    /// once the standby accepts connections and `pg_is_in_recovery()` is
+    /// true there.
+    ///
+    /// Blocks the calling thread, also inside an async test.
+    ///
+    /// # Panics
+    ///
+    /// As [`try_standby`](Self::try_standby) fails.
+    pub fn standby(&self) -> TestServer {
+        match self.try_standby() {
+            Ok(standby) => standby,
+            Err(e) => panic!("cannot start a standby of {}: {e}", self.url),
+        }
+    }
+
+    /// Like [`standby`](Self::standby), but hands back the error.
+    ///
+    /// # Errors
+    ///
+    /// When `pg_basebackup` fails, or the standby does not start or does
+    /// not come up in recovery; the message has the standby's log.
+    ///
+    /// # Panics
+    ///
+    /// If this is the server from `DATABASE_URL`.
+    pub fn try_standby(&self) -> io::Result<TestServer> {
+        let standby = Self::from_instance(Instance::standby_of(self.instance("standby"))?);
+        let deadline = Instant::now() + STANDBY_TIMEOUT;
+        loop {
+            let last = match query_blocking(&standby.config, "SELECT pg_is_in_recovery()") {
+                Ok(Some(t)) if t == "t" => return Ok(standby),
+                Ok(other) => format!("pg_is_in_recovery() returned {other:?}"),
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() > deadline {
+                let log = standby.instance("standby").log_excerpt(0, "standby log");
+                return Err(io::Error::other(format!(
+                    "the standby at {} did not come up in recovery within {STANDBY_TIMEOUT:?}: {last}\n{log}",
+                    standby.url
+                )));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn instance(&self, what: &str) -> &Instance {
+        match &self.instance {
+            Some(instance) => instance,
+            None => panic!(
+                "`{what}` needs a throwaway server, not the one from DATABASE_URL: \
+                 use TestServer::builder()"
+            ),
+        }
+    }
+}
+
+impl fmt::Debug for TestServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TestServer")
+            .field("url", &self.url)
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let (Some(instance), true) = (&self.instance, thread::panicking()) {
+            eprint!("{}", instance.log_excerpt(0, "PostgreSQL log"));
+        }
+    }
+}
+
+/// Options for a private [`TestServer`]; from [`TestServer::builder`].
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    settings: Vec<(String, String)>,
+}
+
+impl Builder {
+    /// Sets a server setting (`postgresql.conf` parameter), e.g.
+    /// `.setting("max_locks_per_transaction", "10")`. Later calls win; so do
+    /// these over the harness's defaults (`fsync=off`, `max_connections=200`,
+    /// …).
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a setting name (letters, digits, `_` and `.`).
+    pub fn setting(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        let name = name.into();
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.'),
+            "`{name}` is not a PostgreSQL setting name"
+        );
+        self.settings.push((name, value.into()));
+        self
+    }
+
+    /// Creates and starts the server; returns once it accepts connections
+    /// (about a second).
+    ///
+    /// Blocks the calling thread; that is fine inside an async test.
+    ///
+    /// # Panics
+    ///
+    /// As [`try_start`](Self::try_start) fails.
+    pub fn start(self) -> TestServer {
+        match self.try_start() {
+            Ok(server) => server,
+            Err(e) => panic!("cannot start a test server: {e}"),
+        }
+    }
+
+    /// Like [`start`](Self::start), but hands back the error.
+    ///
+    /// # Errors
+    ///
+    /// When the PostgreSQL programs cannot be found or fail; the message has
+    /// their output and the server log.
+    pub fn try_start(self) -> io::Result<TestServer> {
+        Instance::init(self.settings).map(TestServer::from_instance)
+    }
+}
+
+/// Prints the server log written during its life if it drops while its
+/// thread panics; from [`TestServer::guard`].
+#[must_use = "the log is printed when the guard drops in a failing test; bind it: `let _log = server.guard();`"]
+pub struct LogGuard<'a> {
+    server: &'a TestServer,
+    from: u64,
+}
+
+impl fmt::Debug for LogGuard<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogGuard")
+            .field("server", &self.server.url)
+            .field("from", &self.from)
+            .finish()
+    }
+}
+
+impl Drop for LogGuard<'_> {
+    fn drop(&mut self) {
+        if let (Some(instance), true) = (&self.server.instance, thread::panicking()) {
+            eprint!(
+                "{}",
+                instance.log_excerpt(self.from, "PostgreSQL log during this test")
+            );
+        }
+    }
+}
+
+/// Runs `sql` on a fresh connection from a synchronous context (even one
+/// inside an async runtime), returning the first column of the first row.
+fn query_blocking(config: &Config, sql: &str) -> Result<Option<String>, tokio_postgres::Error> {
+    thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("cannot build a tokio runtime");
+                runtime.block_on(async {
+                    let (client, connection) = config.connect(NoTls).await?;
+                    let connection = tokio::spawn(connection);
+                    let messages = client.simple_query(sql).await?;
+                    drop(client);
+                    let _ = connection.await;
+                    Ok(messages.iter().find_map(|message| match message {
+                        SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+                        _ => None,
+                    }))
+                })
+            })
+            .join()
+            .expect("the query thread panicked")
+    })
+}
+
+/// `url` with its database replaced by `dbname`.
+fn with_dbname(url: &str, dbname: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        // A `key=value` connection string: a later key wins.
+        return format!("{url} dbname={dbname}");
+    };
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let authority_end = base[scheme_end..]
+        .find('/')
+        .map_or(base.len(), |i| scheme_end + i);
+    let mut out = format!("{}/{dbname}", &base[..authority_end]);
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_dbname;
+
+    #[test]
+    fn replaces_the_database_in_urls() {
+        assert_eq!(
+            with_dbname("postgres://postgres@127.0.0.1:5432/postgres", "t1"),
+            "postgres://postgres@127.0.0.1:5432/t1"
+        );
+        assert_eq!(
+            with_dbname("postgres://u:p@h:1?sslmode=disable", "t1"),
+            "postgres://u:p@h:1/t1?sslmode=disable"
+        );
+        assert_eq!(
+            with_dbname("host=h user=u", "t1"),
+            "host=h user=u dbname=t1"
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! Tests of the harness itself, on real servers.
+
+use std::time::Instant;
+
+use crate::TestServer;
+
+async fn show(server: &TestServer, setting: &str) -> String {
+    let client = server.connect().await;
+    let row = client
+        .query_one(&format!("SHOW {setting}"), &[])
+        .await
+        .unwrap();
+    row.get(0)
+}
+
+async fn in_recovery(server: &TestServer) -> bool {
+    let client = server.connect().await;
+    let row = client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .unwrap();
+    row.get(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn custom_settings_apply() {
+    let started = Instant::now();
+    let server = TestServer::builder()
+        .setting("max_locks_per_transaction", "10")
+        .setting("deadlock_timeout", "100ms")
+        .start();
+    eprintln!("started a server in {:?}", started.elapsed());
+    assert_eq!(show(&server, "max_locks_per_transaction").await, "10");
+    assert_eq!(show(&server, "deadlock_timeout").await, "100ms");
+    assert_eq!(show(&server, "fsync").await, "off");
+    assert_eq!(show(&server, "max_connections").await, "200");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn later_settings_win() {
+    let server = TestServer::builder()
+        .setting("max_connections", "50")
+        .setting("application_name", "it's quoted")
+        .start();
+    assert_eq!(show(&server, "max_connections").await, "50");
+    assert_eq!(show(&server, "application_name").await, "it's quoted");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restart_keeps_data_and_ends_sessions() {
+    let server = TestServer::builder().start();
+    let _log = server.guard();
+    let client = server.connect().await;
+    client
+        .batch_execute("CREATE TABLE kept (n int); INSERT INTO kept VALUES (42)")
+        .await
+        .unwrap();
+    let url = server.url().to_owned();
+    let started = Instant::now();
+    server.restart();
+    eprintln!("restarted a server in {:?}", started.elapsed());
+    assert_eq!(server.url(), url, "same port after a restart");
+    assert!(
+        client.simple_query("SELECT 1").await.is_err(),
+        "old session ended"
+    );
+    let client = server.connect().await;
+    let row = client.query_one("SELECT n FROM kept", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 42);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_then_start() {
+    let server = TestServer::builder().start();
+    server.stop();
+    assert!(server.try_connect().await.is_err(), "stopped");
+    server.start();
+    server.connect().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn standby_is_in_recovery() {
+    let primary = TestServer::builder()
+        .setting("max_locks_per_transaction", "100")
+        .start();
+    let started = Instant::now();
+    let standby = primary.standby();
+    eprintln!("started a standby in {:?}", started.elapsed());
+    assert_ne!(primary.url(), standby.url());
+    assert!(!in_recovery(&primary).await);
+    assert!(in_recovery(&standby).await);
+    assert_eq!(show(&standby, "max_locks_per_transaction").await, "100");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shared_server_and_databases() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    assert!(std::ptr::eq(db, TestServer::shared()));
+    let url = db.create_database("harness_isolated").await;
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    assert_eq!(config.get_dbname(), Some("harness_isolated"));
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let row = client
+        .query_one("SELECT current_database()", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, &str>(0), "harness_isolated");
+}
+
+#[test]
+fn directory_removed_on_drop() {
+    let server = TestServer::builder().start();
+    let dir = server.socket_dir().unwrap().to_owned();
+    assert!(dir.join("data").is_dir());
+    drop(server);
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
