@@ -129,7 +129,10 @@ impl Parts<'_> {
 
     /// Appends a sequence: `0A ++ u32le(count) ++ enc(each)`.
     #[inline]
-    pub fn seq<'i, T: KeyPart + 'i>(&mut self, items: impl ExactSizeIterator<Item = &'i T>) -> &mut Self {
+    pub fn seq<'i, T: KeyPart + 'i>(
+        &mut self,
+        items: impl ExactSizeIterator<Item = &'i T>,
+    ) -> &mut Self {
         self.tag(TAG_SEQ);
         self.len(items.len());
         for item in items {
@@ -144,7 +147,9 @@ pub(crate) fn body_hash(ns: &str, encode: impl FnOnce(&mut Parts<'_>)) -> u64 {
     let mut h = crate::namespace::hasher();
     h.write(&(ns.len() as u32).to_le_bytes());
     h.write(ns.as_bytes());
-    encode(&mut Parts { sink: Sink::Hash(&mut h) });
+    encode(&mut Parts {
+        sink: Sink::Hash(&mut h),
+    });
     h.finish()
 }
 
@@ -157,7 +162,9 @@ pub(crate) fn body_hash(ns: &str, encode: impl FnOnce(&mut Parts<'_>)) -> u64 {
 /// ```
 pub fn parts_bytes<T: KeyPart + ?Sized>(value: &T) -> Vec<u8> {
     let mut out = Vec::new();
-    value.encode(&mut Parts { sink: Sink::Bytes(&mut out) });
+    value.encode(&mut Parts {
+        sink: Sink::Bytes(&mut out),
+    });
     out
 }
 
@@ -216,8 +223,18 @@ macro_rules! nonzero {
     )*};
 }
 nonzero!(
-    NonZeroI8, NonZeroI16, NonZeroI32, NonZeroI64, NonZeroI128, NonZeroIsize, NonZeroU8,
-    NonZeroU16, NonZeroU32, NonZeroU64, NonZeroU128, NonZeroUsize
+    NonZeroI8,
+    NonZeroI16,
+    NonZeroI32,
+    NonZeroI64,
+    NonZeroI128,
+    NonZeroIsize,
+    NonZeroU8,
+    NonZeroU16,
+    NonZeroU32,
+    NonZeroU64,
+    NonZeroU128,
+    NonZeroUsize
 );
 
 impl KeyPart for bool {
@@ -380,14 +397,24 @@ mod tests {
         assert_eq!(parts_bytes("ab"), [6, 2, 0, 0, 0, b'a', b'b']);
         assert_eq!(parts_bytes(&None::<u8>), [9, 0]);
         assert_eq!(parts_bytes(&Some(true)), [9, 1, 4, 1]);
-        assert_eq!(parts_bytes(&[true, false][..]), [0x0A, 2, 0, 0, 0, 4, 1, 4, 0]);
+        assert_eq!(
+            parts_bytes(&[true, false][..]),
+            [0x0A, 2, 0, 0, 0, 4, 1, 4, 0]
+        );
         assert_eq!(parts_bytes(&vec![true, false]), parts_bytes(&[true, false]));
         let mut v = Vec::new();
-        Parts { sink: Sink::Bytes(&mut v) }.variant("A").put(&true);
+        Parts {
+            sink: Sink::Bytes(&mut v),
+        }
+        .variant("A")
+        .put(&true);
         assert_eq!(v, [0x0C, 1, 0, 0, 0, b'A', 4, 1]);
         let s: Arc<str> = Arc::from("ab");
         assert_eq!(parts_bytes(&s), parts_bytes("ab"));
-        assert_eq!(parts_bytes(&Cow::Borrowed("ab")), parts_bytes(&String::from("ab")));
+        assert_eq!(
+            parts_bytes(&Cow::Borrowed("ab")),
+            parts_bytes(&String::from("ab"))
+        );
         assert_eq!(parts_bytes(&Box::new(7_u16)), parts_bytes(&7_i64));
         assert!(parts_bytes(&()).is_empty());
     }
@@ -398,6 +425,12 @@ mod tests {
         let u = uuid::Uuid::from_u128(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff);
         let bytes = parts_bytes(&u);
         assert_eq!(bytes[0], TAG_UUID);
-        assert_eq!(&bytes[1..], &[0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff]);
+        assert_eq!(
+            &bytes[1..],
+            &[
+                0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd,
+                0xee, 0xff
+            ]
+        );
     }
 }

@@ -435,3 +435,29 @@ mod tests {
         assert_eq!(KEY, LockKey::BigInt(-1493109243));
     }
 }
+
+/// A lock key equal to the server's `hashtext(text)`, so lockkit excludes SQL
+/// (and other services) that already run
+/// `pg_advisory_xact_lock(hashtext(business_key))`.
+///
+/// It sorts and batches like any other key. A [`Locker`](crate::Locker)
+/// checks once, when it connects, that [`hashtext`] agrees with the server
+/// (which differs on big-endian servers and non-UTF8 databases) and refuses
+/// `HashText` keys with [`Error::HashtextMismatch`](crate::Error::HashtextMismatch)
+/// otherwise.
+///
+/// ```
+/// use lockkit::{AdvisoryKey, HashText, LockKey};
+///
+/// // SELECT hashtext('payroll-1405-01') = -1493109243 on a little-endian server.
+/// assert_eq!(HashText("payroll-1405-01").lock_key(), LockKey::BigInt(-1493109243));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HashText<S>(pub S);
+
+impl<S: AsRef<str>> crate::AdvisoryKey for HashText<S> {
+    const KEY_SPEC: crate::KeySpec<'static> = crate::KeySpec::new("hashtext").hashtext();
+    fn lock_key(&self) -> LockKey {
+        hashtext_key(self.0.as_ref())
+    }
+}

@@ -74,7 +74,9 @@ impl LockKey {
     /// `1` nor `2` (not an advisory lock taken through these functions).
     pub const fn from_pg_locks(classid: u32, objid: u32, objsubid: i16) -> Option<Self> {
         match objsubid {
-            1 => Some(LockKey::BigInt((((classid as u64) << 32) | objid as u64) as i64)),
+            1 => Some(LockKey::BigInt(
+                (((classid as u64) << 32) | objid as u64) as i64,
+            )),
             2 => Some(LockKey::Pair(classid as i32, objid as i32)),
             _ => None,
         }
@@ -114,6 +116,11 @@ pub enum KeyForm {
     /// plain ids. Raw keys carry no namespace tag and cannot be traced back to
     /// their type in `pg_locks`.
     Raw,
+    /// A `BigInt` key equal to the server's `hashtext(text)`, for SQL that
+    /// already locks `pg_advisory_xact_lock(hashtext(...))`. lockkit checks
+    /// once per [`Locker`](crate::Locker) that the client computes what the
+    /// connected server computes, and refuses these keys otherwise.
+    HashText,
 }
 
 /// The static description of a key type: namespace, key space, class and
@@ -143,7 +150,12 @@ impl<'n> KeySpec<'n> {
         if let Err(e) = namespace::validate(namespace) {
             e.const_panic();
         }
-        KeySpec { namespace, form: KeyForm::BigInt, class: None, stripes: None }
+        KeySpec {
+            namespace,
+            form: KeyForm::BigInt,
+            class: None,
+            stripes: None,
+        }
     }
 
     /// A hashed `BigInt` key in `namespace`, or why the namespace is invalid.
@@ -154,7 +166,12 @@ impl<'n> KeySpec<'n> {
     /// holds a byte other than ASCII letters, digits and `_ . : / -`.
     pub const fn try_new(namespace: &'n str) -> Result<Self, NamespaceError> {
         match namespace::validate(namespace) {
-            Ok(()) => Ok(KeySpec { namespace, form: KeyForm::BigInt, class: None, stripes: None }),
+            Ok(()) => Ok(KeySpec {
+                namespace,
+                form: KeyForm::BigInt,
+                class: None,
+                stripes: None,
+            }),
             Err(e) => Err(e),
         }
     }
@@ -185,6 +202,12 @@ impl<'n> KeySpec<'n> {
     /// A raw key: the value is the key ([`LockKey`] built by the type itself).
     pub const fn raw(mut self) -> Self {
         self.form = KeyForm::Raw;
+        self
+    }
+
+    /// A server-`hashtext` key ([`KeyForm::HashText`]).
+    pub const fn hashtext(mut self) -> Self {
+        self.form = KeyForm::HashText;
         self
     }
 
@@ -264,8 +287,10 @@ impl<'n> KeySpec<'n> {
             None => body,
         };
         match self.form {
-            KeyForm::Pair | KeyForm::PairExact => LockKey::Pair(self.pair_class(), body as u32 as i32),
-            KeyForm::BigInt | KeyForm::Raw => {
+            KeyForm::Pair | KeyForm::PairExact => {
+                LockKey::Pair(self.pair_class(), body as u32 as i32)
+            }
+            KeyForm::BigInt | KeyForm::Raw | KeyForm::HashText => {
                 let tag = u64::from(self.tag());
                 LockKey::BigInt(((tag << 48) | (body & 0xFFFF_FFFF_FFFF)) as i64)
             }
@@ -357,10 +382,16 @@ mod tests {
             LockKey::Pair(-1, 0),
         ] {
             let id = key.to_pg_locks();
-            assert_eq!(LockKey::from_pg_locks(id.classid, id.objid, id.objsubid), Some(key));
+            assert_eq!(
+                LockKey::from_pg_locks(id.classid, id.objid, id.objsubid),
+                Some(key)
+            );
         }
         let id = LockKey::BigInt(0x1234_5678_9abc_def0).to_pg_locks();
-        assert_eq!((id.classid, id.objid, id.objsubid), (0x1234_5678, 0x9abc_def0, 1));
+        assert_eq!(
+            (id.classid, id.objid, id.objsubid),
+            (0x1234_5678, 0x9abc_def0, 1)
+        );
         let id = LockKey::Pair(-1677652607, 7).to_pg_locks();
         assert_eq!((id.classid, id.objid, id.objsubid), (0x9c01_0d81, 7, 2));
         assert_eq!(LockKey::from_pg_locks(1, 2, 0), None);
@@ -380,25 +411,55 @@ mod tests {
     fn golden_vectors() {
         let order = KeySpec::new("Order");
         assert_eq!(order.key_of(&42_i64), LockKey::BigInt(-7205368663365046133));
-        assert_eq!(order.pair().key_of(&42_i64), LockKey::Pair(-1677652607, 1483026571));
+        assert_eq!(
+            order.pair().key_of(&42_i64),
+            LockKey::Pair(-1677652607, 1483026571)
+        );
         assert_eq!(order.key_of(&42_i32), LockKey::BigInt(-7205368663365046133));
-        assert_eq!(order.pair().key_of(&42_i32), LockKey::Pair(-1677652607, 1483026571));
+        assert_eq!(
+            order.pair().key_of(&42_i32),
+            LockKey::Pair(-1677652607, 1483026571)
+        );
 
         let event = KeySpec::new("Event");
-        assert_eq!(event.key_of("a1b2c3d4"), LockKey::BigInt(5974391131006264455));
-        assert_eq!(event.pair().key_of("a1b2c3d4"), LockKey::Pair(1391066944, 2027906183));
+        assert_eq!(
+            event.key_of("a1b2c3d4"),
+            LockKey::BigInt(5974391131006264455)
+        );
+        assert_eq!(
+            event.pair().key_of("a1b2c3d4"),
+            LockKey::Pair(1391066944, 2027906183)
+        );
 
         let transfer = KeySpec::new("Transfer");
-        assert_eq!(transfer.key_of(&(7_i64, 3_i64)), LockKey::BigInt(-7316124675795688780));
-        assert_eq!(transfer.pair().key_of(&(7_i64, 3_i64)), LockKey::Pair(-1703437380, -1363516748));
+        assert_eq!(
+            transfer.key_of(&(7_i64, 3_i64)),
+            LockKey::BigInt(-7316124675795688780)
+        );
+        assert_eq!(
+            transfer.pair().key_of(&(7_i64, 3_i64)),
+            LockKey::Pair(-1703437380, -1363516748)
+        );
 
         let tenanted = KeySpec::new("Tenanted");
-        assert_eq!(tenanted.key_of(&("acme", 1001_u64)), LockKey::BigInt(-297873912991975939));
-        assert_eq!(tenanted.pair().key_of(&("acme", 1001_u64)), LockKey::Pair(-69385857, 474084861));
+        assert_eq!(
+            tenanted.key_of(&("acme", 1001_u64)),
+            LockKey::BigInt(-297873912991975939)
+        );
+        assert_eq!(
+            tenanted.pair().key_of(&("acme", 1001_u64)),
+            LockKey::Pair(-69385857, 474084861)
+        );
 
         let striped = KeySpec::new("Event").stripes(1024);
-        assert_eq!(striped.key_of("a1b2c3d4"), LockKey::BigInt(5974306380683673735));
-        assert_eq!(striped.pair().key_of("a1b2c3d4"), LockKey::Pair(1391066944, 135));
+        assert_eq!(
+            striped.key_of("a1b2c3d4"),
+            LockKey::BigInt(5974306380683673735)
+        );
+        assert_eq!(
+            striped.pair().key_of("a1b2c3d4"),
+            LockKey::Pair(1391066944, 135)
+        );
     }
 
     #[test]

@@ -1,0 +1,347 @@
+//! The lock budget and the bookkeeping of what a transaction holds.
+//!
+//! [`TxLocks`] is driver-independent: the tokio-postgres transaction and the
+//! Diesel adapter both keep one per transaction and ask it, before sending
+//! anything, which keys still need a round trip and whether taking them would
+//! exceed the budget or break the global order.
+
+use std::collections::BTreeMap;
+
+use crate::config::{Config, OrderCheck};
+use crate::error::Error;
+use crate::key::LockKey;
+use crate::plan::{Mode, Plan};
+
+/// At which savepoint depth each mode of a key was taken (0 = the top-level
+/// transaction). A rollback to depth `d` releases modes taken at `d` or deeper.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Entry {
+    shared: Option<u32>,
+    exclusive: Option<u32>,
+}
+
+impl Entry {
+    fn mode(&self) -> Option<Mode> {
+        if self.exclusive.is_some() {
+            Some(Mode::Exclusive)
+        } else if self.shared.is_some() {
+            Some(Mode::Shared)
+        } else {
+            None
+        }
+    }
+
+    fn slot(&mut self, mode: Mode) -> &mut Option<u32> {
+        match mode {
+            Mode::Shared => &mut self.shared,
+            Mode::Exclusive => &mut self.exclusive,
+        }
+    }
+}
+
+/// What one transaction holds, as far as lockkit took it: keys, modes, and the
+/// savepoint depth that took them; plus whether the transaction is poisoned
+/// or aborted.
+///
+/// For driver adapters; applications use it through a transaction type.
+#[derive(Debug, Default)]
+pub struct TxLocks {
+    held: BTreeMap<LockKey, Entry>,
+    in_flight: bool,
+    poisoned: bool,
+    aborted_at: Option<u32>,
+}
+
+impl TxLocks {
+    /// Bookkeeping for a new transaction that holds nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Distinct keys held.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// The mode `key` is held in, if it is.
+    pub fn mode(&self, key: LockKey) -> Option<Mode> {
+        self.held.get(&key).and_then(Entry::mode)
+    }
+
+    /// The held keys in the global order.
+    pub fn keys(&self) -> impl Iterator<Item = (LockKey, Mode)> + '_ {
+        self.held
+            .iter()
+            .filter_map(|(k, e)| e.mode().map(|m| (*k, m)))
+    }
+
+    /// Whether a cancelled lock call left the held set unknown.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned
+    }
+
+    /// Decides what a request must send: the keys (already in global order)
+    /// not yet held in a covering mode. Checks poisoning, the abort state, the
+    /// budget and the lock order first; on any error nothing is to be sent and
+    /// nothing changes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Poisoned`], [`Error::LockInFlight`], [`Error::TransactionAborted`],
+    /// [`Error::BudgetExceeded`], and [`Error::LockOrder`] when `config` says
+    /// order violations are errors.
+    pub fn plan(
+        &self,
+        request: impl IntoIterator<Item = (LockKey, Mode)>,
+        allowed: usize,
+        config: &Config,
+    ) -> Result<Plan, Error> {
+        if self.poisoned {
+            return Err(Error::Poisoned);
+        }
+        if self.in_flight {
+            return Err(Error::LockInFlight);
+        }
+        if self.aborted_at.is_some() {
+            return Err(Error::TransactionAborted { source: None });
+        }
+        let plan = Plan::from_sorted(
+            request
+                .into_iter()
+                .filter(|(k, m)| !self.mode(*k).is_some_and(|h| h.covers(*m))),
+        );
+        let new = plan.keys().filter(|k| !self.held.contains_key(k)).count();
+        if self.held.len() + new > allowed {
+            return Err(Error::BudgetExceeded {
+                held: self.held.len(),
+                requested: new,
+                allowed,
+            });
+        }
+        if let (Some(first), Some((&held, _))) = (plan.keys().next(), self.held.last_key_value()) {
+            if first < held {
+                match config.order_check {
+                    OrderCheck::Off => {}
+                    OrderCheck::Warn => tracing::warn!(
+                        %held, requested = %first,
+                        "lockkit: advisory lock requested below a key already held; this order can deadlock (take keys in one batch)"
+                    ),
+                    OrderCheck::Error => {
+                        return Err(Error::LockOrder {
+                            held,
+                            requested: first,
+                        })
+                    }
+                }
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Marks the start of sending `plan`. Until [`TxLocks::finish`] the
+    /// transaction counts as poisoned: a caller that never finishes (a
+    /// dropped future) leaves it poisoned for good.
+    pub fn start(&mut self) {
+        self.in_flight = true;
+    }
+
+    /// Records the outcome of a request started with [`TxLocks::start`].
+    ///
+    /// `acquired` says whether the plan's keys are now held at `depth`. When
+    /// the request failed and the transaction is aborted (`aborted`), the keys
+    /// may be partly held: they are recorded as held (so the budget stays
+    /// conservative) and every later request fails until a rollback to
+    /// `depth` or above forgets them.
+    pub fn finish(&mut self, plan: &Plan, depth: u32, acquired: bool, aborted: bool) {
+        self.in_flight = false;
+        if acquired || aborted {
+            for (key, mode) in plan.keys().zip(plan.modes()) {
+                let slot = self.held.entry(key).or_default().slot(mode);
+                if slot.is_none() {
+                    *slot = Some(depth);
+                }
+            }
+        }
+        if aborted {
+            self.aborted_at = Some(self.aborted_at.map_or(depth, |d| d.min(depth)));
+        }
+    }
+
+    /// Marks the transaction poisoned (a request's outcome is unknown).
+    pub fn poison(&mut self) {
+        self.poisoned = true;
+    }
+
+    /// The savepoint at `depth` was released: what it took now belongs to
+    /// `depth - 1`.
+    pub fn release_savepoint(&mut self, depth: u32) {
+        for e in self.held.values_mut() {
+            for slot in [&mut e.shared, &mut e.exclusive] {
+                if *slot >= Some(depth) {
+                    *slot = Some(depth.saturating_sub(1));
+                }
+            }
+        }
+        if self.aborted_at >= Some(depth) {
+            self.aborted_at = Some(depth.saturating_sub(1));
+        }
+    }
+
+    /// The savepoint at `depth` was rolled back: the server released what it
+    /// (and deeper savepoints) took.
+    pub fn rollback_savepoint(&mut self, depth: u32) {
+        self.held.retain(|_, e| {
+            for slot in [&mut e.shared, &mut e.exclusive] {
+                if *slot >= Some(depth) {
+                    *slot = None;
+                }
+            }
+            e.mode().is_some()
+        });
+        if self.aborted_at >= Some(depth) {
+            self.aborted_at = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(order: OrderCheck) -> Config {
+        Config::default().order_check(order)
+    }
+
+    fn req(keys: &[(i64, Mode)]) -> Vec<(LockKey, Mode)> {
+        keys.iter()
+            .map(|(k, m)| (LockKey::BigInt(*k), *m))
+            .collect()
+    }
+
+    #[test]
+    fn relock_sends_nothing_and_upgrade_sends() {
+        let mut t = TxLocks::new();
+        let c = cfg(OrderCheck::Error);
+        let p = t
+            .plan(req(&[(1, Mode::Shared), (2, Mode::Exclusive)]), 10, &c)
+            .unwrap();
+        t.start();
+        t.finish(&p, 0, true, false);
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            t.plan(req(&[(1, Mode::Shared), (2, Mode::Shared)]), 10, &c)
+                .unwrap()
+                .len(),
+            0
+        );
+        let up = t.plan(req(&[(2, Mode::Exclusive)]), 10, &c).unwrap();
+        assert_eq!(up.len(), 0);
+        // Upgrading 1 sorts below 2, already held: an order violation.
+        assert!(matches!(
+            t.plan(req(&[(1, Mode::Exclusive)]), 10, &c),
+            Err(Error::LockOrder { .. })
+        ));
+        let up = t
+            .plan(req(&[(1, Mode::Exclusive)]), 10, &cfg(OrderCheck::Off))
+            .unwrap();
+        assert_eq!(up.len(), 1);
+    }
+
+    #[test]
+    fn budget_counts_distinct_new_keys() {
+        let mut t = TxLocks::new();
+        let c = cfg(OrderCheck::Off);
+        let p = t
+            .plan(req(&[(1, Mode::Exclusive), (2, Mode::Exclusive)]), 3, &c)
+            .unwrap();
+        t.start();
+        t.finish(&p, 0, true, false);
+        let err = t
+            .plan(
+                req(&[
+                    (2, Mode::Exclusive),
+                    (3, Mode::Exclusive),
+                    (4, Mode::Exclusive),
+                ]),
+                3,
+                &c,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::BudgetExceeded {
+                    held: 2,
+                    requested: 2,
+                    allowed: 3
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            t.plan(req(&[(2, Mode::Exclusive), (3, Mode::Exclusive)]), 3, &c)
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn savepoints_forget_and_keep() {
+        let mut t = TxLocks::new();
+        let c = cfg(OrderCheck::Off);
+        for (key, depth) in [(1, 0), (2, 1), (3, 2)] {
+            let p = t.plan(req(&[(key, Mode::Shared)]), 10, &c).unwrap();
+            t.start();
+            t.finish(&p, depth, true, false);
+        }
+        let p = t.plan(req(&[(1, Mode::Exclusive)]), 10, &c).unwrap();
+        t.start();
+        t.finish(&p, 2, true, false);
+        t.release_savepoint(2);
+        t.rollback_savepoint(1);
+        assert_eq!(
+            t.keys().collect::<Vec<_>>(),
+            [(LockKey::BigInt(1), Mode::Shared)]
+        );
+    }
+
+    #[test]
+    fn unfinished_request_poisons_and_abort_needs_rollback() {
+        let mut t = TxLocks::new();
+        let c = cfg(OrderCheck::Off);
+        let p = t.plan(req(&[(1, Mode::Exclusive)]), 10, &c).unwrap();
+        t.start();
+        assert!(matches!(
+            t.plan(req(&[(2, Mode::Exclusive)]), 10, &c),
+            Err(Error::LockInFlight)
+        ));
+        t.finish(&p, 1, false, true);
+        assert!(matches!(
+            t.plan(req(&[(2, Mode::Exclusive)]), 10, &c),
+            Err(Error::TransactionAborted { .. })
+        ));
+        t.rollback_savepoint(1);
+        assert!(t.is_empty());
+        assert!(t.plan(req(&[(2, Mode::Exclusive)]), 10, &c).is_ok());
+        t.start();
+        t.poison();
+        assert!(matches!(
+            t.plan(req(&[(2, Mode::Exclusive)]), 10, &c),
+            Err(Error::Poisoned)
+        ));
+        t.rollback_savepoint(0);
+        assert!(
+            matches!(
+                t.plan(req(&[(2, Mode::Exclusive)]), 10, &c),
+                Err(Error::Poisoned)
+            ),
+            "poison lasts until the transaction ends"
+        );
+    }
+}

@@ -1,0 +1,278 @@
+//! The batch planner: dedupe, resolve modes, sort in the global lock order of
+//! KEYS.md, and split into the two key spaces' statement parameters.
+//!
+//! The order is established here, by sorting [`LockKey`]s (whose `Ord` *is*
+//! the global order), and nowhere else: the SQL in [`crate::sql`] takes the
+//! arrays in the order given, with no `ORDER BY` to get wrong.
+
+use std::collections::BTreeMap;
+
+use crate::key::{AdvisoryKey, KeyForm, LockKey};
+
+/// An advisory lock mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mode {
+    /// `pg_advisory_xact_lock_shared`: compatible with other shared holders.
+    Shared,
+    /// `pg_advisory_xact_lock`: excludes every other holder.
+    Exclusive,
+}
+
+impl Mode {
+    /// Whether holding `self` already gives what `wanted` asks for.
+    pub(crate) fn covers(self, wanted: Mode) -> bool {
+        self >= wanted
+    }
+}
+
+/// A set of keys to take together, of any key types, each shared or
+/// exclusive.
+///
+/// Acquisition dedupes the keys (a key asked for both shared and exclusive is
+/// taken exclusive), sorts them in the global lock order of KEYS.md, and
+/// takes them in one round trip. The order in which keys are added does not
+/// matter.
+///
+/// ```
+/// use lockkit::{Batch, KeySpec, LockKey, Mode};
+///
+/// # #[derive(lockkit::AdvisoryKey)] struct Account { id: i64 }
+/// let batch = Batch::new()
+///     .with(&Account { id: 7 })
+///     .with(&Account { id: 3 })
+///     .with_shared(&Account { id: 7 });
+/// let keys = batch.planned();
+/// assert_eq!(keys.len(), 2);
+/// assert!(keys.windows(2).all(|w| w[0].0 < w[1].0));
+/// assert!(keys.iter().all(|(_, mode)| *mode == Mode::Exclusive));
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    keys: BTreeMap<LockKey, Mode>,
+    hashtext: bool,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `key` in `mode`; exclusive wins over shared.
+    pub fn add<K: AdvisoryKey + ?Sized>(&mut self, key: &K, mode: Mode) -> &mut Self {
+        self.hashtext |= K::KEY_SPEC.form() == KeyForm::HashText;
+        self.add_key(key.lock_key(), mode)
+    }
+
+    /// Adds a precomputed key in `mode`; exclusive wins over shared.
+    pub fn add_key(&mut self, key: LockKey, mode: Mode) -> &mut Self {
+        let m = self.keys.entry(key).or_insert(mode);
+        *m = (*m).max(mode);
+        self
+    }
+
+    /// Adds `key` exclusive (builder form).
+    pub fn with<K: AdvisoryKey + ?Sized>(mut self, key: &K) -> Self {
+        self.add(key, Mode::Exclusive);
+        self
+    }
+
+    /// Adds `key` shared (builder form).
+    pub fn with_shared<K: AdvisoryKey + ?Sized>(mut self, key: &K) -> Self {
+        self.add(key, Mode::Shared);
+        self
+    }
+
+    /// Adds every key of `keys` exclusive.
+    pub fn extend<'k, K: AdvisoryKey + 'k>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'k K>,
+    ) -> &mut Self {
+        for k in keys {
+            self.add(k, Mode::Exclusive);
+        }
+        self
+    }
+
+    /// Distinct keys in the batch.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether the batch has no key.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Removes every key, keeping the allocation.
+    pub fn clear(&mut self) {
+        self.keys.clear();
+        self.hashtext = false;
+    }
+
+    /// The keys and modes in acquisition order (the global lock order).
+    pub fn planned(&self) -> Vec<(LockKey, Mode)> {
+        self.iter().collect()
+    }
+
+    /// The keys and modes in acquisition order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (LockKey, Mode)> + '_ {
+        self.keys.iter().map(|(k, m)| (*k, *m))
+    }
+
+    /// Whether any key is a server-`hashtext` key, which needs the server
+    /// check of [`KeyForm::HashText`].
+    pub(crate) fn has_hashtext(&self) -> bool {
+        self.hashtext
+    }
+}
+
+impl<K: AdvisoryKey> FromIterator<K> for Batch {
+    fn from_iter<I: IntoIterator<Item = K>>(iter: I) -> Self {
+        let mut b = Batch::new();
+        for k in iter {
+            b.add(&k, Mode::Exclusive);
+        }
+        b
+    }
+}
+
+/// The statement parameters of one acquisition, already in global order:
+/// `BigInt` keys first (one statement), then `Pair` keys (a second one).
+///
+/// For driver adapters: built by [`TxLocks::plan`](crate::driver::TxLocks::plan),
+/// bound to the statements of [`sql`](crate::driver::sql) in this order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    bigint: Vec<i64>,
+    bigint_shared: Vec<bool>,
+    class: Vec<i32>,
+    object: Vec<i32>,
+    pair_shared: Vec<bool>,
+}
+
+impl Plan {
+    /// Builds the parameters from keys in ascending order.
+    pub(crate) fn from_sorted(keys: impl IntoIterator<Item = (LockKey, Mode)>) -> Self {
+        let mut plan = Plan::default();
+        let mut last = None;
+        for (key, mode) in keys {
+            debug_assert!(last < Some(key), "plan keys must be sorted and distinct");
+            last = Some(key);
+            match key {
+                LockKey::BigInt(k) => {
+                    plan.bigint.push(k);
+                    plan.bigint_shared.push(mode == Mode::Shared);
+                }
+                LockKey::Pair(c, o) => {
+                    plan.class.push(c);
+                    plan.object.push(o);
+                    plan.pair_shared.push(mode == Mode::Shared);
+                }
+            }
+        }
+        plan
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.bigint.len() + self.class.len()
+    }
+
+    /// Whether there is nothing to send.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The keys in acquisition order.
+    pub fn keys(&self) -> impl Iterator<Item = LockKey> + '_ {
+        let big = self.bigint.iter().map(|k| LockKey::BigInt(*k));
+        let pair = self
+            .class
+            .iter()
+            .zip(&self.object)
+            .map(|(c, o)| LockKey::Pair(*c, *o));
+        big.chain(pair)
+    }
+
+    /// The modes, parallel to [`Plan::keys`].
+    pub fn modes(&self) -> impl Iterator<Item = Mode> + '_ {
+        let shared = self.bigint_shared.iter().chain(&self.pair_shared);
+        shared.map(|s| if *s { Mode::Shared } else { Mode::Exclusive })
+    }
+
+    /// `BigInt` keys, ascending: `$1` of the bigint statements.
+    pub fn bigint(&self) -> &[i64] {
+        &self.bigint
+    }
+
+    /// Whether each `BigInt` key is shared: `$2` of the bigint statements.
+    pub fn bigint_shared(&self) -> &[bool] {
+        &self.bigint_shared
+    }
+
+    /// `Pair` classes, parallel to [`Plan::pair_objects`]: `$1` of the pair
+    /// statements.
+    pub fn pair_classes(&self) -> &[i32] {
+        &self.class
+    }
+
+    /// `Pair` objects: `$2` of the pair statements.
+    pub fn pair_objects(&self) -> &[i32] {
+        &self.object
+    }
+
+    /// Whether each `Pair` key is shared: `$3` of the pair statements.
+    pub fn pair_shared(&self) -> &[bool] {
+        &self.pair_shared
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::KeySpec;
+
+    struct K(i64);
+    impl AdvisoryKey for K {
+        const KEY_SPEC: KeySpec<'static> = KeySpec::new("K").raw();
+        fn lock_key(&self) -> LockKey {
+            LockKey::BigInt(self.0)
+        }
+    }
+
+    #[test]
+    fn dedupes_and_exclusive_wins() {
+        let mut b = Batch::new();
+        b.add(&K(5), Mode::Shared)
+            .add(&K(5), Mode::Exclusive)
+            .add(&K(5), Mode::Shared);
+        b.add(&K(1), Mode::Shared);
+        assert_eq!(
+            b.planned(),
+            [
+                (LockKey::BigInt(1), Mode::Shared),
+                (LockKey::BigInt(5), Mode::Exclusive)
+            ]
+        );
+    }
+
+    #[test]
+    fn plan_puts_bigint_before_pair_in_order() {
+        let mut b = Batch::new();
+        b.add_key(LockKey::Pair(1, -1), Mode::Exclusive)
+            .add_key(LockKey::BigInt(9), Mode::Shared)
+            .add_key(LockKey::Pair(-3, 4), Mode::Exclusive)
+            .add_key(LockKey::BigInt(-9), Mode::Exclusive);
+        let plan = Plan::from_sorted(b.iter());
+        assert_eq!(plan.bigint, [-9, 9]);
+        assert_eq!(plan.bigint_shared, [false, true]);
+        assert_eq!(plan.class, [-3, 1]);
+        assert_eq!(plan.object, [4, -1]);
+        assert_eq!(plan.len(), 4);
+        let keys: Vec<_> = plan.keys().collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(keys, sorted);
+    }
+}

@@ -1,0 +1,104 @@
+//! Every SQL text lockkit sends, in one place, shared by the driver adapters.
+//!
+//! The batch statements take their keys as arrays already in the global lock
+//! order ([`Plan`](crate::driver::Plan)) and lock them row by row as
+//! `unnest` yields them: a function scan returns its rows in array order, and
+//! nothing here sorts, so the order cannot be lost to a query plan (the
+//! `ORDER BY` in a hand-rolled lock query may be applied *after* the lock
+//! function ran). `BigInt` keys come before `Pair` keys; an adapter sends the
+//! bigint statement first and the pair statement second, pipelined.
+
+/// `$1 int8`: one exclusive `BigInt` lock.
+pub const LOCK_BIGINT: &str = "SELECT pg_advisory_xact_lock($1)";
+/// `$1 int8`: one shared `BigInt` lock.
+pub const LOCK_BIGINT_SHARED: &str = "SELECT pg_advisory_xact_lock_shared($1)";
+/// `$1 int4, $2 int4`: one exclusive `Pair` lock.
+pub const LOCK_PAIR: &str = "SELECT pg_advisory_xact_lock($1, $2)";
+/// `$1 int4, $2 int4`: one shared `Pair` lock.
+pub const LOCK_PAIR_SHARED: &str = "SELECT pg_advisory_xact_lock_shared($1, $2)";
+
+/// `$1 int8`: try one exclusive `BigInt` lock; returns one `bool`.
+pub const TRY_BIGINT: &str = "SELECT pg_try_advisory_xact_lock($1)";
+/// `$1 int8`: try one shared `BigInt` lock; returns one `bool`.
+pub const TRY_BIGINT_SHARED: &str = "SELECT pg_try_advisory_xact_lock_shared($1)";
+/// `$1 int4, $2 int4`: try one exclusive `Pair` lock; returns one `bool`.
+pub const TRY_PAIR: &str = "SELECT pg_try_advisory_xact_lock($1, $2)";
+/// `$1 int4, $2 int4`: try one shared `Pair` lock; returns one `bool`.
+pub const TRY_PAIR_SHARED: &str = "SELECT pg_try_advisory_xact_lock_shared($1, $2)";
+
+/// `$1 int8[], $2 bool[]` (shared?): lock every key in array order; returns
+/// one `int8`, the number of keys locked.
+pub const BATCH_BIGINT: &str = "SELECT count(CASE WHEN s THEN pg_advisory_xact_lock_shared(k) \
+     ELSE pg_advisory_xact_lock(k) END) FROM unnest($1::int8[], $2::bool[]) AS t(k, s)";
+
+/// `$1 int4[], $2 int4[], $3 bool[]`: lock every `(class, object)` in array
+/// order; returns one `int8`, the number of keys locked.
+pub const BATCH_PAIR: &str = "SELECT count(CASE WHEN s THEN pg_advisory_xact_lock_shared(c, o) \
+     ELSE pg_advisory_xact_lock(c, o) END) FROM unnest($1::int4[], $2::int4[], $3::bool[]) AS t(c, o, s)";
+
+/// `$1 int8[], $2 bool[]`: try every key in array order; returns one `int8[]`,
+/// the keys that were busy. Run inside a savepoint that is rolled back when
+/// any key was busy.
+pub const TRY_BATCH_BIGINT: &str = "SELECT coalesce(array_agg(k) FILTER (WHERE NOT ok), '{}') FROM \
+     (SELECT k, CASE WHEN s THEN pg_try_advisory_xact_lock_shared(k) ELSE pg_try_advisory_xact_lock(k) END AS ok \
+      FROM unnest($1::int8[], $2::bool[]) AS t(k, s) OFFSET 0) AS x";
+
+/// `$1 int4[], $2 int4[], $3 bool[]`: try every `(class, object)` in array
+/// order; returns `int4[]` classes and `int4[]` objects of the busy keys.
+pub const TRY_BATCH_PAIR: &str = "SELECT coalesce(array_agg(c) FILTER (WHERE NOT ok), '{}'), \
+     coalesce(array_agg(o) FILTER (WHERE NOT ok), '{}') FROM \
+     (SELECT c, o, CASE WHEN s THEN pg_try_advisory_xact_lock_shared(c, o) ELSE pg_try_advisory_xact_lock(c, o) END AS ok \
+      FROM unnest($1::int4[], $2::int4[], $3::bool[]) AS t(c, o, s) OFFSET 0) AS x";
+
+/// The savepoint a timeout or try-batch runs in, so that a failure releases
+/// what it took and leaves the transaction usable.
+pub const SAVEPOINT: &str = "SAVEPOINT lockkit_acquire";
+/// Releases [`SAVEPOINT`] after success.
+pub const RELEASE: &str = "RELEASE SAVEPOINT lockkit_acquire";
+/// Undoes [`SAVEPOINT`] after a failure: releases the locks it took, restores
+/// the timeouts, and makes an aborted transaction usable again.
+pub const ROLLBACK: &str =
+    "ROLLBACK TO SAVEPOINT lockkit_acquire; RELEASE SAVEPOINT lockkit_acquire";
+
+/// Saves the caller's `lock_timeout` and `statement_timeout` (transaction
+/// local) so [`RESTORE_TIMEOUTS`] can put them back.
+pub const SAVE_TIMEOUTS: &str = "SELECT \
+     set_config('lockkit.saved_lock_timeout', current_setting('lock_timeout'), true), \
+     set_config('lockkit.saved_statement_timeout', current_setting('statement_timeout'), true)";
+/// `$1 text` (e.g. `'250ms'`): sets both timeouts for the lock statements.
+/// `lock_timeout` bounds each key's wait, `statement_timeout` the whole
+/// statement, so a batch is bounded as a whole, not per key.
+pub const SET_TIMEOUTS: &str =
+    "SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $1, true)";
+/// Restores what [`SAVE_TIMEOUTS`] saved.
+pub const RESTORE_TIMEOUTS: &str = "SELECT \
+     set_config('lock_timeout', current_setting('lockkit.saved_lock_timeout'), true), \
+     set_config('statement_timeout', current_setting('lockkit.saved_statement_timeout'), true)";
+
+/// `$1 text[]` (hashtext probes): the server facts a locker learns once:
+/// `max_locks_per_transaction int4`, `pg_is_in_recovery() bool`,
+/// `server_version_num int4`, `hashtext` of each probe `int4[]`.
+pub const SERVER_FACTS: &str = "SELECT current_setting('max_locks_per_transaction')::int4, \
+     pg_is_in_recovery(), current_setting('server_version_num')::int4, \
+     ARRAY(SELECT hashtext(p) FROM unnest($1::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i)";
+
+/// Formats a timeout for [`SET_TIMEOUTS`]: whole milliseconds, at least 1
+/// (0 would mean "no timeout" to the server).
+pub fn timeout_setting(timeout: std::time::Duration) -> String {
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
+    format!("{ms}ms")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn timeout_is_never_zero() {
+        assert_eq!(timeout_setting(Duration::ZERO), "1ms");
+        assert_eq!(timeout_setting(Duration::from_micros(1500)), "1ms");
+        assert_eq!(timeout_setting(Duration::from_secs(2)), "2000ms");
+        assert_eq!(timeout_setting(Duration::MAX), format!("{}ms", i32::MAX));
+    }
+}

@@ -1,0 +1,816 @@
+//! [`LockTx`]: a tokio-postgres transaction that takes advisory locks, and
+//! the guards that prove them.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::future::{try_join, try_join3, try_join5};
+use tokio_postgres::types::Type;
+use tokio_postgres::Transaction;
+
+use crate::budget::TxLocks;
+use crate::error::{Context, Error};
+use crate::key::{AdvisoryKey, KeyForm, LockKey};
+use crate::locker::Locker;
+use crate::plan::{Batch, Mode, Plan};
+use crate::sql;
+
+type PgResult<T> = Result<T, tokio_postgres::Error>;
+
+/// A tokio-postgres transaction that takes transaction-scoped advisory
+/// locks.
+///
+/// It dereferences to [`tokio_postgres::Transaction`] for queries. Locks are
+/// released by the server at `COMMIT` or `ROLLBACK` (or a rollback of the
+/// savepoint that took them), never earlier; guards borrow the transaction,
+/// so none outlives it. Locks are taken only inside this transaction, so the
+/// silent lock-and-release of an xact lock outside a transaction cannot
+/// happen through this API.
+///
+/// It remembers what it holds: locking a held key again costs no round trip,
+/// the budget counts distinct keys, and locks released by a savepoint
+/// rollback are forgotten. Use [`LockTx::savepoint`] rather than raw
+/// `SAVEPOINT` SQL, which this bookkeeping cannot see.
+pub struct LockTx<'c> {
+    tx: Option<Transaction<'c>>,
+    locker: Locker,
+    locks: Arc<Mutex<TxLocks>>,
+    depth: u32,
+}
+
+impl fmt::Debug for LockTx<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockTx")
+            .field("depth", &self.depth)
+            .field("locks", &*self.locks())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'c> Deref for LockTx<'c> {
+    type Target = Transaction<'c>;
+
+    fn deref(&self) -> &Transaction<'c> {
+        self.tx
+            .as_ref()
+            .expect("lockkit: transaction used after commit or rollback")
+    }
+}
+
+impl Drop for LockTx<'_> {
+    fn drop(&mut self) {
+        // Dropped without commit or rollback: tokio-postgres rolls the
+        // transaction (or savepoint) back, and the server releases its locks.
+        if self.tx.is_some() && self.depth > 0 {
+            self.locks().rollback_savepoint(self.depth);
+        }
+    }
+}
+
+/// Proof that the transaction holds the advisory lock of a `K` value.
+///
+/// The lock lasts until the transaction commits or rolls back, whatever
+/// happens to this guard: dropping it releases nothing. Holding a `Held<'_, K>`
+/// lets a function demand that its caller locked the entity first:
+///
+/// ```
+/// # use lockkit::{AdvisoryKey, Held};
+/// # #[derive(AdvisoryKey)] struct Account { id: i64 }
+/// fn debit(account: &Held<'_, Account>, cents: i64) {
+///     let id = account.id; // `Held` dereferences to the key value
+///     # let _ = (id, cents);
+/// }
+/// ```
+#[must_use = "the advisory lock stays held until the transaction ends, whatever happens to this guard; keep it as proof the key is locked"]
+pub struct Held<'t, K> {
+    value: K,
+    key: LockKey,
+    mode: Mode,
+    _tx: PhantomData<&'t ()>,
+}
+
+impl<K: fmt::Debug> fmt::Debug for Held<'_, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Held")
+            .field("value", &self.value)
+            .field("key", &self.key)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+impl<K> Held<'_, K> {
+    /// The lock key.
+    pub fn key(&self) -> LockKey {
+        self.key
+    }
+
+    /// The mode the key is held in (at least the one asked for).
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The key value.
+    pub fn value(&self) -> &K {
+        &self.value
+    }
+
+    /// Gives the key value back; the lock stays held until the transaction
+    /// ends.
+    pub fn into_value(self) -> K {
+        self.value
+    }
+}
+
+impl<K> Deref for Held<'_, K> {
+    type Target = K;
+
+    fn deref(&self) -> &K {
+        &self.value
+    }
+}
+
+/// Proof that the transaction holds every key of a batch.
+#[must_use = "the advisory locks stay held until the transaction ends, whatever happens to this guard; keep it as proof the keys are locked"]
+#[derive(Debug)]
+pub struct HeldBatch<'t> {
+    keys: Vec<(LockKey, Mode)>,
+    _tx: PhantomData<&'t ()>,
+}
+
+impl<'t> HeldBatch<'t> {
+    /// The keys and the modes asked for, in the global lock order.
+    pub fn keys(&self) -> &[(LockKey, Mode)] {
+        &self.keys
+    }
+
+    /// Whether `key` is in the batch (in any mode).
+    pub fn contains<K: AdvisoryKey + ?Sized>(&self, key: &K) -> bool {
+        self.find(key.lock_key()).is_some()
+    }
+
+    /// A typed proof for one value of the batch, or the value back when it
+    /// is not in the batch.
+    ///
+    /// # Errors
+    ///
+    /// Gives `value` back when its key is not in the batch.
+    pub fn proof<K: AdvisoryKey>(&self, value: K) -> Result<Held<'t, K>, K> {
+        let key = value.lock_key();
+        match self.find(key) {
+            Some(mode) => Ok(Held {
+                value,
+                key,
+                mode,
+                _tx: PhantomData,
+            }),
+            None => Err(value),
+        }
+    }
+
+    fn find(&self, key: LockKey) -> Option<Mode> {
+        self.keys
+            .binary_search_by(|(k, _)| k.cmp(&key))
+            .ok()
+            .map(|i| self.keys[i].1)
+    }
+}
+
+/// The keys of a try-batch that another transaction held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Busy {
+    keys: Vec<LockKey>,
+}
+
+impl Busy {
+    /// The busy keys, in the global lock order.
+    pub fn keys(&self) -> &[LockKey] {
+        &self.keys
+    }
+}
+
+/// How one acquisition waits.
+#[derive(Clone, Copy)]
+enum Wait {
+    Forever,
+    Timeout(Duration),
+}
+
+impl<'c> LockTx<'c> {
+    pub(crate) fn new(locker: Locker, tx: Transaction<'c>) -> Self {
+        LockTx {
+            tx: Some(tx),
+            locker,
+            locks: Arc::new(Mutex::new(TxLocks::new())),
+            depth: 0,
+        }
+    }
+
+    fn locks(&self) -> MutexGuard<'_, TxLocks> {
+        self.locks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn take(&mut self) -> Transaction<'c> {
+        self.tx
+            .take()
+            .expect("lockkit: transaction used after commit or rollback")
+    }
+
+    /// The locker this transaction belongs to.
+    pub fn locker(&self) -> &Locker {
+        &self.locker
+    }
+
+    /// Savepoint depth: 0 for the transaction itself.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Distinct keys this transaction holds through lockkit.
+    pub fn held_count(&self) -> usize {
+        self.locks().len()
+    }
+
+    /// Whether this transaction holds `key` in at least `mode`, as far as
+    /// lockkit took it.
+    pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
+        self.locks()
+            .mode(key.lock_key())
+            .is_some_and(|held| held.covers(mode))
+    }
+
+    /// Commits, releasing every lock (and, for a savepoint, handing its
+    /// locks to the enclosing transaction).
+    ///
+    /// # Errors
+    ///
+    /// When `COMMIT` (or `RELEASE`) fails; the locks are released either way
+    /// once the transaction ends.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: if dropped while in flight, whether the transaction
+    /// committed is unknown (as with tokio-postgres).
+    pub async fn commit(mut self) -> Result<(), Error> {
+        let tx = self.take();
+        let result = tx.commit().await;
+        if self.depth > 0 {
+            if result.is_ok() {
+                self.locks().release_savepoint(self.depth);
+            } else {
+                self.locks().poison();
+            }
+        }
+        Ok(result?)
+    }
+
+    /// Rolls back, releasing every lock this transaction (or savepoint) took.
+    ///
+    /// # Errors
+    ///
+    /// When `ROLLBACK` fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: a dropped rollback leaves the transaction to
+    /// roll back anyway.
+    pub async fn rollback(mut self) -> Result<(), Error> {
+        let tx = self.take();
+        let result = tx.rollback().await;
+        if self.depth > 0 {
+            if result.is_ok() {
+                self.locks().rollback_savepoint(self.depth);
+            } else {
+                self.locks().poison();
+            }
+        }
+        Ok(result?)
+    }
+
+    /// Opens a savepoint. Locks taken in it are released by the server if it
+    /// rolls back (or is dropped), and forgotten by this transaction's
+    /// bookkeeping; if it commits they belong to this transaction.
+    ///
+    /// # Errors
+    ///
+    /// When `SAVEPOINT` fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: tokio-postgres rolls back a savepoint whose creation was
+    /// cancelled.
+    pub async fn savepoint(&mut self) -> Result<LockTx<'_>, Error> {
+        let depth = self.depth + 1;
+        let locker = self.locker.clone();
+        let locks = Arc::clone(&self.locks);
+        let tx = self
+            .tx
+            .as_mut()
+            .expect("lockkit: transaction used after commit or rollback");
+        let inner = tx.savepoint(format!("lockkit_sp_{depth}")).await?;
+        Ok(LockTx {
+            tx: Some(inner),
+            locker,
+            locks,
+            depth,
+        })
+    }
+
+    /// Takes `key` exclusive, waiting as long as it takes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BudgetExceeded`], [`Error::LockOrder`] (when configured),
+    /// [`Error::HotStandby`], [`Error::Poisoned`] and
+    /// [`Error::HashtextMismatch`] before anything is sent;
+    /// [`Error::Deadlock`], [`Error::LockTableFull`],
+    /// [`Error::ConnectionLost`] and other server errors after, which abort
+    /// the transaction.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped after its statement was sent, the server may
+    /// still grant the lock, so the transaction is marked poisoned: every
+    /// later lock call fails with [`Error::Poisoned`] until it ends.
+    pub async fn lock<K: AdvisoryKey>(&self, key: K) -> Result<Held<'_, K>, Error> {
+        self.lock_one(key, Mode::Exclusive, Wait::Forever).await
+    }
+
+    /// Takes `key` shared: other shared holders are admitted, exclusive ones
+    /// excluded.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    pub async fn lock_shared<K: AdvisoryKey>(&self, key: K) -> Result<Held<'_, K>, Error> {
+        self.lock_one(key, Mode::Shared, Wait::Forever).await
+    }
+
+    /// Takes `key` exclusive, waiting at most `timeout` (measured by the
+    /// server). On timeout nothing is held and the transaction is still
+    /// usable.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`], and as [`LockTx::lock`]; after a deadlock the
+    /// savepoint rollback leaves the transaction usable too.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    pub async fn lock_timeout<K: AdvisoryKey>(
+        &self,
+        key: K,
+        timeout: Duration,
+    ) -> Result<Held<'_, K>, Error> {
+        self.lock_one(key, Mode::Exclusive, Wait::Timeout(timeout))
+            .await
+    }
+
+    /// Takes `key` shared, waiting at most `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock_timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    pub async fn lock_shared_timeout<K: AdvisoryKey>(
+        &self,
+        key: K,
+        timeout: Duration,
+    ) -> Result<Held<'_, K>, Error> {
+        self.lock_one(key, Mode::Shared, Wait::Timeout(timeout))
+            .await
+    }
+
+    /// Takes `key` exclusive if no other transaction holds it, without
+    /// waiting. Gives the key back when it is busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`] (a full lock table raises `53200` even here).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    pub async fn try_lock<K: AdvisoryKey>(&self, key: K) -> Result<Result<Held<'_, K>, K>, Error> {
+        self.try_lock_one(key, Mode::Exclusive).await
+    }
+
+    /// Takes `key` shared if no transaction holds it exclusive, without
+    /// waiting. Gives the key back when it is busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::try_lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    pub async fn try_lock_shared<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> Result<Result<Held<'_, K>, K>, Error> {
+        self.try_lock_one(key, Mode::Shared).await
+    }
+
+    /// Takes every key of `batch` in the global lock order, in one round
+    /// trip (two statements pipelined when the batch mixes `BigInt` and
+    /// `Pair` keys).
+    ///
+    /// The future sends everything when first polled, so it can be polled
+    /// together with the transaction's next statement (`try_join!`) and the
+    /// server runs them in order: the locks then cost no round trip of their
+    /// own.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    pub async fn lock_batch(&self, batch: &Batch) -> Result<HeldBatch<'_>, Error> {
+        self.acquire(batch, Wait::Forever).await
+    }
+
+    /// Takes every key of `batch`, the whole batch waiting at most `timeout`
+    /// (not each key). On timeout nothing of the batch is held and the
+    /// transaction is still usable.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock_timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    pub async fn lock_batch_timeout(
+        &self,
+        batch: &Batch,
+        timeout: Duration,
+    ) -> Result<HeldBatch<'_>, Error> {
+        self.acquire(batch, Wait::Timeout(timeout)).await
+    }
+
+    /// Takes every key of `batch` or none: when any key is busy, nothing of
+    /// the batch is held and the busy keys are returned.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    pub async fn try_lock_batch(
+        &self,
+        batch: &Batch,
+    ) -> Result<Result<HeldBatch<'_>, Busy>, Error> {
+        let (plan, mut flight) = self.prepare(batch.iter(), batch.has_hashtext())?;
+        if plan.is_empty() {
+            flight.finish(&plan, true, false);
+            return Ok(Ok(self.batch_guard(batch)));
+        }
+        let tx = &**self;
+        let result = if plan.len() == 1 {
+            try_one(tx, &plan).await.map(|ok| {
+                if ok {
+                    Vec::new()
+                } else {
+                    plan.keys().collect()
+                }
+            })
+        } else {
+            try_many(tx, &plan).await
+        };
+        match result {
+            Ok(busy) => {
+                flight.finish(&plan, busy.is_empty(), false);
+                Ok(if busy.is_empty() {
+                    Ok(self.batch_guard(batch))
+                } else {
+                    Err(Busy { keys: busy })
+                })
+            }
+            Err(e) => {
+                let aborted = plan.len() == 1 || tx.batch_execute(sql::ROLLBACK).await.is_err();
+                flight.finish(&plan, false, aborted);
+                Err(Error::from_pg(e, Context::Plain))
+            }
+        }
+    }
+
+    async fn lock_one<K: AdvisoryKey>(
+        &self,
+        value: K,
+        mode: Mode,
+        wait: Wait,
+    ) -> Result<Held<'_, K>, Error> {
+        let key = value.lock_key();
+        let (plan, flight) =
+            self.prepare([(key, mode)], K::KEY_SPEC.form() == KeyForm::HashText)?;
+        self.send(&plan, flight, wait).await?;
+        let mode = self.locks().mode(key).unwrap_or(mode);
+        Ok(Held {
+            value,
+            key,
+            mode,
+            _tx: PhantomData,
+        })
+    }
+
+    async fn try_lock_one<K: AdvisoryKey>(
+        &self,
+        value: K,
+        mode: Mode,
+    ) -> Result<Result<Held<'_, K>, K>, Error> {
+        let key = value.lock_key();
+        let (plan, mut flight) =
+            self.prepare([(key, mode)], K::KEY_SPEC.form() == KeyForm::HashText)?;
+        if !plan.is_empty() {
+            match try_one(self, &plan).await {
+                Ok(true) => flight.finish(&plan, true, false),
+                Ok(false) => {
+                    flight.finish(&plan, false, false);
+                    return Ok(Err(value));
+                }
+                Err(e) => {
+                    flight.finish(&plan, false, true);
+                    return Err(Error::from_pg(e, Context::Plain));
+                }
+            }
+        } else {
+            flight.finish(&plan, true, false);
+        }
+        let mode = self.locks().mode(key).unwrap_or(mode);
+        Ok(Ok(Held {
+            value,
+            key,
+            mode,
+            _tx: PhantomData,
+        }))
+    }
+
+    async fn acquire(&self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'_>, Error> {
+        let (plan, flight) = self.prepare(batch.iter(), batch.has_hashtext())?;
+        self.send(&plan, flight, wait).await?;
+        Ok(self.batch_guard(batch))
+    }
+
+    fn batch_guard(&self, batch: &Batch) -> HeldBatch<'_> {
+        HeldBatch {
+            keys: batch.planned(),
+            _tx: PhantomData,
+        }
+    }
+
+    /// Checks everything that needs no round trip, plans what to send, and
+    /// marks the request in flight (one critical section, so concurrent calls
+    /// on one transaction cannot both plan against the same held set).
+    fn prepare(
+        &self,
+        request: impl IntoIterator<Item = (LockKey, Mode)>,
+        hashtext: bool,
+    ) -> Result<(Plan, Flight<'_>), Error> {
+        let facts = self.locker.facts();
+        if facts.in_recovery() && !self.locker.config().allow_standby {
+            return Err(Error::HotStandby);
+        }
+        if hashtext {
+            facts.check_hashtext()?;
+        }
+        let mut locks = self.locks();
+        let plan = locks.plan(request, self.locker.budget(), self.locker.config())?;
+        locks.start();
+        Ok((
+            plan,
+            Flight {
+                locks: &self.locks,
+                depth: self.depth,
+                done: false,
+            },
+        ))
+    }
+
+    /// Sends a plan's lock statements and records the outcome.
+    async fn send(&self, plan: &Plan, mut flight: Flight<'_>, wait: Wait) -> Result<(), Error> {
+        if plan.is_empty() {
+            flight.finish(plan, true, false);
+            return Ok(());
+        }
+        let tx = &**self;
+        match wait {
+            Wait::Forever => match lock_plan(tx, plan).await {
+                Ok(()) => flight.finish(plan, true, false),
+                Err(e) => {
+                    flight.finish(plan, false, true);
+                    return Err(Error::from_pg(e, Context::Plain));
+                }
+            },
+            Wait::Timeout(timeout) => {
+                let setting = sql::timeout_setting(timeout);
+                let result = try_join5(
+                    tx.batch_execute(sql::SAVEPOINT),
+                    tx.execute_typed(sql::SAVE_TIMEOUTS, &[]),
+                    tx.execute_typed(sql::SET_TIMEOUTS, &[(&setting, Type::TEXT)]),
+                    lock_plan(tx, plan),
+                    try_join(
+                        tx.execute_typed(sql::RESTORE_TIMEOUTS, &[]),
+                        tx.batch_execute(sql::RELEASE),
+                    ),
+                )
+                .await;
+                match result {
+                    Ok(_) => flight.finish(plan, true, false),
+                    Err(e) => {
+                        // The savepoint rollback releases whatever part of
+                        // the batch was granted and restores the timeouts.
+                        let aborted = tx.batch_execute(sql::ROLLBACK).await.is_err();
+                        flight.finish(plan, false, aborted);
+                        return Err(Error::from_pg(
+                            e,
+                            Context::Timeout {
+                                timeout,
+                                keys: plan.len(),
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Poisons the transaction unless the request it guards finishes: a dropped
+/// future leaves the held set unknown.
+struct Flight<'a> {
+    locks: &'a Mutex<TxLocks>,
+    depth: u32,
+    done: bool,
+}
+
+impl Flight<'_> {
+    fn finish(&mut self, plan: &Plan, acquired: bool, aborted: bool) {
+        self.done = true;
+        self.locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .finish(plan, self.depth, acquired, aborted);
+    }
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.locks
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .poison();
+        }
+    }
+}
+
+/// Sends the lock statements of a plan: both are sent on the first poll,
+/// `BigInt` keys first, and the server runs them in that order.
+async fn lock_plan(tx: &Transaction<'_>, plan: &Plan) -> PgResult<()> {
+    match (plan.bigint(), plan.pair_classes()) {
+        ([key], []) => {
+            let stmt = if plan.bigint_shared()[0] {
+                sql::LOCK_BIGINT_SHARED
+            } else {
+                sql::LOCK_BIGINT
+            };
+            tx.execute_typed(stmt, &[(key, Type::INT8)]).await?;
+        }
+        ([], [class]) => {
+            let stmt = if plan.pair_shared()[0] {
+                sql::LOCK_PAIR_SHARED
+            } else {
+                sql::LOCK_PAIR
+            };
+            tx.execute_typed(
+                stmt,
+                &[(class, Type::INT4), (&plan.pair_objects()[0], Type::INT4)],
+            )
+            .await?;
+        }
+        (_, []) => {
+            batch_bigint(tx, plan).await?;
+        }
+        ([], _) => {
+            batch_pair(tx, plan).await?;
+        }
+        _ => {
+            try_join(batch_bigint(tx, plan), batch_pair(tx, plan)).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn batch_bigint(tx: &Transaction<'_>, plan: &Plan) -> PgResult<u64> {
+    let keys = plan.bigint();
+    let shared = plan.bigint_shared();
+    tx.execute_typed(
+        sql::BATCH_BIGINT,
+        &[(&keys, Type::INT8_ARRAY), (&shared, Type::BOOL_ARRAY)],
+    )
+    .await
+}
+
+async fn batch_pair(tx: &Transaction<'_>, plan: &Plan) -> PgResult<u64> {
+    let (c, o, s) = (plan.pair_classes(), plan.pair_objects(), plan.pair_shared());
+    tx.execute_typed(
+        sql::BATCH_PAIR,
+        &[
+            (&c, Type::INT4_ARRAY),
+            (&o, Type::INT4_ARRAY),
+            (&s, Type::BOOL_ARRAY),
+        ],
+    )
+    .await
+}
+
+/// Tries the single key of `plan`; nothing to undo when it is busy.
+async fn try_one(tx: &Transaction<'_>, plan: &Plan) -> PgResult<bool> {
+    let row = match (plan.bigint(), plan.pair_classes()) {
+        ([key], _) => {
+            let stmt = if plan.bigint_shared()[0] {
+                sql::TRY_BIGINT_SHARED
+            } else {
+                sql::TRY_BIGINT
+            };
+            tx.query_typed_one(stmt, &[(key, Type::INT8)]).await?
+        }
+        (_, [class]) => {
+            let stmt = if plan.pair_shared()[0] {
+                sql::TRY_PAIR_SHARED
+            } else {
+                sql::TRY_PAIR
+            };
+            tx.query_typed_one(
+                stmt,
+                &[(class, Type::INT4), (&plan.pair_objects()[0], Type::INT4)],
+            )
+            .await?
+        }
+        _ => unreachable!("try_one is called with exactly one key"),
+    };
+    row.try_get(0)
+}
+
+/// Tries every key of `plan` inside a savepoint; releases it when all were
+/// granted, rolls it back (releasing every granted key) otherwise. Returns
+/// the busy keys.
+async fn try_many(tx: &Transaction<'_>, plan: &Plan) -> PgResult<Vec<LockKey>> {
+    let bigint = async {
+        if plan.bigint().is_empty() {
+            return Ok(Vec::new());
+        }
+        let (k, s) = (plan.bigint(), plan.bigint_shared());
+        let row = tx
+            .query_typed_one(
+                sql::TRY_BATCH_BIGINT,
+                &[(&k, Type::INT8_ARRAY), (&s, Type::BOOL_ARRAY)],
+            )
+            .await?;
+        let busy: Vec<i64> = row.try_get(0)?;
+        Ok(busy.into_iter().map(LockKey::BigInt).collect::<Vec<_>>())
+    };
+    let pair = async {
+        if plan.pair_classes().is_empty() {
+            return Ok(Vec::new());
+        }
+        let (c, o, s) = (plan.pair_classes(), plan.pair_objects(), plan.pair_shared());
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
+            (&c, Type::INT4_ARRAY),
+            (&o, Type::INT4_ARRAY),
+            (&s, Type::BOOL_ARRAY),
+        ];
+        let row = tx.query_typed_one(sql::TRY_BATCH_PAIR, &params).await?;
+        let (c, o): (Vec<i32>, Vec<i32>) = (row.try_get(0)?, row.try_get(1)?);
+        Ok(c.into_iter()
+            .zip(o)
+            .map(|(c, o)| LockKey::Pair(c, o))
+            .collect())
+    };
+    let ((), mut busy, busy_pair) =
+        try_join3(tx.batch_execute(sql::SAVEPOINT), bigint, pair).await?;
+    busy.extend(busy_pair);
+    if busy.is_empty() {
+        tx.batch_execute(sql::RELEASE).await?;
+    } else {
+        tx.batch_execute(sql::ROLLBACK).await?;
+    }
+    Ok(busy)
+}
