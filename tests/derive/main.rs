@@ -1,0 +1,7 @@
+//! `#[derive(AdvisoryKey)]`: KEYS.md golden vectors through the derive, every
+//! option, every shape of type, and compile-fail cases (`ui`).
+
+mod forms;
+mod golden;
+mod shapes;
+mod ui;

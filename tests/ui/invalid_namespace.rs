@@ -1,0 +1,9 @@
+use lockkit::AdvisoryKey;
+
+#[derive(AdvisoryKey)]
+#[advisory_key(namespace = "billing orders")]
+struct Order {
+    id: i64,
+}
+
+fn main() {}

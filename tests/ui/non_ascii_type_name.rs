@@ -1,0 +1,8 @@
+use lockkit::AdvisoryKey;
+
+#[derive(AdvisoryKey)]
+struct Größe {
+    id: i64,
+}
+
+fn main() {}
