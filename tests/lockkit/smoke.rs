@@ -1,0 +1,119 @@
+//! The basic paths, end to end: lock, batch, try, timeout, savepoint.
+
+use std::time::Duration;
+
+use lockkit::{AdvisoryKey, Batch, Config, Mode};
+use lockkit_tests::TestServer;
+
+use crate::common::{granted_elsewhere, locker, Item};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lock_is_held_until_commit() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut a = db.connect().await;
+    let observer = db.connect().await;
+    let locker = locker(&a, Config::default()).await;
+    assert!(locker.facts().max_locks_per_transaction() >= 64);
+    assert!(!locker.facts().in_recovery());
+
+    let tx = locker.begin(&mut a).await.unwrap();
+    let held = tx.lock(Item { id: 1 }).await.unwrap();
+    assert_eq!(held.key(), Item { id: 1 }.lock_key());
+    assert_eq!(held.id, 1);
+    assert!(granted_elsewhere(&observer, held.key()).await);
+    let key = held.key();
+    drop(held);
+    assert!(
+        granted_elsewhere(&observer, key).await,
+        "dropping the guard releases nothing"
+    );
+    tx.commit().await.unwrap();
+    assert!(!granted_elsewhere(&observer, key).await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batch_try_and_timeout() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut a = db.connect().await;
+    let mut b = db.connect().await;
+    let locker = locker(&a, Config::default()).await;
+
+    let tx_a = locker.begin(&mut a).await.unwrap();
+    let batch = Batch::new()
+        .with(&Item { id: 12 })
+        .with(&Item { id: 11 })
+        .with_shared(&Item { id: 13 });
+    let held = tx_a.lock_batch(&batch).await.unwrap();
+    assert_eq!(held.keys().len(), 3);
+    assert!(held.contains(&Item { id: 11 }));
+    assert_eq!(tx_a.held_count(), 3);
+
+    let tx_b = locker.begin(&mut b).await.unwrap();
+    let busy = tx_b.try_lock(Item { id: 11 }).await.unwrap().unwrap_err();
+    assert_eq!(busy, Item { id: 11 });
+    let shared = tx_b.try_lock_shared(Item { id: 13 }).await.unwrap();
+    assert!(shared.is_ok(), "shared locks admit each other");
+
+    let all = Batch::new().with(&Item { id: 14 }).with(&Item { id: 12 });
+    let busy = tx_b.try_lock_batch(&all).await.unwrap().unwrap_err();
+    assert_eq!(busy.keys(), [Item { id: 12 }.lock_key()]);
+    assert!(!tx_b.holds(&Item { id: 14 }, Mode::Exclusive));
+
+    let err = tx_b
+        .lock_timeout(Item { id: 12 }, Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    let err = tx_b
+        .lock_batch_timeout(&all, Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    // Still usable, and the caller's timeouts are back.
+    let row = tx_b
+        .query_one(
+            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, &str>(0), row.get::<_, &str>(1)), ("0", "0"));
+    let got = tx_b
+        .lock_timeout(Item { id: 14 }, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(got.mode(), Mode::Exclusive);
+    drop(held);
+    tx_a.rollback().await.unwrap();
+    tx_b.commit().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn savepoint_rollback_forgets_locks() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut a = db.connect().await;
+    let observer = db.connect().await;
+    let locker = locker(&a, Config::default()).await;
+
+    let mut tx = locker.begin(&mut a).await.unwrap();
+    let _ = tx.lock(Item { id: 21 }).await.unwrap();
+    {
+        let sp = tx.savepoint().await.unwrap();
+        let _ = sp.lock(Item { id: 22 }).await.unwrap();
+        assert_eq!(sp.held_count(), 2);
+        sp.rollback().await.unwrap();
+    }
+    assert_eq!(tx.held_count(), 1);
+    assert!(!granted_elsewhere(&observer, Item { id: 22 }.lock_key()).await);
+    assert!(granted_elsewhere(&observer, Item { id: 21 }.lock_key()).await);
+    {
+        let sp = tx.savepoint().await.unwrap();
+        let _ = sp.lock(Item { id: 23 }).await.unwrap();
+        sp.commit().await.unwrap();
+    }
+    assert!(tx.holds(&Item { id: 23 }, Mode::Exclusive));
+    tx.commit().await.unwrap();
+}
