@@ -234,7 +234,16 @@ mod tests {
     use syn::parse_quote;
 
     fn run(input: DeriveInput) -> String {
-        derive(&input).to_string()
+        crate::derive(input.into_token_stream()).to_string()
+    }
+
+    #[test]
+    fn unparsable_input_is_an_error_not_a_panic() {
+        let out = crate::derive(quote!(
+            fn not_a_type() {}
+        ))
+        .to_string();
+        assert!(out.contains("compile_error"), "{out}");
     }
 
     #[test]
