@@ -1,5 +1,6 @@
 //! [`TestServer`], its [`Builder`] and the [`LogGuard`].
 
+use std::error::Error;
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -129,7 +130,11 @@ impl TestServer {
     pub async fn connect(&self) -> Client {
         match self.try_connect().await {
             Ok(client) => client,
-            Err(e) => panic!("cannot connect to the test server at {}: {e}", self.url),
+            Err(e) => panic!(
+                "cannot connect to the test server at {}: {}",
+                self.url,
+                with_sources(&e)
+            ),
         }
     }
 
@@ -177,7 +182,11 @@ impl TestServer {
             format!("CREATE DATABASE {ident}"),
         ] {
             if let Err(e) = client.batch_execute(&sql).await {
-                panic!("cannot create database {ident} on {}: {e}", self.url);
+                panic!(
+                    "cannot create database {ident} on {}: {}",
+                    self.url,
+                    with_sources(&e)
+                );
             }
         }
         with_dbname(&self.url, name)
@@ -270,7 +279,7 @@ impl TestServer {
             let last = match query_blocking(&standby.config, "SELECT pg_is_in_recovery()") {
                 Ok(Some(t)) if t == "t" => return Ok(standby),
                 Ok(other) => format!("pg_is_in_recovery() returned {other:?}"),
-                Err(e) => e.to_string(),
+                Err(e) => with_sources(&e),
             };
             if Instant::now() > deadline {
                 let log = standby.instance("standby").log_excerpt(0, "standby log");
@@ -418,6 +427,19 @@ fn query_blocking(config: &Config, sql: &str) -> Result<Option<String>, tokio_po
             .join()
             .expect("the query thread panicked")
     })
+}
+
+/// `error` and its sources: tokio-postgres says "error connecting to
+/// server" and keeps the reason in `source()`.
+fn with_sources(error: &dyn Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// `url` with its database replaced by `dbname`.

@@ -24,16 +24,26 @@ async fn in_recovery(server: &TestServer) -> bool {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn custom_settings_apply() {
-    let started = Instant::now();
     let server = TestServer::builder()
         .setting("max_locks_per_transaction", "10")
         .setting("deadlock_timeout", "100ms")
         .start();
-    eprintln!("started a server in {:?}", started.elapsed());
     assert_eq!(show(&server, "max_locks_per_transaction").await, "10");
     assert_eq!(show(&server, "deadlock_timeout").await, "100ms");
     assert_eq!(show(&server, "fsync").await, "off");
     assert_eq!(show(&server, "max_connections").await, "200");
+}
+
+/// Run with `--nocapture` to see the times; the first start in a process
+/// also makes the template cluster.
+#[test]
+fn startup_times() {
+    for n in 1..=2 {
+        let started = Instant::now();
+        let server = TestServer::builder().start();
+        eprintln!("server {n} started in {:?}", started.elapsed());
+        drop(server);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -107,6 +117,17 @@ async fn shared_server_and_databases() {
         .await
         .unwrap();
     assert_eq!(row.get::<_, &str>(0), "harness_isolated");
+}
+
+#[test]
+fn failed_start_reports_the_log() {
+    let error = TestServer::builder()
+        .setting("max_connections", "many")
+        .try_start()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("server log"), "{error}");
+    assert!(error.contains("max_connections"), "{error}");
 }
 
 #[test]
