@@ -814,3 +814,45 @@ async fn try_many(tx: &Transaction<'_>, plan: &Plan) -> PgResult<Vec<LockKey>> {
     }
     Ok(busy)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+
+    /// Advisory locks belong to the database session, not to a thread:
+    /// guards and transactions must cross `.await` points on multi-threaded
+    /// runtimes.
+    #[test]
+    fn guards_and_transactions_are_send_and_sync() {
+        send_sync::<Locker>();
+        send_sync::<LockTx<'static>>();
+        send_sync::<Held<'static, i64>>();
+        send_sync::<HeldBatch<'static>>();
+        send::<Held<'static, String>>();
+        send_sync::<Busy>();
+        send_sync::<Error>();
+    }
+
+    #[test]
+    fn held_batch_proofs_follow_membership() {
+        let batch = Batch::new()
+            .with(&crate::HashText("a"))
+            .with_shared(&crate::HashText("b"));
+        let held = HeldBatch {
+            keys: batch.planned(),
+            _tx: PhantomData,
+        };
+        assert!(held.contains(&crate::HashText("a")));
+        assert!(!held.contains(&crate::HashText("c")));
+        let proof = held.proof(crate::HashText("b")).unwrap();
+        assert_eq!(proof.mode(), Mode::Shared);
+        assert_eq!(proof.key(), crate::hashtext_key("b"));
+        assert_eq!(
+            held.proof(crate::HashText("c")).unwrap_err(),
+            crate::HashText("c")
+        );
+    }
+}
