@@ -1,0 +1,408 @@
+//! Mutual exclusion under contention: many connections, many transactions,
+//! a small key space, and an in-process detector of overlapping critical
+//! sections, with controls that show the detector catches overlaps.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockkit::{AdvisoryKey, Batch, Config, Error, LockKey, Locker, Mode};
+use lockkit_tests::TestServer;
+use tokio::sync::Barrier;
+use tokio_postgres::Client;
+
+use crate::common::locker;
+
+/// The entity the workers fight over; a namespace of its own so no other
+/// test of the binary contends for these keys.
+#[derive(AdvisoryKey, Clone, Copy, Debug)]
+#[advisory_key(namespace = "lockkit-tests/exclusion")]
+struct Slot {
+    id: i64,
+}
+
+const CONNECTIONS: usize = 16;
+const TXS_PER_CONNECTION: usize = 200;
+const KEYS: usize = 8;
+
+/// How a worker "guards" its critical section.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Guard {
+    /// The real thing: `lock` / `lock_batch` on the slots, in a `LockTx`.
+    Locked,
+    /// Control: the same round trips, but on keys private to the worker.
+    PrivateKeys,
+    /// Control: raw `pg_advisory_xact_lock` on the slots in autocommit,
+    /// released at the end of that statement (the bug lockkit prevents).
+    Autocommit,
+}
+
+/// Per-key count of workers inside their critical section.
+#[derive(Debug, Default)]
+struct Room {
+    inside: [AtomicU32; KEYS],
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    /// Critical sections entered (per key).
+    entries: AtomicU64,
+    /// Entries that found another worker inside the same key's section.
+    overlaps: AtomicU64,
+    /// Requests made while another worker was inside one of the keys: with
+    /// working locks, each of these had to wait.
+    busy_at_request: AtomicU64,
+    /// Multi-key (batch) transactions.
+    batches: AtomicU64,
+}
+
+fn seed() -> u64 {
+    let seed = std::env::var("LOCKKIT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("seed = {seed} (rerun with LOCKKIT_SEED={seed})");
+    seed
+}
+
+async fn connections(db: &TestServer, n: usize) -> Vec<Client> {
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
+        clients.push(db.connect().await);
+    }
+    clients
+}
+
+/// Runs [`TXS_PER_CONNECTION`] transactions on `client`, each entering the
+/// critical section of one to three random slots guarded by `guard`.
+async fn exclusive_worker(
+    mut client: Client,
+    locker: Locker,
+    worker: usize,
+    seed: u64,
+    guard: Guard,
+    room: Arc<Room>,
+    tally: Arc<Tally>,
+) -> Result<(), Error> {
+    let mut rng = fastrand::Rng::with_seed(seed.wrapping_add(worker as u64));
+    let slots: Vec<usize> = (0..KEYS).collect();
+    for i in 0..TXS_PER_CONNECTION {
+        let n = if rng.bool() { 1 } else { rng.usize(2..=3) };
+        let ids = rng.choose_multiple(slots.iter().copied(), n);
+        if ids.iter().any(|&k| room.inside[k].load(SeqCst) > 0) {
+            tally.busy_at_request.fetch_add(1, SeqCst);
+        }
+        if n > 1 {
+            tally.batches.fetch_add(1, SeqCst);
+        }
+        if guard == Guard::Autocommit {
+            for &k in &ids {
+                let LockKey::BigInt(key) = Slot { id: k as i64 }.lock_key() else {
+                    unreachable!("Slot is a BigInt key")
+                };
+                client
+                    .execute("SELECT pg_advisory_xact_lock($1)", &[&key])
+                    .await?;
+            }
+        }
+        let tx = locker.begin(&mut client).await?;
+        match guard {
+            Guard::Locked if n == 1 => {
+                let _ = tx.lock(Slot { id: ids[0] as i64 }).await?;
+            }
+            Guard::Locked => {
+                let mut batch = Batch::new();
+                for &k in &ids {
+                    batch.add(&Slot { id: k as i64 }, Mode::Exclusive);
+                }
+                let _ = tx.lock_batch(&batch).await?;
+            }
+            Guard::PrivateKeys => {
+                let private = 1_000_000 * (worker as i64 + 1) + i as i64;
+                let _ = tx.lock(Slot { id: private }).await?;
+            }
+            Guard::Autocommit => {}
+        }
+        for &k in &ids {
+            tally.entries.fetch_add(1, SeqCst);
+            if room.inside[k].fetch_add(1, SeqCst) != 0 {
+                tally.overlaps.fetch_add(1, SeqCst);
+            }
+        }
+        // Widen the window: let the other tasks run, and now and then stay
+        // inside for a timer tick.
+        tokio::task::yield_now().await;
+        if i % 4 == 0 {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        for &k in &ids {
+            room.inside[k].fetch_sub(1, SeqCst);
+        }
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+/// Runs the exclusive workload over [`CONNECTIONS`] connections and returns
+/// its tally.
+async fn exclusive_workload(db: &TestServer, guard: Guard) -> Tally {
+    let seed = seed();
+    let clients = connections(db, CONNECTIONS).await;
+    let locker = locker(&clients[0], Config::default()).await;
+    let room = Arc::new(Room::default());
+    let tally = Arc::new(Tally::default());
+    let started = Instant::now();
+    let workers: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(worker, client)| {
+            tokio::spawn(exclusive_worker(
+                client,
+                locker.clone(),
+                worker,
+                seed,
+                guard,
+                Arc::clone(&room),
+                Arc::clone(&tally),
+            ))
+        })
+        .collect();
+    for worker in workers {
+        worker
+            .await
+            .expect("worker panicked")
+            .expect("worker failed");
+    }
+    println!("{guard:?}: {tally:?} in {:?}", started.elapsed());
+    Arc::into_inner(tally).expect("workers are done")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exclusive_locks_never_overlap() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let tally = exclusive_workload(db, Guard::Locked).await;
+    assert_eq!(tally.overlaps.load(SeqCst), 0, "two holders of one key");
+    // Every transaction entered at least one section, and many of them
+    // asked for a key while another worker was inside it: they waited.
+    assert!(tally.entries.load(SeqCst) >= (CONNECTIONS * TXS_PER_CONNECTION) as u64);
+    assert!(tally.batches.load(SeqCst) > 0);
+    let busy = tally.busy_at_request.load(SeqCst);
+    assert!(busy >= 50, "too little contention to mean anything: {busy}");
+}
+
+/// Control: the same workload with each worker locking keys of its own
+/// overlaps, so the detector above can fail.
+#[tokio::test(flavor = "multi_thread")]
+async fn control_without_shared_keys_overlaps() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let tally = exclusive_workload(db, Guard::PrivateKeys).await;
+    assert!(
+        tally.overlaps.load(SeqCst) > 0,
+        "the detector saw no overlap without locks: {tally:?}"
+    );
+}
+
+/// Control: taking the xact lock outside a transaction (autocommit)
+/// excludes nothing, since it is released at the end of its statement.
+#[tokio::test(flavor = "multi_thread")]
+async fn control_autocommit_xact_lock_overlaps() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let tally = exclusive_workload(db, Guard::Autocommit).await;
+    assert!(
+        tally.overlaps.load(SeqCst) > 0,
+        "the detector saw no overlap with autocommit locks: {tally:?}"
+    );
+}
+
+const RW_KEYS: usize = 2;
+const RW_TXS_PER_CONNECTION: usize = 150;
+
+/// Per-key readers and writers inside.
+#[derive(Debug, Default)]
+struct RwRoom {
+    readers: [AtomicU32; RW_KEYS],
+    writers: [AtomicU32; RW_KEYS],
+}
+
+#[derive(Debug, Default)]
+struct RwTally {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    /// A writer inside with anyone else (reader or writer) inside.
+    violations: AtomicU64,
+    /// The most readers seen inside one key at once.
+    max_readers: AtomicU32,
+}
+
+/// Readers take the slot shared, writers in `writer_mode` (exclusive,
+/// except in the control).
+async fn rw_worker(
+    mut client: Client,
+    locker: Locker,
+    worker: usize,
+    seed: u64,
+    writer_mode: Mode,
+    room: Arc<RwRoom>,
+    tally: Arc<RwTally>,
+) -> Result<(), Error> {
+    let mut rng = fastrand::Rng::with_seed(seed.wrapping_add(worker as u64));
+    for i in 0..RW_TXS_PER_CONNECTION {
+        let k = rng.usize(..RW_KEYS);
+        let slot = Slot { id: 100 + k as i64 };
+        let writer = rng.u8(..5) == 0;
+        let tx = locker.begin(&mut client).await?;
+        if writer {
+            let _ = match writer_mode {
+                Mode::Exclusive => tx.lock(slot).await?,
+                Mode::Shared => tx.lock_shared(slot).await?,
+            };
+            tally.writes.fetch_add(1, SeqCst);
+            // SeqCst on both sides: if a reader and a writer overlap, at
+            // least one of them sees the other's increment.
+            if room.writers[k].fetch_add(1, SeqCst) != 0 || room.readers[k].load(SeqCst) != 0 {
+                tally.violations.fetch_add(1, SeqCst);
+            }
+        } else {
+            let _ = tx.lock_shared(slot).await?;
+            tally.reads.fetch_add(1, SeqCst);
+            let readers = room.readers[k].fetch_add(1, SeqCst) + 1;
+            tally.max_readers.fetch_max(readers, SeqCst);
+            if room.writers[k].load(SeqCst) != 0 {
+                tally.violations.fetch_add(1, SeqCst);
+            }
+        }
+        tokio::task::yield_now().await;
+        if i % 4 == 0 {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        if writer {
+            room.writers[k].fetch_sub(1, SeqCst);
+        } else {
+            room.readers[k].fetch_sub(1, SeqCst);
+        }
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+async fn rw_workload(db: &TestServer, writer_mode: Mode) -> RwTally {
+    let seed = seed();
+    let clients = connections(db, CONNECTIONS).await;
+    let locker = locker(&clients[0], Config::default()).await;
+    let room = Arc::new(RwRoom::default());
+    let tally = Arc::new(RwTally::default());
+    let started = Instant::now();
+    let workers: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(worker, client)| {
+            tokio::spawn(rw_worker(
+                client,
+                locker.clone(),
+                worker,
+                seed,
+                writer_mode,
+                Arc::clone(&room),
+                Arc::clone(&tally),
+            ))
+        })
+        .collect();
+    for worker in workers {
+        worker
+            .await
+            .expect("worker panicked")
+            .expect("worker failed");
+    }
+    println!(
+        "writers {writer_mode:?}: {tally:?} in {:?}",
+        started.elapsed()
+    );
+    Arc::into_inner(tally).expect("workers are done")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shared_readers_share_and_exclude_writers() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let tally = rw_workload(db, Mode::Exclusive).await;
+    assert_eq!(tally.violations.load(SeqCst), 0, "a writer was not alone");
+    assert!(tally.writes.load(SeqCst) > 0);
+    assert!(tally.reads.load(SeqCst) > 0);
+    let max = tally.max_readers.load(SeqCst);
+    assert!(max >= 2, "readers were never inside together (max {max})");
+}
+
+/// Control: "writers" that take the shared lock are seen overlapping
+/// readers, so the violation check above can fail.
+#[tokio::test(flavor = "multi_thread")]
+async fn control_shared_writers_overlap() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let tally = rw_workload(db, Mode::Shared).await;
+    assert!(
+        tally.violations.load(SeqCst) > 0,
+        "the detector saw no writer overlap: {tally:?}"
+    );
+}
+
+/// Deterministic: every reader is inside at once (a barrier that only opens
+/// when all of them hold the shared lock), and meanwhile a writer cannot get
+/// in; once they commit it can.
+#[tokio::test(flavor = "multi_thread")]
+async fn all_readers_inside_together_writer_excluded() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let slot = Slot { id: 200 };
+    let clients = connections(db, CONNECTIONS).await;
+    let mut writer = db.connect().await;
+    let locker = locker(&writer, Config::default()).await;
+    // Readers + the test itself.
+    let inside = Arc::new(Barrier::new(CONNECTIONS + 1));
+    let leave = Arc::new(Barrier::new(CONNECTIONS + 1));
+    let readers: Vec<_> = clients
+        .into_iter()
+        .map(|mut client| {
+            let (locker, inside, leave) = (locker.clone(), Arc::clone(&inside), Arc::clone(&leave));
+            tokio::spawn(async move {
+                let tx = locker.begin(&mut client).await?;
+                let held = tx.lock_shared(slot).await?;
+                assert_eq!(held.mode(), Mode::Shared);
+                inside.wait().await;
+                leave.wait().await;
+                drop(held);
+                tx.commit().await
+            })
+        })
+        .collect();
+    // Guards a hang (shared locks excluding each other), not a timing claim.
+    tokio::time::timeout(Duration::from_secs(60), inside.wait())
+        .await
+        .expect("the readers never were all inside at once");
+
+    let tx = locker.begin(&mut writer).await.unwrap();
+    assert!(
+        tx.try_lock(slot).await.unwrap().is_err(),
+        "a writer got in among {CONNECTIONS} readers"
+    );
+    assert!(
+        tx.try_lock_shared(slot).await.unwrap().is_ok(),
+        "one more reader is admitted"
+    );
+    tx.rollback().await.unwrap();
+
+    leave.wait().await;
+    for reader in readers {
+        reader
+            .await
+            .expect("reader panicked")
+            .expect("reader failed");
+    }
+    let tx = locker.begin(&mut writer).await.unwrap();
+    let held = tx.try_lock(slot).await.unwrap().expect("readers are gone");
+    assert_eq!(held.mode(), Mode::Exclusive);
+    drop(held);
+    tx.commit().await.unwrap();
+}
