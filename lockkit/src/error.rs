@@ -148,6 +148,22 @@ pub enum Error {
         /// The server's value.
         server: i32,
     },
+    /// A session lock was refused because the connection goes through a
+    /// transaction-mode pooler (such as pgbouncer with
+    /// `pool_mode = transaction`): the server backend behind it changes
+    /// between transactions. A session lock stays on the server connection
+    /// that took it, which the pooler then hands to other clients, and the
+    /// unlock may reach another backend. Nothing was locked. Connect
+    /// directly to PostgreSQL (or through a session-mode pool) for session
+    /// locks, or use transaction-scoped locks.
+    #[error("refusing a session lock: the connection goes through a transaction-mode pooler (server backend {backend_pid}: {evidence}), so the lock would stay on a server connection that other clients get and the unlock could reach another backend; connect directly to PostgreSQL for session locks, or use transaction-scoped locks")]
+    PooledConnection {
+        /// The server backend the connection was on first.
+        backend_pid: i32,
+        /// What the probe saw, e.g. "another client's transaction was given
+        /// it" or "the next transaction ran on backend 812".
+        evidence: String,
+    },
     /// An invalid namespace.
     #[error(transparent)]
     Namespace(#[from] NamespaceError),
@@ -270,16 +286,16 @@ impl Error {
     }
 }
 
-#[cfg(feature = "tokio-postgres")]
 fn driver_code<'e>(source: &'e (dyn StdError + 'static)) -> Option<&'e str> {
-    source
-        .downcast_ref::<tokio_postgres::Error>()
-        .and_then(tokio_postgres::Error::code)
-        .map(tokio_postgres::error::SqlState::code)
-}
-
-#[cfg(not(feature = "tokio-postgres"))]
-fn driver_code<'e>(_source: &'e (dyn StdError + 'static)) -> Option<&'e str> {
+    #[cfg(feature = "tokio-postgres")]
+    if let Some(e) = source.downcast_ref::<tokio_postgres::Error>() {
+        return e.code().map(tokio_postgres::error::SqlState::code);
+    }
+    #[cfg(feature = "diesel")]
+    if let Some(e) = source.downcast_ref::<diesel::result::Error>() {
+        return diesel_sqlstate(e).0;
+    }
+    let _ = source;
     None
 }
 
@@ -296,6 +312,97 @@ impl Error {
 impl From<tokio_postgres::Error> for Error {
     fn from(e: tokio_postgres::Error) -> Self {
         Error::from_pg(e, Context::Plain)
+    }
+}
+
+/// The SQLSTATE of a Diesel error and whether the connection is closed.
+///
+/// Diesel does not expose the SQLSTATE: its `DatabaseErrorKind` names a few
+/// codes (`40001`, the integrity violations, `25006`, a closed connection),
+/// and the rest are recognised by the server's primary message, which is
+/// reliable when the server's `lc_messages` is English (`C`, `POSIX`, `en_*`:
+/// the default). Messages in another language fall through to
+/// [`Error::Database`] without a code.
+#[cfg(feature = "diesel")]
+fn diesel_sqlstate(e: &diesel::result::Error) -> (Option<&'static str>, bool) {
+    use diesel::result::{DatabaseErrorKind as Kind, Error as D};
+    let D::DatabaseError(kind, info) = e else {
+        return (None, false);
+    };
+    let by_kind = match kind {
+        Kind::UniqueViolation => Some("23505"),
+        Kind::ForeignKeyViolation => Some("23503"),
+        Kind::NotNullViolation => Some("23502"),
+        Kind::CheckViolation => Some("23514"),
+        Kind::RestrictViolation => Some("23001"),
+        Kind::ExclusionViolation => Some("23P01"),
+        Kind::SerializationFailure => Some(sqlstate::SERIALIZATION_FAILURE),
+        Kind::ReadOnlyTransaction => Some("25006"),
+        _ => None,
+    };
+    // Primary messages (`errmsg`) of the codes lockkit maps, PostgreSQL 12+.
+    const MESSAGES: [(&str, &str); 9] = [
+        ("deadlock detected", sqlstate::DEADLOCK_DETECTED),
+        (
+            "canceling statement due to lock timeout",
+            sqlstate::LOCK_NOT_AVAILABLE,
+        ),
+        ("could not obtain lock", sqlstate::LOCK_NOT_AVAILABLE),
+        (
+            "canceling statement due to statement timeout",
+            sqlstate::QUERY_CANCELED,
+        ),
+        (
+            "canceling statement due to user request",
+            sqlstate::QUERY_CANCELED,
+        ),
+        ("out of shared memory", sqlstate::OUT_OF_MEMORY),
+        (
+            "current transaction is aborted",
+            sqlstate::IN_FAILED_SQL_TRANSACTION,
+        ),
+        (
+            "terminating connection due to administrator command",
+            sqlstate::ADMIN_SHUTDOWN,
+        ),
+        (
+            "could not serialize access",
+            sqlstate::SERIALIZATION_FAILURE,
+        ),
+    ];
+    let message = info.message();
+    let code = by_kind.or_else(|| {
+        MESSAGES
+            .iter()
+            .find(|(prefix, _)| message.starts_with(prefix))
+            .map(|(_, code)| *code)
+    });
+    (code, matches!(kind, Kind::ClosedConnection))
+}
+
+#[cfg(feature = "diesel")]
+impl Error {
+    /// Maps a Diesel error onto lockkit's variants, as the
+    /// `From<diesel::result::Error>` impl does but in `context`. For driver
+    /// adapters.
+    pub fn from_diesel(e: diesel::result::Error, context: Context) -> Self {
+        let (code, closed) = diesel_sqlstate(&e);
+        Error::from_driver(code, closed, context, Box::new(e))
+    }
+}
+
+/// With the `diesel` feature, so that `?` works inside
+/// `conn.transaction::<_, lockkit::Error, _>(|conn| …)`.
+///
+/// Diesel does not expose the SQLSTATE; lockkit takes it from Diesel's
+/// `DatabaseErrorKind` where that names one, else from the server's English
+/// primary message (`deadlock detected`, `canceling statement due to lock
+/// timeout`, `out of shared memory`, …). On a server whose `lc_messages` is
+/// not English those errors become [`Error::Database`] without a code.
+#[cfg(feature = "diesel")]
+impl From<diesel::result::Error> for Error {
+    fn from(e: diesel::result::Error) -> Self {
+        Error::from_diesel(e, Context::Plain)
     }
 }
 

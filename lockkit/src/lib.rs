@@ -55,7 +55,11 @@ mod sql;
 #[cfg(feature = "tokio-postgres")]
 mod locker;
 #[cfg(feature = "tokio-postgres")]
+pub mod inspect;
+#[cfg(feature = "tokio-postgres")]
 mod retry;
+#[cfg(feature = "tokio-postgres")]
+mod session;
 #[cfg(feature = "tokio-postgres")]
 mod transaction;
 
@@ -72,6 +76,8 @@ pub use plan::{Batch, Mode};
 
 #[cfg(feature = "tokio-postgres")]
 pub use locker::Locker;
+#[cfg(feature = "tokio-postgres")]
+pub use session::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
 #[cfg(feature = "tokio-postgres")]
 pub use retry::{retry, RetryPolicy, Transient};
 #[cfg(feature = "tokio-postgres")]

@@ -4,4 +4,5 @@ mod common;
 mod deadlock;
 mod exclusion;
 mod release;
+mod session;
 mod smoke;

@@ -71,9 +71,11 @@
 mod account;
 mod binaries;
 mod instance;
+mod pgbouncer;
 mod server;
 
 #[cfg(test)]
 mod tests;
 
+pub use pgbouncer::{PgBouncer, PgBouncerBuilder};
 pub use server::{Builder, LogGuard, TestServer};

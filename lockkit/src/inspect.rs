@@ -1,0 +1,379 @@
+//! Who holds and who awaits advisory locks on the server, with the key types
+//! behind the keys.
+//!
+//! [`advisory_locks`] reads `pg_locks` with `pg_stat_activity` and
+//! `pg_blocking_pids` in one query; a [`KeyRegistry`] of the application's
+//! key types names the namespace behind each key, from the namespace tag in
+//! the top 16 bits of a hashed `BigInt` key or the class of a `Pair` key
+//! (KEYS.md).
+//!
+//! # Example
+//!
+//! ```no_run
+//! use lockkit::inspect::{advisory_locks, KeyRegistry};
+//! use lockkit::AdvisoryKey;
+//!
+//! #[derive(AdvisoryKey)]
+//! struct Order {
+//!     id: i64,
+//! }
+//!
+//! # async fn run(client: &tokio_postgres::Client) -> Result<(), lockkit::Error> {
+//! let registry = KeyRegistry::new().register::<Order>();
+//! assert!(registry.collisions().is_empty());
+//! for row in advisory_locks(client, &registry).await? {
+//!     let what = row.types.first().map_or("?", |t| t.namespace());
+//!     println!("{:?} {what} {} granted={} blocked by {:?}", row.pid, row.key, row.granted, row.blocked_by);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use crate::error::Error;
+use crate::key::{AdvisoryKey, KeyForm, KeySpec, LockKey};
+use crate::plan::Mode;
+
+/// The inspection query: every advisory lock of the current database, held
+/// or awaited, with its session (`pg_stat_activity`), how long it has
+/// waited (`pg_locks.waitstart`, PostgreSQL 14+, read through `to_jsonb` so
+/// older servers answer `NULL`) and the pids blocking it.
+///
+/// Columns: `classid int8`, `objid int8`, `objsubid int2`, `mode text`,
+/// `granted bool`, `pid int4` (`NULL` for a prepared transaction),
+/// `application_name text`, `usename text`, `state text`, `query text`,
+/// `waited float8` (seconds), `blocked_by int4[]`.
+pub const ADVISORY_LOCKS: &str = "SELECT l.classid::int8, l.objid::int8, l.objsubid::int2, \
+     l.mode, l.granted, l.pid, a.application_name, a.usename::text, a.state, a.query, \
+     extract(epoch FROM clock_timestamp() - (to_jsonb(l) ->> 'waitstart')::timestamptz)::float8, \
+     CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::int4[] ELSE pg_blocking_pids(l.pid) END \
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     ORDER BY l.granted DESC, l.classid, l.objid, l.objsubid, l.pid";
+
+/// What `pg_stat_activity.query` shows for another role's session when the
+/// inspecting role lacks `pg_read_all_stats`.
+const HIDDEN_QUERY: &str = "<insufficient privilege>";
+
+/// One advisory lock held or awaited, from [`advisory_locks`].
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct AdvisoryLockRow {
+    /// The key.
+    pub key: LockKey,
+    /// Shared (`ShareLock`) or exclusive (`ExclusiveLock`).
+    pub mode: Mode,
+    /// Held (`true`) or awaited.
+    pub granted: bool,
+    /// The server process; `None` for a prepared transaction.
+    pub pid: Option<i32>,
+    /// The session's `application_name`.
+    pub application_name: Option<String>,
+    /// The session's role.
+    pub user: Option<String>,
+    /// The session's state (`active`, `idle`, `idle in transaction`, …);
+    /// `None` when not visible to the inspecting role.
+    pub state: Option<String>,
+    /// How long an awaited lock has been waited for (PostgreSQL 14+).
+    pub waited: Option<Duration>,
+    /// The processes an awaited lock waits for (`pg_blocking_pids`).
+    pub blocked_by: Vec<i32>,
+    /// The session's current or last query; `None` when not visible (see
+    /// [`query_hidden`](Self::query_hidden)).
+    pub query: Option<String>,
+    /// Whether the server hid the query because the inspecting role may not
+    /// see other roles' sessions (it needs `pg_read_all_stats`).
+    pub query_hidden: bool,
+    /// The registered key types the key decodes to: one normally, several
+    /// when their tags collide, none when unknown (or a raw or `hashtext`
+    /// key, which carry no tag).
+    pub types: Vec<KeyType>,
+}
+
+/// Reads every advisory lock of the current database, held or awaited
+/// ([`ADVISORY_LOCKS`]), and decodes the keys through `registry`.
+///
+/// Uses an unnamed statement, so it also works through a transaction-mode
+/// pooler.
+///
+/// # Errors
+///
+/// When the query fails, e.g. [`Error::Database`] with code `42501` when the
+/// role may not read `pg_locks` or `pg_stat_activity`.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it only reads.
+pub async fn advisory_locks(
+    client: &Client,
+    registry: &KeyRegistry,
+) -> Result<Vec<AdvisoryLockRow>, Error> {
+    let rows = client.query_typed(ADVISORY_LOCKS, &[]).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let classid: i64 = row.try_get(0)?;
+        let objid: i64 = row.try_get(1)?;
+        let objsubid: i16 = row.try_get(2)?;
+        let Some(key) = LockKey::from_pg_locks(classid as u32, objid as u32, objsubid) else {
+            continue;
+        };
+        let mode = match row.try_get::<_, &str>(3)? {
+            "ShareLock" => Mode::Shared,
+            _ => Mode::Exclusive,
+        };
+        let query: Option<String> = row.try_get(9)?;
+        let query_hidden = query.as_deref() == Some(HIDDEN_QUERY);
+        let waited: Option<f64> = row.try_get(10)?;
+        out.push(AdvisoryLockRow {
+            key,
+            mode,
+            granted: row.try_get(4)?,
+            pid: row.try_get(5)?,
+            application_name: row.try_get(6)?,
+            user: row.try_get(7)?,
+            state: row.try_get(8)?,
+            waited: waited
+                .filter(|s| s.is_finite())
+                .map(|s| Duration::from_secs_f64(s.max(0.0))),
+            blocked_by: row.try_get(11)?,
+            query: if query_hidden { None } else { query },
+            query_hidden,
+            types: registry.decode(key).into_iter().cloned().collect(),
+        });
+    }
+    Ok(out)
+}
+
+/// A registered key type: what a [`KeyRegistry`] knows of it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KeyType {
+    name: String,
+    namespace: String,
+    form: KeyForm,
+    tag: u16,
+    pair_class: i32,
+}
+
+impl KeyType {
+    /// The type's name (`std::any::type_name`, or the name given to
+    /// [`KeyRegistry::register_spec`]).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The type's namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The key space the type's keys are in.
+    pub fn form(&self) -> KeyForm {
+        self.form
+    }
+
+    /// The namespace tag of the type's `BigInt` keys (top 16 bits).
+    pub fn tag(&self) -> u16 {
+        self.tag
+    }
+
+    /// The class of the type's `Pair` keys.
+    pub fn pair_class(&self) -> i32 {
+        self.pair_class
+    }
+
+    /// What in a key names this type: the tag for hashed `BigInt` keys, the
+    /// class for `Pair` keys, nothing for raw and `hashtext` keys.
+    fn marker(&self) -> Option<Marker> {
+        match self.form {
+            KeyForm::BigInt => Some(Marker::Tag(self.tag)),
+            KeyForm::Pair | KeyForm::PairExact => Some(Marker::PairClass(self.pair_class)),
+            _ => None,
+        }
+    }
+}
+
+/// What two registered types share, so that their keys cannot be told
+/// apart in `pg_locks`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Marker {
+    /// The 16-bit namespace tag of hashed `BigInt` keys.
+    Tag(u16),
+    /// The class of `Pair` keys.
+    PairClass(i32),
+}
+
+/// Registered types whose keys carry the same [`Marker`]: a key with it is
+/// ambiguous. For `BigInt` keys this is only a naming problem (the 48-bit
+/// bodies keep the keys apart); for `Pair` keys in the same class, two
+/// types' keys can be equal, and so exclude each other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Collision {
+    /// The shared tag or class.
+    pub marker: Marker,
+    /// The types that share it, in registration order.
+    pub types: Vec<KeyType>,
+}
+
+/// The application's key types, to name the type behind a key seen in
+/// `pg_locks`.
+///
+/// ```
+/// use lockkit::inspect::KeyRegistry;
+/// use lockkit::{AdvisoryKey, KeySpec, LockKey};
+///
+/// #[derive(AdvisoryKey)]
+/// struct Order { id: i64 }
+///
+/// let registry = KeyRegistry::new()
+///     .register::<Order>()
+///     .register_spec("Event", KeySpec::new("Event"));
+/// // KEYS.md golden vector `Order { id: 42 }`.
+/// let types = registry.decode(LockKey::BigInt(-7205368663365046133));
+/// assert_eq!(types.len(), 1);
+/// assert_eq!(types[0].namespace(), "Order");
+/// assert!(registry.collisions().is_empty());
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct KeyRegistry {
+    types: Vec<KeyType>,
+}
+
+impl KeyRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `K` by its [`AdvisoryKey::KEY_SPEC`].
+    pub fn register<K: AdvisoryKey + ?Sized>(self) -> Self {
+        self.register_spec(std::any::type_name::<K>(), K::KEY_SPEC)
+    }
+
+    /// Registers a type by name and spec, e.g. a namespace given on a
+    /// command line. Registering the same name and spec again does nothing.
+    pub fn register_spec(mut self, name: impl Into<String>, spec: KeySpec<'_>) -> Self {
+        let key_type = KeyType {
+            name: name.into(),
+            namespace: spec.namespace().to_owned(),
+            form: spec.form(),
+            tag: spec.tag(),
+            pair_class: spec.pair_class(),
+        };
+        if !self.types.contains(&key_type) {
+            self.types.push(key_type);
+        }
+        self
+    }
+
+    /// The registered types, in registration order.
+    pub fn types(&self) -> &[KeyType] {
+        &self.types
+    }
+
+    /// The registered types `key` may belong to: those of its tag (`BigInt`)
+    /// or class (`Pair`). Several when tags collide; none when unknown.
+    pub fn decode(&self, key: LockKey) -> Vec<&KeyType> {
+        let marker = match key {
+            LockKey::BigInt(_) => key.tag().map(Marker::Tag),
+            LockKey::Pair(class, _) => Some(Marker::PairClass(class)),
+        };
+        self.types
+            .iter()
+            .filter(|t| marker.is_some() && t.marker() == marker)
+            .collect()
+    }
+
+    /// Registered types whose tags (or pair classes) collide, including two
+    /// types with one namespace.
+    pub fn collisions(&self) -> Vec<Collision> {
+        let mut by_marker: BTreeMap<Marker, Vec<KeyType>> = BTreeMap::new();
+        for key_type in &self.types {
+            if let Some(marker) = key_type.marker() {
+                by_marker.entry(marker).or_default().push(key_type.clone());
+            }
+        }
+        by_marker
+            .into_iter()
+            .filter(|(_, types)| types.len() > 1)
+            .map(|(marker, types)| Collision { marker, types })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_by_tag_and_class() {
+        let registry = KeyRegistry::new()
+            .register_spec("Order", KeySpec::new("Order"))
+            .register_spec("OrderPair", KeySpec::new("Order").pair())
+            .register_spec("Classed", KeySpec::new("Classed").class(7))
+            .register_spec("Raw", KeySpec::new("Raw").raw());
+        let bigint = KeySpec::new("Order").key_of(&42_i64);
+        let names = |key| {
+            registry
+                .decode(key)
+                .iter()
+                .map(|t| t.name().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(bigint), ["Order"]);
+        assert_eq!(names(LockKey::Pair(-1677652607, 1)), ["OrderPair"]);
+        assert_eq!(names(LockKey::Pair(7, 99)), ["Classed"]);
+        assert!(names(LockKey::BigInt(0)).is_empty());
+        assert!(registry.collisions().is_empty());
+    }
+
+    #[test]
+    fn reports_collisions() {
+        // Two types with one namespace, and two classes set by hand alike.
+        let registry = KeyRegistry::new()
+            .register_spec("a::Order", KeySpec::new("Order"))
+            .register_spec("b::Order", KeySpec::new("Order"))
+            .register_spec("a::Order", KeySpec::new("Order"))
+            .register_spec("X", KeySpec::new("X").class(5))
+            .register_spec("Y", KeySpec::new("Y").class(5))
+            .register_spec("Z", KeySpec::new("Z"));
+        let collisions = registry.collisions();
+        assert_eq!(collisions.len(), 2, "{collisions:?}");
+        assert_eq!(collisions[0].marker, Marker::Tag(0x9c01));
+        assert_eq!(collisions[0].types.len(), 2);
+        assert_eq!(collisions[1].marker, Marker::PairClass(5));
+        assert_eq!(
+            registry.decode(KeySpec::new("Order").key_of(&1_i64)).len(),
+            2
+        );
+    }
+
+    /// Distinct namespaces whose 16-bit tags are equal exist (the birthday
+    /// bound says a few hundred suffice); the registry must report them.
+    #[test]
+    fn finds_a_real_tag_collision() {
+        let mut seen: BTreeMap<u16, String> = BTreeMap::new();
+        let (a, b) = (0..100_000)
+            .find_map(|i| {
+                let ns = format!("T{i}");
+                let tag = KeySpec::try_new(&ns).unwrap().tag();
+                match seen.insert(tag, ns.clone()) {
+                    Some(prev) => Some((prev, ns)),
+                    None => None,
+                }
+            })
+            .expect("a tag collision among 100000 namespaces");
+        let registry = KeyRegistry::new()
+            .register_spec(a.clone(), KeySpec::try_new(&a).unwrap())
+            .register_spec(b.clone(), KeySpec::try_new(&b).unwrap());
+        let collisions = registry.collisions();
+        assert_eq!(collisions.len(), 1);
+        assert_eq!(collisions[0].types[0].namespace(), a);
+        assert_eq!(collisions[0].types[1].namespace(), b);
+    }
+}

@@ -1,0 +1,378 @@
+//! Session locks on dedicated connections: released on drop, on a panic, on
+//! a cancelled acquisition; lost-connection notice; try, timeout, shared;
+//! refusal on a hot standby and behind a real transaction-mode pgbouncer.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockkit::{
+    probe_pooler, AdvisoryKey, Config, Error, LockKey, Mode, SessionGuard, SessionLock,
+};
+use lockkit_tests::{PgBouncer, TestServer};
+use tokio::sync::Barrier;
+use tokio_postgres::Client;
+
+use crate::common::{granted_elsewhere, locker};
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests/session")]
+struct Job {
+    id: i64,
+}
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests/session-pair", pair)]
+struct Slot {
+    id: i64,
+}
+
+/// Rows of `key` in `pg_locks`, granted or awaited, in any session.
+async fn rows_of(observer: &Client, key: LockKey) -> i64 {
+    let id = key.to_pg_locks();
+    observer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+             AND classid = $1 AND objid = $2 AND objsubid = $3",
+            &[&id.classid, &id.objid, &id.objsubid],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0)
+}
+
+/// Waits until no session holds or awaits `key`; panics after 30 s. The
+/// server ends a closed session asynchronously, so "promptly" is polled.
+async fn until_gone(observer: &Client, key: LockKey) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while rows_of(observer, key).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{key} is still in pg_locks after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[test]
+fn guards_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<SessionGuard<Job>>();
+    check::<SessionLock>();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn drop_closes_the_session_and_releases_the_lock() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let sessions = SessionLock::new(db.config());
+
+    let guard = sessions.lock(Job { id: 1 }).await.unwrap();
+    assert_eq!(guard.key(), Job { id: 1 }.lock_key());
+    assert_eq!(guard.mode(), Mode::Exclusive);
+    assert_eq!(guard.id, 1);
+    assert!(guard.is_held());
+    assert!(guard.check().await.unwrap());
+    assert!(granted_elsewhere(&observer, guard.key()).await);
+    // A session lock outlives transactions: the holder's session is idle.
+    let pid = guard.backend_pid();
+    let state: String = observer
+        .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "idle");
+    let key = guard.key();
+    drop(guard);
+    until_gone(&observer, key).await;
+    // And the key is free for the next session.
+    let again = sessions
+        .try_lock(Job { id: 1 })
+        .await
+        .unwrap()
+        .expect("free after drop");
+    assert!(again.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panicking_task_releases_its_lock() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let sessions = SessionLock::new(db.config());
+    let key = Job { id: 2 }.lock_key();
+
+    let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+    let task_sessions = sessions.clone();
+    let task = tokio::spawn(async move {
+        let _guard = task_sessions.lock(Job { id: 2 }).await.unwrap();
+        locked_tx.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        panic!("the payroll run crashed");
+    });
+    locked_rx.await.unwrap();
+    assert!(granted_elsewhere(&observer, key).await, "held before the panic");
+    let err = task.await.unwrap_err();
+    assert!(err.is_panic());
+    until_gone(&observer, key).await;
+    let guard = sessions
+        .lock_timeout(Job { id: 2 }, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn release_reports_the_server_answer() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let sessions = SessionLock::new(db.config());
+
+    let guard = sessions.lock(Job { id: 3 }).await.unwrap();
+    let key = guard.key();
+    assert!(guard.release().await.unwrap(), "the server held it");
+    assert_eq!(rows_of(&observer, key).await, 0, "release waits for the unlock");
+
+    // After the session was killed, release says the connection is gone.
+    let guard = sessions.lock(Job { id: 3 }).await.unwrap();
+    observer
+        .execute("SELECT pg_terminate_backend($1)", &[&guard.backend_pid()])
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), guard.lost())
+        .await
+        .expect("lost() resolves after pg_terminate_backend");
+    let err = guard.release().await.unwrap_err();
+    assert!(err.is_connection_lost(), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lost_resolves_when_the_backend_is_terminated() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let sessions = SessionLock::new(db.config());
+
+    let guard = sessions.lock(Job { id: 4 }).await.unwrap();
+    let lost = guard.lost();
+    // Not lost while the connection lives.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), guard.lost())
+            .await
+            .is_err(),
+        "lost() must not resolve while the lock is held"
+    );
+    let killed: bool = observer
+        .query_one("SELECT pg_terminate_backend($1)", &[&guard.backend_pid()])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(killed);
+    tokio::time::timeout(Duration::from_secs(30), lost)
+        .await
+        .expect("lost() resolves after pg_terminate_backend");
+    assert!(!guard.is_held());
+    assert!(!guard.check().await.unwrap());
+    assert!(!granted_elsewhere(&observer, guard.key()).await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn try_timeout_and_shared() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let sessions = SessionLock::new(db.config());
+
+    let held = sessions.lock(Job { id: 5 }).await.unwrap();
+    let busy = sessions.try_lock(Job { id: 5 }).await.unwrap();
+    assert_eq!(busy.unwrap_err(), Job { id: 5 }, "the key comes back");
+    let err = sessions
+        .lock_timeout(Job { id: 5 }, Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    let err = sessions
+        .lock_shared_timeout(Job { id: 5 }, Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert!(held.release().await.unwrap());
+
+    // The pair key space.
+    let held = sessions.lock(Slot { id: 5 }).await.unwrap();
+    assert!(matches!(held.key(), LockKey::Pair(..)));
+    let busy = sessions.try_lock_shared(Slot { id: 5 }).await.unwrap();
+    assert_eq!(busy.unwrap_err(), Slot { id: 5 });
+    assert!(held.release().await.unwrap());
+
+    // Shared holders admit each other and exclude an exclusive one.
+    let a = sessions.lock_shared(Job { id: 6 }).await.unwrap();
+    let b = sessions.try_lock_shared(Job { id: 6 }).await.unwrap().unwrap();
+    assert_eq!(b.mode(), Mode::Shared);
+    assert!(sessions.try_lock(Job { id: 6 }).await.unwrap().is_err());
+    assert!(a.release().await.unwrap());
+    assert!(sessions.try_lock(Job { id: 6 }).await.unwrap().is_err());
+    assert!(b.release().await.unwrap());
+    let c = sessions.try_lock(Job { id: 6 }).await.unwrap().unwrap();
+    assert!(c.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn session_and_transaction_locks_exclude_each_other() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut client = db.connect().await;
+    let locker = locker(&client, Config::default()).await;
+    let sessions = locker.session(db.config());
+
+    let tx = locker.begin(&mut client).await.unwrap();
+    let held = tx.lock(Job { id: 7 }).await.unwrap();
+    assert!(sessions.try_lock(Job { id: 7 }).await.unwrap().is_err());
+    drop(held);
+    tx.commit().await.unwrap();
+    let guard = sessions.try_lock(Job { id: 7 }).await.unwrap().unwrap();
+    let tx = locker.begin(&mut client).await.unwrap();
+    assert!(tx.try_lock(Job { id: 7 }).await.unwrap().is_err());
+    tx.rollback().await.unwrap();
+    drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_lock_leaves_nothing_behind() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let sessions = SessionLock::new(db.config());
+    let key = Job { id: 8 }.lock_key();
+
+    let holder = sessions.lock(Job { id: 8 }).await.unwrap();
+    let waiting = sessions.lock(Job { id: 8 });
+    // Give up while waiting: the future is dropped mid-statement.
+    assert!(tokio::time::timeout(Duration::from_millis(300), waiting)
+        .await
+        .is_err());
+    assert!(holder.release().await.unwrap());
+    // The cancelled waiter must not end up holding the key.
+    until_gone(&observer, key).await;
+    let again = sessions.try_lock(Job { id: 8 }).await.unwrap();
+    assert!(again.is_ok(), "the cancelled waiter kept the lock");
+}
+
+/// Many tasks, one key: never two inside. The control (distinct keys)
+/// shows the counter sees overlap when there is no exclusion: all tasks
+/// meet at a barrier inside their critical sections.
+#[tokio::test(flavor = "multi_thread")]
+async fn excludes_across_many_sessions() {
+    const TASKS: usize = 8;
+    const ROUNDS: usize = 5;
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let sessions = SessionLock::new(db.config());
+
+    let inside = Arc::new(AtomicUsize::new(0));
+    let max = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let (sessions, inside, max) = (sessions.clone(), inside.clone(), max.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let guard = sessions.lock(Job { id: 9 }).await.unwrap();
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                max.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                assert!(guard.release().await.unwrap());
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(max.load(Ordering::SeqCst), 1, "two holders of one key");
+
+    // Control: distinct keys, so every task can be inside at once.
+    let inside = Arc::new(AtomicUsize::new(0));
+    let max = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(Barrier::new(TASKS));
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        let (sessions, inside, max, barrier) =
+            (sessions.clone(), inside.clone(), max.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = sessions.lock(Job { id: 100 + i as i64 }).await.unwrap();
+            let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+            max.fetch_max(now, Ordering::SeqCst);
+            barrier.wait().await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            drop(guard);
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(max.load(Ordering::SeqCst), TASKS);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_behind_a_transaction_pooler() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(2)
+        .start();
+
+    let err = SessionLock::new(bouncer.config())
+        .lock(Job { id: 10 })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::PooledConnection { .. }), "{err}");
+    assert!(err.to_string().contains("transaction-mode pooler"), "{err}");
+    assert!(!granted_elsewhere(&observer, Job { id: 10 }.lock_key()).await);
+    let probe = probe_pooler(&bouncer.config()).await.unwrap();
+    assert!(probe.is_transaction_pooled(), "{probe:?}");
+
+    // With a pool of one server connection the probe still sees it.
+    let single = PgBouncer::builder(db).default_pool_size(1).start();
+    let err = SessionLock::new(single.config())
+        .try_lock(Job { id: 10 })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::PooledConnection { .. }), "{err}");
+
+    // Controls: direct, and through a session-mode pool, it is not pooled
+    // in the way that breaks session locks.
+    let direct = probe_pooler(&db.config()).await.unwrap();
+    assert!(!direct.is_transaction_pooled(), "{direct:?}");
+    let session_mode = PgBouncer::builder(db).pool_mode("session").start();
+    let probe = probe_pooler(&session_mode.config()).await.unwrap();
+    assert!(!probe.is_transaction_pooled(), "{probe:?}");
+    let guard = SessionLock::new(session_mode.config())
+        .lock(Job { id: 10 })
+        .await
+        .unwrap();
+    assert!(granted_elsewhere(&observer, guard.key()).await);
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_on_a_hot_standby_unless_allowed() {
+    let primary = TestServer::builder().start();
+    let standby = primary.standby();
+    let err = SessionLock::new(standby.config())
+        .lock(Job { id: 11 })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::HotStandby), "{err}");
+    let client = primary.connect().await;
+    let locker = locker(&client, Config::default().allow_standby(true)).await;
+    let guard = locker
+        .session(standby.config())
+        .lock(Job { id: 11 })
+        .await
+        .unwrap();
+    assert!(guard.check().await.unwrap());
+    assert!(guard.release().await.unwrap());
+}

@@ -1,0 +1,286 @@
+//! [`PgBouncer`]: a real pgbouncer in front of a [`TestServer`], for the
+//! tests of what poolers do to session locks.
+//!
+//! # Layout and clean-up
+//!
+//! ```text
+//! $TMPDIR/lockkit-pgbouncer-<pid>-<n>/   owned by the server account
+//!     pgbouncer.ini, userlist.txt, pgbouncer.log
+//! ```
+//!
+//! pgbouncer refuses to run as root, so like the server it runs as the
+//! server account (see the crate docs). It is started by a `/bin/sh`
+//! watchdog that blocks reading a pipe from us; on end of file (the handle
+//! dropped, or this process exited or was killed) it kills pgbouncer and
+//! removes the directory.
+
+use std::fmt::Write as _;
+use std::fs::{self, DirBuilder};
+use std::io;
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::{chown, DirBuilderExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{self, Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use std::{env, fmt, thread};
+
+use tokio_postgres::config::Host;
+use tokio_postgres::Config;
+
+use crate::account;
+use crate::server::TestServer;
+
+/// How long [`PgBouncerBuilder::start`] waits for pgbouncer to listen.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A pgbouncer process in front of a test server, stopped and removed when
+/// the handle drops (or the process exits).
+///
+/// ```no_run
+/// use lockkit_tests::{PgBouncer, TestServer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let db = TestServer::shared();
+/// let bouncer = PgBouncer::builder(db).pool_mode("transaction").start();
+/// let (client, connection) = bouncer.config().connect(tokio_postgres::NoTls).await.unwrap();
+/// tokio::spawn(connection);
+/// client.simple_query("SELECT 1").await.unwrap();
+/// # }
+/// ```
+pub struct PgBouncer {
+    port: u16,
+    root: PathBuf,
+    watchdog: Option<Child>,
+}
+
+impl PgBouncer {
+    /// A builder for a pgbouncer in front of `server`: `pool_mode =
+    /// transaction`, `default_pool_size = 2`, `auth_type = trust`, user
+    /// `postgres`.
+    pub fn builder(server: &TestServer) -> PgBouncerBuilder {
+        let config = server.config();
+        let host = match config.get_hosts().first() {
+            Some(Host::Tcp(host)) => host.clone(),
+            _ => "127.0.0.1".to_owned(),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        PgBouncerBuilder {
+            host,
+            port,
+            pool_mode: "transaction".into(),
+            default_pool_size: 2,
+            users: vec!["postgres".into()],
+        }
+    }
+
+    /// The port pgbouncer listens on (loopback).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The URL of database `postgres` through pgbouncer, as `postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The connection settings of [`url`](Self::url) for tokio-postgres.
+    pub fn config(&self) -> Config {
+        let mut config = Config::new();
+        config
+            .host("127.0.0.1")
+            .port(self.port)
+            .user("postgres")
+            .dbname("postgres")
+            .connect_timeout(Duration::from_secs(10));
+        config
+    }
+
+    /// pgbouncer's log so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.root.join("pgbouncer.log")).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for PgBouncer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgBouncer")
+            .field("port", &self.port)
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            eprintln!(
+                "---- pgbouncer log ----\n{}---- end of pgbouncer log ----",
+                self.log()
+            );
+        }
+        if let Some(mut watchdog) = self.watchdog.take() {
+            drop(watchdog.stdin.take());
+            let _ = watchdog.wait();
+        }
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Options for a [`PgBouncer`]; from [`PgBouncer::builder`].
+#[derive(Debug, Clone)]
+pub struct PgBouncerBuilder {
+    host: String,
+    port: u16,
+    pool_mode: String,
+    default_pool_size: u32,
+    users: Vec<String>,
+}
+
+impl PgBouncerBuilder {
+    /// `pool_mode`: `session`, `transaction` (the default) or `statement`.
+    pub fn pool_mode(mut self, mode: &str) -> Self {
+        self.pool_mode = mode.to_owned();
+        self
+    }
+
+    /// `default_pool_size`: server connections per user and database.
+    pub fn default_pool_size(mut self, size: u32) -> Self {
+        self.default_pool_size = size;
+        self
+    }
+
+    /// Lets `user` connect too (trust auth still needs it in the auth file).
+    pub fn user(mut self, user: &str) -> Self {
+        self.users.push(user.to_owned());
+        self
+    }
+
+    /// Starts pgbouncer; returns once it accepts connections.
+    ///
+    /// # Panics
+    ///
+    /// As [`try_start`](Self::try_start) fails.
+    pub fn start(self) -> PgBouncer {
+        match self.try_start() {
+            Ok(bouncer) => bouncer,
+            Err(e) => panic!("cannot start pgbouncer: {e}"),
+        }
+    }
+
+    /// Like [`start`](Self::start), but hands back the error.
+    ///
+    /// # Errors
+    ///
+    /// When pgbouncer is not installed (`apt-get install pgbouncer`), or
+    /// does not listen in time; the message has its log.
+    pub fn try_start(self) -> io::Result<PgBouncer> {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let program = find_pgbouncer()?;
+        let account = account::for_server()?;
+        let base = if account.is_some() {
+            PathBuf::from("/tmp")
+        } else {
+            env::temp_dir()
+        };
+        let root = loop {
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let root = base.join(format!("lockkit-pgbouncer-{}-{n}", process::id()));
+            match DirBuilder::new().mode(0o700).create(&root) {
+                Ok(()) => break root,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let ini = root.join("pgbouncer.ini");
+        fs::write(&ini, self.ini(&root, port))?;
+        let mut userlist = String::new();
+        for user in &self.users {
+            let _ = writeln!(userlist, "\"{user}\" \"\"");
+        }
+        fs::write(root.join("userlist.txt"), userlist)?;
+        if let Some(account) = account {
+            for path in [&root, &ini, &root.join("userlist.txt")] {
+                chown(path, Some(account.uid), Some(account.gid))?;
+            }
+        }
+
+        const SCRIPT: &str = r#"trap '' HUP INT TERM QUIT
+"$1" "$2" &
+pid=$!
+cat >/dev/null
+kill -9 "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+rm -rf "$3""#;
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", SCRIPT, "lockkit-pgbouncer-watchdog"])
+            .arg(&program)
+            .arg(&ini)
+            .arg(&root)
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(account) = account {
+            cmd.uid(account.uid).gid(account.gid);
+        }
+        let bouncer = PgBouncer {
+            port,
+            watchdog: Some(cmd.spawn()?),
+            root,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "pgbouncer did not listen on port {port} within {START_TIMEOUT:?}; its log:\n{}",
+                    bouncer.log()
+                )));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        Ok(bouncer)
+    }
+
+    fn ini(&self, root: &Path, port: u16) -> String {
+        let root = root.display();
+        format!(
+            "[databases]\n\
+             * = host={host} port={server_port}\n\
+             [pgbouncer]\n\
+             listen_addr = 127.0.0.1\n\
+             listen_port = {port}\n\
+             unix_socket_dir =\n\
+             auth_type = trust\n\
+             auth_file = {root}/userlist.txt\n\
+             pool_mode = {mode}\n\
+             default_pool_size = {size}\n\
+             max_client_conn = 200\n\
+             server_round_robin = 0\n\
+             ignore_startup_parameters = extra_float_digits,options\n\
+             logfile = {root}/pgbouncer.log\n",
+            host = self.host,
+            server_port = self.port,
+            mode = self.pool_mode,
+            size = self.default_pool_size,
+        )
+    }
+}
+
+/// `pgbouncer` on `PATH`, else in `/usr/sbin` (Debian's package).
+fn find_pgbouncer() -> io::Result<PathBuf> {
+    let path = env::var_os("PATH").unwrap_or_default();
+    env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+        .map(|dir| dir.join("pgbouncer"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "cannot find pgbouncer on PATH or in /usr/sbin; install it (apt-get install pgbouncer)",
+            )
+        })
+}
