@@ -50,6 +50,12 @@ impl Config {
         self
     }
 
+    /// Whether locks are taken on a hot standby too (see
+    /// [`Config::allow_standby`]).
+    pub fn standby_allowed(&self) -> bool {
+        self.allow_standby
+    }
+
     /// Take locks on a hot standby too (refused by default: they exclude
     /// nothing on the primary).
     pub fn allow_standby(mut self, allow: bool) -> Self {

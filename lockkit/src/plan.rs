@@ -121,8 +121,8 @@ impl Batch {
     }
 
     /// Whether any key is a server-`hashtext` key, which needs the server
-    /// check of [`KeyForm::HashText`].
-    pub(crate) fn has_hashtext(&self) -> bool {
+    /// check of [`KeyForm::HashText`]. For driver adapters.
+    pub fn has_hashtext(&self) -> bool {
         self.hashtext
     }
 }
