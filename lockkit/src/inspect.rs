@@ -362,10 +362,7 @@ mod tests {
             .find_map(|i| {
                 let ns = format!("T{i}");
                 let tag = KeySpec::try_new(&ns).unwrap().tag();
-                match seen.insert(tag, ns.clone()) {
-                    Some(prev) => Some((prev, ns)),
-                    None => None,
-                }
+                seen.insert(tag, ns.clone()).map(|prev| (prev, ns))
             })
             .expect("a tag collision among 100000 namespaces");
         let registry = KeyRegistry::new()

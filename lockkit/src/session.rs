@@ -530,7 +530,9 @@ async fn probe_backends(
     };
     let again = backend_pid(client).await?;
     if again != first {
-        return Ok(pooled(format!("the next transaction ran on backend {again}")));
+        return Ok(pooled(format!(
+            "the next transaction ran on backend {again}"
+        )));
     }
     let (other, _other_lost) = open(config).await?;
     other.simple_query("BEGIN").await?;
@@ -645,9 +647,7 @@ impl CancelOnDrop {
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        if let (Some(token), Ok(runtime)) =
-            (self.0.take(), tokio::runtime::Handle::try_current())
-        {
+        if let (Some(token), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
             runtime.spawn(async move {
                 let _ = token.cancel_query(NoTls).await;
             });

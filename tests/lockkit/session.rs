@@ -6,9 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockkit::{
-    probe_pooler, AdvisoryKey, Config, Error, LockKey, Mode, SessionGuard, SessionLock,
-};
+use lockkit::{probe_pooler, AdvisoryKey, Config, Error, LockKey, Mode, SessionGuard, SessionLock};
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio::sync::Barrier;
 use tokio_postgres::Client;
@@ -112,7 +110,10 @@ async fn a_panicking_task_releases_its_lock() {
         panic!("the payroll run crashed");
     });
     locked_rx.await.unwrap();
-    assert!(granted_elsewhere(&observer, key).await, "held before the panic");
+    assert!(
+        granted_elsewhere(&observer, key).await,
+        "held before the panic"
+    );
     let err = task.await.unwrap_err();
     assert!(err.is_panic());
     until_gone(&observer, key).await;
@@ -133,7 +134,11 @@ async fn release_reports_the_server_answer() {
     let guard = sessions.lock(Job { id: 3 }).await.unwrap();
     let key = guard.key();
     assert!(guard.release().await.unwrap(), "the server held it");
-    assert_eq!(rows_of(&observer, key).await, 0, "release waits for the unlock");
+    assert_eq!(
+        rows_of(&observer, key).await,
+        0,
+        "release waits for the unlock"
+    );
 
     // After the session was killed, release says the connection is gone.
     let guard = sessions.lock(Job { id: 3 }).await.unwrap();
@@ -208,7 +213,11 @@ async fn try_timeout_and_shared() {
 
     // Shared holders admit each other and exclude an exclusive one.
     let a = sessions.lock_shared(Job { id: 6 }).await.unwrap();
-    let b = sessions.try_lock_shared(Job { id: 6 }).await.unwrap().unwrap();
+    let b = sessions
+        .try_lock_shared(Job { id: 6 })
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(b.mode(), Mode::Shared);
     assert!(sessions.try_lock(Job { id: 6 }).await.unwrap().is_err());
     assert!(a.release().await.unwrap());
@@ -297,8 +306,12 @@ async fn excludes_across_many_sessions() {
     let barrier = Arc::new(Barrier::new(TASKS));
     let mut tasks = Vec::new();
     for i in 0..TASKS {
-        let (sessions, inside, max, barrier) =
-            (sessions.clone(), inside.clone(), max.clone(), barrier.clone());
+        let (sessions, inside, max, barrier) = (
+            sessions.clone(),
+            inside.clone(),
+            max.clone(),
+            barrier.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let guard = sessions.lock(Job { id: 100 + i as i64 }).await.unwrap();
             let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
