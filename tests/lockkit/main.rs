@@ -1,8 +1,13 @@
 //! Integration tests of `lockkit` over tokio-postgres, on a real server.
 
+mod budget;
 mod common;
 mod deadlock;
 mod exclusion;
+mod hashtext;
+mod poison;
 mod release;
 mod session;
 mod smoke;
+mod standby;
+mod timeouts;
