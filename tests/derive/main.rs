@@ -3,5 +3,6 @@
 
 mod forms;
 mod golden;
+mod props;
 mod shapes;
 mod ui;
