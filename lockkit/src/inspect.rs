@@ -95,6 +95,27 @@ pub struct AdvisoryLockRow {
     pub types: Vec<KeyType>,
 }
 
+impl AdvisoryLockRow {
+    /// A row with only the lock itself known; the other fields are public
+    /// to fill in (for tools that build rows from elsewhere, and tests).
+    pub fn new(key: LockKey, mode: Mode, granted: bool, pid: Option<i32>) -> Self {
+        AdvisoryLockRow {
+            key,
+            mode,
+            granted,
+            pid,
+            application_name: None,
+            user: None,
+            state: None,
+            waited: None,
+            blocked_by: Vec::new(),
+            query: None,
+            query_hidden: false,
+            types: Vec::new(),
+        }
+    }
+}
+
 /// Reads every advisory lock of the current database, held or awaited
 /// ([`ADVISORY_LOCKS`]), and decodes the keys through `registry`.
 ///

@@ -1,0 +1,469 @@
+//! `lockkit`: the operator's view of advisory locks.
+//!
+//! - `lockkit inspect`: advisory locks held and awaited, wait chains as a
+//!   tree, `--watch` to refresh, `--json` for scripts.
+//! - `lockkit key NAMESPACE VALUE...`: the `BigInt` and `Pair` keys (and
+//!   their `pg_locks` columns) of a key type's field values, per KEYS.md.
+//! - `lockkit check`: the server's lock table capacity, how much advisory
+//!   locks use now, hot standby, and whether the connection is pooled.
+//!
+//! Connects with `--url` or `DATABASE_URL`, without TLS.
+#![warn(
+    missing_docs,
+    rust_2018_idioms,
+    unreachable_pub,
+    missing_debug_implementations
+)]
+#![deny(unsafe_code)]
+
+mod render;
+
+use std::error::Error as StdError;
+use std::fmt::Write as _;
+use std::io;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use lockkit::inspect::{advisory_locks, KeyRegistry};
+use lockkit::{probe_pooler, KeySpec};
+use serde_json::json;
+use tokio_postgres::config::Host;
+use tokio_postgres::{Client, NoTls};
+
+/// Inspect PostgreSQL advisory locks, compute lockkit keys, check capacity.
+#[derive(Debug, Parser)]
+#[command(name = "lockkit", version)]
+struct Cli {
+    /// Connection URL (`postgres://user@host:port/db`) or `key=value`
+    /// string; TLS is not supported.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    url: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Advisory locks held and awaited in the database, with wait chains.
+    Inspect {
+        /// A key namespace of the application, to name the type behind a key
+        /// (repeatable). `NAME` covers its BigInt keys and its Pair keys of
+        /// the derived class; `NAME=CLASS` its Pair keys of an explicit class.
+        #[arg(long = "namespace", short = 'n', value_name = "NAME[=CLASS]")]
+        namespaces: Vec<String>,
+        /// Refresh every SECONDS until interrupted.
+        #[arg(long, value_name = "SECONDS")]
+        watch: Option<f64>,
+        /// Print JSON (one document per refresh with --watch).
+        #[arg(long)]
+        json: bool,
+    },
+    /// The keys of a namespace and field values, to find a lock in pg_locks.
+    ///
+    /// Values are the key type's fields in declaration order. A value that
+    /// parses as an integer is encoded as an integer (by value, as KEYS.md
+    /// says, so `42` is the same key for an i32 or an i64 field); anything
+    /// else as a string. `--str` encodes every value as a string.
+    Key {
+        /// The key type's namespace (its name, or `namespace = "..."`).
+        namespace: String,
+        /// The field values, in declaration order.
+        #[arg(required = true, allow_negative_numbers = true)]
+        values: Vec<String>,
+        /// Encode every value as a string, even one that looks like a number.
+        #[arg(long = "str")]
+        strings: bool,
+        /// The explicit Pair class of the type (`class = N`).
+        #[arg(long, allow_negative_numbers = true)]
+        class: Option<i32>,
+        /// The type's stripe count (`stripes = N`).
+        #[arg(long)]
+        stripes: Option<u64>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Lock table capacity and use, hot standby, pooling.
+    Check {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// An error for the user: what went wrong and what to do.
+#[derive(Debug)]
+struct Failure(String);
+
+impl<T: Into<String>> From<T> for Failure {
+    fn from(message: T) -> Self {
+        Failure(message.into())
+    }
+}
+
+type Result<T> = std::result::Result<T, Failure>;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("lockkit: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(message)) => {
+            eprintln!("lockkit: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Key {
+            namespace,
+            values,
+            strings,
+            class,
+            stripes,
+            json,
+        } => key(&namespace, &values, strings, class, stripes, json),
+        Command::Inspect {
+            namespaces,
+            watch,
+            json,
+        } => {
+            let registry = registry(&namespaces)?;
+            let (client, _) = connect(cli.url.as_deref()).await?;
+            loop {
+                let text = inspect(&client, &registry, json).await?;
+                match watch {
+                    None => {
+                        print!("{text}");
+                        return Ok(());
+                    }
+                    Some(seconds) => {
+                        if !json {
+                            // Clear the screen and home the cursor.
+                            print!("\x1b[2J\x1b[H");
+                        }
+                        print!("{text}");
+                        let wait = Duration::try_from_secs_f64(seconds.max(0.1))
+                            .map_err(|e| format!("invalid --watch interval: {e}"))?;
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+            }
+        }
+        Command::Check { json } => {
+            let (client, config) = connect(cli.url.as_deref()).await?;
+            print!("{}", check(&client, &config, json).await?);
+            Ok(())
+        }
+    }
+}
+
+fn key(
+    namespace: &str,
+    values: &[String],
+    strings: bool,
+    class: Option<i32>,
+    stripes: Option<u64>,
+    json: bool,
+) -> Result<()> {
+    let mut spec =
+        KeySpec::try_new(namespace).map_err(|e| format!("invalid namespace {namespace:?}: {e}"))?;
+    if let Some(n) = stripes {
+        if n == 0 {
+            return Err("--stripes must be at least 1".into());
+        }
+        spec = spec.stripes(n);
+    }
+    let pair_spec = match class {
+        Some(c) => spec.class(c),
+        None => spec.pair(),
+    };
+    let encode = |p: &mut lockkit::Parts<'_>| {
+        for value in values {
+            match (strings, value.parse::<i128>(), value.parse::<u128>()) {
+                (false, Ok(v), _) => p.int(v),
+                (false, _, Ok(v)) => p.uint(v),
+                _ => p.str(value),
+            };
+        }
+    };
+    let bigint = spec.key_with(encode);
+    let pair = pair_spec.key_with(encode);
+    let kinds: Vec<&str> = values
+        .iter()
+        .map(|v| {
+            if !strings && (v.parse::<i128>().is_ok() || v.parse::<u128>().is_ok()) {
+                "integer"
+            } else {
+                "string"
+            }
+        })
+        .collect();
+    if json {
+        let doc = json!({
+            "namespace": namespace,
+            "tag": spec.tag(),
+            "values": values.iter().zip(&kinds).map(|(v, k)| json!({"value": v, "as": k})).collect::<Vec<_>>(),
+            "bigint": render::key_json(bigint),
+            "pair": render::key_json(pair),
+        });
+        println!("{doc:#}");
+        return Ok(());
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "namespace  {namespace} (tag 0x{:04x}, pair class {})",
+        spec.tag(),
+        pair_spec.pair_class()
+    );
+    let fields: Vec<String> = values
+        .iter()
+        .zip(&kinds)
+        .map(|(v, k)| format!("{v:?} as {k}"))
+        .collect();
+    let _ = writeln!(out, "fields     {}", fields.join(", "));
+    for (name, key) in [("BigInt", bigint), ("Pair", pair)] {
+        let id = key.to_pg_locks();
+        let _ = writeln!(
+            out,
+            "{name:<10} {:<28} pg_locks: classid = {} AND objid = {} AND objsubid = {}",
+            key.to_string(),
+            id.classid,
+            id.objid,
+            id.objsubid
+        );
+    }
+    print!("{out}");
+    Ok(())
+}
+
+fn registry(namespaces: &[String]) -> Result<KeyRegistry> {
+    let mut registry = KeyRegistry::new();
+    for entry in namespaces {
+        let (name, class) = match entry.split_once('=') {
+            Some((name, class)) => {
+                let class: i32 = class
+                    .parse()
+                    .map_err(|e| format!("invalid class in --namespace {entry:?}: {e}"))?;
+                (name, Some(class))
+            }
+            None => (entry.as_str(), None),
+        };
+        let spec = KeySpec::try_new(name)
+            .map_err(|e| format!("invalid namespace in --namespace {entry:?}: {e}"))?;
+        registry = match class {
+            Some(class) => registry.register_spec(name, spec.class(class)),
+            None => registry
+                .register_spec(name, spec)
+                .register_spec(name, spec.pair()),
+        };
+    }
+    Ok(registry)
+}
+
+async fn inspect(client: &Client, registry: &KeyRegistry, json: bool) -> Result<String> {
+    let rows = advisory_locks(client, registry)
+        .await
+        .map_err(|e| query_error("cannot read pg_locks", &e))?;
+    let collisions = registry.collisions();
+    Ok(if json {
+        format!("{}\n", render::inspect_json(&rows, &collisions))
+    } else {
+        render::inspect_text(&rows, &collisions)
+    })
+}
+
+const CHECK_SQL: &str = "SELECT current_setting('max_locks_per_transaction')::int8, \
+     current_setting('max_connections')::int8, current_setting('autovacuum_max_workers')::int8, \
+     current_setting('max_worker_processes')::int8, current_setting('max_wal_senders')::int8, \
+     current_setting('max_prepared_transactions')::int8, \
+     (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'), \
+     pg_is_in_recovery(), current_setting('server_version'), current_user::text";
+
+async fn check(client: &Client, config: &tokio_postgres::Config, json: bool) -> Result<String> {
+    let row = client
+        .query_typed_one(CHECK_SQL, &[])
+        .await
+        .map_err(|e| query_error("cannot read the server settings", &lockkit::Error::from(e)))?;
+    let get = |i: usize| row.get::<_, i64>(i);
+    let per_tx = get(0);
+    // MaxBackends (PostgreSQL 15) plus prepared transactions: the processes
+    // the shared lock table is sized for.
+    let processes = get(1) + get(2) + 1 + get(3) + get(4) + get(5);
+    let capacity = per_tx * processes;
+    let advisory = get(6);
+    let standby: bool = row.get(7);
+    let version: String = row.get(8);
+    let probe = probe_pooler(config)
+        .await
+        .map_err(|e| query_error("cannot probe for a pooler", &e))?;
+    let percent = 100.0 * advisory as f64 / capacity.max(1) as f64;
+    if json {
+        let doc = json!({
+            "server_version": version,
+            "max_locks_per_transaction": per_tx,
+            "processes": processes,
+            "lock_table_capacity": capacity,
+            "advisory_locks": advisory,
+            "advisory_percent": percent,
+            "hot_standby": standby,
+            "transaction_pooled": probe.is_transaction_pooled(),
+            "pooler_evidence": probe.evidence(),
+        });
+        return Ok(format!("{doc:#}\n"));
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "server          PostgreSQL {version}");
+    let _ = writeln!(
+        out,
+        "lock table      {capacity} entries = max_locks_per_transaction {per_tx} × {processes} processes \
+         (connections, autovacuum workers, background workers, WAL senders, prepared transactions)"
+    );
+    let _ = writeln!(
+        out,
+        "advisory locks  {advisory} now ({percent:.2}% of the lock table, all databases)"
+    );
+    let _ = writeln!(
+        out,
+        "hot standby     {}",
+        if standby {
+            "yes: advisory locks here exclude nothing on the primary"
+        } else {
+            "no"
+        }
+    );
+    let _ = match probe.evidence() {
+        Some(evidence) => writeln!(
+            out,
+            "pooled          yes, a transaction-mode pooler ({evidence}): session locks are unsafe here, use transaction-scoped locks"
+        ),
+        None => writeln!(
+            out,
+            "pooled          no transaction-mode pooler seen (server backend {} stayed with the connection)",
+            probe.backend_pid()
+        ),
+    };
+    Ok(out)
+}
+
+/// Parses the URL and connects, with messages that say what to fix.
+async fn connect(url: Option<&str>) -> Result<(Client, tokio_postgres::Config)> {
+    let url = url
+        .filter(|u| !u.is_empty())
+        .ok_or("no database given: pass --url or set DATABASE_URL")?;
+    let config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| format!("invalid connection URL: {}", chain(&e)))?;
+    let target = target(&config);
+    let (client, connection) = config
+        .connect(NoTls)
+        .await
+        .map_err(|e| connect_error(&target, &e))?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok((client, config))
+}
+
+/// `host:port` of the first host, for messages (never the password).
+fn target(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(host)) => host.clone(),
+        #[cfg(unix)]
+        Some(Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}")
+}
+
+fn connect_error(target: &str, e: &tokio_postgres::Error) -> Failure {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        let what = match code {
+            "42501" => "permission denied",
+            "28000" | "28P01" => "authentication failed",
+            "3D000" => "no such database",
+            _ => "the server refused the connection",
+        };
+        return format!("{what} at {target}: {} (SQLSTATE {code})", db.message()).into();
+    }
+    let mut source: Option<&(dyn StdError + 'static)> = e.source();
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<io::Error>() {
+            if io.kind() == io::ErrorKind::ConnectionRefused {
+                return format!(
+                    "connection refused at {target}: is PostgreSQL running and listening there?"
+                )
+                .into();
+            }
+        }
+        source = s.source();
+    }
+    format!("cannot connect to {target}: {}", chain(e)).into()
+}
+
+fn query_error(what: &str, e: &lockkit::Error) -> Failure {
+    if e.code() == Some("42501") {
+        return format!(
+            "{what}: permission denied ({}); the role needs SELECT on pg_locks and pg_stat_activity, \
+             and pg_read_all_stats to see other roles' queries",
+            chain(e)
+        )
+        .into();
+    }
+    format!("{what}: {}", chain(e)).into()
+}
+
+/// An error and its sources, `: `-separated.
+fn chain(e: &dyn StdError) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockkit::LockKey;
+
+    #[test]
+    fn registry_entries() {
+        let known = registry(&["Order".into(), "Slot=7".into()]).unwrap();
+        assert_eq!(known.types().len(), 3);
+        assert_eq!(known.decode(LockKey::Pair(7, 1))[0].namespace(), "Slot");
+        assert!(registry(&["bad name".into()]).is_err());
+        assert!(registry(&["X=notanumber".into()]).is_err());
+    }
+
+    #[test]
+    fn cli_parses() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["lockkit", "key", "Order", "-5", "--class", "-3"]).unwrap();
+        assert!(
+            matches!(cli.command, Command::Key { class: Some(-3), ref values, .. } if values == &["-5"])
+        );
+    }
+}

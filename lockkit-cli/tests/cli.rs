@@ -1,0 +1,285 @@
+//! The `lockkit` binary end to end, against the real test server.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use lockkit::{KeySpec, LockKey};
+use lockkit_tests::TestServer;
+use serde_json::Value;
+use tokio_postgres::{Client, NoTls};
+
+fn lockkit(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lockkit"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("run lockkit")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+async fn connect_as(db: &TestServer, user: Option<&str>, app: &str) -> Client {
+    let mut config = db.config();
+    config.application_name(app);
+    if let Some(user) = user {
+        config.user(user);
+    }
+    let (client, connection) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
+async fn pid(client: &Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Waits (up to 30 s) until `pid` waits for an advisory lock.
+async fn until_waiting(observer: &Client, pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "backend {pid} never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[test]
+fn key_prints_the_golden_vectors() {
+    let out = lockkit(&["key", "Order", "42"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("-7205368663365046133"), "{text}");
+    assert!(text.contains("(-1677652607, 1483026571)"), "{text}");
+    assert!(text.contains("tag 0x9c01"), "{text}");
+
+    let out = lockkit(&["key", "Event", "a1b2c3d4", "--stripes", "1024", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["bigint"]["key"], 5974306380683673735_i64);
+    assert_eq!(doc["pair"]["class"], 1391066944);
+    assert_eq!(doc["pair"]["object"], 135);
+    let id = LockKey::BigInt(5974306380683673735).to_pg_locks();
+    assert_eq!(doc["bigint"]["classid"], id.classid);
+    assert_eq!(doc["bigint"]["objid"], id.objid);
+
+    let out = lockkit(&["key", "Tenanted", "acme", "1001", "--json"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["bigint"]["key"], -297873912991975939_i64);
+    // `--str` changes the encoding of "1001", so the key.
+    let out = lockkit(&["key", "Tenanted", "acme", "1001", "--str", "--json"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_ne!(doc["bigint"]["key"], -297873912991975939_i64);
+    assert_eq!(
+        doc["bigint"]["key"],
+        match KeySpec::new("Tenanted").key_of(&("acme", "1001")) {
+            LockKey::BigInt(v) => v,
+            LockKey::Pair(..) => unreachable!(),
+        }
+    );
+
+    let out = lockkit(&["key", "bad namespace", "1"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("invalid namespace"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_shows_holders_waiters_and_the_chain() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let holder = connect_as(db, None, "cli-holder").await;
+    let waiter = connect_as(db, None, "cli-waiter").await;
+    let observer = db.connect().await;
+    let key = match KeySpec::new("CliOrder").key_of(&7_i64) {
+        LockKey::BigInt(v) => v,
+        LockKey::Pair(..) => unreachable!(),
+    };
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+    let (holder_pid, waiter_pid) = (pid(&holder).await, pid(&waiter).await);
+    let waiting = tokio::spawn(async move {
+        waiter
+            .execute("SELECT pg_advisory_lock($1)", &[&key])
+            .await
+            .unwrap();
+        waiter
+    });
+    until_waiting(&observer, waiter_pid).await;
+
+    let url = db.url();
+    let out = lockkit(&["--url", url, "inspect", "--json", "-n", "CliOrder"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let locks = doc["locks"].as_array().unwrap();
+    let of = |pid: i32| {
+        locks
+            .iter()
+            .find(|l| l["pid"] == pid && l["key"]["key"] == key)
+            .unwrap_or_else(|| panic!("no row of {pid} in {doc:#}"))
+    };
+    let held = of(holder_pid);
+    assert_eq!(held["granted"], true);
+    assert_eq!(held["mode"], "exclusive");
+    assert_eq!(held["application_name"], "cli-holder");
+    assert_eq!(held["types"][0]["namespace"], "CliOrder");
+    let waits = of(waiter_pid);
+    assert_eq!(waits["granted"], false);
+    assert_eq!(waits["blocked_by"], serde_json::json!([holder_pid]));
+    assert!(waits["waited_seconds"].as_f64().is_some());
+    assert!(waits["query"]
+        .as_str()
+        .unwrap()
+        .contains("pg_advisory_lock"));
+
+    let out = lockkit(&["--url", url, "inspect", "-n", "CliOrder"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let chain = text
+        .split("wait chains")
+        .nth(1)
+        .expect("a wait chain section");
+    let root = format!("{holder_pid} [cli-holder] holds exclusive {key} (CliOrder)");
+    assert!(chain.contains(&root), "{text}");
+    assert!(
+        chain.contains(&format!("└── {waiter_pid} [cli-waiter] waits")),
+        "{text}"
+    );
+
+    // `check` counts them among the advisory locks, and sees no pooler.
+    let out = lockkit(&["--url", url, "check", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let check: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(check["advisory_locks"].as_i64().unwrap() >= 2);
+    assert_eq!(check["hot_standby"], false);
+    assert_eq!(check["transaction_pooled"], false);
+    let row = observer
+        .query_one(
+            "SELECT current_setting('max_locks_per_transaction')::int8 * \
+             (current_setting('max_connections')::int8 + current_setting('autovacuum_max_workers')::int8 + 1 \
+              + current_setting('max_worker_processes')::int8 + current_setting('max_wal_senders')::int8 \
+              + current_setting('max_prepared_transactions')::int8)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(check["lock_table_capacity"], row.get::<_, i64>(0));
+    let out = lockkit(&["--url", url, "check"]);
+    assert!(stdout(&out).contains("lock table"), "{}", stdout(&out));
+
+    holder
+        .execute("SELECT pg_advisory_unlock($1)", &[&key])
+        .await
+        .unwrap();
+    let waiter = waiting.await.unwrap();
+    waiter
+        .execute("SELECT pg_advisory_unlock($1)", &[&key])
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clear_errors_for_url_refusal_and_permissions() {
+    let out = lockkit(&["inspect"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("pass --url or set DATABASE_URL"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = lockkit(&["--url", "postgres://u@localhost:notaport/db", "check"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("invalid connection URL"),
+        "{}",
+        stderr(&out)
+    );
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let refused = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let out = lockkit(&["--url", &refused, "inspect"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("connection refused at 127.0.0.1"),
+        "{}",
+        stderr(&out)
+    );
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let admin = db.connect().await;
+    let url = db.create_database("lockkit_cli_noconnect").await;
+    admin
+        .batch_execute(
+            "DO $$ BEGIN CREATE ROLE lockkit_cli_user LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
+             REVOKE CONNECT ON DATABASE lockkit_cli_noconnect FROM PUBLIC",
+        )
+        .await
+        .unwrap();
+    let denied = url.replacen("postgres@", "lockkit_cli_user@", 1);
+    let out = lockkit(&["--url", &denied, "inspect"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("permission denied"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A role without pg_read_all_stats sees others' locks, not their queries.
+    let key = 0x5151_i64;
+    admin
+        .execute("SELECT pg_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+    let viewer = db.url().replacen("postgres@", "lockkit_cli_user@", 1);
+    let out = lockkit(&["--url", &viewer, "inspect"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("pg_read_all_stats"),
+        "{}",
+        stdout(&out)
+    );
+    // Control: the superuser sees the query.
+    let out = lockkit(&["--url", db.url(), "inspect", "--json"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = doc["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["key"]["key"] == key)
+        .expect("the admin's lock");
+    assert_eq!(row["query_hidden"], false);
+    admin
+        .execute("SELECT pg_advisory_unlock($1)", &[&key])
+        .await
+        .unwrap();
+}
