@@ -4,6 +4,7 @@ mod budget;
 mod common;
 mod deadlock;
 mod exclusion;
+mod inspect;
 mod hashtext;
 mod poison;
 mod release;
