@@ -1,1 +1,25 @@
-//! Runnable lockkit examples.
+//! Runnable lockkit examples: the ingestion study of the design notes
+//! (`ingest`) and the notes' other scenarios (`singleton`, `job_queue`,
+//! `edit_lock`).
+//!
+//! Every example runs with no setup: it starts a throwaway PostgreSQL server
+//! (see `lockkit_tests::TestServer`), or uses `DATABASE_URL` when it is set.
+//!
+//! ```sh
+//! cargo run --release -p lockkit-examples --bin ingest
+//! cargo run -p lockkit-examples --bin singleton
+//! cargo run -p lockkit-examples --bin job_queue
+//! cargo run -p lockkit-examples --bin edit_lock
+//! ```
+#![warn(
+    missing_docs,
+    rust_2018_idioms,
+    unreachable_pub,
+    missing_debug_implementations
+)]
+#![deny(unsafe_code)]
+
+pub mod db;
+pub mod ingest;
+
+pub use db::Database;

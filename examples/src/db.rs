@@ -1,0 +1,88 @@
+//! Where the examples' server comes from: `DATABASE_URL`, else a throwaway
+//! server of their own.
+
+use std::env;
+use std::fmt;
+
+use lockkit_tests::TestServer;
+use tokio_postgres::Client;
+
+/// The server an example talks to.
+pub struct Database {
+    server: Server,
+}
+
+enum Server {
+    /// `DATABASE_URL`, through the harness's shared handle.
+    External(&'static TestServer),
+    /// A throwaway cluster, stopped and removed when this value drops (or
+    /// the process exits).
+    Throwaway(TestServer),
+}
+
+impl fmt::Debug for Database {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Database")
+            .field("url", &self.url())
+            .field("throwaway", &self.is_throwaway())
+            .finish()
+    }
+}
+
+impl Database {
+    /// The server of `DATABASE_URL` when it is set and not empty; otherwise
+    /// a throwaway server started with `settings` (on top of the harness's
+    /// own, see `lockkit_tests`). Starting one takes a second or two.
+    ///
+    /// # Panics
+    ///
+    /// When the throwaway server cannot be started (the message has its
+    /// log) or `DATABASE_URL` is not a valid connection string.
+    pub fn from_env(settings: &[(&str, &str)]) -> Database {
+        let server = match env::var("DATABASE_URL") {
+            Ok(url) if !url.is_empty() => Server::External(TestServer::shared()),
+            _ => {
+                let mut builder = TestServer::builder();
+                for (name, value) in settings {
+                    builder = builder.setting(*name, *value);
+                }
+                Server::Throwaway(builder.start())
+            }
+        };
+        Database { server }
+    }
+
+    fn server(&self) -> &TestServer {
+        match &self.server {
+            Server::External(s) => s,
+            Server::Throwaway(s) => s,
+        }
+    }
+
+    /// Whether this is a throwaway server the example started.
+    pub fn is_throwaway(&self) -> bool {
+        matches!(self.server, Server::Throwaway(_))
+    }
+
+    /// The connection URL.
+    pub fn url(&self) -> &str {
+        self.server().url()
+    }
+
+    /// A new connection, its driver task spawned on the current runtime.
+    ///
+    /// # Errors
+    ///
+    /// When the connection fails.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops the half-open connection.
+    pub async fn connect(&self) -> Result<Client, tokio_postgres::Error> {
+        self.server().try_connect().await
+    }
+}
