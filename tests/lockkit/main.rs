@@ -7,6 +7,7 @@ mod exclusion;
 mod inspect;
 mod hashtext;
 mod poison;
+mod pool;
 mod release;
 mod session;
 mod smoke;
