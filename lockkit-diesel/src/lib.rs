@@ -1,5 +1,173 @@
-//! lockkit's advisory locks inside Diesel transactions (work in progress).
-#![warn(missing_docs, rust_2018_idioms, unreachable_pub, missing_debug_implementations)]
+//! lockkit's typed, transaction-scoped PostgreSQL advisory locks inside
+//! Diesel transactions.
+//!
+//! The same keys, sorted batches, lock budget, order check and timeouts as
+//! lockkit's tokio-postgres core, from the same code: key encoding, batch
+//! planning, budget bookkeeping, SQL text and error mapping are lockkit's
+//! ([`lockkit::driver`]); this crate only runs the statements through
+//! Diesel. A Diesel session and a tokio-postgres session locking the same
+//! typed key exclude each other.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use diesel::prelude::*;
+//! use lockkit_diesel::{AdvisoryKey, Batch, Config, Locker};
+//!
+//! #[derive(AdvisoryKey)]
+//! struct Account {
+//!     id: i64,
+//! }
+//!
+//! fn main() -> Result<(), lockkit::Error> {
+//!     let mut conn = PgConnection::establish("postgres://localhost/bank")
+//!         .expect("connect");
+//!     let locker = Locker::new(&mut conn, Config::default())?;
+//!
+//!     // Both accounts, in the global lock order whatever the direction of
+//!     // the transfer: two concurrent opposite transfers cannot deadlock.
+//!     let batch = Batch::new().with(&Account { id: 7 }).with(&Account { id: 3 });
+//!     locker.locked_transaction(&mut conn, &batch, |tx| {
+//!         diesel::sql_query("UPDATE accounts SET cents = cents - 500 WHERE id = 7")
+//!             .execute(tx.conn())?; // a diesel::result::Error converts with `?`
+//!         diesel::sql_query("UPDATE accounts SET cents = cents + 500 WHERE id = 3")
+//!             .execute(tx.conn())?;
+//!         Ok::<_, lockkit::Error>(())
+//!     })?; // COMMIT releases both locks
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # Three forms
+//!
+//! - [`Locker::locked_transaction`]: a transaction that first takes a batch
+//!   of keys, runs a closure, commits or rolls back.
+//! - [`Locker::transaction`]: `conn.transaction` with a [`LockTx`], whose
+//!   methods take keys one by one, shared or exclusive, waiting, with a
+//!   timeout, or trying; batches and try-batches (all or nothing); and
+//!   [`LockTx::savepoint`] for nested transactions.
+//! - [`PgConnectionExt::lock_tx`] inside Diesel's own
+//!   `conn.transaction(|conn| …)`: the same [`LockTx`] over the open
+//!   transaction.
+//!
+//! With lockkit's `diesel` feature (turned on by this crate),
+//! [`lockkit::Error`] converts `From<diesel::result::Error>`, so one error
+//! type works with `?` for both lock calls and queries:
+//! `conn.transaction::<_, lockkit::Error, _>(|conn| …)`.
+//!
+//! # Transactions only
+//!
+//! Every lock call checks Diesel's transaction depth and fails with
+//! [`Error::NotInTransaction`] at depth 0: PostgreSQL would release a
+//! transaction-scoped lock at the end of its statement, silently.
+//!
+//! # Errors
+//!
+//! Diesel does not expose the SQLSTATE. Its `DatabaseErrorKind` names
+//! `40001` and a closed connection; deadlocks (`40P01`), lock and statement
+//! timeouts (`55P03`, `57014`), a full lock table (`53200`) and an aborted
+//! transaction (`25P02`) are recognised by the server's English message
+//! (the default `lc_messages`). See [`Locker::recognizes_errors`].
+//!
+//! # Differences from the tokio-postgres core
+//!
+//! - Diesel's API is blocking and has no pipelining: a batch that mixes
+//!   `BigInt` and `Pair` keys takes two round trips (one statement each, in
+//!   the global order), and a lock with a timeout takes four.
+//! - Guards do not borrow the [`LockTx`] (Diesel queries need
+//!   `&mut PgConnection`); their lifetime ties them to the transaction's
+//!   closure instead.
+#![warn(
+    missing_docs,
+    rust_2018_idioms,
+    unreachable_pub,
+    missing_debug_implementations
+)]
 #![deny(unsafe_code)]
 
-pub use lockkit::{AdvisoryKey, LockKey};
+mod locker;
+mod pg;
+mod transaction;
+
+pub use locker::{Locker, PgConnectionExt};
+pub use transaction::{Busy, Held, HeldBatch, LockTx};
+
+/// lockkit's key trait (and, with the `derive` feature, its derive macro).
+pub use lockkit::AdvisoryKey;
+pub use lockkit::{Batch, Config, Error, LockKey, Mode, OrderCheck};
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use diesel::result::{DatabaseErrorKind as Kind, Error as DieselError};
+    use lockkit::driver::Context;
+
+    use super::Error;
+
+    fn db(kind: Kind, message: &str) -> DieselError {
+        DieselError::DatabaseError(kind, Box::new(message.to_owned()))
+    }
+
+    fn timeout() -> Context {
+        Context::Timeout {
+            timeout: Duration::from_millis(5),
+            keys: 1,
+        }
+    }
+
+    #[test]
+    fn maps_what_diesel_names_and_the_servers_messages() {
+        let e = Error::from(db(Kind::Unknown, "deadlock detected"));
+        assert!(e.is_deadlock() && e.is_transient());
+        assert_eq!(e.code(), Some("40P01"));
+
+        let lock = db(Kind::Unknown, "canceling statement due to lock timeout");
+        let e = Error::from_diesel(lock, timeout());
+        assert!(e.is_timeout());
+        assert_eq!(
+            e.code(),
+            Some("55P03"),
+            "the code is found behind the source"
+        );
+        let stmt = "canceling statement due to statement timeout";
+        assert!(Error::from_diesel(db(Kind::Unknown, stmt), timeout()).is_timeout());
+        let e = Error::from(db(Kind::Unknown, stmt));
+        assert!(!e.is_timeout(), "a timeout lockkit did not set is not one");
+        assert_eq!(e.code(), Some("57014"));
+
+        assert!(Error::from(db(Kind::Unknown, "out of shared memory")).is_lock_table_full());
+        let aborted =
+            "current transaction is aborted, commands ignored until end of transaction block";
+        let e = Error::from(db(Kind::Unknown, aborted));
+        assert!(matches!(e, Error::TransactionAborted { source: Some(_) }));
+        assert_eq!(e.code(), Some("25P02"));
+
+        let e = Error::from(db(Kind::SerializationFailure, "anything"));
+        assert!(e.is_transient());
+        assert_eq!(e.code(), Some("40001"));
+        assert!(
+            Error::from(db(Kind::ClosedConnection, "server closed the connection"))
+                .is_connection_lost()
+        );
+        let shutdown = "terminating connection due to administrator command";
+        assert!(Error::from(db(Kind::Unknown, shutdown)).is_connection_lost());
+        assert_eq!(
+            Error::from(db(Kind::UniqueViolation, "dup")).code(),
+            Some("23505")
+        );
+    }
+
+    #[test]
+    fn unrecognised_errors_are_database_errors_without_a_code() {
+        // A server with German messages: documented, not classified.
+        let e = Error::from(db(Kind::Unknown, "Verklemmung (Deadlock) entdeckt"));
+        assert!(matches!(e, Error::Database { code: None, .. }), "{e}");
+        assert!(!e.is_deadlock());
+        let e = Error::from(DieselError::NotFound);
+        assert!(matches!(e, Error::Database { code: None, .. }));
+        assert!(std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<DieselError>())
+            .is_some_and(|s| matches!(s, DieselError::NotFound)));
+    }
+}

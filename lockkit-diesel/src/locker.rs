@@ -1,0 +1,232 @@
+//! [`Locker`]: configuration plus the server facts, shared by every
+//! transaction of an application; and the [`PgConnectionExt`] extension.
+
+use std::sync::Arc;
+
+use diesel::result::Error as DieselError;
+use diesel::PgConnection;
+use lockkit::driver::TxLocks;
+use lockkit::{Batch, Config, Error, ServerFacts};
+
+use crate::pg;
+use crate::transaction::{run, LockTx};
+
+/// Takes transaction-scoped advisory locks over Diesel's `PgConnection`.
+///
+/// A locker holds the [`Config`] and the [`ServerFacts`] it learned in one
+/// query when created, so taking a lock costs no extra round trip. It is
+/// cheap to clone (an `Arc`) and `Send + Sync`: make one at startup and share
+/// it among threads and pooled connections of the same server.
+///
+/// See the [crate docs](crate) for an example.
+#[derive(Clone, Debug)]
+pub struct Locker {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: Config,
+    facts: ServerFacts,
+    english: bool,
+}
+
+impl Locker {
+    /// Learns the server's facts through `conn` (two queries) and builds a
+    /// locker with `config`.
+    ///
+    /// Also reads the server's `lc_messages`: Diesel hides the SQLSTATE, so
+    /// deadlocks, timeouts and a full lock table are recognised by the
+    /// server's English message. When the messages are in another language a
+    /// `tracing` warning says so, and such errors become
+    /// [`Error::Database`] (see [`Locker::recognizes_errors`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] or [`Error::ConnectionLost`] when a query fails.
+    pub fn new(conn: &mut PgConnection, config: Config) -> Result<Locker, Error> {
+        let facts = pg::server_facts(conn)?;
+        let english = pg::english_messages(conn)?;
+        if !english {
+            tracing::warn!(
+                "lockkit-diesel: the server's lc_messages is not English; deadlocks, lock \
+                 timeouts and a full lock table cannot be told apart from other database errors"
+            );
+        }
+        Ok(Locker {
+            inner: Arc::new(Inner {
+                config,
+                facts,
+                english,
+            }),
+        })
+    }
+
+    /// A locker with facts known in advance (no query). It assumes the
+    /// server's messages are English.
+    pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
+        Locker {
+            inner: Arc::new(Inner {
+                config,
+                facts,
+                english: true,
+            }),
+        }
+    }
+
+    /// The policy.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// What the locker learned about the server.
+    pub fn facts(&self) -> &ServerFacts {
+        &self.inner.facts
+    }
+
+    /// Whether the server's error messages are English, so that
+    /// [`Error::is_deadlock`], [`Error::is_timeout`] and
+    /// [`Error::is_lock_table_full`] work (Diesel hides the SQLSTATE).
+    pub fn recognizes_errors(&self) -> bool {
+        self.inner.english
+    }
+
+    /// The lock budget per transaction: the configured one, else the
+    /// server's `max_locks_per_transaction`.
+    pub fn budget(&self) -> usize {
+        self.inner
+            .config
+            .budget_limit()
+            .unwrap_or(self.inner.facts.max_locks_per_transaction())
+    }
+
+    /// Runs `f` in a transaction on `conn`, like Diesel's
+    /// `conn.transaction(f)`, with a [`LockTx`] that takes advisory locks.
+    /// Commits when `f` returns `Ok`; rolls back when it returns `Err` or
+    /// panics (Diesel's own `transaction` leaves the transaction open on a
+    /// panic; this one rolls it back, releasing the locks, and resumes the
+    /// panic). Called inside an open Diesel transaction, it runs in a
+    /// savepoint, as Diesel does.
+    ///
+    /// Works with r2d2-pooled connections: `&mut pooled` dereferences to
+    /// `&mut PgConnection`.
+    ///
+    /// # Errors
+    ///
+    /// `f`'s error, or Diesel's when `BEGIN`, `COMMIT` or `ROLLBACK` fails.
+    pub fn transaction<R, E, F>(&self, conn: &mut PgConnection, f: F) -> Result<R, E>
+    where
+        F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
+        E: From<DieselError>,
+    {
+        let mut locks = TxLocks::new();
+        run(conn, self, &mut locks, 0, f)
+    }
+
+    /// The common case in one call: a transaction that first takes every key
+    /// of `batch` in the global lock order, then runs `f`, then commits (or
+    /// rolls back, as [`Locker::transaction`]).
+    ///
+    /// # Errors
+    ///
+    /// The lock errors of [`LockTx::lock_batch`] (converted into `E`), `f`'s
+    /// error, or Diesel's.
+    pub fn locked_transaction<R, E, F>(
+        &self,
+        conn: &mut PgConnection,
+        batch: &Batch,
+        f: F,
+    ) -> Result<R, E>
+    where
+        F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
+        E: From<DieselError> + From<Error>,
+    {
+        self.transaction(conn, |tx| {
+            let _held = tx.lock_batch(batch)?;
+            f(tx)
+        })
+    }
+}
+
+mod sealed {
+    #[allow(unreachable_pub)]
+    pub trait Sealed {}
+    impl Sealed for diesel::PgConnection {}
+}
+
+/// Advisory locks inside Diesel's own `conn.transaction(|conn| …)`.
+///
+/// Implemented for `PgConnection`, and so usable on r2d2's
+/// `PooledConnection` (which dereferences to it). This trait is sealed: it
+/// cannot be implemented outside this crate, so methods may be added.
+///
+/// ```no_run
+/// use diesel::prelude::*;
+/// use lockkit_diesel::{AdvisoryKey, Locker, PgConnectionExt};
+///
+/// #[derive(AdvisoryKey)]
+/// struct Order {
+///     id: i64,
+/// }
+///
+/// # fn run(conn: &mut PgConnection, locker: &Locker) -> Result<(), lockkit::Error> {
+/// conn.transaction::<_, lockkit::Error, _>(|conn| {
+///     let mut tx = conn.lock_tx(locker)?;
+///     let order = tx.lock(Order { id: 42 })?; // held until COMMIT/ROLLBACK
+///     diesel::sql_query("UPDATE orders SET state = 'paid' WHERE id = $1")
+///         .bind::<diesel::sql_types::BigInt, _>(order.id)
+///         .execute(tx.conn())?;
+///     Ok(())
+/// })
+/// # }
+/// ```
+pub trait PgConnectionExt: sealed::Sealed {
+    /// A [`LockTx`] over the transaction open on this connection, with
+    /// bookkeeping (held set, budget, order check) that lasts as long as it
+    /// does: make one per transaction and take every lock through it. A
+    /// panic inside Diesel's `conn.transaction` leaves the transaction open
+    /// (Diesel's behaviour; an r2d2 pool then discards the connection, which
+    /// releases its locks); [`Locker::transaction`] rolls back instead.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotInTransaction`] when Diesel has no transaction open on
+    /// this connection (its transaction depth is 0): outside a transaction
+    /// block an xact lock would be released at the end of its statement.
+    fn lock_tx(&mut self, locker: &Locker) -> Result<LockTx<'_>, Error>;
+
+    /// [`Locker::locked_transaction`] on this connection.
+    ///
+    /// # Errors
+    ///
+    /// As [`Locker::locked_transaction`].
+    fn locked_transaction<R, E, F>(&mut self, locker: &Locker, batch: &Batch, f: F) -> Result<R, E>
+    where
+        F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
+        E: From<DieselError> + From<Error>;
+}
+
+impl PgConnectionExt for PgConnection {
+    fn lock_tx(&mut self, locker: &Locker) -> Result<LockTx<'_>, Error> {
+        LockTx::attach(locker, self)
+    }
+
+    fn locked_transaction<R, E, F>(&mut self, locker: &Locker, batch: &Batch, f: F) -> Result<R, E>
+    where
+        F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
+        E: From<DieselError> + From<Error>,
+    {
+        locker.locked_transaction(self, batch, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locker_is_send_sync() {
+        fn check<T: Send + Sync + Clone + 'static>() {}
+        check::<Locker>();
+    }
+}

@@ -1,0 +1,644 @@
+//! [`LockTx`]: a Diesel connection inside a transaction, with the advisory
+//! locks it took; and the guards that prove them.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use diesel::result::Error as DieselError;
+use diesel::PgConnection;
+use lockkit::driver::{sql, Context, Plan, TxLocks};
+use lockkit::{AdvisoryKey, Batch, Error, KeyForm, LockKey, Mode};
+
+use crate::locker::Locker;
+use crate::pg;
+
+/// A Diesel connection inside a transaction, taking transaction-scoped
+/// advisory locks.
+///
+/// Made by [`Locker::transaction`] (which opens the transaction),
+/// [`Locker::locked_transaction`], or
+/// [`lock_tx`](crate::PgConnectionExt::lock_tx) inside Diesel's own
+/// `conn.transaction(|conn| …)`. Run queries on [`LockTx::conn`].
+///
+/// Locks are released by the server at `COMMIT` or `ROLLBACK` (or a
+/// rollback of the savepoint that took them), never earlier. Every lock call
+/// first checks Diesel's transaction depth and fails with
+/// [`Error::NotInTransaction`] at depth 0, so the silent lock-and-release of
+/// an xact lock outside a transaction cannot happen through this API.
+///
+/// It remembers what it holds for as long as it lives (the whole closure):
+/// locking a held key again costs no round trip, the budget counts distinct
+/// keys, the order check sees every key, and locks released by a savepoint
+/// rollback are forgotten. Use [`LockTx::savepoint`] for nested transactions
+/// that take locks: a `LockTx` cannot be used inside a nested
+/// `conn.transaction` it did not open (the borrow checker sees to it), so the
+/// keys it remembers are never released behind its back.
+pub struct LockTx<'c> {
+    conn: &'c mut PgConnection,
+    locks: Slot<'c>,
+    locker: Locker,
+    depth: u32,
+}
+
+/// The bookkeeping: owned by a top-level `LockTx`, borrowed by a savepoint's.
+enum Slot<'c> {
+    Owned(TxLocks),
+    Borrowed(&'c mut TxLocks),
+}
+
+impl Slot<'_> {
+    fn get(&self) -> &TxLocks {
+        match self {
+            Slot::Owned(l) => l,
+            Slot::Borrowed(l) => l,
+        }
+    }
+
+    fn get_mut(&mut self) -> &mut TxLocks {
+        match self {
+            Slot::Owned(l) => l,
+            Slot::Borrowed(l) => l,
+        }
+    }
+}
+
+impl fmt::Debug for LockTx<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockTx")
+            .field("depth", &self.depth)
+            .field("locks", self.locks.get())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Proof that the transaction holds the advisory lock of a `K` value.
+///
+/// The lock lasts until the transaction commits or rolls back, whatever
+/// happens to this guard: dropping it releases nothing. The lifetime ties it
+/// to the transaction's closure, so it cannot outlive the transaction; it
+/// does not borrow the [`LockTx`], which stays free for queries.
+#[must_use = "the advisory lock stays held until the transaction ends, whatever happens to this guard; keep it as proof the key is locked"]
+pub struct Held<'c, K> {
+    value: K,
+    key: LockKey,
+    mode: Mode,
+    _tx: PhantomData<&'c ()>,
+}
+
+impl<K: fmt::Debug> fmt::Debug for Held<'_, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Held")
+            .field("value", &self.value)
+            .field("key", &self.key)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+impl<K> Held<'_, K> {
+    /// The lock key.
+    pub fn key(&self) -> LockKey {
+        self.key
+    }
+
+    /// The mode the key is held in (at least the one asked for).
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The key value.
+    pub fn value(&self) -> &K {
+        &self.value
+    }
+
+    /// Gives the key value back; the lock stays held until the transaction
+    /// ends.
+    pub fn into_value(self) -> K {
+        self.value
+    }
+}
+
+impl<K> Deref for Held<'_, K> {
+    type Target = K;
+
+    fn deref(&self) -> &K {
+        &self.value
+    }
+}
+
+/// Proof that the transaction holds every key of a batch.
+#[must_use = "the advisory locks stay held until the transaction ends, whatever happens to this guard; keep it as proof the keys are locked"]
+#[derive(Debug)]
+pub struct HeldBatch<'c> {
+    keys: Vec<(LockKey, Mode)>,
+    _tx: PhantomData<&'c ()>,
+}
+
+impl<'c> HeldBatch<'c> {
+    /// The keys and the modes asked for, in the global lock order.
+    pub fn keys(&self) -> &[(LockKey, Mode)] {
+        &self.keys
+    }
+
+    /// Whether `key` is in the batch (in any mode).
+    pub fn contains<K: AdvisoryKey + ?Sized>(&self, key: &K) -> bool {
+        self.find(key.lock_key()).is_some()
+    }
+
+    /// A typed proof for one value of the batch, or the value back when it
+    /// is not in the batch.
+    ///
+    /// # Errors
+    ///
+    /// Gives `value` back when its key is not in the batch.
+    pub fn proof<K: AdvisoryKey>(&self, value: K) -> Result<Held<'c, K>, K> {
+        let key = value.lock_key();
+        match self.find(key) {
+            Some(mode) => Ok(Held {
+                value,
+                key,
+                mode,
+                _tx: PhantomData,
+            }),
+            None => Err(value),
+        }
+    }
+
+    fn find(&self, key: LockKey) -> Option<Mode> {
+        self.keys
+            .binary_search_by(|(k, _)| k.cmp(&key))
+            .ok()
+            .map(|i| self.keys[i].1)
+    }
+}
+
+/// The keys of a try-batch that another transaction held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Busy {
+    keys: Vec<LockKey>,
+}
+
+impl Busy {
+    /// The busy keys, in the global lock order.
+    pub fn keys(&self) -> &[LockKey] {
+        &self.keys
+    }
+}
+
+/// How one acquisition waits.
+#[derive(Clone, Copy)]
+enum Wait {
+    Forever,
+    Timeout(Duration),
+}
+
+/// Runs `f` in a new transaction (or a savepoint, when one is open) on
+/// `conn`, with bookkeeping `locks` at lockkit depth `depth`: commits on
+/// `Ok`, rolls back on `Err` and on a panic (which then resumes), and tells
+/// the bookkeeping what the server released.
+pub(crate) fn run<R, E, F>(
+    conn: &mut PgConnection,
+    locker: &Locker,
+    locks: &mut TxLocks,
+    depth: u32,
+    f: F,
+) -> Result<R, E>
+where
+    F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
+    E: From<DieselError>,
+{
+    pg::begin(conn)?;
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let mut tx = LockTx {
+            conn: &mut *conn,
+            locks: Slot::Borrowed(&mut *locks),
+            locker: locker.clone(),
+            depth,
+        };
+        f(&mut tx)
+    }));
+    match outcome {
+        Ok(Ok(value)) => match pg::commit(conn) {
+            Ok(()) => {
+                locks.release_savepoint(depth);
+                Ok(value)
+            }
+            Err(e) => {
+                // Diesel rolled back, or the connection is gone; either way
+                // what is held is not known any more.
+                locks.poison();
+                Err(e.into())
+            }
+        },
+        Ok(Err(user)) => match pg::rollback(conn) {
+            Ok(()) => {
+                locks.rollback_savepoint(depth);
+                Err(user)
+            }
+            Err(DieselError::BrokenTransactionManager) => {
+                locks.poison();
+                Err(user)
+            }
+            Err(e) => {
+                locks.poison();
+                Err(e.into())
+            }
+        },
+        Err(panic) => {
+            match pg::rollback(conn) {
+                Ok(()) => locks.rollback_savepoint(depth),
+                Err(_) => locks.poison(),
+            }
+            resume_unwind(panic)
+        }
+    }
+}
+
+impl<'c> LockTx<'c> {
+    /// A `LockTx` over the transaction already open on `conn`.
+    pub(crate) fn attach(locker: &Locker, conn: &'c mut PgConnection) -> Result<LockTx<'c>, Error> {
+        if pg::transaction_depth(conn)? == 0 {
+            return Err(Error::NotInTransaction);
+        }
+        Ok(LockTx {
+            conn,
+            locks: Slot::Owned(TxLocks::new()),
+            locker: locker.clone(),
+            depth: 0,
+        })
+    }
+
+    /// The connection, for queries inside the transaction.
+    pub fn conn(&mut self) -> &mut PgConnection {
+        self.conn
+    }
+
+    /// The locker this transaction belongs to.
+    pub fn locker(&self) -> &Locker {
+        &self.locker
+    }
+
+    /// Savepoint depth below this `LockTx`'s transaction: 0 for the
+    /// transaction itself, 1 inside one [`LockTx::savepoint`], ….
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Distinct keys this transaction holds through lockkit.
+    pub fn held_count(&self) -> usize {
+        self.locks.get().len()
+    }
+
+    /// Whether this transaction holds `key` in at least `mode`, as far as
+    /// lockkit took it.
+    pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
+        self.locks
+            .get()
+            .mode(key.lock_key())
+            .is_some_and(|held| held >= mode)
+    }
+
+    /// Runs `f` in a savepoint (a nested Diesel transaction): committed when
+    /// `f` returns `Ok`, rolled back when it returns `Err` or panics. Locks
+    /// taken in a rolled-back savepoint are released by the server and
+    /// forgotten here (budget and held set); those of a committed one belong
+    /// to this transaction.
+    ///
+    /// # Errors
+    ///
+    /// `f`'s error, or Diesel's when `SAVEPOINT`, `RELEASE` or `ROLLBACK TO`
+    /// fails (after which this transaction's lock calls fail with
+    /// [`Error::Poisoned`]: roll it back).
+    pub fn savepoint<R, E, F>(&mut self, f: F) -> Result<R, E>
+    where
+        F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
+        E: From<DieselError>,
+    {
+        let depth = self.depth + 1;
+        run(
+            &mut *self.conn,
+            &self.locker,
+            self.locks.get_mut(),
+            depth,
+            f,
+        )
+    }
+
+    /// Takes `key` exclusive, waiting as long as it takes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotInTransaction`], [`Error::BudgetExceeded`],
+    /// [`Error::LockOrder`] (when configured), [`Error::HotStandby`],
+    /// [`Error::Poisoned`], [`Error::TransactionAborted`] and
+    /// [`Error::HashtextMismatch`] before anything is sent;
+    /// [`Error::Deadlock`], [`Error::LockTableFull`],
+    /// [`Error::ConnectionLost`] and other server errors after, which abort
+    /// the transaction (roll it back, or the enclosing savepoint).
+    pub fn lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'c, K>, Error> {
+        self.lock_one(key, Mode::Exclusive, Wait::Forever)
+    }
+
+    /// Takes `key` shared: other shared holders are admitted, exclusive ones
+    /// excluded.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`].
+    pub fn lock_shared<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'c, K>, Error> {
+        self.lock_one(key, Mode::Shared, Wait::Forever)
+    }
+
+    /// Takes `key` exclusive, waiting at most `timeout` (measured by the
+    /// server). On timeout nothing is held and the transaction is still
+    /// usable.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`], and as [`LockTx::lock`]; after a deadlock the
+    /// savepoint rollback leaves the transaction usable too.
+    pub fn lock_timeout<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        timeout: Duration,
+    ) -> Result<Held<'c, K>, Error> {
+        self.lock_one(key, Mode::Exclusive, Wait::Timeout(timeout))
+    }
+
+    /// Takes `key` shared, waiting at most `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock_timeout`].
+    pub fn lock_shared_timeout<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        timeout: Duration,
+    ) -> Result<Held<'c, K>, Error> {
+        self.lock_one(key, Mode::Shared, Wait::Timeout(timeout))
+    }
+
+    /// Takes `key` exclusive if no other transaction holds it, without
+    /// waiting. Gives the key back when it is busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`] (a full lock table raises `53200` even here).
+    pub fn try_lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Result<Held<'c, K>, K>, Error> {
+        self.try_lock_one(key, Mode::Exclusive)
+    }
+
+    /// Takes `key` shared if no transaction holds it exclusive, without
+    /// waiting. Gives the key back when it is busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::try_lock`].
+    pub fn try_lock_shared<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+    ) -> Result<Result<Held<'c, K>, K>, Error> {
+        self.try_lock_one(key, Mode::Shared)
+    }
+
+    /// Takes every key of `batch` in the global lock order: one statement,
+    /// or two (`BigInt` keys, then `Pair` keys) when the batch mixes both.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`].
+    pub fn lock_batch(&mut self, batch: &Batch) -> Result<HeldBatch<'c>, Error> {
+        self.acquire(batch, Wait::Forever)
+    }
+
+    /// Takes every key of `batch`, each statement of the batch waiting at
+    /// most `timeout` (not each key). On timeout nothing of the batch is held
+    /// and the transaction is still usable.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock_timeout`].
+    pub fn lock_batch_timeout(
+        &mut self,
+        batch: &Batch,
+        timeout: Duration,
+    ) -> Result<HeldBatch<'c>, Error> {
+        self.acquire(batch, Wait::Timeout(timeout))
+    }
+
+    /// Takes every key of `batch` or none: when any key is busy, nothing of
+    /// the batch is held and the busy keys are returned.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`].
+    pub fn try_lock_batch(&mut self, batch: &Batch) -> Result<Result<HeldBatch<'c>, Busy>, Error> {
+        let (plan, mut flight) = self.prepare(batch.iter(), batch.has_hashtext())?;
+        if plan.is_empty() {
+            flight.finish(&plan, true, false);
+            return Ok(Ok(batch_guard(batch)));
+        }
+        let result = if plan.len() == 1 {
+            pg::try_one(flight.conn, &plan).map(|ok| {
+                if ok {
+                    Vec::new()
+                } else {
+                    plan.keys().collect()
+                }
+            })
+        } else {
+            pg::try_many(flight.conn, &plan)
+        };
+        match result {
+            Ok(busy) => {
+                flight.finish(&plan, busy.is_empty(), false);
+                Ok(if busy.is_empty() {
+                    Ok(batch_guard(batch))
+                } else {
+                    Err(Busy { keys: busy })
+                })
+            }
+            Err(e) => {
+                let aborted = plan.len() == 1 || pg::rollback_acquire(flight.conn).is_err();
+                flight.finish(&plan, false, aborted);
+                Err(Error::from_diesel(e, Context::Plain))
+            }
+        }
+    }
+
+    fn lock_one<K: AdvisoryKey>(
+        &mut self,
+        value: K,
+        mode: Mode,
+        wait: Wait,
+    ) -> Result<Held<'c, K>, Error> {
+        let key = value.lock_key();
+        let (plan, flight) =
+            self.prepare([(key, mode)], K::KEY_SPEC.form() == KeyForm::HashText)?;
+        send(&plan, flight, wait)?;
+        let mode = self.locks.get().mode(key).unwrap_or(mode);
+        Ok(Held {
+            value,
+            key,
+            mode,
+            _tx: PhantomData,
+        })
+    }
+
+    fn try_lock_one<K: AdvisoryKey>(
+        &mut self,
+        value: K,
+        mode: Mode,
+    ) -> Result<Result<Held<'c, K>, K>, Error> {
+        let key = value.lock_key();
+        {
+            let (plan, mut flight) =
+                self.prepare([(key, mode)], K::KEY_SPEC.form() == KeyForm::HashText)?;
+            if plan.is_empty() {
+                flight.finish(&plan, true, false);
+            } else {
+                match pg::try_one(flight.conn, &plan) {
+                    Ok(true) => flight.finish(&plan, true, false),
+                    Ok(false) => {
+                        flight.finish(&plan, false, false);
+                        return Ok(Err(value));
+                    }
+                    Err(e) => {
+                        flight.finish(&plan, false, true);
+                        return Err(Error::from_diesel(e, Context::Plain));
+                    }
+                }
+            }
+        }
+        let mode = self.locks.get().mode(key).unwrap_or(mode);
+        Ok(Ok(Held {
+            value,
+            key,
+            mode,
+            _tx: PhantomData,
+        }))
+    }
+
+    fn acquire(&mut self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'c>, Error> {
+        let (plan, flight) = self.prepare(batch.iter(), batch.has_hashtext())?;
+        send(&plan, flight, wait)?;
+        Ok(batch_guard(batch))
+    }
+
+    /// Checks everything that needs no round trip (Diesel's transaction
+    /// depth included), plans what to send, and marks the request in flight.
+    fn prepare(
+        &mut self,
+        request: impl IntoIterator<Item = (LockKey, Mode)>,
+        hashtext: bool,
+    ) -> Result<(Plan, Flight<'_>), Error> {
+        if pg::transaction_depth(self.conn)? == 0 {
+            return Err(Error::NotInTransaction);
+        }
+        let facts = self.locker.facts();
+        if facts.in_recovery() && !self.locker.config().standby_allowed() {
+            return Err(Error::HotStandby);
+        }
+        if hashtext {
+            facts.check_hashtext()?;
+        }
+        let locks = self.locks.get_mut();
+        let plan = locks.plan(request, self.locker.budget(), self.locker.config())?;
+        locks.start();
+        Ok((
+            plan,
+            Flight {
+                conn: &mut *self.conn,
+                locks,
+                depth: self.depth,
+                done: false,
+            },
+        ))
+    }
+}
+
+fn batch_guard<'c>(batch: &Batch) -> HeldBatch<'c> {
+    HeldBatch {
+        keys: batch.planned(),
+        _tx: PhantomData,
+    }
+}
+
+/// Sends a plan's lock statements and records the outcome.
+fn send(plan: &Plan, mut flight: Flight<'_>, wait: Wait) -> Result<(), Error> {
+    if plan.is_empty() {
+        flight.finish(plan, true, false);
+        return Ok(());
+    }
+    match wait {
+        Wait::Forever => match pg::lock_plan(flight.conn, plan) {
+            Ok(()) => flight.finish(plan, true, false),
+            Err(e) => {
+                flight.finish(plan, false, true);
+                return Err(Error::from_diesel(e, Context::Plain));
+            }
+        },
+        Wait::Timeout(timeout) => {
+            let setting = sql::timeout_setting(timeout);
+            match pg::lock_plan_timeout(flight.conn, plan, &setting) {
+                Ok(()) => flight.finish(plan, true, false),
+                Err(e) => {
+                    // The savepoint rollback releases whatever part of the
+                    // batch was granted and restores the timeouts.
+                    let aborted = pg::rollback_acquire(flight.conn).is_err();
+                    flight.finish(plan, false, aborted);
+                    return Err(Error::from_diesel(
+                        e,
+                        Context::Timeout {
+                            timeout,
+                            keys: plan.len(),
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A request in flight: the connection to send it on and the bookkeeping to
+/// record it in. Poisons the transaction unless finished (a panic midway
+/// leaves the held set unknown).
+struct Flight<'a> {
+    conn: &'a mut PgConnection,
+    locks: &'a mut TxLocks,
+    depth: u32,
+    done: bool,
+}
+
+impl Flight<'_> {
+    fn finish(&mut self, plan: &Plan, acquired: bool, aborted: bool) {
+        self.done = true;
+        self.locks.finish(plan, self.depth, acquired, aborted);
+    }
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.locks.poison();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guards_and_tx_are_send() {
+        fn send<T: Send>() {}
+        send::<LockTx<'static>>();
+        send::<Held<'static, i64>>();
+        send::<HeldBatch<'static>>();
+        send::<Busy>();
+    }
+}
