@@ -213,64 +213,52 @@ pub(crate) fn wait_chains(rows: &[AdvisoryLockRow]) -> String {
         .copied()
         .filter(|b| !waits.contains_key(b))
         .collect();
-    let mut out = String::new();
-    let mut seen = BTreeSet::new();
-    fn draw(
-        pid: i32,
-        prefix: &str,
-        last: bool,
-        root: bool,
-        waiters_of: &BTreeMap<i32, BTreeSet<i32>>,
-        label: &dyn Fn(i32) -> String,
-        seen: &mut BTreeSet<i32>,
-        out: &mut String,
-    ) {
+    let mut tree = Tree {
+        waiters_of: &waiters_of,
+        label: &label,
+        seen: BTreeSet::new(),
+        out: String::new(),
+    };
+    loop {
+        for root in roots.drain(..) {
+            tree.draw(root, "", true, true);
+        }
+        // Waiters not reached: a cycle. Start from the smallest.
+        match waits.keys().find(|p| !tree.seen.contains(p)) {
+            Some(&p) => roots.push(p),
+            None => break,
+        }
+    }
+    tree.out
+}
+
+/// Draws the wait-for graph depth first.
+struct Tree<'a> {
+    waiters_of: &'a BTreeMap<i32, BTreeSet<i32>>,
+    label: &'a dyn Fn(i32) -> String,
+    seen: BTreeSet<i32>,
+    out: String,
+}
+
+impl Tree<'_> {
+    fn draw(&mut self, pid: i32, prefix: &str, last: bool, root: bool) {
         let (branch, next) = match (root, last) {
             (true, _) => ("", String::new()),
             (false, true) => ("└── ", format!("{prefix}    ")),
             (false, false) => ("├── ", format!("{prefix}│   ")),
         };
-        if !seen.insert(pid) {
-            let _ = writeln!(out, "{prefix}{branch}{pid} (cycle: a deadlock)");
+        if !self.seen.insert(pid) {
+            let _ = writeln!(self.out, "{prefix}{branch}{pid} (cycle: a deadlock)");
             return;
         }
-        let _ = writeln!(out, "{prefix}{branch}{}", label(pid));
-        if let Some(children) = waiters_of.get(&pid) {
+        let _ = writeln!(self.out, "{prefix}{branch}{}", (self.label)(pid));
+        if let Some(children) = self.waiters_of.get(&pid) {
             let n = children.len();
             for (i, &child) in children.iter().enumerate() {
-                draw(
-                    child,
-                    &next,
-                    i + 1 == n,
-                    false,
-                    waiters_of,
-                    label,
-                    seen,
-                    out,
-                );
+                self.draw(child, &next, i + 1 == n, false);
             }
         }
     }
-    loop {
-        for root in roots.drain(..) {
-            draw(
-                root,
-                "",
-                true,
-                true,
-                &waiters_of,
-                &label,
-                &mut seen,
-                &mut out,
-            );
-        }
-        // Waiters not reached: a cycle. Start from the smallest.
-        match waits.keys().find(|p| !seen.contains(p)) {
-            Some(&p) => roots.push(p),
-            None => break,
-        }
-    }
-    out
 }
 
 #[cfg(test)]
