@@ -17,7 +17,7 @@ enum Server {
     External(&'static TestServer),
     /// A throwaway cluster, stopped and removed when this value drops (or
     /// the process exits).
-    Throwaway(TestServer),
+    Throwaway(Box<TestServer>),
 }
 
 impl fmt::Debug for Database {
@@ -46,7 +46,7 @@ impl Database {
                 for (name, value) in settings {
                     builder = builder.setting(*name, *value);
                 }
-                Server::Throwaway(builder.start())
+                Server::Throwaway(Box::new(builder.start()))
             }
         };
         Database { server }
@@ -67,6 +67,12 @@ impl Database {
     /// The connection URL.
     pub fn url(&self) -> &str {
         self.server().url()
+    }
+
+    /// The connection settings, as in [`url`](Self::url): for
+    /// `lockkit::SessionLock`, which opens connections of its own.
+    pub fn config(&self) -> tokio_postgres::Config {
+        self.server().config()
     }
 
     /// A new connection, its driver task spawned on the current runtime.

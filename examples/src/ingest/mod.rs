@@ -49,7 +49,7 @@ pub struct Options {
     pub workers: usize,
     /// Events per strategy, duplicates included (rounded up to whole rounds
     /// of workers × batch).
-    #[arg(short, long, default_value_t = 96_000)]
+    #[arg(short, long, default_value_t = 1_000_000)]
     pub events: usize,
     /// Events per batch (one batch per worker per round).
     #[arg(short, long, default_value_t = 500)]
