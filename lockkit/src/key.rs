@@ -133,6 +133,9 @@ pub enum KeyForm {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KeySpec<'n> {
     namespace: &'n str,
+    /// `ns_hash(namespace)`, computed by the constructors (at compile time
+    /// for a `const` spec) rather than once per key.
+    ns_hash: u64,
     form: KeyForm,
     class: Option<i32>,
     stripes: Option<u64>,
@@ -152,6 +155,7 @@ impl<'n> KeySpec<'n> {
         }
         KeySpec {
             namespace,
+            ns_hash: namespace::ns_hash_const(namespace),
             form: KeyForm::BigInt,
             class: None,
             stripes: None,
@@ -168,6 +172,7 @@ impl<'n> KeySpec<'n> {
         match namespace::validate(namespace) {
             Ok(()) => Ok(KeySpec {
                 namespace,
+                ns_hash: namespace::ns_hash_const(namespace),
                 form: KeyForm::BigInt,
                 class: None,
                 stripes: None,
@@ -240,7 +245,7 @@ impl<'n> KeySpec<'n> {
 
     /// `ns_hash(namespace)` of KEYS.md: SipHash-2-4 of `b"ns\0" ++ namespace`.
     pub fn ns_hash(&self) -> u64 {
-        namespace::ns_hash(self.namespace)
+        self.ns_hash
     }
 
     /// The 16-bit tag in the top bits of this type's hashed `BigInt` keys.
