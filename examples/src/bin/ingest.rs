@@ -36,7 +36,11 @@ async fn main() -> ExitCode {
         print!("{}", report.table());
     }
     if let Some(path) = &options.svg {
-        if let Err(e) = std::fs::write(path, ingest::latency_svg(&report)) {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        let written = parent
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(path, ingest::latency_svg(&report)));
+        if let Err(e) = written {
             eprintln!("ingest: cannot write {}: {e}", path.display());
             return ExitCode::FAILURE;
         }
