@@ -57,17 +57,25 @@ impl Parts<'_> {
         }
     }
 
+    /// A tag and its fixed-size payload in one `write`: each call into
+    /// SipHash costs more than the few bytes it hashes, and the bytes (so
+    /// the keys) are the same either way.
     #[inline]
-    fn tag(&mut self, tag: u8) {
-        self.write(&[tag]);
+    fn tagged<const N: usize>(&mut self, tag: u8, payload: [u8; N]) {
+        const { assert!(N <= 16, "payloads are at most 16 bytes") };
+        let mut buf = [0_u8; 17];
+        buf[0] = tag;
+        buf[1..=N].copy_from_slice(&payload);
+        self.write(&buf[..=N]);
     }
 
+    /// A tag and a `u32le` length, for a variable-length element.
     #[inline]
-    fn len(&mut self, len: usize) {
+    fn tagged_len(&mut self, tag: u8, len: usize) {
         // A key part longer than 4 GiB is not a key; saturating keeps this
         // panic-free without a fallible signature.
         let len = u32::try_from(len).unwrap_or(u32::MAX);
-        self.write(&len.to_le_bytes());
+        self.tagged(tag, len.to_le_bytes());
     }
 
     /// Appends one value's canonical encoding.
@@ -81,8 +89,7 @@ impl Parts<'_> {
     /// The variant's fields follow with [`Parts::put`].
     #[inline]
     pub fn variant(&mut self, name: &str) -> &mut Self {
-        self.tag(TAG_VARIANT);
-        self.len(name.len());
+        self.tagged_len(TAG_VARIANT, name.len());
         self.write(name.as_bytes());
         self
     }
@@ -92,14 +99,8 @@ impl Parts<'_> {
     #[inline]
     pub fn int(&mut self, value: i128) -> &mut Self {
         match i64::try_from(value) {
-            Ok(v) => {
-                self.tag(TAG_INT64);
-                self.write(&v.to_le_bytes());
-            }
-            Err(_) => {
-                self.tag(TAG_INT128);
-                self.write(&value.to_le_bytes());
-            }
+            Ok(v) => self.tagged(TAG_INT64, v.to_le_bytes()),
+            Err(_) => self.tagged(TAG_INT128, value.to_le_bytes()),
         }
         self
     }
@@ -111,8 +112,7 @@ impl Parts<'_> {
         match i128::try_from(value) {
             Ok(v) => self.int(v),
             Err(_) => {
-                self.tag(TAG_UINT128);
-                self.write(&value.to_le_bytes());
+                self.tagged(TAG_UINT128, value.to_le_bytes());
                 self
             }
         }
@@ -121,8 +121,7 @@ impl Parts<'_> {
     /// Appends a string: `06 ++ u32le(byte length) ++ utf8`.
     #[inline]
     pub fn str(&mut self, value: &str) -> &mut Self {
-        self.tag(TAG_STR);
-        self.len(value.len());
+        self.tagged_len(TAG_STR, value.len());
         self.write(value.as_bytes());
         self
     }
@@ -133,8 +132,7 @@ impl Parts<'_> {
         &mut self,
         items: impl ExactSizeIterator<Item = &'i T>,
     ) -> &mut Self {
-        self.tag(TAG_SEQ);
-        self.len(items.len());
+        self.tagged_len(TAG_SEQ, items.len());
         for item in items {
             item.encode(self);
         }
@@ -247,8 +245,7 @@ impl KeyPart for bool {
 impl KeyPart for char {
     #[inline]
     fn encode(&self, parts: &mut Parts<'_>) {
-        parts.tag(TAG_CHAR);
-        parts.write(&u32::from(*self).to_le_bytes());
+        parts.tagged(TAG_CHAR, u32::from(*self).to_le_bytes());
     }
 }
 
@@ -270,8 +267,7 @@ impl KeyPart for String {
 impl KeyPart for uuid::Uuid {
     #[inline]
     fn encode(&self, parts: &mut Parts<'_>) {
-        parts.tag(TAG_UUID);
-        parts.write(self.as_bytes());
+        parts.tagged(TAG_UUID, *self.as_bytes());
     }
 }
 
