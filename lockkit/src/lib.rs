@@ -53,9 +53,11 @@ mod plan;
 mod sql;
 
 #[cfg(feature = "tokio-postgres")]
+pub mod inspect;
+#[cfg(feature = "tokio-postgres")]
 mod locker;
 #[cfg(feature = "tokio-postgres")]
-pub mod inspect;
+mod prepared;
 #[cfg(feature = "tokio-postgres")]
 mod retry;
 #[cfg(feature = "tokio-postgres")]
@@ -77,9 +79,11 @@ pub use plan::{Batch, Mode};
 #[cfg(feature = "tokio-postgres")]
 pub use locker::Locker;
 #[cfg(feature = "tokio-postgres")]
-pub use session::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
+pub use prepared::Prepared;
 #[cfg(feature = "tokio-postgres")]
 pub use retry::{retry, RetryPolicy, Transient};
+#[cfg(feature = "tokio-postgres")]
+pub use session::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
 #[cfg(feature = "tokio-postgres")]
 pub use transaction::{Busy, Held, HeldBatch, LockTx};
 

@@ -9,6 +9,7 @@ use tokio_postgres::{Client, Transaction};
 use crate::config::Config;
 use crate::error::Error;
 use crate::facts::{ServerFacts, HASHTEXT_PROBES};
+use crate::prepared::{LockSql, Prepared};
 use crate::sql;
 use crate::transaction::LockTx;
 
@@ -119,6 +120,63 @@ impl Locker {
     /// Wraps a transaction that is already open. It must not hold advisory
     /// locks taken outside lockkit, or the budget will not count them.
     pub fn wrap<'c>(&self, tx: Transaction<'c>) -> LockTx<'c> {
-        LockTx::new(self.clone(), tx)
+        LockTx::new(self.clone(), tx, LockSql::Typed)
+    }
+
+    /// Prepares lockkit's lock statements on `client` (one round trip), for
+    /// [`Locker::begin_prepared`]: keep the result with the connection.
+    ///
+    /// # Errors
+    ///
+    /// When the server refuses to prepare them.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn prepare(&self, client: &Client) -> Result<Prepared, Error> {
+        Prepared::new(client).await
+    }
+
+    /// Like [`Locker::begin`], with the lock statements `prepared` on this
+    /// very `client`, so each lock costs the server no parse: as cheap as a
+    /// hand-prepared `SELECT pg_advisory_xact_lock($1)`.
+    ///
+    /// ```no_run
+    /// # use lockkit::{AdvisoryKey, Config, Locker};
+    /// # #[derive(AdvisoryKey)] struct Order { id: i64 }
+    /// # async fn run(mut client: tokio_postgres::Client) -> Result<(), lockkit::Error> {
+    /// let locker = Locker::new(&client, Config::default()).await?;
+    /// let prepared = locker.prepare(&client).await?; // once per connection
+    /// for id in 0..100 {
+    ///     let tx = locker.begin_prepared(&mut client, &prepared).await?;
+    ///     let _order = tx.lock(Order { id }).await?;
+    ///     tx.commit().await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// When `BEGIN` fails. A `prepared` from another connection makes the
+    /// first lock fail ("prepared statement does not exist") and abort the
+    /// transaction.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locker::begin`].
+    pub async fn begin_prepared<'c>(
+        &self,
+        client: &'c mut Client,
+        prepared: &Prepared,
+    ) -> Result<LockTx<'c>, Error> {
+        let tx = client.transaction().await?;
+        Ok(self.wrap_prepared(tx, prepared))
+    }
+
+    /// Like [`Locker::wrap`], with statements `prepared` on the transaction's
+    /// connection.
+    pub fn wrap_prepared<'c>(&self, tx: Transaction<'c>, prepared: &Prepared) -> LockTx<'c> {
+        LockTx::new(self.clone(), tx, LockSql::Prepared(prepared.clone()))
     }
 }

@@ -16,6 +16,7 @@ use crate::error::{Context, Error};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
 use crate::locker::Locker;
 use crate::plan::{Batch, Mode, Plan};
+use crate::prepared::LockSql;
 use crate::sql;
 
 type PgResult<T> = Result<T, tokio_postgres::Error>;
@@ -37,6 +38,7 @@ type PgResult<T> = Result<T, tokio_postgres::Error>;
 pub struct LockTx<'c> {
     tx: Option<Transaction<'c>>,
     locker: Locker,
+    sql: LockSql,
     locks: Arc<Mutex<TxLocks>>,
     depth: u32,
 }
@@ -200,10 +202,11 @@ enum Wait {
 }
 
 impl<'c> LockTx<'c> {
-    pub(crate) fn new(locker: Locker, tx: Transaction<'c>) -> Self {
+    pub(crate) fn new(locker: Locker, tx: Transaction<'c>, sql: LockSql) -> Self {
         LockTx {
             tx: Some(tx),
             locker,
+            sql,
             locks: Arc::new(Mutex::new(TxLocks::new())),
             depth: 0,
         }
@@ -305,6 +308,7 @@ impl<'c> LockTx<'c> {
     pub async fn savepoint(&mut self) -> Result<LockTx<'_>, Error> {
         let depth = self.depth + 1;
         let locker = self.locker.clone();
+        let sql = self.sql.clone();
         let locks = Arc::clone(&self.locks);
         let tx = self
             .tx
@@ -314,6 +318,7 @@ impl<'c> LockTx<'c> {
         Ok(LockTx {
             tx: Some(inner),
             locker,
+            sql,
             locks,
             depth,
         })
@@ -610,7 +615,7 @@ impl<'c> LockTx<'c> {
         }
         let tx = &**self;
         match wait {
-            Wait::Forever => match lock_plan(tx, plan).await {
+            Wait::Forever => match self.sql.lock(tx, plan).await {
                 Ok(()) => flight.finish(plan, true, false),
                 Err(e) => {
                     flight.finish(plan, false, true);
@@ -623,7 +628,7 @@ impl<'c> LockTx<'c> {
                     tx.batch_execute(sql::SAVEPOINT),
                     tx.execute_typed(sql::SAVE_TIMEOUTS, &[]),
                     tx.execute_typed(sql::SET_TIMEOUTS, &[(&setting, Type::TEXT)]),
-                    lock_plan(tx, plan),
+                    self.sql.lock(tx, plan),
                     try_join(
                         tx.execute_typed(sql::RESTORE_TIMEOUTS, &[]),
                         tx.batch_execute(sql::RELEASE),
@@ -679,66 +684,6 @@ impl Drop for Flight<'_> {
                 .poison();
         }
     }
-}
-
-/// Sends the lock statements of a plan: both are sent on the first poll,
-/// `BigInt` keys first, and the server runs them in that order.
-async fn lock_plan(tx: &Transaction<'_>, plan: &Plan) -> PgResult<()> {
-    match (plan.bigint(), plan.pair_classes()) {
-        ([key], []) => {
-            let stmt = if plan.bigint_shared()[0] {
-                sql::LOCK_BIGINT_SHARED
-            } else {
-                sql::LOCK_BIGINT
-            };
-            tx.execute_typed(stmt, &[(key, Type::INT8)]).await?;
-        }
-        ([], [class]) => {
-            let stmt = if plan.pair_shared()[0] {
-                sql::LOCK_PAIR_SHARED
-            } else {
-                sql::LOCK_PAIR
-            };
-            tx.execute_typed(
-                stmt,
-                &[(class, Type::INT4), (&plan.pair_objects()[0], Type::INT4)],
-            )
-            .await?;
-        }
-        (_, []) => {
-            batch_bigint(tx, plan).await?;
-        }
-        ([], _) => {
-            batch_pair(tx, plan).await?;
-        }
-        _ => {
-            try_join(batch_bigint(tx, plan), batch_pair(tx, plan)).await?;
-        }
-    }
-    Ok(())
-}
-
-async fn batch_bigint(tx: &Transaction<'_>, plan: &Plan) -> PgResult<u64> {
-    let keys = plan.bigint();
-    let shared = plan.bigint_shared();
-    tx.execute_typed(
-        sql::BATCH_BIGINT,
-        &[(&keys, Type::INT8_ARRAY), (&shared, Type::BOOL_ARRAY)],
-    )
-    .await
-}
-
-async fn batch_pair(tx: &Transaction<'_>, plan: &Plan) -> PgResult<u64> {
-    let (c, o, s) = (plan.pair_classes(), plan.pair_objects(), plan.pair_shared());
-    tx.execute_typed(
-        sql::BATCH_PAIR,
-        &[
-            (&c, Type::INT4_ARRAY),
-            (&o, Type::INT4_ARRAY),
-            (&s, Type::BOOL_ARRAY),
-        ],
-    )
-    .await
 }
 
 /// Tries the single key of `plan`; nothing to undo when it is busy.

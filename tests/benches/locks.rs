@@ -41,7 +41,7 @@
 //!
 //! ```no_run
 //! use lockkit::{AdvisoryKey, Batch, Error, Locker};
-//! use tokio_postgres::types::{ToSql, Type};
+//! use tokio_postgres::types::ToSql;
 //!
 //! #[derive(AdvisoryKey)]
 //! struct Event {
@@ -85,11 +85,11 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use lockkit::driver::sql;
-use lockkit::{AdvisoryKey, Batch, Config, Error, LockKey, Locker};
+use lockkit::{AdvisoryKey, Batch, Config, Error, LockKey, LockTx, Locker, Prepared};
 use lockkit_tests::TestServer;
 use tokio::runtime::Runtime;
 use tokio::sync::Mutex;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
 /// The key type locked in every benchmark.
@@ -107,6 +107,8 @@ const BATCHES: usize = 64;
 struct Bench {
     client: Mutex<Client>,
     locker: Locker,
+    /// lockkit's statements prepared on `client` ([`Locker::prepare`]).
+    prepared: Prepared,
     /// `SELECT pg_advisory_xact_lock($1)`, prepared once.
     lock: Statement,
     /// lockkit's batch statement, prepared once (diagnostic).
@@ -165,6 +167,7 @@ impl Bench {
             ))
             .await
             .expect("create the bench table");
+        let prepared = locker.prepare(&client).await.expect("prepare lockkit");
         let lock = client.prepare(sql::LOCK_BIGINT).await.expect("prepare");
         let lock_unnest = client.prepare(sql::BATCH_BIGINT).await.expect("prepare");
         let insert = client
@@ -179,6 +182,7 @@ impl Bench {
         Bench {
             client: Mutex::new(client),
             locker,
+            prepared,
             lock,
             lock_unnest,
             insert,
@@ -189,6 +193,16 @@ impl Bench {
             batch16,
             raw16,
         }
+    }
+
+    /// A lockkit transaction, its statements `prepared` or sent typed.
+    async fn begin<'c>(&self, client: &'c mut Client, prepared: bool) -> LockTx<'c> {
+        let tx = if prepared {
+            self.locker.begin_prepared(client, &self.prepared).await
+        } else {
+            self.locker.begin(client).await
+        };
+        tx.expect("begin")
     }
 
     /// Empties the insert table (untimed, before a sample).
@@ -210,12 +224,12 @@ impl Bench {
 
 // ---- single_lock ---------------------------------------------------------
 
-async fn single_lockkit_tx(b: &Bench, iters: u64) -> Duration {
+async fn single_lockkit_tx(b: &Bench, iters: u64, prepared: bool) -> Duration {
     let mut client = b.client.lock().await;
     let start = Instant::now();
     for i in 0..iters {
         let id = (i % RING as u64) as i64;
-        let tx = b.locker.begin(&mut client).await.expect("begin");
+        let tx = b.begin(&mut client, prepared).await;
         let held = tx.lock(Item { id }).await.expect("lock");
         black_box(&held);
         drop(held);
@@ -236,26 +250,12 @@ async fn single_raw_tx(b: &Bench, iters: u64) -> Duration {
     start.elapsed()
 }
 
-async fn single_raw_typed_tx(b: &Bench, iters: u64) -> Duration {
-    let mut client = b.client.lock().await;
-    let start = Instant::now();
-    for i in 0..iters {
-        let key = b.keys[(i % RING as u64) as usize];
-        let tx = client.transaction().await.expect("begin");
-        tx.execute_typed(sql::LOCK_BIGINT, &[(&key, Type::INT8)])
-            .await
-            .expect("lock");
-        tx.commit().await.expect("commit");
-    }
-    start.elapsed()
-}
-
-async fn single_lockkit_call(b: &Bench, iters: u64) -> Duration {
+async fn single_lockkit_call(b: &Bench, iters: u64, prepared: bool) -> Duration {
     let mut client = b.client.lock().await;
     let mut total = Duration::ZERO;
     for i in 0..iters {
         let id = (i % RING as u64) as i64;
-        let tx = b.locker.begin(&mut client).await.expect("begin");
+        let tx = b.begin(&mut client, prepared).await;
         let start = Instant::now();
         let held = tx.lock(Item { id }).await.expect("lock");
         total += start.elapsed();
@@ -280,30 +280,14 @@ async fn single_raw_call(b: &Bench, iters: u64) -> Duration {
     total
 }
 
-async fn single_raw_typed_call(b: &Bench, iters: u64) -> Duration {
-    let mut client = b.client.lock().await;
-    let mut total = Duration::ZERO;
-    for i in 0..iters {
-        let key = b.keys[(i % RING as u64) as usize];
-        let tx = client.transaction().await.expect("begin");
-        let start = Instant::now();
-        tx.execute_typed(sql::LOCK_BIGINT, &[(&key, Type::INT8)])
-            .await
-            .expect("lock");
-        total += start.elapsed();
-        tx.commit().await.expect("commit");
-    }
-    total
-}
-
 // ---- batch_64 ------------------------------------------------------------
 
-async fn batch_lockkit(b: &Bench, iters: u64) -> Duration {
+async fn batch_lockkit(b: &Bench, iters: u64, prepared: bool) -> Duration {
     let mut client = b.client.lock().await;
     let start = Instant::now();
     for i in 0..iters {
         let batch = &b.batch64[(i % BATCHES as u64) as usize];
-        let tx = b.locker.begin(&mut client).await.expect("begin");
+        let tx = b.begin(&mut client, prepared).await;
         let held = tx.lock_batch(batch).await.expect("lock_batch");
         black_box(&held);
         drop(held);
@@ -341,24 +325,6 @@ async fn batch_raw_unnest_prepared(b: &Bench, iters: u64) -> Duration {
     start.elapsed()
 }
 
-async fn batch_raw_unnest_typed(b: &Bench, iters: u64) -> Duration {
-    let mut client = b.client.lock().await;
-    let shared = vec![false; 64];
-    let start = Instant::now();
-    for i in 0..iters {
-        let keys = &b.raw64[(i % BATCHES as u64) as usize];
-        let tx = client.transaction().await.expect("begin");
-        tx.execute_typed(
-            sql::BATCH_BIGINT,
-            &[(keys, Type::INT8_ARRAY), (&shared, Type::BOOL_ARRAY)],
-        )
-        .await
-        .expect("lock");
-        tx.commit().await.expect("commit");
-    }
-    start.elapsed()
-}
-
 // ---- pipelined -----------------------------------------------------------
 
 /// Ids for the insert table: distinct within a sample (the table is
@@ -379,13 +345,13 @@ async fn insert_no_locks(b: &Bench, iters: u64) -> Duration {
     start.elapsed()
 }
 
-async fn insert_lockkit_pipelined(b: &Bench, iters: u64) -> Duration {
+async fn insert_lockkit_pipelined(b: &Bench, iters: u64, prepared: bool) -> Duration {
     let mut client = b.client.lock().await;
     b.truncate(&client).await;
     let start = Instant::now();
     for i in 0..iters {
         let batch = &b.batch16[(i % BATCHES as u64) as usize];
-        let tx = b.locker.begin(&mut client).await.expect("begin");
+        let tx = b.begin(&mut client, prepared).await;
         let (held, n) = tokio::try_join!(tx.lock_batch(batch), async {
             Ok::<_, Error>(tx.execute(&b.insert, &[&row_id(i)]).await?)
         })
@@ -397,25 +363,9 @@ async fn insert_lockkit_pipelined(b: &Bench, iters: u64) -> Duration {
     start.elapsed()
 }
 
-async fn insert_lockkit_sequential(b: &Bench, iters: u64) -> Duration {
-    let mut client = b.client.lock().await;
-    b.truncate(&client).await;
-    let start = Instant::now();
-    for i in 0..iters {
-        let batch = &b.batch16[(i % BATCHES as u64) as usize];
-        let tx = b.locker.begin(&mut client).await.expect("begin");
-        let held = tx.lock_batch(batch).await.expect("lock_batch");
-        let n = tx.execute(&b.insert, &[&row_id(i)]).await.expect("insert");
-        black_box((&held, n));
-        drop(held);
-        tx.commit().await.expect("commit");
-    }
-    start.elapsed()
-}
-
 /// The pipelined transaction in raw tokio-postgres, with lockkit's batch
-/// statement prepared once (`prepared`) or sent as lockkit sends it.
-async fn insert_raw_pipelined(b: &Bench, iters: u64, prepared: bool) -> Duration {
+/// statement prepared once.
+async fn insert_raw_pipelined_prepared(b: &Bench, iters: u64) -> Duration {
     let mut client = b.client.lock().await;
     b.truncate(&client).await;
     let shared = vec![false; 16];
@@ -424,31 +374,36 @@ async fn insert_raw_pipelined(b: &Bench, iters: u64, prepared: bool) -> Duration
         let keys = &b.raw16[(i % BATCHES as u64) as usize];
         let id = row_id(i);
         let params: [&(dyn ToSql + Sync); 1] = [&id];
+        let lock_params: [&(dyn ToSql + Sync); 2] = [keys, &shared];
         let tx = client.transaction().await.expect("begin");
-        let lock = async {
-            if prepared {
-                tx.execute(&b.lock_unnest, &[keys, &shared]).await
-            } else {
-                tx.execute_typed(
-                    sql::BATCH_BIGINT,
-                    &[(keys, Type::INT8_ARRAY), (&shared, Type::BOOL_ARRAY)],
-                )
-                .await
-            }
-        };
-        let n = tokio::try_join!(lock, tx.execute(&b.insert, &params)).expect("lock and insert");
+        let n = tokio::try_join!(
+            tx.execute(&b.lock_unnest, &lock_params),
+            tx.execute(&b.insert, &params)
+        )
+        .expect("lock and insert");
         black_box(n);
         tx.commit().await.expect("commit");
     }
     start.elapsed()
 }
 
-async fn insert_raw_pipelined_prepared(b: &Bench, iters: u64) -> Duration {
-    insert_raw_pipelined(b, iters, true).await
+/// lockkit's routines with their statements sent typed (`_typed`) or
+/// prepared on the connection (`_prepared`).
+macro_rules! variants {
+    ($($f:ident => $typed:ident, $prepared:ident;)*) => {$(
+        async fn $typed(b: &Bench, iters: u64) -> Duration {
+            $f(b, iters, false).await
+        }
+        async fn $prepared(b: &Bench, iters: u64) -> Duration {
+            $f(b, iters, true).await
+        }
+    )*};
 }
-
-async fn insert_raw_pipelined_typed(b: &Bench, iters: u64) -> Duration {
-    insert_raw_pipelined(b, iters, false).await
+variants! {
+    single_lockkit_tx => single_lockkit_tx_typed, single_lockkit_tx_prepared;
+    single_lockkit_call => single_lockkit_call_typed, single_lockkit_call_prepared;
+    batch_lockkit => batch_lockkit_typed, batch_lockkit_prepared;
+    insert_lockkit_pipelined => insert_lockkit_pipelined_typed, insert_lockkit_pipelined_prepared;
 }
 
 // ---- groups --------------------------------------------------------------
@@ -492,12 +447,15 @@ fn locks(c: &mut Criterion) {
         &bench,
         "single_lock",
         &[
-            ("lockkit_tx", routine!(single_lockkit_tx)),
+            ("lockkit_tx_prepared", routine!(single_lockkit_tx_prepared)),
+            ("lockkit_tx_typed", routine!(single_lockkit_tx_typed)),
             ("raw_tx", routine!(single_raw_tx)),
-            ("raw_typed_tx", routine!(single_raw_typed_tx)),
-            ("lockkit_call", routine!(single_lockkit_call)),
+            (
+                "lockkit_call_prepared",
+                routine!(single_lockkit_call_prepared),
+            ),
+            ("lockkit_call_typed", routine!(single_lockkit_call_typed)),
             ("raw_call", routine!(single_raw_call)),
-            ("raw_typed_call", routine!(single_raw_typed_call)),
         ],
     );
     group(
@@ -506,10 +464,10 @@ fn locks(c: &mut Criterion) {
         &bench,
         "batch_64",
         &[
-            ("lockkit_batch", routine!(batch_lockkit)),
+            ("lockkit_batch_prepared", routine!(batch_lockkit_prepared)),
+            ("lockkit_batch_typed", routine!(batch_lockkit_typed)),
             ("raw_sequential", routine!(batch_raw_sequential)),
             ("raw_unnest_prepared", routine!(batch_raw_unnest_prepared)),
-            ("raw_unnest_typed", routine!(batch_raw_unnest_typed)),
         ],
     );
     group(
@@ -519,13 +477,18 @@ fn locks(c: &mut Criterion) {
         "pipelined",
         &[
             ("no_locks", routine!(insert_no_locks)),
-            ("lockkit_pipelined", routine!(insert_lockkit_pipelined)),
-            ("lockkit_sequential", routine!(insert_lockkit_sequential)),
+            (
+                "lockkit_pipelined_prepared",
+                routine!(insert_lockkit_pipelined_prepared),
+            ),
+            (
+                "lockkit_pipelined_typed",
+                routine!(insert_lockkit_pipelined_typed),
+            ),
             (
                 "raw_pipelined_prepared",
                 routine!(insert_raw_pipelined_prepared),
             ),
-            ("raw_pipelined_typed", routine!(insert_raw_pipelined_typed)),
         ],
     );
 

@@ -117,3 +117,62 @@ async fn savepoint_rollback_forgets_locks() {
     assert!(tx.holds(&Item { id: 23 }, Mode::Exclusive));
     tx.commit().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prepared_statements_take_the_same_locks() {
+    #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+    #[advisory_key(pair)]
+    struct Seat {
+        row: i32,
+    }
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut a = db.connect().await;
+    let observer = db.connect().await;
+    let locker = locker(&a, Config::default()).await;
+    let prepared = locker.prepare(&a).await.unwrap();
+
+    let mut tx = locker.begin_prepared(&mut a, &prepared).await.unwrap();
+    let one = tx.lock(Item { id: 31 }).await.unwrap().key();
+    let shared = tx.lock_shared(Item { id: 32 }).await.unwrap().key();
+    let pair = tx.lock(Seat { row: 7 }).await.unwrap().key();
+    let mixed = Batch::new()
+        .with(&Item { id: 34 })
+        .with(&Item { id: 33 })
+        .with_shared(&Seat { row: 9 })
+        .with(&Seat { row: 8 });
+    let batch: Vec<_> = tx
+        .lock_batch(&mixed)
+        .await
+        .unwrap()
+        .keys()
+        .iter()
+        .map(|(k, _)| *k)
+        .collect();
+    for key in [one, shared, pair].into_iter().chain(batch) {
+        assert!(granted_elsewhere(&observer, key).await, "{key} not held");
+    }
+    {
+        // Savepoints use the same prepared statements.
+        let sp = tx.savepoint().await.unwrap();
+        let k = sp
+            .lock_timeout(Item { id: 35 }, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .key();
+        assert!(granted_elsewhere(&observer, k).await);
+        sp.rollback().await.unwrap();
+        assert!(!granted_elsewhere(&observer, k).await);
+    }
+    assert_eq!(tx.held_count(), 7);
+    tx.commit().await.unwrap();
+    assert!(!granted_elsewhere(&observer, one).await);
+
+    // A `Prepared` belongs to its connection: on another one the server does
+    // not know the statements, and says so.
+    let mut b = db.connect().await;
+    let tx = locker.begin_prepared(&mut b, &prepared).await.unwrap();
+    let err = tx.lock(Item { id: 36 }).await.unwrap_err();
+    assert_eq!(err.code(), Some("26000"), "{err}");
+}
