@@ -95,15 +95,20 @@ async fn concurrent_lock_calls_on_one_transaction_are_refused() {
     let locker = locker(&a, Config::default()).await;
     let (k1, k2) = (Key { id: 11 }, Key { id: 12 });
 
-    // Both futures polled together: the first to be polled is sent, the
-    // other is refused without sending, and the first completes.
+    // Both futures polled together: the first is sent, the second is
+    // refused without sending, and the first completes. The first waits for
+    // a holder, so it is certainly still in flight when the second is polled
+    // (a lock that is granted at once could complete within its first poll
+    // on a loaded machine, and then the second would rightly go ahead).
+    let holder = locker.begin(&mut a).await.unwrap();
+    let _ = holder.lock(k1).await.unwrap();
     let tx = locker.begin(&mut b).await.unwrap();
-    let (r1, r2) = tokio::join!(tx.lock(k1), tx.lock(k2));
-    let (ok, refused) = match (r1, r2) {
-        (Ok(h), Err(e)) => (h.key(), e),
-        (Err(e), Ok(h)) => (h.key(), e),
-        (r1, r2) => panic!("expected one success and one refusal: {r1:?} {r2:?}"),
-    };
+    let (r1, r2, ()) = tokio::join!(biased; tx.lock(k1), tx.lock(k2), async {
+        wait_until_waiting(&observer, pid).await;
+        holder.rollback().await.unwrap();
+    });
+    let ok = r1.expect("the first lock call is sent and granted").key();
+    let refused = r2.expect_err("the second lock call is refused");
     assert!(matches!(refused, Error::LockInFlight), "{refused}");
     assert_eq!(advisory_rows(&observer, pid).await, 1);
     assert!(held_by(&observer, pid, ok).await);
