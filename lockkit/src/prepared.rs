@@ -39,6 +39,8 @@ struct Statements {
     lock_pair_shared: Statement,
     batch_bigint: Statement,
     batch_pair: Statement,
+    batch_bigint_exclusive: Statement,
+    batch_pair_exclusive: Statement,
 }
 
 impl Prepared {
@@ -57,13 +59,15 @@ impl Prepared {
         let int4 = [Type::INT4, Type::INT4];
         let bigint_batch = [Type::INT8_ARRAY, Type::BOOL_ARRAY];
         let pair_batch = [Type::INT4_ARRAY, Type::INT4_ARRAY, Type::BOOL_ARRAY];
-        let texts: [(&str, &[Type]); 6] = [
+        let texts: [(&str, &[Type]); 8] = [
             (sql::LOCK_BIGINT, &int8),
             (sql::LOCK_BIGINT_SHARED, &int8),
             (sql::LOCK_PAIR, &int4),
             (sql::LOCK_PAIR_SHARED, &int4),
             (sql::BATCH_BIGINT, &bigint_batch),
             (sql::BATCH_PAIR, &pair_batch),
+            (sql::BATCH_BIGINT_EXCLUSIVE, &bigint_batch[..1]),
+            (sql::BATCH_PAIR_EXCLUSIVE, &pair_batch[..2]),
         ];
         let statements = try_join_all(
             texts
@@ -71,8 +75,8 @@ impl Prepared {
                 .map(|(text, types)| client.prepare_typed(text, types)),
         )
         .await?;
-        let [lock_bigint, lock_bigint_shared, lock_pair, lock_pair_shared, batch_bigint, batch_pair] =
-            <[Statement; 6]>::try_from(statements).expect("six statements prepared");
+        let [lock_bigint, lock_bigint_shared, lock_pair, lock_pair_shared, batch_bigint, batch_pair, batch_bigint_exclusive, batch_pair_exclusive] =
+            <[Statement; 8]>::try_from(statements).expect("one statement per text");
         Ok(Prepared {
             inner: Arc::new(Statements {
                 lock_bigint,
@@ -81,6 +85,8 @@ impl Prepared {
                 lock_pair_shared,
                 batch_bigint,
                 batch_pair,
+                batch_bigint_exclusive,
+                batch_pair_exclusive,
             }),
         })
     }
@@ -173,8 +179,16 @@ impl LockSql {
 
     async fn batch_bigint(&self, tx: &Transaction<'_>, plan: &Plan) -> PgResult<u64> {
         let (keys, shared) = (plan.bigint(), plan.bigint_shared());
+        let exclusive = !shared.contains(&true);
         match self {
+            LockSql::Prepared(p) if exclusive => {
+                tx.execute(&p.inner.batch_bigint_exclusive, &[&keys]).await
+            }
             LockSql::Prepared(p) => tx.execute(&p.inner.batch_bigint, &[&keys, &shared]).await,
+            LockSql::Typed if exclusive => {
+                tx.execute_typed(sql::BATCH_BIGINT_EXCLUSIVE, &[(&keys, Type::INT8_ARRAY)])
+                    .await
+            }
             LockSql::Typed => {
                 tx.execute_typed(
                     sql::BATCH_BIGINT,
@@ -187,8 +201,19 @@ impl LockSql {
 
     async fn batch_pair(&self, tx: &Transaction<'_>, plan: &Plan) -> PgResult<u64> {
         let (c, o, s) = (plan.pair_classes(), plan.pair_objects(), plan.pair_shared());
+        let exclusive = !s.contains(&true);
         match self {
+            LockSql::Prepared(p) if exclusive => {
+                tx.execute(&p.inner.batch_pair_exclusive, &[&c, &o]).await
+            }
             LockSql::Prepared(p) => tx.execute(&p.inner.batch_pair, &[&c, &o, &s]).await,
+            LockSql::Typed if exclusive => {
+                tx.execute_typed(
+                    sql::BATCH_PAIR_EXCLUSIVE,
+                    &[(&c, Type::INT4_ARRAY), (&o, Type::INT4_ARRAY)],
+                )
+                .await
+            }
             LockSql::Typed => {
                 tx.execute_typed(
                     sql::BATCH_PAIR,

@@ -36,6 +36,15 @@ pub const BATCH_BIGINT: &str = "SELECT count(CASE WHEN s THEN pg_advisory_xact_l
 pub const BATCH_PAIR: &str = "SELECT count(CASE WHEN s THEN pg_advisory_xact_lock_shared(c, o) \
      ELSE pg_advisory_xact_lock(c, o) END) FROM unnest($1::int4[], $2::int4[], $3::bool[]) AS t(c, o, s)";
 
+/// `$1 int8[]`: [`BATCH_BIGINT`] when every key is exclusive, the common
+/// case: no mode array to send and no `CASE` per key.
+pub const BATCH_BIGINT_EXCLUSIVE: &str =
+    "SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::int8[]) AS t(k)";
+
+/// `$1 int4[], $2 int4[]`: [`BATCH_PAIR`] when every key is exclusive.
+pub const BATCH_PAIR_EXCLUSIVE: &str =
+    "SELECT count(pg_advisory_xact_lock(c, o)) FROM unnest($1::int4[], $2::int4[]) AS t(c, o)";
+
 /// `$1 int8[], $2 bool[]`: try every key in array order; returns one `int8[]`,
 /// the keys that were busy. Run inside a savepoint that is rolled back when
 /// any key was busy.

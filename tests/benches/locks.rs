@@ -5,8 +5,7 @@
 //! cargo bench -p lockkit-tests --bench locks
 //! ```
 //!
-//! Three comparisons, one criterion group each, so the report shows them
-//! side by side:
+//! Three comparisons, one criterion group each:
 //!
 //! - `single_lock`: a transaction that takes one key (`BEGIN`, lock,
 //!   `COMMIT`) through lockkit and through raw tokio-postgres with a
@@ -15,70 +14,26 @@
 //! - `batch_64`: 64 keys in one `lock_batch` against 64 sequential raw
 //!   prepared `SELECT pg_advisory_xact_lock($1)`, each awaited.
 //! - `pipelined`: a 16-key `lock_batch` polled together with the
-//!   transaction's `INSERT`, against the same transaction without locks.
+//!   transaction's `INSERT` (the pattern documented on
+//!   `lockkit::LockTx::lock_batch`), against the same transaction without
+//!   locks.
+//!
+//! lockkit runs each twice: `_prepared` with its statements prepared once
+//! per connection (`Locker::begin_prepared`), `_typed` sending them unnamed
+//! (`Locker::begin`), which the server parses every time. `raw_unnest_prepared`
+//! and `raw_pipelined_prepared` send lockkit's batch statement by hand, to
+//! tell lockkit's own cost from the statement's.
 //!
 //! Every benchmark runs on one connection, so no key is ever contended, and
-//! every iteration ends its transaction. The `raw_typed` variants send the
-//! raw SQL the way lockkit sends it (`query_typed`: an unnamed statement
-//! parsed on every call) to tell lockkit's own cost from the protocol's.
-//! `raw_unnest_*` and `raw_pipelined_*` send lockkit's own batch statement
-//! by hand, prepared once or as lockkit sends it, to show what a prepared
-//! statement would save. These and `pipelined/lockkit_sequential` are
-//! diagnostics, not targets.
+//! every iteration ends its transaction.
 //!
-//! # Pipelining a lock batch with the next statement
+//! # The paired report
 //!
-//! [`LockTx::lock_batch`] sends its statement when the future is first
-//! polled. Polled together with the transaction's next statement, both go
-//! out before either answer comes back: the server runs the locks first and
-//! the statement after them, in order, and the locks cost no round trip of
-//! their own. Poll the lock future *first* (`try_join!` polls left to
-//! right), and put only statements that may run under the locks next to it:
-//! the statement runs whether or not it is needed, before the locks are
-//! known to be granted. If the lock statement fails (deadlock, lock table
-//! full), the server aborts the transaction, the statement after it fails
-//! too, and `try_join!` returns the lock's error.
-//!
-//! ```no_run
-//! use lockkit::{AdvisoryKey, Batch, Error, Locker};
-//! use tokio_postgres::types::ToSql;
-//!
-//! #[derive(AdvisoryKey)]
-//! struct Event {
-//!     id: i64,
-//! }
-//!
-//! async fn ingest(
-//!     locker: &Locker,
-//!     client: &mut tokio_postgres::Client,
-//!     ids: &[i64],
-//! ) -> Result<u64, Error> {
-//!     let mut batch = Batch::new();
-//!     batch.extend(&ids.iter().map(|&id| Event { id }).collect::<Vec<_>>());
-//!
-//!     let tx = locker.begin(client).await?;
-//!     // One round trip for both: the locks, then the insert under them.
-//!     let (held, inserted) = tokio::try_join!(tx.lock_batch(&batch), async {
-//!         let insert = "INSERT INTO events (id) SELECT unnest($1) ON CONFLICT DO NOTHING";
-//!         Ok::<_, Error>(tx.execute_typed(insert, &[(&ids, Type::INT8_ARRAY)]).await?)
-//!     })?;
-//!     drop(held); // proof only: the locks stay held until the transaction ends
-//!     tx.commit().await?; // releases every lock of the batch
-//!     Ok(inserted)
-//! }
-//! ```
-//!
-//! The second future must send its statement on its first poll, as
-//! `execute_typed`, `query_typed` and `execute`/`query` with a prepared
-//! [`Statement`](tokio_postgres::Statement) do. `execute` with a `&str`
-//! first prepares the statement and waits for that answer, so only the
-//! `Parse` overlaps the locks; prepare it once per connection instead.
-//!
-//! The benchmark `pipelined/lockkit_pipelined` runs this pattern (with a
-//! statement prepared once per connection), `pipelined/lockkit_sequential`
-//! the same transaction awaiting the batch before the insert.
-//!
-//! [`LockTx::lock_batch`]: lockkit::LockTx::lock_batch
+//! criterion measures one benchmark after another, and on a shared 2-core
+//! machine the round-trip time drifts by tens of percent between them. After
+//! criterion, a paired report alternates the two sides of each comparison
+//! transaction by transaction, so drift hits both alike, and prints the
+//! ratio of their medians next to the issue's target.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -434,17 +389,11 @@ fn group(c: &mut Criterion, rt: &Runtime, bench: &Bench, name: &str, cases: &[(&
     group.finish();
 }
 
-fn locks(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let bench = rt.block_on(Bench::new());
-
+fn locks(c: &mut Criterion, rt: &Runtime, bench: &Bench) {
     group(
         c,
-        &rt,
-        &bench,
+        rt,
+        bench,
         "single_lock",
         &[
             ("lockkit_tx_prepared", routine!(single_lockkit_tx_prepared)),
@@ -460,8 +409,8 @@ fn locks(c: &mut Criterion) {
     );
     group(
         c,
-        &rt,
-        &bench,
+        rt,
+        bench,
         "batch_64",
         &[
             ("lockkit_batch_prepared", routine!(batch_lockkit_prepared)),
@@ -472,8 +421,8 @@ fn locks(c: &mut Criterion) {
     );
     group(
         c,
-        &rt,
-        &bench,
+        rt,
+        bench,
         "pipelined",
         &[
             ("no_locks", routine!(insert_no_locks)),
@@ -491,14 +440,127 @@ fn locks(c: &mut Criterion) {
             ),
         ],
     );
+}
 
-    rt.block_on(bench.drop_table());
+/// One comparison of the paired report: `lockkit` against `baseline`, and
+/// the target for `lockkit / baseline` (or `baseline / lockkit` when
+/// `speedup`).
+struct Pair {
+    name: &'static str,
+    lockkit: Routine,
+    baseline: Routine,
+    speedup: bool,
+    target: f64,
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Alternates the two sides transaction by transaction and prints the ratio
+/// of their medians.
+fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
+    let pairs = [
+        Pair {
+            name: "single lock, whole transaction",
+            lockkit: routine!(single_lockkit_tx_prepared),
+            baseline: routine!(single_raw_tx),
+            speedup: false,
+            target: 1.05,
+        },
+        Pair {
+            name: "single lock, the call alone",
+            lockkit: routine!(single_lockkit_call_prepared),
+            baseline: routine!(single_raw_call),
+            speedup: false,
+            target: 1.05,
+        },
+        Pair {
+            name: "single lock, typed (no prepare)",
+            lockkit: routine!(single_lockkit_tx_typed),
+            baseline: routine!(single_raw_tx),
+            speedup: false,
+            target: 1.05,
+        },
+        Pair {
+            name: "64-key batch vs 64 statements",
+            lockkit: routine!(batch_lockkit_prepared),
+            baseline: routine!(batch_raw_sequential),
+            speedup: true,
+            target: 5.0,
+        },
+        Pair {
+            name: "16-key batch pipelined with INSERT",
+            lockkit: routine!(insert_lockkit_pipelined_prepared),
+            baseline: routine!(insert_no_locks),
+            speedup: false,
+            target: 1.2,
+        },
+        Pair {
+            name: "the same, typed (no prepare)",
+            lockkit: routine!(insert_lockkit_pipelined_typed),
+            baseline: routine!(insert_no_locks),
+            speedup: false,
+            target: 1.2,
+        },
+    ];
+    println!("\npaired report ({rounds} alternating transactions per side)");
+    println!(
+        "{:<38} {:>12} {:>12} {:>8} {:>8}  met",
+        "comparison", "lockkit µs", "baseline µs", "ratio", "target"
+    );
+    for pair in &pairs {
+        let (mut a, mut b) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+        rt.block_on(async {
+            for _ in 0..rounds {
+                a.push((pair.lockkit)(bench, 1).await);
+                b.push((pair.baseline)(bench, 1).await);
+            }
+        });
+        let (a, b) = (median(a), median(b));
+        let ratio = if pair.speedup {
+            b.as_secs_f64() / a.as_secs_f64()
+        } else {
+            a.as_secs_f64() / b.as_secs_f64()
+        };
+        let met = if pair.speedup {
+            ratio >= pair.target
+        } else {
+            ratio <= pair.target
+        };
+        let (op, target) = if pair.speedup {
+            ("≥", pair.target)
+        } else {
+            ("≤", pair.target)
+        };
+        println!(
+            "{:<38} {:>12.1} {:>12.1} {:>7.2}× {:>2}{:>5.2}×  {}",
+            pair.name,
+            a.as_secs_f64() * 1e6,
+            b.as_secs_f64() * 1e6,
+            ratio,
+            op,
+            target,
+            if met { "yes" } else { "no" }
+        );
+    }
 }
 
 // `criterion_group!`/`criterion_main!` by hand: the macro's `pub fn` has no
 // doc comment, which the workspace lints reject.
 fn main() {
     let mut c = Criterion::default().configure_from_args();
-    locks(&mut c);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let bench = rt.block_on(Bench::new());
+    locks(&mut c, &rt, &bench);
     c.final_summary();
+    // Only for a real benchmark run, not `cargo test --benches`.
+    if std::env::args().any(|a| a == "--bench") {
+        paired_report(&rt, &bench, 2000);
+    }
+    rt.block_on(bench.drop_table());
 }
