@@ -150,7 +150,25 @@ async fn prepared_statements_take_the_same_locks() {
         .iter()
         .map(|(k, _)| *k)
         .collect();
-    for key in [one, shared, pair].into_iter().chain(batch) {
+    // All exclusive: the statements without a mode array, for both spaces.
+    let exclusive = Batch::new()
+        .with(&Item { id: 38 })
+        .with(&Item { id: 37 })
+        .with(&Seat { row: 11 })
+        .with(&Seat { row: 10 });
+    let exclusive: Vec<_> = tx
+        .lock_batch(&exclusive)
+        .await
+        .unwrap()
+        .keys()
+        .iter()
+        .map(|(k, _)| *k)
+        .collect();
+    for key in [one, shared, pair]
+        .into_iter()
+        .chain(batch)
+        .chain(exclusive)
+    {
         assert!(granted_elsewhere(&observer, key).await, "{key} not held");
     }
     {
@@ -165,7 +183,7 @@ async fn prepared_statements_take_the_same_locks() {
         sp.rollback().await.unwrap();
         assert!(!granted_elsewhere(&observer, k).await);
     }
-    assert_eq!(tx.held_count(), 7);
+    assert_eq!(tx.held_count(), 11);
     tx.commit().await.unwrap();
     assert!(!granted_elsewhere(&observer, one).await);
 
