@@ -14,7 +14,7 @@
 //! - `batch_64`: 64 keys in one `lock_batch` against 64 sequential raw
 //!   prepared `SELECT pg_advisory_xact_lock($1)`, each awaited.
 //! - `pipelined`: a 16-key `lock_batch` polled together with the
-//!   transaction's `INSERT` (the pattern documented on
+//!   transaction's `INSERT` (the pattern documented, with an example, on
 //!   `lockkit::LockTx::lock_batch`), against the same transaction without
 //!   locks.
 //!
