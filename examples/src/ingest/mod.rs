@@ -193,7 +193,7 @@ async fn run_strategy(
     let mut clients = Vec::with_capacity(options.workers);
     for _ in 0..options.workers {
         let client = db.connect().await?;
-        let stmts = strategy::Statements::prepare(&client, strategy).await?;
+        let stmts = strategy::Statements::prepare(&client, strategy, locker).await?;
         clients.push((client, stmts));
     }
     // Each measurement starts right after a checkpoint (when allowed: it
