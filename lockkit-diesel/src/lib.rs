@@ -90,7 +90,8 @@ mod pg;
 mod transaction;
 
 pub use locker::{Locker, PgConnectionExt};
-pub use transaction::{Busy, Held, HeldBatch, LockTx};
+pub use lockkit::{Busy, Held, HeldBatch};
+pub use transaction::LockTx;
 
 /// lockkit's key trait (and, with the `derive` feature, its derive macro).
 pub use lockkit::AdvisoryKey;

@@ -2,15 +2,13 @@
 //! locks it took; and the guards that prove them.
 
 use std::fmt;
-use std::marker::PhantomData;
-use std::ops::Deref;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 use diesel::result::Error as DieselError;
 use diesel::PgConnection;
 use lockkit::driver::{sql, Context, Plan, TxLocks};
-use lockkit::{AdvisoryKey, Batch, Error, KeyForm, LockKey, Mode};
+use lockkit::{AdvisoryKey, Batch, Busy, Error, Held, HeldBatch, KeyForm, LockKey, Mode};
 
 use crate::locker::Locker;
 use crate::pg;
@@ -71,120 +69,6 @@ impl fmt::Debug for LockTx<'_> {
             .field("depth", &self.depth)
             .field("locks", self.locks.get())
             .finish_non_exhaustive()
-    }
-}
-
-/// Proof that the transaction holds the advisory lock of a `K` value.
-///
-/// The lock lasts until the transaction commits or rolls back, whatever
-/// happens to this guard: dropping it releases nothing. The lifetime ties it
-/// to the transaction's closure, so it cannot outlive the transaction; it
-/// does not borrow the [`LockTx`], which stays free for queries.
-#[must_use = "the advisory lock stays held until the transaction ends, whatever happens to this guard; keep it as proof the key is locked"]
-pub struct Held<'c, K> {
-    value: K,
-    key: LockKey,
-    mode: Mode,
-    _tx: PhantomData<&'c ()>,
-}
-
-impl<K: fmt::Debug> fmt::Debug for Held<'_, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Held")
-            .field("value", &self.value)
-            .field("key", &self.key)
-            .field("mode", &self.mode)
-            .finish()
-    }
-}
-
-impl<K> Held<'_, K> {
-    /// The lock key.
-    pub fn key(&self) -> LockKey {
-        self.key
-    }
-
-    /// The mode the key is held in (at least the one asked for).
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
-    /// The key value.
-    pub fn value(&self) -> &K {
-        &self.value
-    }
-
-    /// Gives the key value back; the lock stays held until the transaction
-    /// ends.
-    pub fn into_value(self) -> K {
-        self.value
-    }
-}
-
-impl<K> Deref for Held<'_, K> {
-    type Target = K;
-
-    fn deref(&self) -> &K {
-        &self.value
-    }
-}
-
-/// Proof that the transaction holds every key of a batch.
-#[must_use = "the advisory locks stay held until the transaction ends, whatever happens to this guard; keep it as proof the keys are locked"]
-#[derive(Debug)]
-pub struct HeldBatch<'c> {
-    keys: Vec<(LockKey, Mode)>,
-    _tx: PhantomData<&'c ()>,
-}
-
-impl<'c> HeldBatch<'c> {
-    /// The keys and the modes asked for, in the global lock order.
-    pub fn keys(&self) -> &[(LockKey, Mode)] {
-        &self.keys
-    }
-
-    /// Whether `key` is in the batch (in any mode).
-    pub fn contains<K: AdvisoryKey + ?Sized>(&self, key: &K) -> bool {
-        self.find(key.lock_key()).is_some()
-    }
-
-    /// A typed proof for one value of the batch, or the value back when it
-    /// is not in the batch.
-    ///
-    /// # Errors
-    ///
-    /// Gives `value` back when its key is not in the batch.
-    pub fn proof<K: AdvisoryKey>(&self, value: K) -> Result<Held<'c, K>, K> {
-        let key = value.lock_key();
-        match self.find(key) {
-            Some(mode) => Ok(Held {
-                value,
-                key,
-                mode,
-                _tx: PhantomData,
-            }),
-            None => Err(value),
-        }
-    }
-
-    fn find(&self, key: LockKey) -> Option<Mode> {
-        self.keys
-            .binary_search_by(|(k, _)| k.cmp(&key))
-            .ok()
-            .map(|i| self.keys[i].1)
-    }
-}
-
-/// The keys of a try-batch that another transaction held.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Busy {
-    keys: Vec<LockKey>,
-}
-
-impl Busy {
-    /// The busy keys, in the global lock order.
-    pub fn keys(&self) -> &[LockKey] {
-        &self.keys
     }
 }
 
@@ -458,7 +342,7 @@ impl<'c> LockTx<'c> {
                 Ok(if busy.is_empty() {
                     Ok(batch_guard(batch))
                 } else {
-                    Err(Busy { keys: busy })
+                    Err(Busy::__new(busy))
                 })
             }
             Err(e) => {
@@ -480,12 +364,7 @@ impl<'c> LockTx<'c> {
             self.prepare([(key, mode)], K::KEY_SPEC.form() == KeyForm::HashText)?;
         send(&plan, flight, wait)?;
         let mode = self.locks.get().mode(key).unwrap_or(mode);
-        Ok(Held {
-            value,
-            key,
-            mode,
-            _tx: PhantomData,
-        })
+        Ok(Held::__granted(value, key, mode))
     }
 
     fn try_lock_one<K: AdvisoryKey>(
@@ -514,12 +393,7 @@ impl<'c> LockTx<'c> {
             }
         }
         let mode = self.locks.get().mode(key).unwrap_or(mode);
-        Ok(Ok(Held {
-            value,
-            key,
-            mode,
-            _tx: PhantomData,
-        }))
+        Ok(Ok(Held::__granted(value, key, mode)))
     }
 
     fn acquire(&mut self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'c>, Error> {
@@ -561,10 +435,7 @@ impl<'c> LockTx<'c> {
 }
 
 fn batch_guard<'c>(batch: &Batch) -> HeldBatch<'c> {
-    HeldBatch {
-        keys: batch.planned(),
-        _tx: PhantomData,
-    }
+    HeldBatch::__granted(batch.planned())
 }
 
 /// Sends a plan's lock statements and records the outcome.

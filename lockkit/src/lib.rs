@@ -46,6 +46,7 @@ mod config;
 mod encoding;
 mod error;
 mod facts;
+mod guard;
 mod hashtext;
 mod key;
 mod namespace;
@@ -69,6 +70,7 @@ pub use config::{Config, OrderCheck};
 pub use encoding::{parts_bytes, KeyPart, Parts};
 pub use error::{sqlstate, BoxError, Error};
 pub use facts::ServerFacts;
+pub use guard::{Busy, Held, HeldBatch};
 pub use hashtext::{
     hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, ByteOrder, HashText,
 };
@@ -85,7 +87,7 @@ pub use retry::{retry, RetryPolicy, Transient};
 #[cfg(feature = "tokio-postgres")]
 pub use session::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
 #[cfg(feature = "tokio-postgres")]
-pub use transaction::{Busy, Held, HeldBatch, LockTx};
+pub use transaction::LockTx;
 
 /// `#[derive(AdvisoryKey)]`: see the [`AdvisoryKey`] trait and KEYS.md.
 #[cfg(feature = "derive")]

@@ -2,7 +2,6 @@
 //! the guards that prove them.
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -13,6 +12,7 @@ use tokio_postgres::Transaction;
 
 use crate::budget::TxLocks;
 use crate::error::{Context, Error};
+use crate::guard::{Busy, Held, HeldBatch};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
 use crate::locker::Locker;
 use crate::plan::{Batch, Mode, Plan};
@@ -69,128 +69,6 @@ impl Drop for LockTx<'_> {
         if self.tx.is_some() && self.depth > 0 {
             self.locks().rollback_savepoint(self.depth);
         }
-    }
-}
-
-/// Proof that the transaction holds the advisory lock of a `K` value.
-///
-/// The lock lasts until the transaction commits or rolls back, whatever
-/// happens to this guard: dropping it releases nothing. Holding a `Held<'_, K>`
-/// lets a function demand that its caller locked the entity first:
-///
-/// ```
-/// # use lockkit::{AdvisoryKey, Held};
-/// # #[derive(AdvisoryKey)] struct Account { id: i64 }
-/// fn debit(account: &Held<'_, Account>, cents: i64) {
-///     let id = account.id; // `Held` dereferences to the key value
-///     # let _ = (id, cents);
-/// }
-/// ```
-#[must_use = "the advisory lock stays held until the transaction ends, whatever happens to this guard; keep it as proof the key is locked"]
-pub struct Held<'t, K> {
-    value: K,
-    key: LockKey,
-    mode: Mode,
-    _tx: PhantomData<&'t ()>,
-}
-
-impl<K: fmt::Debug> fmt::Debug for Held<'_, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Held")
-            .field("value", &self.value)
-            .field("key", &self.key)
-            .field("mode", &self.mode)
-            .finish()
-    }
-}
-
-impl<K> Held<'_, K> {
-    /// The lock key.
-    pub fn key(&self) -> LockKey {
-        self.key
-    }
-
-    /// The mode the key is held in (at least the one asked for).
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
-    /// The key value.
-    pub fn value(&self) -> &K {
-        &self.value
-    }
-
-    /// Gives the key value back; the lock stays held until the transaction
-    /// ends.
-    pub fn into_value(self) -> K {
-        self.value
-    }
-}
-
-impl<K> Deref for Held<'_, K> {
-    type Target = K;
-
-    fn deref(&self) -> &K {
-        &self.value
-    }
-}
-
-/// Proof that the transaction holds every key of a batch.
-#[must_use = "the advisory locks stay held until the transaction ends, whatever happens to this guard; keep it as proof the keys are locked"]
-#[derive(Debug)]
-pub struct HeldBatch<'t> {
-    keys: Vec<(LockKey, Mode)>,
-    _tx: PhantomData<&'t ()>,
-}
-
-impl<'t> HeldBatch<'t> {
-    /// The keys and the modes asked for, in the global lock order.
-    pub fn keys(&self) -> &[(LockKey, Mode)] {
-        &self.keys
-    }
-
-    /// Whether `key` is in the batch (in any mode).
-    pub fn contains<K: AdvisoryKey + ?Sized>(&self, key: &K) -> bool {
-        self.find(key.lock_key()).is_some()
-    }
-
-    /// A typed proof for one value of the batch, or the value back when it
-    /// is not in the batch.
-    ///
-    /// # Errors
-    ///
-    /// Gives `value` back when its key is not in the batch.
-    pub fn proof<K: AdvisoryKey>(&self, value: K) -> Result<Held<'t, K>, K> {
-        let key = value.lock_key();
-        match self.find(key) {
-            Some(mode) => Ok(Held {
-                value,
-                key,
-                mode,
-                _tx: PhantomData,
-            }),
-            None => Err(value),
-        }
-    }
-
-    fn find(&self, key: LockKey) -> Option<Mode> {
-        self.keys
-            .binary_search_by(|(k, _)| k.cmp(&key))
-            .ok()
-            .map(|i| self.keys[i].1)
-    }
-}
-
-/// The keys of a try-batch that another transaction held.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Busy {
-    keys: Vec<LockKey>,
-}
-
-impl Busy {
-    /// The busy keys, in the global lock order.
-    pub fn keys(&self) -> &[LockKey] {
-        &self.keys
     }
 }
 
@@ -544,7 +422,7 @@ impl<'c> LockTx<'c> {
                 Ok(if busy.is_empty() {
                     Ok(self.batch_guard(batch))
                 } else {
-                    Err(Busy { keys: busy })
+                    Err(Busy::__new(busy))
                 })
             }
             Err(e) => {
@@ -566,12 +444,7 @@ impl<'c> LockTx<'c> {
             self.prepare([(key, mode)], K::KEY_SPEC.form() == KeyForm::HashText)?;
         self.send(&plan, flight, wait).await?;
         let mode = self.locks().mode(key).unwrap_or(mode);
-        Ok(Held {
-            value,
-            key,
-            mode,
-            _tx: PhantomData,
-        })
+        Ok(Held::__granted(value, key, mode))
     }
 
     async fn try_lock_one<K: AdvisoryKey>(
@@ -598,12 +471,7 @@ impl<'c> LockTx<'c> {
             flight.finish(&plan, true, false);
         }
         let mode = self.locks().mode(key).unwrap_or(mode);
-        Ok(Ok(Held {
-            value,
-            key,
-            mode,
-            _tx: PhantomData,
-        }))
+        Ok(Ok(Held::__granted(value, key, mode)))
     }
 
     async fn acquire(&self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'_>, Error> {
@@ -613,10 +481,7 @@ impl<'c> LockTx<'c> {
     }
 
     fn batch_guard(&self, batch: &Batch) -> HeldBatch<'_> {
-        HeldBatch {
-            keys: batch.planned(),
-            _tx: PhantomData,
-        }
+        HeldBatch::__granted(batch.planned())
     }
 
     /// Checks everything that needs no round trip, plans what to send, and
@@ -826,10 +691,7 @@ mod tests {
         let batch = Batch::new()
             .with(&crate::HashText("a"))
             .with_shared(&crate::HashText("b"));
-        let held = HeldBatch {
-            keys: batch.planned(),
-            _tx: PhantomData,
-        };
+        let held = HeldBatch::__granted(batch.planned());
         assert!(held.contains(&crate::HashText("a")));
         assert!(!held.contains(&crate::HashText("c")));
         let proof = held.proof(crate::HashText("b")).unwrap();

@@ -1,0 +1,169 @@
+//! The guards both driver adapters hand out: typed proofs that a
+//! transaction holds a key, and the busy keys of a failed try-batch.
+//!
+//! A guard's lifetime ties it to its transaction (in the tokio-postgres
+//! adapter it borrows the [`LockTx`](crate::LockTx)), so no guard outlives
+//! the locks it proves. Their fields are private and their constructors
+//! hidden, for the adapters only: not public API, so application code gets
+//! a guard only by taking the lock.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Deref;
+
+use crate::key::{AdvisoryKey, LockKey};
+use crate::plan::Mode;
+
+/// Proof that the transaction holds the advisory lock of a `K` value.
+///
+/// The lock lasts until the transaction commits or rolls back, whatever
+/// happens to this guard: dropping it releases nothing. Holding a `Held<'_, K>`
+/// lets a function demand that its caller locked the entity first:
+///
+/// ```
+/// # use lockkit::{AdvisoryKey, Held};
+/// # #[derive(AdvisoryKey)] struct Account { id: i64 }
+/// fn debit(account: &Held<'_, Account>, cents: i64) {
+///     let id = account.id; // `Held` dereferences to the key value
+///     # let _ = (id, cents);
+/// }
+/// ```
+#[must_use = "the advisory lock stays held until the transaction ends, whatever happens to this guard; keep it as proof the key is locked"]
+pub struct Held<'t, K> {
+    value: K,
+    key: LockKey,
+    mode: Mode,
+    _tx: PhantomData<&'t ()>,
+}
+
+impl<K: fmt::Debug> fmt::Debug for Held<'_, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Held")
+            .field("value", &self.value)
+            .field("key", &self.key)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+impl<K> Held<'_, K> {
+    /// The lock key.
+    pub fn key(&self) -> LockKey {
+        self.key
+    }
+
+    /// The mode the key is held in (at least the one asked for).
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The key value.
+    pub fn value(&self) -> &K {
+        &self.value
+    }
+
+    /// Gives the key value back; the lock stays held until the transaction
+    /// ends.
+    pub fn into_value(self) -> K {
+        self.value
+    }
+}
+
+impl<K> Deref for Held<'_, K> {
+    type Target = K;
+
+    fn deref(&self) -> &K {
+        &self.value
+    }
+}
+
+/// Proof that the transaction holds every key of a batch.
+#[must_use = "the advisory locks stay held until the transaction ends, whatever happens to this guard; keep it as proof the keys are locked"]
+#[derive(Debug)]
+pub struct HeldBatch<'t> {
+    keys: Vec<(LockKey, Mode)>,
+    _tx: PhantomData<&'t ()>,
+}
+
+impl<'t> HeldBatch<'t> {
+    /// The keys and the modes asked for, in the global lock order.
+    pub fn keys(&self) -> &[(LockKey, Mode)] {
+        &self.keys
+    }
+
+    /// Whether `key` is in the batch (in any mode).
+    pub fn contains<K: AdvisoryKey + ?Sized>(&self, key: &K) -> bool {
+        self.find(key.lock_key()).is_some()
+    }
+
+    /// A typed proof for one value of the batch, or the value back when it
+    /// is not in the batch.
+    ///
+    /// # Errors
+    ///
+    /// Gives `value` back when its key is not in the batch.
+    pub fn proof<K: AdvisoryKey>(&self, value: K) -> Result<Held<'t, K>, K> {
+        let key = value.lock_key();
+        match self.find(key) {
+            Some(mode) => Ok(Held {
+                value,
+                key,
+                mode,
+                _tx: PhantomData,
+            }),
+            None => Err(value),
+        }
+    }
+
+    fn find(&self, key: LockKey) -> Option<Mode> {
+        self.keys
+            .binary_search_by(|(k, _)| k.cmp(&key))
+            .ok()
+            .map(|i| self.keys[i].1)
+    }
+}
+
+/// The keys of a try-batch that another transaction held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Busy {
+    keys: Vec<LockKey>,
+}
+
+impl Busy {
+    /// The busy keys, in the global lock order.
+    pub fn keys(&self) -> &[LockKey] {
+        &self.keys
+    }
+}
+
+/// Constructors for driver adapters. A guard is a proof: make one only
+/// after the server granted the lock, in the transaction whose lifetime `'t`
+/// it carries.
+impl<'t, K> Held<'t, K> {
+    #[doc(hidden)]
+    pub fn __granted(value: K, key: LockKey, mode: Mode) -> Self {
+        Held {
+            value,
+            key,
+            mode,
+            _tx: PhantomData,
+        }
+    }
+}
+
+impl<'t> HeldBatch<'t> {
+    #[doc(hidden)]
+    pub fn __granted(keys: Vec<(LockKey, Mode)>) -> Self {
+        HeldBatch {
+            keys,
+            _tx: PhantomData,
+        }
+    }
+}
+
+impl Busy {
+    #[doc(hidden)]
+    pub fn __new(keys: Vec<LockKey>) -> Self {
+        Busy { keys }
+    }
+}
