@@ -6,6 +6,7 @@ use core::fmt;
 
 use crate::encoding::{KeyPart, Parts};
 use crate::namespace::{self, NamespaceError};
+use crate::sip::Sip24;
 
 /// An advisory lock key in one of PostgreSQL's two key spaces.
 ///
@@ -130,15 +131,31 @@ pub enum KeyForm {
 /// The `const` constructors check their arguments at compile time when used in
 /// a `const` (as `KEY_SPEC` is): an invalid namespace or `stripes(0)` does not
 /// build.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KeySpec<'n> {
     namespace: &'n str,
     /// `ns_hash(namespace)`, computed by the constructors (at compile time
     /// for a `const` spec) rather than once per key.
     ns_hash: u64,
+    /// The body hash's state after its namespace prefix, likewise computed
+    /// once: a key hashes only its parts.
+    body: Sip24,
     form: KeyForm,
     class: Option<i32>,
     stripes: Option<u64>,
+}
+
+// By hand: the hash state derived from the namespace is noise in a message.
+impl fmt::Debug for KeySpec<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeySpec")
+            .field("namespace", &self.namespace)
+            .field("ns_hash", &self.ns_hash)
+            .field("form", &self.form)
+            .field("class", &self.class)
+            .field("stripes", &self.stripes)
+            .finish()
+    }
 }
 
 impl<'n> KeySpec<'n> {
@@ -156,6 +173,7 @@ impl<'n> KeySpec<'n> {
         KeySpec {
             namespace,
             ns_hash: namespace::ns_hash_const(namespace),
+            body: namespace::body_prefix(namespace),
             form: KeyForm::BigInt,
             class: None,
             stripes: None,
@@ -173,6 +191,7 @@ impl<'n> KeySpec<'n> {
             Ok(()) => Ok(KeySpec {
                 namespace,
                 ns_hash: namespace::ns_hash_const(namespace),
+                body: namespace::body_prefix(namespace),
                 form: KeyForm::BigInt,
                 class: None,
                 stripes: None,
@@ -273,6 +292,7 @@ impl<'n> KeySpec<'n> {
     /// assert_eq!(spec.key_of(&42_i64), LockKey::BigInt(-7205368663365046133));
     /// assert_eq!(spec.pair().key_of(&42_i32), LockKey::Pair(-1677652607, 1483026571));
     /// ```
+    #[inline(always)]
     pub fn key_of<T: KeyPart + ?Sized>(&self, parts: &T) -> LockKey {
         self.key_with(|p| {
             p.put(parts);
@@ -280,12 +300,14 @@ impl<'n> KeySpec<'n> {
     }
 
     /// The key of the parts written by `encode`.
+    #[inline(always)]
     pub fn key_with(&self, encode: impl FnOnce(&mut Parts<'_>)) -> LockKey {
-        let body = crate::encoding::body_hash(self.namespace, encode);
+        let body = crate::encoding::body_hash(self.body, encode);
         self.key_from_body(body)
     }
 
     /// The key for a 64-bit body hash, after striping.
+    #[inline(always)]
     fn key_from_body(&self, body: u64) -> LockKey {
         let body = match self.stripes {
             Some(n) => body % n,

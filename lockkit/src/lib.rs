@@ -51,6 +51,7 @@ mod hashtext;
 mod key;
 mod namespace;
 mod plan;
+mod sip;
 mod sql;
 
 #[cfg(feature = "tokio-postgres")]

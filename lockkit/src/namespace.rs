@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use siphasher::sip::SipHasher24;
+use crate::sip::Sip24;
 
 /// The SipHash key of key format version 1. Never change: every lock key of
 /// every process that ever ran depends on these 16 bytes.
@@ -72,16 +72,12 @@ pub(crate) const fn validate(ns: &str) -> Result<(), NamespaceError> {
     Ok(())
 }
 
-pub(crate) fn hasher() -> SipHasher24 {
-    SipHasher24::new_with_key(SIP_KEY)
-}
-
 /// `ns_hash(ns) = sip(b"ns\0" ++ utf8(ns))`, through `siphasher`: the
 /// reference for [`ns_hash_const`].
 #[cfg(test)]
 fn ns_hash(ns: &str) -> u64 {
     use std::hash::Hasher;
-    let mut h = hasher();
+    let mut h = siphasher::sip::SipHasher24::new_with_key(SIP_KEY);
     h.write(b"ns\0");
     h.write(ns.as_bytes());
     h.finish()
@@ -92,67 +88,22 @@ fn ns_hash(ns: &str) -> u64 {
 /// it once, at compile time, instead of once per key. Tested against
 /// `siphasher` below.
 pub(crate) const fn ns_hash_const(ns: &str) -> u64 {
-    const PREFIX: &[u8; 3] = b"ns\0";
-    const fn byte(ns: &[u8], i: usize) -> u8 {
-        if i < PREFIX.len() {
-            PREFIX[i]
-        } else {
-            ns[i - PREFIX.len()]
-        }
-    }
-    const fn round(v: &mut [u64; 4]) {
-        v[0] = v[0].wrapping_add(v[1]);
-        v[1] = v[1].rotate_left(13) ^ v[0];
-        v[0] = v[0].rotate_left(32);
-        v[2] = v[2].wrapping_add(v[3]);
-        v[3] = v[3].rotate_left(16) ^ v[2];
-        v[0] = v[0].wrapping_add(v[3]);
-        v[3] = v[3].rotate_left(21) ^ v[0];
-        v[2] = v[2].wrapping_add(v[1]);
-        v[1] = v[1].rotate_left(17) ^ v[2];
-        v[2] = v[2].rotate_left(32);
-    }
-    let ns = ns.as_bytes();
-    let k = SIP_KEY;
-    let k0 = u64::from_le_bytes([k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7]]);
-    let k1 = u64::from_le_bytes([k[8], k[9], k[10], k[11], k[12], k[13], k[14], k[15]]);
-    let mut v = [
-        k0 ^ 0x736f_6d65_7073_6575,
-        k1 ^ 0x646f_7261_6e64_6f6d,
-        k0 ^ 0x6c79_6765_6e65_7261,
-        k1 ^ 0x7465_6462_7974_6573,
-    ];
-    let len = PREFIX.len() + ns.len();
-    let mut i = 0;
-    while i + 8 <= len {
-        let mut m = 0_u64;
-        let mut j = 0;
-        while j < 8 {
-            m |= (byte(ns, i + j) as u64) << (8 * j);
-            j += 1;
-        }
-        v[3] ^= m;
-        round(&mut v);
-        round(&mut v);
-        v[0] ^= m;
-        i += 8;
-    }
-    let mut last = (len as u64 & 0xff) << 56;
-    let mut j = 0;
-    while i + j < len {
-        last |= (byte(ns, i + j) as u64) << (8 * j);
-        j += 1;
-    }
-    v[3] ^= last;
-    round(&mut v);
-    round(&mut v);
-    v[0] ^= last;
-    v[2] ^= 0xff;
-    round(&mut v);
-    round(&mut v);
-    round(&mut v);
-    round(&mut v);
-    v[0] ^ v[1] ^ v[2] ^ v[3]
+    let mut h = Sip24::new(SIP_KEY);
+    h.write(b"ns\0");
+    h.write(ns.as_bytes());
+    h.finish()
+}
+
+/// The SipHash-2-4 state after absorbing the constant prefix of every body
+/// hash in `ns`, `u32le(len(utf8(ns))) ++ utf8(ns)` (KEYS.md, "Hash"): each
+/// key of the namespace hashes only its parts from there. A `const fn`, so a
+/// `const` [`KeySpec`](crate::KeySpec) computes it at compile time.
+pub(crate) const fn body_prefix(ns: &str) -> Sip24 {
+    let mut h = Sip24::new(SIP_KEY);
+    // A namespace is at most 64 bytes (`validate`), so the cast is exact.
+    h.write(&(ns.len() as u32).to_le_bytes());
+    h.write(ns.as_bytes());
+    h
 }
 
 #[cfg(test)]
@@ -170,6 +121,23 @@ mod tests {
         for n in 1..=MAX_NAMESPACE_LEN {
             let ns = &long[..n];
             assert_eq!(ns_hash_const(ns), ns_hash(ns), "namespace {ns:?}");
+        }
+    }
+
+    #[test]
+    fn body_prefix_is_siphash_2_4_of_the_prefix() {
+        use std::hash::Hasher;
+        let long = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:/-";
+        for n in 1..=MAX_NAMESPACE_LEN {
+            let ns = &long[..n];
+            let mut reference = siphasher::sip::SipHasher24::new_with_key(SIP_KEY);
+            reference.write(&(n as u32).to_le_bytes());
+            reference.write(ns.as_bytes());
+            assert_eq!(
+                body_prefix(ns).finish(),
+                reference.finish(),
+                "namespace {ns:?}"
+            );
         }
     }
 }
