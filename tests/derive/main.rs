@@ -3,6 +3,7 @@
 
 mod forms;
 mod golden;
+mod hash;
 mod props;
 mod shapes;
 mod ui;
