@@ -24,9 +24,10 @@
 //! # Facts this crate relies on (PostgreSQL 15)
 //!
 //! - Transaction-scoped locks are released only at `COMMIT`/`ROLLBACK` (or a
-//!   rollback to an enclosing savepoint), never earlier; outside an explicit
-//!   transaction they are released at the end of the statement, which is why
-//!   lockkit only takes them inside one.
+//!   rollback to an enclosing savepoint), never earlier, except that an
+//!   error that aborts the transaction releases them at once; outside an
+//!   explicit transaction they are released at the end of the statement,
+//!   which is why lockkit only takes them inside one.
 //! - PostgreSQL detects deadlocks among advisory locks (`40P01` after
 //!   `deadlock_timeout`); sorted acquisition avoids the stall and the abort.
 //! - `max_locks_per_transaction` sizes a lock table shared by all sessions:
