@@ -38,23 +38,8 @@ use crate::error::Error;
 use crate::key::{AdvisoryKey, KeyForm, KeySpec, LockKey};
 use crate::plan::Mode;
 
-/// The inspection query: every advisory lock of the current database, held
-/// or awaited, with its session (`pg_stat_activity`), how long it has
-/// waited (`pg_locks.waitstart`, PostgreSQL 14+, read through `to_jsonb` so
-/// older servers answer `NULL`) and the pids blocking it.
-///
-/// Columns: `classid int8`, `objid int8`, `objsubid int2`, `mode text`,
-/// `granted bool`, `pid int4` (`NULL` for a prepared transaction),
-/// `application_name text`, `usename text`, `state text`, `query text`,
-/// `waited float8` (seconds), `blocked_by int4[]`.
-pub const ADVISORY_LOCKS: &str = "SELECT l.classid::int8, l.objid::int8, l.objsubid::int2, \
-     l.mode, l.granted, l.pid, a.application_name, a.usename::text, a.state, a.query, \
-     extract(epoch FROM clock_timestamp() - (to_jsonb(l) ->> 'waitstart')::timestamptz)::float8, \
-     CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::int4[] ELSE pg_blocking_pids(l.pid) END \
-     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-     WHERE l.locktype = 'advisory' \
-     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-     ORDER BY l.granted DESC, l.classid, l.objid, l.objsubid, l.pid";
+/// The inspection query (see [`sql`](crate::driver::sql)).
+pub use crate::sql::ADVISORY_LOCKS;
 
 /// What `pg_stat_activity.query` shows for another role's session when the
 /// inspecting role lacks `pg_read_all_stats`.

@@ -24,25 +24,7 @@ use crate::facts::{ServerFacts, HASHTEXT_PROBES};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
 use crate::locker::Locker;
 use crate::plan::Mode;
-use crate::sql::timeout_setting;
-
-/// `$1 text[]` (hashtext probes): what a session checks once it connects:
-/// `pg_backend_pid() int4`, `pg_is_in_recovery() bool`,
-/// `server_version_num int4`, `hashtext` of each probe `int4[]`.
-pub(crate) const SESSION_SETUP: &str = "SELECT pg_backend_pid(), pg_is_in_recovery(), \
-     current_setting('server_version_num')::int4, \
-     ARRAY(SELECT hashtext(p) FROM unnest($1::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i)";
-
-/// PostgreSQL 14+: a backend waiting for a lock notices within a second that
-/// its client went away (a cancelled `lock()`), instead of only when it
-/// next writes to the socket, which would be after it got the lock.
-const CHECK_CLIENT: &str = "SET client_connection_check_interval = 1000";
-
-/// `$1 int8`, `$2 int8`, `$3 int2`: whether this session holds the advisory
-/// lock `(classid, objid, objsubid)` of `pg_locks`.
-const HOLDS: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
-     AND pid = pg_backend_pid() AND granted AND classid = $1::oid \
-     AND objid = $2::oid AND objsubid = $3)";
+use crate::sql::{self, timeout_setting, CHECK_CLIENT, HOLDS, SESSION_SETUP};
 
 /// Whether a lock waits, and how long.
 #[derive(Clone, Copy, Debug)]
@@ -286,9 +268,13 @@ impl SessionLock {
             Wait::Forever | Wait::Try => Context::Plain,
         };
         let cancel = CancelOnDrop(Some(client.cancel_token()));
-        let rows = key_query(&client, lock_sql(key, mode, matches!(wait, Wait::Try)), key)
-            .await
-            .map_err(|e| Error::from_pg(e, context))?;
+        let rows = key_query(
+            &client,
+            sql::session_lock(key, mode, matches!(wait, Wait::Try)),
+            key,
+        )
+        .await
+        .map_err(|e| Error::from_pg(e, context))?;
         cancel.disarm();
         if matches!(wait, Wait::Try) && !first_bool(&rows)? {
             // Dropping the client closes the session: nothing is held.
@@ -462,7 +448,7 @@ impl<K> SessionGuard<K> {
             mut lost,
             ..
         } = self;
-        let result = key_query(&client, unlock_sql(key, mode), key).await;
+        let result = key_query(&client, sql::session_unlock(key, mode), key).await;
         drop(client);
         // The connection task sends the termination message and ends.
         let _ = lost.wait_for(|lost| *lost).await;
@@ -582,30 +568,6 @@ async fn backend_pid(client: &Client) -> Result<i32, Error> {
             code: None,
             source: "pg_backend_pid() returned no row".into(),
         })
-}
-
-/// The session lock statement for `key`.
-fn lock_sql(key: LockKey, mode: Mode, try_only: bool) -> &'static str {
-    match (key, mode, try_only) {
-        (LockKey::BigInt(_), Mode::Exclusive, false) => "SELECT pg_advisory_lock($1)::text",
-        (LockKey::BigInt(_), Mode::Shared, false) => "SELECT pg_advisory_lock_shared($1)::text",
-        (LockKey::BigInt(_), Mode::Exclusive, true) => "SELECT pg_try_advisory_lock($1)",
-        (LockKey::BigInt(_), Mode::Shared, true) => "SELECT pg_try_advisory_lock_shared($1)",
-        (LockKey::Pair(..), Mode::Exclusive, false) => "SELECT pg_advisory_lock($1, $2)::text",
-        (LockKey::Pair(..), Mode::Shared, false) => "SELECT pg_advisory_lock_shared($1, $2)::text",
-        (LockKey::Pair(..), Mode::Exclusive, true) => "SELECT pg_try_advisory_lock($1, $2)",
-        (LockKey::Pair(..), Mode::Shared, true) => "SELECT pg_try_advisory_lock_shared($1, $2)",
-    }
-}
-
-/// The session unlock statement for `key`; returns one `bool`.
-fn unlock_sql(key: LockKey, mode: Mode) -> &'static str {
-    match (key, mode) {
-        (LockKey::BigInt(_), Mode::Exclusive) => "SELECT pg_advisory_unlock($1)",
-        (LockKey::BigInt(_), Mode::Shared) => "SELECT pg_advisory_unlock_shared($1)",
-        (LockKey::Pair(..), Mode::Exclusive) => "SELECT pg_advisory_unlock($1, $2)",
-        (LockKey::Pair(..), Mode::Shared) => "SELECT pg_advisory_unlock_shared($1, $2)",
-    }
 }
 
 /// Runs a one-key statement with unnamed statements only, which

@@ -8,6 +8,9 @@
 //! function ran). `BigInt` keys come before `Pair` keys; an adapter sends the
 //! bigint statement first and the pair statement second, pipelined.
 
+use crate::key::LockKey;
+use crate::plan::Mode;
+
 /// `$1 int8`: one exclusive `BigInt` lock.
 pub const LOCK_BIGINT: &str = "SELECT pg_advisory_xact_lock($1)";
 /// `$1 int8`: one shared `BigInt` lock.
@@ -90,6 +93,72 @@ pub const RESTORE_TIMEOUTS: &str = "SELECT \
 pub const SERVER_FACTS: &str = "SELECT current_setting('max_locks_per_transaction')::int4, \
      pg_is_in_recovery(), current_setting('server_version_num')::int4, \
      ARRAY(SELECT hashtext(p) FROM unnest($1::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i)";
+
+// ---- Session locks (`SessionLock`) ---------------------------------------
+
+/// `$1 text[]` (hashtext probes): what a session checks once it connects:
+/// `pg_backend_pid() int4`, `pg_is_in_recovery() bool`,
+/// `server_version_num int4`, `hashtext` of each probe `int4[]`.
+pub const SESSION_SETUP: &str = "SELECT pg_backend_pid(), pg_is_in_recovery(), \
+     current_setting('server_version_num')::int4, \
+     ARRAY(SELECT hashtext(p) FROM unnest($1::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i)";
+
+/// PostgreSQL 14+: a backend waiting for a lock notices within a second that
+/// its client went away (a cancelled `lock()`), instead of only when it
+/// next writes to the socket, which would be after it got the lock.
+pub const CHECK_CLIENT: &str = "SET client_connection_check_interval = 1000";
+
+/// `$1 int8`, `$2 int8`, `$3 int2`: whether this session holds the advisory
+/// lock `(classid, objid, objsubid)` of `pg_locks`.
+pub const HOLDS: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+     AND pid = pg_backend_pid() AND granted AND classid = $1::oid \
+     AND objid = $2::oid AND objsubid = $3)";
+
+/// The session lock statement for `key` (`$1 int8`, or `$1, $2 int4`):
+/// waiting forms return one `text` (the `void` result cast, for the simple
+/// protocol), `try_only` forms one `bool`.
+pub fn session_lock(key: LockKey, mode: Mode, try_only: bool) -> &'static str {
+    match (key, mode, try_only) {
+        (LockKey::BigInt(_), Mode::Exclusive, false) => "SELECT pg_advisory_lock($1)::text",
+        (LockKey::BigInt(_), Mode::Shared, false) => "SELECT pg_advisory_lock_shared($1)::text",
+        (LockKey::BigInt(_), Mode::Exclusive, true) => "SELECT pg_try_advisory_lock($1)",
+        (LockKey::BigInt(_), Mode::Shared, true) => "SELECT pg_try_advisory_lock_shared($1)",
+        (LockKey::Pair(..), Mode::Exclusive, false) => "SELECT pg_advisory_lock($1, $2)::text",
+        (LockKey::Pair(..), Mode::Shared, false) => "SELECT pg_advisory_lock_shared($1, $2)::text",
+        (LockKey::Pair(..), Mode::Exclusive, true) => "SELECT pg_try_advisory_lock($1, $2)",
+        (LockKey::Pair(..), Mode::Shared, true) => "SELECT pg_try_advisory_lock_shared($1, $2)",
+    }
+}
+
+/// The session unlock statement for `key`; returns one `bool`.
+pub fn session_unlock(key: LockKey, mode: Mode) -> &'static str {
+    match (key, mode) {
+        (LockKey::BigInt(_), Mode::Exclusive) => "SELECT pg_advisory_unlock($1)",
+        (LockKey::BigInt(_), Mode::Shared) => "SELECT pg_advisory_unlock_shared($1)",
+        (LockKey::Pair(..), Mode::Exclusive) => "SELECT pg_advisory_unlock($1, $2)",
+        (LockKey::Pair(..), Mode::Shared) => "SELECT pg_advisory_unlock_shared($1, $2)",
+    }
+}
+
+// ---- Inspection (`lockkit::inspect`) --------------------------------------
+
+/// The inspection query: every advisory lock of the current database, held
+/// or awaited, with its session (`pg_stat_activity`), how long it has
+/// waited (`pg_locks.waitstart`, PostgreSQL 14+, read through `to_jsonb` so
+/// older servers answer `NULL`) and the pids blocking it.
+///
+/// Columns: `classid int8`, `objid int8`, `objsubid int2`, `mode text`,
+/// `granted bool`, `pid int4` (`NULL` for a prepared transaction),
+/// `application_name text`, `usename text`, `state text`, `query text`,
+/// `waited float8` (seconds), `blocked_by int4[]`.
+pub const ADVISORY_LOCKS: &str = "SELECT l.classid::int8, l.objid::int8, l.objsubid::int2, \
+     l.mode, l.granted, l.pid, a.application_name, a.usename::text, a.state, a.query, \
+     extract(epoch FROM clock_timestamp() - (to_jsonb(l) ->> 'waitstart')::timestamptz)::float8, \
+     CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::int4[] ELSE pg_blocking_pids(l.pid) END \
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     ORDER BY l.granted DESC, l.classid, l.objid, l.objsubid, l.pid";
 
 /// Formats a timeout for [`SET_TIMEOUTS`]: whole milliseconds, at least 1
 /// (0 would mean "no timeout" to the server).
