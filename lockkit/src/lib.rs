@@ -116,3 +116,8 @@ pub mod __private {
     pub use crate::key::{AdvisoryKey, KeySpec, LockKey};
     pub use core;
 }
+
+/// The README's examples compile (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
