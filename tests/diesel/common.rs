@@ -67,14 +67,3 @@ pub(crate) fn released(observer: &mut PgConnection, key: LockKey) -> bool {
     }
     false
 }
-
-/// The seed of a randomized test, printed so a failure can be replayed with
-/// `LOCKKIT_SEED`.
-pub(crate) fn seed() -> u64 {
-    let seed = std::env::var("LOCKKIT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| fastrand::u64(..));
-    println!("seed = {seed} (rerun with LOCKKIT_SEED={seed})");
-    seed
-}

@@ -2,18 +2,18 @@
 //! multi-key transactions on threads sharing an r2d2 pool never deadlock,
 //! while the same workload taking its keys one at a time in random order
 //! does (and the server's `40P01` reaches the caller as `is_deadlock()`,
-//! though Diesel hides the SQLSTATE).
-
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
-use std::sync::Mutex;
+//! though Diesel hides the SQLSTATE). The workload, its holder counters and
+//! assertions are the core suite's ([`lockkit_tests::workload::deadlock`]).
 
 use diesel::sql_types::Integer;
 use diesel::{sql_query, QueryableByName, RunQueryDsl};
 use lockkit::AdvisoryKey;
 use lockkit_diesel::{Batch, Config, Error, LockTx, Locker, Mode, OrderCheck};
+use lockkit_tests::workload::deadlock::{is_big, key_set, Acquire, Holders, Tally};
+use lockkit_tests::workload::{seed, worker_rng};
 use lockkit_tests::TestServer;
 
-use crate::common::{locker, pool, seed, PgPool};
+use crate::common::{locker, pool, PgPool};
 
 /// The `BigInt` half of the key space.
 #[derive(AdvisoryKey, Clone, Copy, Debug)]
@@ -30,35 +30,10 @@ struct Pair {
 }
 
 const THREADS: usize = 16;
-/// Keys `0..KEYS`: the lower half `Big`, the upper half `Pair`.
-const KEYS: usize = 20;
 /// 16 × 300 = 4,800 transactions.
 const SORTED_TXS_PER_THREAD: usize = 300;
 /// 16 × 100 = 1,600 transactions.
 const UNSORTED_TXS_PER_THREAD: usize = 100;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Acquire {
-    /// One `lock_batch`, in the global lock order.
-    SortedBatch,
-    /// Control: `lock` / `lock_shared` per key, in random order.
-    OneByOneShuffled,
-}
-
-#[derive(Debug, Default)]
-struct Tally {
-    committed: AtomicU64,
-    deadlocks: AtomicU64,
-    contended: AtomicU64,
-    mixed_forms: AtomicU64,
-    other_errors: Mutex<Vec<String>>,
-}
-
-#[derive(Debug, Default)]
-struct Holders {
-    exclusive: [AtomicU32; KEYS],
-    shared: [AtomicU32; KEYS],
-}
 
 #[derive(QueryableByName)]
 struct One {
@@ -68,7 +43,7 @@ struct One {
 
 fn lock_one(tx: &mut LockTx<'_>, k: usize, mode: Mode) -> Result<(), Error> {
     let id = k as i64;
-    match (k < KEYS / 2, mode) {
+    match (is_big(k), mode) {
         (true, Mode::Exclusive) => drop(tx.lock(Big { id })?),
         (true, Mode::Shared) => drop(tx.lock_shared(Big { id })?),
         (false, Mode::Exclusive) => drop(tx.lock(Pair { id })?),
@@ -88,7 +63,7 @@ fn transaction(
             let mut batch = Batch::new();
             for &(k, mode) in keys {
                 let id = k as i64;
-                if k < KEYS / 2 {
+                if is_big(k) {
                     batch.add(&Big { id }, mode);
                 } else {
                     batch.add(&Pair { id }, mode);
@@ -103,27 +78,11 @@ fn transaction(
             }
         }
     }
-    for &(k, mode) in keys {
-        match mode {
-            Mode::Exclusive => {
-                let before = holders.exclusive[k].fetch_add(1, SeqCst);
-                assert!(before == 0 && holders.shared[k].load(SeqCst) == 0, "{k}");
-            }
-            Mode::Shared => {
-                holders.shared[k].fetch_add(1, SeqCst);
-                assert_eq!(holders.exclusive[k].load(SeqCst), 0, "{k}");
-            }
-        }
-    }
+    holders.enter(keys);
     // The tiny bit of work, holding the locks.
     std::thread::yield_now();
     let work: Result<One, _> = sql_query("SELECT 1::int4 AS one").get_result(tx.conn());
-    for &(k, mode) in keys {
-        match mode {
-            Mode::Exclusive => holders.exclusive[k].fetch_sub(1, SeqCst),
-            Mode::Shared => holders.shared[k].fetch_sub(1, SeqCst),
-        };
-    }
+    holders.leave(keys);
     assert_eq!(work?.one, 1);
     Ok(())
 }
@@ -139,46 +98,11 @@ fn worker(
     holders: &Holders,
     tally: &Tally,
 ) {
-    let mut rng = fastrand::Rng::with_seed(seed.wrapping_add(id as u64));
+    let mut rng = worker_rng(seed, id);
     let mut conn = pool.get().expect("pooled connection");
     for _ in 0..txs {
-        let n = rng.usize(2..=5);
-        let mut keys: Vec<(usize, Mode)> = rng
-            .choose_multiple(0..KEYS, n)
-            .into_iter()
-            .map(|k| {
-                let mode = if rng.u8(..3) == 0 {
-                    Mode::Shared
-                } else {
-                    Mode::Exclusive
-                };
-                (k, mode)
-            })
-            .collect();
-        rng.shuffle(&mut keys);
-        if keys.iter().any(|&(k, _)| k < KEYS / 2) && keys.iter().any(|&(k, _)| k >= KEYS / 2) {
-            tally.mixed_forms.fetch_add(1, SeqCst);
-        }
-        let conflicting = keys.iter().any(|&(k, mode)| {
-            holders.exclusive[k].load(SeqCst) > 0
-                || (mode == Mode::Exclusive && holders.shared[k].load(SeqCst) > 0)
-        });
-        if conflicting {
-            tally.contended.fetch_add(1, SeqCst);
-        }
-        match locker.transaction(&mut conn, |tx| transaction(tx, &keys, acquire, holders)) {
-            Ok(()) => {
-                tally.committed.fetch_add(1, SeqCst);
-            }
-            Err(e) if e.is_deadlock() => {
-                tally.deadlocks.fetch_add(1, SeqCst);
-            }
-            Err(e) => tally
-                .other_errors
-                .lock()
-                .unwrap()
-                .push(format!("{e} ({:?})", e.code())),
-        }
+        let keys = key_set(&mut rng, holders, tally);
+        tally.record(locker.transaction(&mut conn, |tx| transaction(tx, &keys, acquire, holders)));
     }
 }
 
@@ -218,14 +142,7 @@ fn sorted_batches_never_deadlock() {
     let db = server();
     let _log = db.guard();
     let tally = workload(&db, Acquire::SortedBatch, SORTED_TXS_PER_THREAD);
-    let errors = tally.other_errors.lock().unwrap();
-    assert!(errors.is_empty(), "errors: {errors:?}");
-    assert_eq!(tally.deadlocks.load(SeqCst), 0, "40P01 in sorted batches");
-    let total = (THREADS * SORTED_TXS_PER_THREAD) as u64;
-    assert_eq!(tally.committed.load(SeqCst), total);
-    assert!(tally.mixed_forms.load(SeqCst) > 0, "no BigInt+Pair batch");
-    let contended = tally.contended.load(SeqCst);
-    assert!(contended >= 100, "too little contention: {contended}");
+    tally.assert_never_deadlocked(THREADS * SORTED_TXS_PER_THREAD);
 }
 
 /// Control: the same workload, each key locked on its own in random order,
@@ -235,12 +152,5 @@ fn control_unsorted_single_locks_deadlock() {
     let db = server();
     let _log = db.guard();
     let tally = workload(&db, Acquire::OneByOneShuffled, UNSORTED_TXS_PER_THREAD);
-    let errors = tally.other_errors.lock().unwrap();
-    assert!(errors.is_empty(), "errors: {errors:?}");
-    let deadlocks = tally.deadlocks.load(SeqCst);
-    assert!(deadlocks > 0, "no deadlock in the control: {tally:?}");
-    assert_eq!(
-        tally.committed.load(SeqCst) + deadlocks,
-        (THREADS * UNSORTED_TXS_PER_THREAD) as u64
-    );
+    tally.assert_deadlocked(THREADS * UNSORTED_TXS_PER_THREAD);
 }

@@ -1,12 +1,16 @@
 //! Mutual exclusion under contention: many connections, many transactions,
 //! a small key space, and an in-process detector of overlapping critical
-//! sections, with controls that show the detector catches overlaps.
+//! sections, with controls that show the detector catches overlaps. The
+//! exclusive workload's generator, detector and assertions are shared with
+//! the Diesel suite ([`lockkit_tests::workload::exclusion`]).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockkit::{AdvisoryKey, Batch, Config, Error, LockKey, Locker, Mode};
+use lockkit_tests::workload::exclusion::{private_id, slots, Guard, Room, Tally};
+use lockkit_tests::workload::{seed, worker_rng};
 use lockkit_tests::TestServer;
 use tokio::sync::Barrier;
 use tokio_postgres::Client;
@@ -23,47 +27,6 @@ struct Slot {
 
 const CONNECTIONS: usize = 16;
 const TXS_PER_CONNECTION: usize = 200;
-const KEYS: usize = 8;
-
-/// How a worker "guards" its critical section.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Guard {
-    /// The real thing: `lock` / `lock_batch` on the slots, in a `LockTx`.
-    Locked,
-    /// Control: the same round trips, but on keys private to the worker.
-    PrivateKeys,
-    /// Control: raw `pg_advisory_xact_lock` on the slots in autocommit,
-    /// released at the end of that statement (the bug lockkit prevents).
-    Autocommit,
-}
-
-/// Per-key count of workers inside their critical section.
-#[derive(Debug, Default)]
-struct Room {
-    inside: [AtomicU32; KEYS],
-}
-
-#[derive(Debug, Default)]
-struct Tally {
-    /// Critical sections entered (per key).
-    entries: AtomicU64,
-    /// Entries that found another worker inside the same key's section.
-    overlaps: AtomicU64,
-    /// Requests made while another worker was inside one of the keys: with
-    /// working locks, each of these had to wait.
-    busy_at_request: AtomicU64,
-    /// Multi-key (batch) transactions.
-    batches: AtomicU64,
-}
-
-fn seed() -> u64 {
-    let seed = std::env::var("LOCKKIT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| fastrand::u64(..));
-    println!("seed = {seed} (rerun with LOCKKIT_SEED={seed})");
-    seed
-}
 
 async fn connections(db: &TestServer, n: usize) -> Vec<Client> {
     let mut clients = Vec::with_capacity(n);
@@ -84,17 +47,9 @@ async fn exclusive_worker(
     room: Arc<Room>,
     tally: Arc<Tally>,
 ) -> Result<(), Error> {
-    let mut rng = fastrand::Rng::with_seed(seed.wrapping_add(worker as u64));
-    let slots: Vec<usize> = (0..KEYS).collect();
+    let mut rng = worker_rng(seed, worker);
     for i in 0..TXS_PER_CONNECTION {
-        let n = if rng.bool() { 1 } else { rng.usize(2..=3) };
-        let ids = rng.choose_multiple(slots.iter().copied(), n);
-        if ids.iter().any(|&k| room.inside[k].load(SeqCst) > 0) {
-            tally.busy_at_request.fetch_add(1, SeqCst);
-        }
-        if n > 1 {
-            tally.batches.fetch_add(1, SeqCst);
-        }
+        let ids = slots(&mut rng, &room, &tally);
         if guard == Guard::Autocommit {
             for &k in &ids {
                 let LockKey::BigInt(key) = Slot { id: k as i64 }.lock_key() else {
@@ -107,7 +62,7 @@ async fn exclusive_worker(
         }
         let tx = locker.begin(&mut client).await?;
         match guard {
-            Guard::Locked if n == 1 => {
+            Guard::Locked if ids.len() == 1 => {
                 let _ = tx.lock(Slot { id: ids[0] as i64 }).await?;
             }
             Guard::Locked => {
@@ -118,26 +73,19 @@ async fn exclusive_worker(
                 let _ = tx.lock_batch(&batch).await?;
             }
             Guard::PrivateKeys => {
-                let private = 1_000_000 * (worker as i64 + 1) + i as i64;
+                let private = private_id(worker, i);
                 let _ = tx.lock(Slot { id: private }).await?;
             }
             Guard::Autocommit => {}
         }
-        for &k in &ids {
-            tally.entries.fetch_add(1, SeqCst);
-            if room.inside[k].fetch_add(1, SeqCst) != 0 {
-                tally.overlaps.fetch_add(1, SeqCst);
-            }
-        }
+        room.enter(&ids, &tally);
         // Widen the window: let the other tasks run, and now and then stay
         // inside for a timer tick.
         tokio::task::yield_now().await;
         if i % 4 == 0 {
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
-        for &k in &ids {
-            room.inside[k].fetch_sub(1, SeqCst);
-        }
+        room.leave(&ids);
         tx.commit().await?;
     }
     Ok(())
@@ -182,13 +130,10 @@ async fn exclusive_locks_never_overlap() {
     let db = TestServer::shared();
     let _log = db.guard();
     let tally = exclusive_workload(db, Guard::Locked).await;
-    assert_eq!(tally.overlaps.load(SeqCst), 0, "two holders of one key");
-    // Every transaction entered at least one section, and many of them
-    // asked for a key while another worker was inside it: they waited.
-    assert!(tally.entries.load(SeqCst) >= (CONNECTIONS * TXS_PER_CONNECTION) as u64);
-    assert!(tally.batches.load(SeqCst) > 0);
-    let busy = tally.busy_at_request.load(SeqCst);
-    assert!(busy >= 50, "too little contention to mean anything: {busy}");
+    // No overlap; every transaction entered at least one section, and many
+    // of them asked for a key while another worker was inside it: they
+    // waited.
+    tally.assert_excluded(CONNECTIONS * TXS_PER_CONNECTION);
 }
 
 /// Control: the same workload with each worker locking keys of its own
@@ -198,10 +143,7 @@ async fn control_without_shared_keys_overlaps() {
     let db = TestServer::shared();
     let _log = db.guard();
     let tally = exclusive_workload(db, Guard::PrivateKeys).await;
-    assert!(
-        tally.overlaps.load(SeqCst) > 0,
-        "the detector saw no overlap without locks: {tally:?}"
-    );
+    tally.assert_overlapped("the detector saw no overlap without locks");
 }
 
 /// Control: taking the xact lock outside a transaction (autocommit)
@@ -211,10 +153,7 @@ async fn control_autocommit_xact_lock_overlaps() {
     let db = TestServer::shared();
     let _log = db.guard();
     let tally = exclusive_workload(db, Guard::Autocommit).await;
-    assert!(
-        tally.overlaps.load(SeqCst) > 0,
-        "the detector saw no overlap with autocommit locks: {tally:?}"
-    );
+    tally.assert_overlapped("the detector saw no overlap with autocommit locks");
 }
 
 const RW_KEYS: usize = 2;
@@ -248,7 +187,7 @@ async fn rw_worker(
     room: Arc<RwRoom>,
     tally: Arc<RwTally>,
 ) -> Result<(), Error> {
-    let mut rng = fastrand::Rng::with_seed(seed.wrapping_add(worker as u64));
+    let mut rng = worker_rng(seed, worker);
     for i in 0..RW_TXS_PER_CONNECTION {
         let k = rng.usize(..RW_KEYS);
         let slot = Slot { id: 100 + k as i64 };

@@ -73,6 +73,7 @@ mod binaries;
 mod instance;
 mod pgbouncer;
 mod server;
+pub mod workload;
 
 #[cfg(test)]
 mod tests;
