@@ -22,7 +22,7 @@ fn named(statement: &str, columns: &str) -> String {
 static FACTS: LazyLock<String> = LazyLock::new(|| {
     named(
         sql::SERVER_FACTS,
-        "max_locks, in_recovery, version_num, hashes",
+        "max_locks, in_recovery, version_num, hashes, backend_pid",
     )
 });
 static TRY_BIGINT: LazyLock<String> = LazyLock::new(|| named(sql::TRY_BIGINT, "ok"));

@@ -64,12 +64,7 @@ impl Locker {
     ///
     /// Cancel safe: it only reads.
     pub async fn new(client: &Client, config: Config) -> Result<Locker, Error> {
-        let probes: Vec<&str> = HASHTEXT_PROBES.to_vec();
-        let row = client
-            .query_typed_one(sql::SERVER_FACTS, &[(&probes, Type::TEXT_ARRAY)])
-            .await?;
-        let hashes: Vec<i32> = row.try_get(3)?;
-        let facts = ServerFacts::new(row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, &hashes);
+        let (facts, _pid) = server_facts(client).await?;
         Ok(Locker::with_facts(config, facts))
     }
 
@@ -179,4 +174,16 @@ impl Locker {
     pub fn wrap_prepared<'c>(&self, tx: Transaction<'c>, prepared: &Prepared) -> LockTx<'c> {
         LockTx::new(self.clone(), tx, LockSql::Prepared(prepared.clone()))
     }
+}
+
+/// Runs [`sql::SERVER_FACTS`] on `client`: the server's facts, and the
+/// backend pid of this connection.
+pub(crate) async fn server_facts(client: &Client) -> Result<(ServerFacts, i32), Error> {
+    let probes: Vec<&str> = HASHTEXT_PROBES.to_vec();
+    let row = client
+        .query_typed_one(sql::SERVER_FACTS, &[(&probes, Type::TEXT_ARRAY)])
+        .await?;
+    let hashes: Vec<i32> = row.try_get(3)?;
+    let facts = ServerFacts::new(row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, &hashes);
+    Ok((facts, row.try_get(4)?))
 }

@@ -20,11 +20,10 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{CancelToken, Client, NoTls, Row, SimpleQueryMessage};
 
 use crate::error::{Context, Error};
-use crate::facts::{ServerFacts, HASHTEXT_PROBES};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
 use crate::locker::Locker;
 use crate::plan::Mode;
-use crate::sql::{self, timeout_setting, CHECK_CLIENT, HOLDS, SESSION_SETUP};
+use crate::sql::{self, timeout_setting, CHECK_CLIENT, HOLDS};
 
 /// Whether a lock waits, and how long.
 #[derive(Clone, Copy, Debug)]
@@ -232,13 +231,7 @@ impl SessionLock {
     ) -> Result<Result<SessionGuard<K>, K>, Error> {
         let key = value.lock_key();
         let (client, lost) = open(&self.config).await?;
-        let probes: Vec<&str> = HASHTEXT_PROBES.to_vec();
-        let row = client
-            .query_typed_one(SESSION_SETUP, &[(&probes, Type::TEXT_ARRAY)])
-            .await?;
-        let backend_pid: i32 = row.try_get(0)?;
-        let hashes: Vec<i32> = row.try_get(3)?;
-        let facts = ServerFacts::new(0, row.try_get(1)?, row.try_get(2)?, &hashes);
+        let (facts, backend_pid) = crate::locker::server_facts(&client).await?;
         if facts.in_recovery() && !self.allow_standby {
             return Err(Error::HotStandby);
         }

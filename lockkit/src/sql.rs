@@ -87,21 +87,16 @@ pub const RESTORE_TIMEOUTS: &str = "SELECT \
      set_config('lock_timeout', current_setting('lockkit.saved_lock_timeout'), true), \
      set_config('statement_timeout', current_setting('lockkit.saved_statement_timeout'), true)";
 
-/// `$1 text[]` (hashtext probes): the server facts a locker learns once:
-/// `max_locks_per_transaction int4`, `pg_is_in_recovery() bool`,
-/// `server_version_num int4`, `hashtext` of each probe `int4[]`.
+/// `$1 text[]` (hashtext probes): the server facts a locker (and each
+/// session lock) learns once: `max_locks_per_transaction int4`,
+/// `pg_is_in_recovery() bool`, `server_version_num int4`, `hashtext` of each
+/// probe `int4[]`, and `pg_backend_pid() int4` (which a session lock keeps).
 pub const SERVER_FACTS: &str = "SELECT current_setting('max_locks_per_transaction')::int4, \
      pg_is_in_recovery(), current_setting('server_version_num')::int4, \
-     ARRAY(SELECT hashtext(p) FROM unnest($1::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i)";
+     ARRAY(SELECT hashtext(p) FROM unnest($1::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i), \
+     pg_backend_pid()";
 
 // ---- Session locks (`SessionLock`) ---------------------------------------
-
-/// `$1 text[]` (hashtext probes): what a session checks once it connects:
-/// `pg_backend_pid() int4`, `pg_is_in_recovery() bool`,
-/// `server_version_num int4`, `hashtext` of each probe `int4[]`.
-pub const SESSION_SETUP: &str = "SELECT pg_backend_pid(), pg_is_in_recovery(), \
-     current_setting('server_version_num')::int4, \
-     ARRAY(SELECT hashtext(p) FROM unnest($1::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i)";
 
 /// PostgreSQL 14+: a backend waiting for a lock notices within a second that
 /// its client went away (a cancelled `lock()`), instead of only when it
