@@ -15,6 +15,7 @@ use std::cell::Cell;
 use std::hint::black_box;
 
 use lockkit::{AdvisoryKey, KeySpec, LockKey};
+use lockkit_tests::fixtures::{Document, Posting, StripedEvent, Tenanted, TenantedPair};
 
 /// `System`, counting the allocations (`alloc`, `alloc_zeroed`, `realloc`)
 /// made by a thread while its counting is enabled.
@@ -89,43 +90,10 @@ fn key_without_allocating<K: AdvisoryKey>(value: &K) -> LockKey {
 }
 
 #[derive(AdvisoryKey)]
-struct Document {
-    id: uuid::Uuid,
-}
-
-#[derive(AdvisoryKey)]
-struct Tenanted {
-    tenant: String,
-    id: u64,
-}
-
-#[derive(AdvisoryKey)]
-struct Posting {
-    account: i64,
-    currency: String,
-    day: u32,
-    reversal: bool,
-    batch: Option<uuid::Uuid>,
-}
-
-#[derive(AdvisoryKey)]
 enum Resource {
     Order(i64),
     Customer { tenant: String, id: u64 },
     Everything,
-}
-
-#[derive(AdvisoryKey)]
-#[advisory_key(namespace = "Event", stripes = 1024)]
-struct StripedEvent {
-    business_key: String,
-}
-
-#[derive(AdvisoryKey)]
-#[advisory_key(namespace = "Tenanted", pair)]
-struct TenantedPair {
-    tenant: String,
-    id: u64,
 }
 
 #[test]

@@ -14,39 +14,7 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use lockkit::{AdvisoryKey, KeySpec};
-
-#[derive(AdvisoryKey)]
-struct Document {
-    id: uuid::Uuid,
-}
-
-#[derive(AdvisoryKey)]
-struct Tenanted {
-    tenant: String,
-    id: u64,
-}
-
-#[derive(AdvisoryKey)]
-struct Posting {
-    account: i64,
-    currency: String,
-    day: u32,
-    reversal: bool,
-    batch: Option<uuid::Uuid>,
-}
-
-#[derive(AdvisoryKey)]
-#[advisory_key(namespace = "Tenanted", pair)]
-struct TenantedPair {
-    tenant: String,
-    id: u64,
-}
-
-#[derive(AdvisoryKey)]
-#[advisory_key(namespace = "Event", stripes = 1024)]
-struct StripedEvent {
-    business_key: String,
-}
+use lockkit_tests::fixtures::{Document, Posting, StripedEvent, Tenanted, TenantedPair};
 
 fn keys(c: &mut Criterion) {
     let mut group = c.benchmark_group("keys");

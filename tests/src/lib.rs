@@ -70,6 +70,7 @@
 
 mod account;
 mod binaries;
+pub mod fixtures;
 mod instance;
 mod pgbouncer;
 mod server;
