@@ -42,54 +42,36 @@
 #![deny(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
-mod budget;
-mod config;
-mod encoding;
-mod error;
-mod facts;
-mod guard;
-mod hashtext;
+mod engine;
 mod key;
-mod namespace;
-mod plan;
-mod sip;
-mod sql;
+#[cfg(feature = "tokio-postgres")]
+mod pg;
 
 #[cfg(feature = "tokio-postgres")]
-pub mod inspect;
-#[cfg(feature = "tokio-postgres")]
-mod locker;
-#[cfg(feature = "tokio-postgres")]
-mod prepared;
-#[cfg(feature = "tokio-postgres")]
-mod retry;
-#[cfg(feature = "tokio-postgres")]
-mod session;
-#[cfg(feature = "tokio-postgres")]
-mod transaction;
+pub use pg::inspect;
 
-pub use config::{Config, OrderCheck};
-pub use encoding::{parts_bytes, KeyPart, Parts};
-pub use error::{sqlstate, BoxError, Error};
-pub use facts::ServerFacts;
-pub use guard::{Busy, Held, HeldBatch};
-pub use hashtext::{
+pub use engine::config::{Config, OrderCheck};
+pub use engine::error::{sqlstate, BoxError, Error};
+pub use engine::facts::ServerFacts;
+pub use engine::guard::{Busy, Held, HeldBatch};
+pub use engine::plan::{Batch, Mode};
+pub use key::encoding::{parts_bytes, KeyPart, Parts};
+pub use key::hashtext::{
     hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, ByteOrder, HashText,
 };
+pub use key::namespace::{NamespaceError, MAX_NAMESPACE_LEN};
 pub use key::{AdvisoryKey, KeyForm, KeySpec, LockKey, PgLocksId};
-pub use namespace::{NamespaceError, MAX_NAMESPACE_LEN};
-pub use plan::{Batch, Mode};
 
 #[cfg(feature = "tokio-postgres")]
-pub use locker::Locker;
+pub use pg::locker::Locker;
 #[cfg(feature = "tokio-postgres")]
-pub use prepared::Prepared;
+pub use pg::prepared::Prepared;
 #[cfg(feature = "tokio-postgres")]
-pub use retry::{retry, RetryPolicy, Transient};
+pub use pg::retry::{retry, RetryPolicy, Transient};
 #[cfg(feature = "tokio-postgres")]
-pub use session::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
+pub use pg::session::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
 #[cfg(feature = "tokio-postgres")]
-pub use transaction::LockTx;
+pub use pg::transaction::LockTx;
 
 /// `#[derive(AdvisoryKey)]`: see the [`AdvisoryKey`] trait and KEYS.md.
 #[cfg(feature = "derive")]
@@ -99,20 +81,20 @@ pub use lockkit_derive::AdvisoryKey;
 /// per-transaction bookkeeping, the batch plan, the SQL texts, the server
 /// facts probe. Applications do not need this module.
 pub mod driver {
-    pub use crate::budget::TxLocks;
-    pub use crate::error::Context;
-    pub use crate::facts::HASHTEXT_PROBES;
-    pub use crate::plan::Plan;
+    pub use crate::engine::budget::TxLocks;
+    pub use crate::engine::error::Context;
+    pub use crate::engine::facts::HASHTEXT_PROBES;
+    pub use crate::engine::plan::Plan;
     /// Every SQL text lockkit sends.
     pub mod sql {
-        pub use crate::sql::*;
+        pub use crate::engine::sql::*;
     }
 }
 
 /// Not public API: what `#[derive(AdvisoryKey)]` expands to.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::encoding::{KeyPart, Parts};
+    pub use crate::key::encoding::{KeyPart, Parts};
     pub use crate::key::{AdvisoryKey, KeySpec, LockKey};
     pub use core;
 }

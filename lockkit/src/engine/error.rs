@@ -3,8 +3,8 @@
 use std::error::Error as StdError;
 use std::time::Duration;
 
+use crate::key::namespace::NamespaceError;
 use crate::key::LockKey;
-use crate::namespace::NamespaceError;
 
 /// A boxed driver error (`tokio_postgres::Error`, `diesel::result::Error`, …).
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;

@@ -2,7 +2,7 @@
 //! KEYS.md, and split into the two key spaces' statement parameters.
 //!
 //! The order is established here, by sorting [`LockKey`]s (whose `Ord` *is*
-//! the global order), and nowhere else: the SQL in [`crate::sql`] takes the
+//! the global order), and nowhere else: the SQL in [`sql`](crate::driver::sql) takes the
 //! arrays in the order given, with no `ORDER BY` to get wrong.
 
 use std::collections::BTreeMap;

@@ -34,12 +34,12 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::error::Error;
+use crate::engine::error::Error;
+use crate::engine::plan::Mode;
 use crate::key::{AdvisoryKey, KeyForm, KeySpec, LockKey};
-use crate::plan::Mode;
 
 /// The inspection query (see [`sql`](crate::driver::sql)).
-pub use crate::sql::ADVISORY_LOCKS;
+pub use crate::engine::sql::ADVISORY_LOCKS;
 
 /// What `pg_stat_activity.query` shows for another role's session when the
 /// inspecting role lacks `pg_read_all_stats`.

@@ -2,8 +2,8 @@
 //! trip: the lock budget, whether it is a hot standby, its version, and
 //! whether its `hashtext` matches the client's.
 
-use crate::error::Error;
-use crate::hashtext::hashtext;
+use crate::engine::error::Error;
+use crate::key::hashtext::hashtext;
 
 /// Strings whose `hashtext` the server computes once to check the client's
 /// implementation: every tail length of the hash's 12-byte blocks and

@@ -7,9 +7,9 @@ use futures_util::future::try_join_all;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Statement, Transaction};
 
-use crate::error::Error;
-use crate::plan::Plan;
-use crate::sql;
+use crate::engine::error::Error;
+use crate::engine::plan::Plan;
+use crate::engine::sql;
 
 /// The lock statements of [`sql`](crate::driver::sql), prepared on one
 /// connection.

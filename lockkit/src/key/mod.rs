@@ -2,11 +2,16 @@
 //! `pg_locks` form, and the [`AdvisoryKey`] trait that maps a domain type to
 //! one of them (KEYS.md, "PostgreSQL's two key spaces" and "Keys").
 
+pub(crate) mod encoding;
+pub(crate) mod hashtext;
+pub(crate) mod namespace;
+pub(crate) mod sip;
+
 use core::fmt;
 
-use crate::encoding::{KeyPart, Parts};
-use crate::namespace::{self, NamespaceError};
-use crate::sip::Sip24;
+use crate::key::encoding::{KeyPart, Parts};
+use crate::key::namespace::NamespaceError;
+use crate::key::sip::Sip24;
 
 /// An advisory lock key in one of PostgreSQL's two key spaces.
 ///
@@ -302,7 +307,7 @@ impl<'n> KeySpec<'n> {
     /// The key of the parts written by `encode`.
     #[inline(always)]
     pub fn key_with(&self, encode: impl FnOnce(&mut Parts<'_>)) -> LockKey {
-        let body = crate::encoding::body_hash(self.body, encode);
+        let body = crate::key::encoding::body_hash(self.body, encode);
         self.key_from_body(body)
     }
 

@@ -12,7 +12,7 @@ use std::num::{
 use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::sip::Sip24;
+use crate::key::sip::Sip24;
 
 // KEYS.md tag bytes: never change.
 const TAG_INT64: u8 = 0x01;
@@ -165,7 +165,7 @@ impl Parts<'_> {
 }
 
 /// `body(ns, parts) = sip(u32le(len(ns)) ++ ns ++ parts)`, from `prefix`, the
-/// state after `u32le(len(ns)) ++ ns` ([`crate::namespace::body_prefix`]).
+/// state after `u32le(len(ns)) ++ ns` ([`crate::key::namespace::body_prefix`]).
 #[inline(always)]
 pub(crate) fn body_hash(mut prefix: Sip24, encode: impl FnOnce(&mut Parts<'_>)) -> u64 {
     encode(&mut Parts {
@@ -455,14 +455,14 @@ mod tests {
                 reference.write(&(n as u32).to_le_bytes());
                 reference.write(ns.as_bytes());
                 reference.write(&parts_bytes(value));
-                let ours = body_hash(crate::namespace::body_prefix(ns), |p| {
+                let ours = body_hash(crate::key::namespace::body_prefix(ns), |p| {
                     p.put(value);
                 });
                 assert_eq!(ours, reference.finish(), "{value:?} in {ns:?}");
             }
         }
 
-        use crate::namespace::SIP_KEY;
+        use crate::key::namespace::SIP_KEY;
         for v in [0_i64, 1, -1, 42, i64::MIN, i64::MAX, 0x0102_0304_0506_0708] {
             check(&v);
             check(&(v, v as u8, true, v));
@@ -490,7 +490,7 @@ mod tests {
             check(&(true, &text[..len], len as u64, [&text[..len / 2]]));
         }
         check(&vec![Some(1_u16), None, Some(3)]);
-        let mut prefix = crate::namespace::body_prefix("Order");
+        let mut prefix = crate::key::namespace::body_prefix("Order");
         let mut expected = siphasher::sip::SipHasher24::new_with_key(SIP_KEY);
         expected.write(&5_u32.to_le_bytes());
         expected.write(b"Order");
@@ -516,11 +516,11 @@ mod tests {
         let u = uuid::Uuid::from_u128(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff);
         for ns in ["D", "Doc", "Document", "Documents"] {
             let mut reference =
-                siphasher::sip::SipHasher24::new_with_key(crate::namespace::SIP_KEY);
+                siphasher::sip::SipHasher24::new_with_key(crate::key::namespace::SIP_KEY);
             reference.write(&(ns.len() as u32).to_le_bytes());
             reference.write(ns.as_bytes());
             reference.write(&parts_bytes(&(u, Some(u))));
-            let ours = body_hash(crate::namespace::body_prefix(ns), |p| {
+            let ours = body_hash(crate::key::namespace::body_prefix(ns), |p| {
                 p.put(&(u, Some(u)));
             });
             assert_eq!(ours, reference.finish(), "{ns}");

@@ -19,11 +19,11 @@ use tokio::sync::watch;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{CancelToken, Client, NoTls, Row, SimpleQueryMessage};
 
-use crate::error::{Context, Error};
+use crate::engine::error::{Context, Error};
+use crate::engine::plan::Mode;
+use crate::engine::sql::{self, timeout_setting, CHECK_CLIENT, HOLDS};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
-use crate::locker::Locker;
-use crate::plan::Mode;
-use crate::sql::{self, timeout_setting, CHECK_CLIENT, HOLDS};
+use crate::pg::locker::Locker;
 
 /// Whether a lock waits, and how long.
 #[derive(Clone, Copy, Debug)]
@@ -231,7 +231,7 @@ impl SessionLock {
     ) -> Result<Result<SessionGuard<K>, K>, Error> {
         let key = value.lock_key();
         let (client, lost) = open(&self.config).await?;
-        let (facts, backend_pid) = crate::locker::server_facts(&client).await?;
+        let (facts, backend_pid) = crate::pg::locker::server_facts(&client).await?;
         if facts.in_recovery() && !self.allow_standby {
             return Err(Error::HotStandby);
         }

@@ -7,10 +7,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::{Config, OrderCheck};
-use crate::error::Error;
+use crate::engine::config::{Config, OrderCheck};
+use crate::engine::error::Error;
+use crate::engine::plan::{Mode, Plan};
 use crate::key::LockKey;
-use crate::plan::{Mode, Plan};
 
 /// At which savepoint depth each mode of a key was taken (0 = the top-level
 /// transaction). A rollback to depth `d` releases modes taken at `d` or deeper.

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Transaction};
 
-use crate::config::Config;
-use crate::error::Error;
-use crate::facts::{ServerFacts, HASHTEXT_PROBES};
-use crate::prepared::{LockSql, Prepared};
-use crate::sql;
-use crate::transaction::LockTx;
+use crate::engine::config::Config;
+use crate::engine::error::Error;
+use crate::engine::facts::{ServerFacts, HASHTEXT_PROBES};
+use crate::engine::sql;
+use crate::pg::prepared::{LockSql, Prepared};
+use crate::pg::transaction::LockTx;
 
 /// Takes transaction-scoped advisory locks over tokio-postgres.
 ///

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::engine::error::Error;
 
 /// An error that says whether running the whole transaction again may
 /// succeed.

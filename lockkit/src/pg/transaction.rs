@@ -10,14 +10,14 @@ use futures_util::future::{try_join, try_join3, try_join5};
 use tokio_postgres::types::Type;
 use tokio_postgres::Transaction;
 
-use crate::budget::TxLocks;
-use crate::error::{Context, Error};
-use crate::guard::{Busy, Held, HeldBatch};
+use crate::engine::budget::TxLocks;
+use crate::engine::error::{Context, Error};
+use crate::engine::guard::{Busy, Held, HeldBatch};
+use crate::engine::plan::{Batch, Mode, Plan};
+use crate::engine::sql;
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
-use crate::locker::Locker;
-use crate::plan::{Batch, Mode, Plan};
-use crate::prepared::LockSql;
-use crate::sql;
+use crate::pg::locker::Locker;
+use crate::pg::prepared::LockSql;
 
 type PgResult<T> = Result<T, tokio_postgres::Error>;
 

@@ -152,7 +152,7 @@ mod tests {
     use siphasher::sip::SipHasher24;
 
     use super::*;
-    use crate::namespace::SIP_KEY;
+    use crate::key::namespace::SIP_KEY;
 
     /// `siphasher`, the reference implementation.
     fn reference(parts: &[&[u8]]) -> u64 {

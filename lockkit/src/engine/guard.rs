@@ -11,8 +11,8 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::Deref;
 
+use crate::engine::plan::Mode;
 use crate::key::{AdvisoryKey, LockKey};
-use crate::plan::Mode;
 
 /// Proof that the transaction holds the advisory lock of a `K` value.
 ///

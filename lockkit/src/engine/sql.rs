@@ -8,8 +8,8 @@
 //! function ran). `BigInt` keys come before `Pair` keys; an adapter sends the
 //! bigint statement first and the pair statement second, pipelined.
 
+use crate::engine::plan::Mode;
 use crate::key::LockKey;
-use crate::plan::Mode;
 
 /// `$1 int8`: one exclusive `BigInt` lock.
 pub const LOCK_BIGINT: &str = "SELECT pg_advisory_xact_lock($1)";

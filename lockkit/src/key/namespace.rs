@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use crate::sip::Sip24;
+use crate::key::sip::Sip24;
 
 /// The SipHash key of key format version 1. Never change: every lock key of
 /// every process that ever ran depends on these 16 bytes.
