@@ -69,7 +69,10 @@ pub use pg::prepared::Prepared;
 #[cfg(feature = "tokio-postgres")]
 pub use pg::retry::{retry, RetryPolicy, Transient};
 #[cfg(feature = "tokio-postgres")]
-pub use pg::session::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
+pub use pg::session::{
+    probe_pooler, PoolerProbe, ProbeTimeout, SessionForm, SessionGuard, SessionLock,
+    DEFAULT_KEEPALIVE, DEFAULT_PROBE_TIMEOUT,
+};
 #[cfg(feature = "tokio-postgres")]
 pub use pg::transaction::LockTx;
 

@@ -1,12 +1,16 @@
 //! Session locks on dedicated connections: released on drop, on a panic, on
 //! a cancelled acquisition; lost-connection notice; try, timeout, shared;
-//! refusal on a hot standby and behind a real transaction-mode pgbouncer.
+//! refusal on a hot standby, and of the session-level form behind a real
+//! transaction-mode pgbouncer. The pooler, pool, TLS and keepalive tests of
+//! the default form are in session_pooler.rs.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockkit::{probe_pooler, AdvisoryKey, Config, Error, LockKey, Mode, SessionGuard, SessionLock};
+use lockkit::{
+    probe_pooler, AdvisoryKey, Config, Error, LockKey, Mode, SessionForm, SessionGuard, SessionLock,
+};
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio::sync::Barrier;
 use tokio_postgres::Client;
@@ -73,14 +77,14 @@ async fn drop_closes_the_session_and_releases_the_lock() {
     assert!(guard.is_held());
     assert!(guard.check().await.unwrap());
     assert!(granted_elsewhere(&observer, guard.key()).await);
-    // A session lock outlives transactions: the holder's session is idle.
+    // The default form holds a transaction open between keepalives.
     let pid = guard.backend_pid();
     let state: String = observer
         .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
         .await
         .unwrap()
         .get(0);
-    assert_eq!(state, "idle");
+    assert_eq!(state, "idle in transaction");
     let key = guard.key();
     drop(guard);
     until_gone(&observer, key).await;
@@ -338,6 +342,7 @@ async fn refused_behind_a_transaction_pooler() {
         .start();
 
     let err = SessionLock::new(bouncer.config())
+        .form(SessionForm::SessionLevel)
         .lock(Job { id: 10 })
         .await
         .unwrap_err();
@@ -350,6 +355,7 @@ async fn refused_behind_a_transaction_pooler() {
     // With a pool of one server connection the probe still sees it.
     let single = PgBouncer::builder(db).default_pool_size(1).start();
     let err = SessionLock::new(single.config())
+        .form(SessionForm::SessionLevel)
         .try_lock(Job { id: 10 })
         .await
         .unwrap_err();
@@ -363,6 +369,7 @@ async fn refused_behind_a_transaction_pooler() {
     let probe = probe_pooler(&session_mode.config()).await.unwrap();
     assert!(!probe.is_transaction_pooled(), "{probe:?}");
     let guard = SessionLock::new(session_mode.config())
+        .form(SessionForm::SessionLevel)
         .lock(Job { id: 10 })
         .await
         .unwrap();

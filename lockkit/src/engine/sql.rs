@@ -98,6 +98,30 @@ pub const SERVER_FACTS: &str = "SELECT current_setting('max_locks_per_transactio
 
 // ---- Session locks (`SessionLock`) ---------------------------------------
 
+/// Opens the transaction a default (transaction-held) session lock lives in.
+/// `READ COMMITTED` whatever `default_transaction_isolation` says: between
+/// statements such a transaction holds no snapshot, so its backend has no
+/// `backend_xmin` and does not hold back VACUUM while the lock is held.
+pub const SESSION_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+/// `$1 text`: names the lock's transaction in `pg_stat_activity`
+/// (`application_name`, transaction-local so a leased pool connection gets
+/// its own name back at the rollback) and, on PostgreSQL 14+, makes a
+/// waiting backend notice within a second that its client went away
+/// (`client_connection_check_interval`; skipped, not an error, on older
+/// servers). Returns one row.
+pub const SESSION_SETUP: &str = "SELECT set_config('application_name', $1, true), \
+     (SELECT set_config(name, '1000', true) FROM pg_settings \
+      WHERE name = 'client_connection_check_interval')";
+
+/// The keepalive a session lock's connection runs at its cadence: inside
+/// the lock's transaction it resets `idle_in_transaction_session_timeout`,
+/// and its reply (or its absence) tells whether the connection is alive.
+pub const KEEPALIVE: &str = "SELECT 1";
+
+/// Ends the transaction of a default session lock, and the lock with it.
+pub const SESSION_ROLLBACK: &str = "ROLLBACK";
+
 /// PostgreSQL 14+: a backend waiting for a lock notices within a second that
 /// its client went away (a cancelled `lock()`), instead of only when it
 /// next writes to the socket, which would be after it got the lock.

@@ -1,29 +1,85 @@
-//! Session-level advisory locks that cannot leak: [`SessionLock`] and its
-//! [`SessionGuard`].
+//! Session-duration advisory locks that cannot leak, behind any pooler:
+//! [`SessionLock`] and its [`SessionGuard`].
 //!
-//! A session lock (`pg_advisory_lock`) outlives transactions, which is what
-//! "only one payroll run at a time" or leader election need, and is what
-//! makes it dangerous on a pooled connection: one missed unlock leaves the
-//! key locked on a connection that goes back to the pool. Here every session
-//! lock owns a connection of its own, opened for it and closed with it, so
-//! the lock ends when the guard drops, whatever path the code takes (an
-//! early return, a `?`, a panic, a cancelled task): the server ends the
-//! session and releases its locks with it.
+//! # The default form: a transaction held open
+//!
+//! A session-duration lock ("only one payroll run at a time", leader
+//! election, one migrator per fleet) must outlive the short transactions of
+//! the work it protects. By default lockkit holds it as
+//! `pg_advisory_xact_lock` inside a transaction of its own, on a connection
+//! of its own (opened for the lock, or leased from the application's pool),
+//! and keeps that transaction open until [`SessionGuard::release`] rolls it
+//! back. An open transaction pins its server connection in every pooler
+//! (pgbouncer in transaction mode, pgcat, Supavisor, RDS Proxy), so the
+//! lock cannot be stranded on a pooled backend, and whatever ends the
+//! connection (a drop, a panic, a cancelled task, a network failure, a
+//! server restart) ends the transaction and the lock with it. No pooler
+//! detection is needed for safety.
+//!
+//! # What an operator sees
+//!
+//! The lock's backend is `idle in transaction` in `pg_stat_activity`, with
+//! `application_name = 'lockkit session lock <key>'` (e.g.
+//! `lockkit session lock BigInt(42)`; set on every connection lockkit opens,
+//! and transaction-locally on a leased pool connection, which gets its own
+//! name back at the rollback), `backend_xid` and `backend_xmin` null: the
+//! transaction is `READ COMMITTED` and writes nothing, so between
+//! statements it holds no snapshot and does not hold back VACUUM. Its
+//! `pg_locks` row is the `advisory` lock of the key, `ExclusiveLock` or
+//! `ShareLock`.
+//!
+//! # Keepalive and `idle_in_transaction_session_timeout`
+//!
+//! A task runs [`KEEPALIVE`](crate::driver::sql::KEEPALIVE) (`SELECT 1`)
+//! inside the lock's transaction at the guard's cadence
+//! ([`SessionLock::keepalive`], 5 s by default). Each keepalive resets the
+//! server's `idle_in_transaction_session_timeout`, so a cadence below it
+//! keeps the lock. When the cadence is longer (or the keepalives stop), the
+//! server fires the timeout: it terminates the session (`FATAL 25P03`), the
+//! transaction rolls back and the lock is released, and
+//! [`SessionGuard::lost`] resolves: at once on a connection lockkit opened
+//! (the connection ends), at the next keepalive on a leased one. An
+//! idle-connection killer or a dead peer is noticed the same way; a
+//! half-open TCP connection (no reply at all) when a keepalive gets no
+//! reply within one cadence. Whatever the cause, `lost()` resolves within
+//! one cadence of the connection closing, and the holder must stop acting
+//! as the lock's owner.
+//!
+//! # The plain session-level form
+//!
+//! [`SessionForm::SessionLevel`] takes `pg_advisory_lock` instead: no
+//! transaction stays open, but the lock is bound to the server session, so
+//! it is safe only on a direct connection (or a session-mode pool). It is
+//! refused when [`probe_pooler`] sees a transaction-mode pooler.
 
 use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use futures_util::future::{join, join4, BoxFuture};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{CancelToken, Client, NoTls, Row, SimpleQueryMessage};
+use tokio_postgres::{CancelToken, Client, NoTls, Row, SimpleQueryMessage, Socket};
 
 use crate::engine::error::{Context, Error};
 use crate::engine::plan::Mode;
 use crate::engine::sql::{self, timeout_setting, CHECK_CLIENT, HOLDS};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
-use crate::pg::locker::Locker;
+use crate::pg::locker::{server_facts, Locker};
+
+/// The keepalive cadence unless [`SessionLock::keepalive`] says otherwise.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// How long [`probe_pooler`] (and a session-level lock's probe) may take
+/// unless [`SessionLock::probe_timeout`] says otherwise.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `application_name` of the pooler probe's connections.
+const PROBE_NAME: &str = "lockkit pooler probe";
 
 /// Whether a lock waits, and how long.
 #[derive(Clone, Copy, Debug)]
@@ -33,21 +89,40 @@ enum Wait {
     Timeout(Duration),
 }
 
-/// Takes session-level advisory locks, each on a dedicated connection.
+/// How a [`SessionLock`] holds its locks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SessionForm {
+    /// `pg_advisory_xact_lock` inside a transaction held open on the lock's
+    /// connection, rolled back at release: safe behind any pooler (the
+    /// default).
+    #[default]
+    Transaction,
+    /// `pg_advisory_lock` on the lock's session, unlocked at release: for
+    /// direct connections only; refused behind a transaction-mode pooler
+    /// (see [`SessionLock::pooler_check`]).
+    SessionLevel,
+}
+
+/// Takes session-duration advisory locks, each on a connection of its own.
 ///
-/// Every lock opens its own connection from the `tokio_postgres::Config`
-/// (without TLS), checks the server, takes the lock and hands back a
-/// [`SessionGuard`] that owns the connection. Dropping the guard closes the
-/// connection, and the server releases the lock with the session, so a
-/// session lock cannot leak into a pool or outlive the task that holds it.
+/// Every lock opens its own connection from a `tokio_postgres::Config`
+/// ([`new`](Self::new), or [`with_tls`](Self::with_tls)), or leases one
+/// from the application's deadpool-postgres pool ([`from_pool`](Self::from_pool),
+/// feature `deadpool`), for the life of the lock. In the default
+/// [`SessionForm::Transaction`] it opens a transaction there and takes
+/// `pg_advisory_xact_lock` inside (see the [module docs](self)); the
+/// [`SessionGuard`] it hands back keeps the transaction open, with a
+/// keepalive, until it is released, dropped or lost.
 ///
-/// Before locking it refuses:
+/// Before handing out a lock it refuses:
 /// - a hot standby ([`Error::HotStandby`]; see
 ///   [`allow_standby`](Self::allow_standby)): locks there exclude nothing on
 ///   the primary;
-/// - a transaction-mode pooler ([`Error::PooledConnection`]; see
-///   [`probe_pooler`]): the lock would stay on a server connection that
-///   other clients get, and the unlock could reach another backend.
+/// - `HashText` keys when the server's `hashtext` differs from lockkit's
+///   ([`Error::HashtextMismatch`]);
+/// - in the [`SessionForm::SessionLevel`] form only, a transaction-mode
+///   pooler ([`Error::PooledConnection`]; see [`probe_pooler`]).
 ///
 /// # Example
 ///
@@ -76,21 +151,86 @@ enum Wait {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct SessionLock {
-    config: tokio_postgres::Config,
+    source: Source,
+    form: SessionForm,
     allow_standby: bool,
     pooler_check: bool,
+    keepalive: Duration,
+    probe_timeout: Duration,
+}
+
+impl fmt::Debug for SessionLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionLock")
+            .field("source", &self.source)
+            .field("form", &self.form)
+            .field("allow_standby", &self.allow_standby)
+            .field("pooler_check", &self.pooler_check)
+            .field("keepalive", &self.keepalive)
+            .field("probe_timeout", &self.probe_timeout)
+            .finish()
+    }
 }
 
 impl SessionLock {
-    /// Session locks on connections made from `config`.
+    /// Session locks on connections made from `config`, without TLS.
     pub fn new(config: tokio_postgres::Config) -> Self {
+        Self::with_tls(config, NoTls)
+    }
+
+    /// Session locks on connections made from `config` through `tls`, a
+    /// tokio-postgres TLS connector (e.g. `postgres_openssl::MakeTlsConnector`
+    /// or `tokio_postgres_rustls::MakeRustlsConnect`), as
+    /// `config.connect(tls)` would make them; `sslmode` is the config's.
+    /// Cancel requests for an abandoned wait go through `tls` too.
+    pub fn with_tls<T>(config: tokio_postgres::Config, tls: T) -> Self
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + Sync + 'static,
+        T::TlsConnect: Send + Sync,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        Self::from_source(Source::Connect(Arc::new(Direct { config, tls })))
+    }
+
+    /// Session locks on connections leased from the application's
+    /// deadpool-postgres `pool` for the life of each lock (feature
+    /// `deadpool`).
+    ///
+    /// A release rolls the lock's transaction back and returns the
+    /// connection to the pool. A guard dropped without release rolls back
+    /// on its task and returns the connection only when the rollback
+    /// completed; otherwise (a failed or cut-short rollback, a lost
+    /// connection, the runtime shutting down) the connection is detached
+    /// from the pool and closed, which ends the transaction on the server.
+    /// A connection is never returned with a lock on it.
+    ///
+    /// A pooled connection is not lockkit's to rename: its
+    /// `application_name` is set transaction-locally for the lock.
+    #[cfg(feature = "deadpool")]
+    pub fn from_pool(pool: deadpool_postgres::Pool) -> Self {
+        Self::from_source(Source::Pool(pool))
+    }
+
+    fn from_source(source: Source) -> Self {
         SessionLock {
-            config,
+            source,
+            form: SessionForm::Transaction,
             allow_standby: false,
             pooler_check: true,
+            keepalive: DEFAULT_KEEPALIVE,
+            probe_timeout: DEFAULT_PROBE_TIMEOUT,
         }
+    }
+
+    /// How the locks are held: [`SessionForm::Transaction`] (the default,
+    /// safe behind any pooler) or [`SessionForm::SessionLevel`] (plain
+    /// `pg_advisory_lock`, for direct connections).
+    pub fn form(mut self, form: SessionForm) -> Self {
+        self.form = form;
+        self
     }
 
     /// Take locks on a hot standby too (refused by default: they exclude
@@ -100,41 +240,69 @@ impl SessionLock {
         self
     }
 
-    /// Whether to probe for a transaction-mode pooler before each lock (on
-    /// by default). The probe costs a second, short-lived connection and
-    /// three round trips; turn it off only when the configuration is known
-    /// to reach PostgreSQL directly.
+    /// For the [`SessionForm::SessionLevel`] form: whether to probe for a
+    /// transaction-mode pooler before each lock (on by default). The probe
+    /// costs a second, short-lived connection and three round trips,
+    /// bounded by [`probe_timeout`](Self::probe_timeout); turn it off only
+    /// when the connections are known to reach PostgreSQL directly. The
+    /// default form needs no probe and ignores this.
     pub fn pooler_check(mut self, check: bool) -> Self {
         self.pooler_check = check;
         self
     }
 
-    /// The connection settings.
-    pub fn config(&self) -> &tokio_postgres::Config {
-        &self.config
+    /// The keepalive cadence of each lock's connection (5 s by default; at
+    /// least 1 ms). Keep it below the server's
+    /// `idle_in_transaction_session_timeout`, or the server ends the lock's
+    /// session (see the [module docs](self)). [`SessionGuard::lost`]
+    /// resolves within one cadence of the lock being gone.
+    pub fn keepalive(mut self, cadence: Duration) -> Self {
+        self.keepalive = cadence.max(Duration::from_millis(1));
+        self
     }
 
-    /// Takes `key` exclusive on a new session, waiting as long as it takes.
+    /// The bound on the pooler probe ([`probe_pooler`](Self::probe_pooler)
+    /// and the session-level form's check), 2 s by default: on a saturated
+    /// pool it gives up with [`ProbeTimeout`] instead of waiting for a
+    /// second connection.
+    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
+        self.probe_timeout = timeout;
+        self
+    }
+
+    /// The connection settings, when the locks open their own connections
+    /// (`None` for a pool).
+    pub fn config(&self) -> Option<&tokio_postgres::Config> {
+        match &self.source {
+            Source::Connect(connect) => Some(connect.config()),
+            #[cfg(feature = "deadpool")]
+            Source::Pool(_) => None,
+        }
+    }
+
+    /// Takes `key` exclusive, waiting as long as it takes.
     ///
     /// # Errors
     ///
-    /// [`Error::HotStandby`], [`Error::PooledConnection`] and
-    /// [`Error::HashtextMismatch`] before locking; [`Error::Deadlock`],
-    /// [`Error::ConnectionLost`] and other connection or server errors.
-    /// Nothing is held after an error.
+    /// [`Error::HotStandby`], [`Error::HashtextMismatch`] and (session-level
+    /// form) [`Error::PooledConnection`] or a [`ProbeTimeout`] before the
+    /// lock is handed out; [`Error::Deadlock`], [`Error::ConnectionLost`]
+    /// and other connection, pool or server errors. Nothing is held after
+    /// an error.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: dropping the future closes the connection and cancels
-    /// the waiting statement, so the lock is not taken (or, if it was just
-    /// granted, released with the session).
+    /// Cancel safe: dropping the future cancels the waiting statement and
+    /// closes (or, for a pool, detaches and closes) the connection, so the
+    /// lock is not taken, or, if it was just granted, released with the
+    /// connection.
     pub async fn lock<K: AdvisoryKey>(&self, key: K) -> Result<SessionGuard<K>, Error> {
         self.acquire(key, Mode::Exclusive, Wait::Forever)
             .await
             .map(expect_granted)
     }
 
-    /// Takes `key` shared on a new session, waiting as long as it takes.
+    /// Takes `key` shared, waiting as long as it takes.
     ///
     /// # Errors
     ///
@@ -183,8 +351,8 @@ impl SessionLock {
         self.acquire(key, Mode::Shared, Wait::Try).await
     }
 
-    /// Takes `key` exclusive, waiting at most `timeout` (the session's
-    /// `lock_timeout`, enforced by the server).
+    /// Takes `key` exclusive, waiting at most `timeout` (`lock_timeout`,
+    /// enforced by the server; the connection's own set-up is not counted).
     ///
     /// # Errors
     ///
@@ -223,6 +391,30 @@ impl SessionLock {
             .map(expect_granted)
     }
 
+    /// Whether this lock's connections go through a transaction-mode
+    /// pooler: [`probe_pooler`] on a connection from this lock's source
+    /// (its config and TLS, or its pool), bounded by
+    /// [`probe_timeout`](Self::probe_timeout).
+    ///
+    /// # Errors
+    ///
+    /// [`ProbeTimeout`] (inside [`Error::Database`]) when the probe did not
+    /// finish in time, e.g. on a pool with no second connection free;
+    /// connection, pool and server errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: its connections are closed, or returned to the pool
+    /// only after their transaction ended, when the future drops.
+    pub async fn probe_pooler(&self) -> Result<PoolerProbe, Error> {
+        self.bounded(async {
+            let (lease, _) = self.lease(PROBE_NAME).await?;
+            let first = backend_pid(lease.client()).await?;
+            self.probe_backends(&lease, first).await
+        })
+        .await
+    }
+
     async fn acquire<K: AdvisoryKey>(
         &self,
         value: K,
@@ -230,16 +422,81 @@ impl SessionLock {
         wait: Wait,
     ) -> Result<Result<SessionGuard<K>, K>, Error> {
         let key = value.lock_key();
-        let (client, lost) = open(&self.config).await?;
-        let (facts, backend_pid) = crate::pg::locker::server_facts(&client).await?;
-        if facts.in_recovery() && !self.allow_standby {
-            return Err(Error::HotStandby);
+        let hashtext = K::KEY_SPEC.form() == KeyForm::HashText;
+        let name = format!("lockkit session lock {key}");
+        let (lease, canceller) = self.lease(&name).await?;
+        let cancel = CancelOnDrop(Some((lease.client().cancel_token(), canceller)));
+        let taken = match self.form {
+            SessionForm::Transaction => {
+                self.lock_in_transaction(&lease, key, mode, wait, &name, hashtext)
+                    .await
+            }
+            SessionForm::SessionLevel => {
+                self.lock_session_level(&lease, key, mode, wait, hashtext)
+                    .await
+            }
+        };
+        cancel.disarm();
+        match taken {
+            Ok((true, backend_pid)) => Ok(Ok(self.hold(value, key, mode, backend_pid, lease))),
+            Ok((false, _)) => {
+                self.discard(lease, true).await;
+                Ok(Err(value))
+            }
+            Err(e) => {
+                self.discard(lease, false).await;
+                Err(e)
+            }
         }
-        if K::KEY_SPEC.form() == KeyForm::HashText {
-            facts.check_hashtext()?;
-        }
+    }
+
+    /// The default form: opens the transaction and takes the lock in one
+    /// round trip (pipelined), then checks the server's facts. Answers
+    /// whether the lock was granted and the backend pid.
+    async fn lock_in_transaction(
+        &self,
+        lease: &Lease,
+        key: LockKey,
+        mode: Mode,
+        wait: Wait,
+        name: &str,
+        hashtext: bool,
+    ) -> Result<(bool, i32), Error> {
+        let client = lease.client();
+        // Sent in this order at the first poll. Should BEGIN fail, the
+        // statements after it run in autocommit, where an xact lock ends
+        // with its statement: nothing can be left behind.
+        let (begun, setup, facts, locked) = join4(
+            client.batch_execute(sql::SESSION_BEGIN),
+            client.query_typed(sql::SESSION_SETUP, &[(&name, Type::TEXT)]),
+            server_facts(client),
+            take_xact_lock(client, key, mode, wait),
+        )
+        .await;
+        begun?;
+        one_row(&setup?, "the session set-up")?;
+        let (facts, backend_pid) = facts?;
+        self.refuse(&facts, hashtext)?;
+        Ok((locked?, backend_pid))
+    }
+
+    /// The plain session-level form: facts, the pooler probe, then
+    /// `pg_advisory_lock`.
+    async fn lock_session_level(
+        &self,
+        lease: &Lease,
+        key: LockKey,
+        mode: Mode,
+        wait: Wait,
+        hashtext: bool,
+    ) -> Result<(bool, i32), Error> {
+        let client = lease.client();
+        let (facts, backend_pid) = server_facts(client).await?;
+        self.refuse(&facts, hashtext)?;
         if self.pooler_check {
-            let probe = probe_backends(&client, &self.config, backend_pid).await?;
+            let probe = self
+                .bounded(self.probe_backends(lease, backend_pid))
+                .await?;
             if let Some(evidence) = probe.evidence {
                 return Err(Error::PooledConnection {
                     backend_pid,
@@ -247,49 +504,175 @@ impl SessionLock {
                 });
             }
         }
-        if facts.server_version_num() >= 140000 {
-            client.simple_query(CHECK_CLIENT).await?;
+        // Session-wide: only on a connection of lockkit's own.
+        if lease.is_owned() && facts.server_version_num() >= 140000 {
+            client.batch_execute(CHECK_CLIENT).await?;
         }
         let context = match wait {
             Wait::Timeout(timeout) => {
                 let setting = timeout_setting(timeout);
                 client
-                    .simple_query(&format!("SET lock_timeout = '{setting}'"))
+                    .batch_execute(&format!("SET lock_timeout = '{setting}'"))
                     .await?;
                 Context::Timeout { timeout, keys: 1 }
             }
             Wait::Forever | Wait::Try => Context::Plain,
         };
-        let cancel = CancelOnDrop(Some(client.cancel_token()));
         let rows = key_query(
-            &client,
+            client,
             sql::session_lock(key, mode, matches!(wait, Wait::Try)),
             key,
         )
         .await
         .map_err(|e| Error::from_pg(e, context))?;
-        cancel.disarm();
-        if matches!(wait, Wait::Try) && !first_bool(&rows)? {
-            // Dropping the client closes the session: nothing is held.
-            return Ok(Err(value));
-        }
+        let granted = match wait {
+            Wait::Try => one_bool(&rows)?,
+            Wait::Forever | Wait::Timeout(_) => {
+                one_row(&rows, "the lock statement")?;
+                true
+            }
+        };
         if let Wait::Timeout(_) = wait {
-            client.simple_query("RESET lock_timeout").await?;
+            client.batch_execute("RESET lock_timeout").await?;
         }
-        Ok(Ok(SessionGuard {
+        Ok((granted, backend_pid))
+    }
+
+    fn refuse(&self, facts: &crate::ServerFacts, hashtext: bool) -> Result<(), Error> {
+        if facts.in_recovery() && !self.allow_standby {
+            return Err(Error::HotStandby);
+        }
+        if hashtext {
+            facts.check_hashtext()?;
+        }
+        Ok(())
+    }
+
+    /// A connection for a lock (or the probe), and how to cancel a
+    /// statement on it.
+    async fn lease(&self, application_name: &str) -> Result<(Lease, Canceller), Error> {
+        match &self.source {
+            Source::Connect(connect) => {
+                let (client, ended) = connect.connect(application_name.to_owned()).await?;
+                Ok((Lease::owned(client, ended), connect.canceller()))
+            }
+            #[cfg(feature = "deadpool")]
+            Source::Pool(pool) => {
+                let object = pool.get().await.map_err(pool_error)?;
+                // The pool's TLS connector is its own; a cancel request goes
+                // without TLS and may be refused. Closing the connection
+                // (what a drop does) ends the wait regardless.
+                Ok((Lease::pooled(object), no_tls_canceller()))
+            }
+        }
+    }
+
+    /// Gives a connection back after a failed or busy acquisition: a pooled
+    /// one only once nothing can be held on it.
+    async fn discard(&self, mut lease: Lease, busy: bool) {
+        if lease.is_owned() {
+            return; // Dropping it closes the session.
+        }
+        lease.clean = match self.form {
+            SessionForm::Transaction => lease
+                .client()
+                .batch_execute(sql::SESSION_ROLLBACK)
+                .await
+                .is_ok(),
+            // A busy try took nothing; after an error, who knows.
+            SessionForm::SessionLevel => busy,
+        };
+    }
+
+    fn hold<K>(
+        &self,
+        value: K,
+        key: LockKey,
+        mode: Mode,
+        backend_pid: i32,
+        lease: Lease,
+    ) -> SessionGuard<K> {
+        let (lost_tx, lost) = watch::channel(false);
+        let (commands, inbox) = mpsc::unbounded_channel();
+        let holder = Holder {
+            lease,
+            key,
+            mode,
+            form: self.form,
+            cadence: self.keepalive,
+            backend_pid,
+        };
+        tokio::spawn(holder.run(inbox, lost_tx));
+        SessionGuard {
             value,
             key,
             mode,
+            form: self.form,
             backend_pid,
-            client,
+            commands,
             lost,
-        }))
+        }
+    }
+
+    async fn bounded<T>(&self, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+        match tokio::time::timeout(self.probe_timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Database {
+                code: None,
+                source: Box::new(ProbeTimeout {
+                    timeout: self.probe_timeout,
+                }),
+            }),
+        }
+    }
+
+    /// The probe proper, with the first connection already open and its
+    /// backend `first`: see [`probe_pooler`].
+    async fn probe_backends(&self, lease: &Lease, first: i32) -> Result<PoolerProbe, Error> {
+        let client = lease.client();
+        let pooled = |evidence: String| PoolerProbe {
+            backend_pid: first,
+            evidence: Some(evidence),
+        };
+        let again = backend_pid(client).await?;
+        if again != first {
+            return Ok(pooled(format!(
+                "the next transaction ran on backend {again}"
+            )));
+        }
+        let (mut other, _) = self.lease(PROBE_NAME).await?;
+        other.client().batch_execute("BEGIN").await?;
+        let other_pid = backend_pid(other.client()).await?;
+        let after = if other_pid == first {
+            None
+        } else {
+            Some(backend_pid(client).await?)
+        };
+        other.clean = other
+            .client()
+            .batch_execute(sql::SESSION_ROLLBACK)
+            .await
+            .is_ok();
+        drop(other);
+        Ok(match after {
+            None => pooled(
+                "another client's transaction was given it while this connection was idle".into(),
+            ),
+            Some(after) if after != first => pooled(format!(
+                "while another client's transaction was open, this connection moved to backend {after}"
+            )),
+            Some(_) => PoolerProbe {
+                backend_pid: first,
+                evidence: None,
+            },
+        })
     }
 }
 
 impl Locker {
-    /// Session locks on connections made from `config`, with this locker's
-    /// standby policy ([`Config::allow_standby`](crate::Config::allow_standby)).
+    /// Session locks on connections made from `config` (without TLS), with
+    /// this locker's standby policy
+    /// ([`Config::allow_standby`](crate::Config::allow_standby)).
     ///
     /// The locker's transactions and the session locks take keys from the
     /// same key spaces, so an xact lock and a session lock on one key
@@ -306,26 +689,77 @@ fn expect_granted<K>(result: Result<SessionGuard<K>, K>) -> SessionGuard<K> {
     }
 }
 
-/// A session-level advisory lock, held by a connection of its own.
+/// Takes `key` on `client`, inside the transaction open there, with the
+/// statements of [`sql`]: one waiting or try statement, and for a timeout
+/// the transaction-local timeouts around it, all pipelined. Answers whether
+/// the lock was granted (a waiting form is granted or fails). Every reply
+/// is checked: a waiting lock must return one row, a try one `bool`;
+/// anything else is an error, never a success.
+///
+/// The one place the default session form takes its lock.
+async fn take_xact_lock(
+    client: &Client,
+    key: LockKey,
+    mode: Mode,
+    wait: Wait,
+) -> Result<bool, Error> {
+    let shared = mode == Mode::Shared;
+    let text = match (key, shared, matches!(wait, Wait::Try)) {
+        (LockKey::BigInt(_), false, false) => sql::LOCK_BIGINT,
+        (LockKey::BigInt(_), true, false) => sql::LOCK_BIGINT_SHARED,
+        (LockKey::BigInt(_), false, true) => sql::TRY_BIGINT,
+        (LockKey::BigInt(_), true, true) => sql::TRY_BIGINT_SHARED,
+        (LockKey::Pair(..), false, false) => sql::LOCK_PAIR,
+        (LockKey::Pair(..), true, false) => sql::LOCK_PAIR_SHARED,
+        (LockKey::Pair(..), false, true) => sql::TRY_PAIR,
+        (LockKey::Pair(..), true, true) => sql::TRY_PAIR_SHARED,
+    };
+    match wait {
+        Wait::Try => one_bool(&key_query(client, text, key).await?),
+        Wait::Forever => {
+            one_row(&key_query(client, text, key).await?, "the lock statement")?;
+            Ok(true)
+        }
+        Wait::Timeout(timeout) => {
+            let setting = timeout_setting(timeout);
+            let (saved, set, locked, restored) = join4(
+                client.query_typed(sql::SAVE_TIMEOUTS, &[]),
+                client.query_typed(sql::SET_TIMEOUTS, &[(&setting, Type::TEXT)]),
+                key_query(client, text, key),
+                client.query_typed(sql::RESTORE_TIMEOUTS, &[]),
+            )
+            .await;
+            one_row(&saved?, "saving the timeouts")?;
+            one_row(&set?, "setting the timeouts")?;
+            let locked =
+                locked.map_err(|e| Error::from_pg(e, Context::Timeout { timeout, keys: 1 }))?;
+            one_row(&locked, "the lock statement")?;
+            one_row(&restored?, "restoring the timeouts")?;
+            Ok(true)
+        }
+    }
+}
+
+/// A session-duration advisory lock, held by a connection of its own.
 ///
 /// The lock is held until [`release`](Self::release), until the guard drops
-/// (which closes the connection: the server ends the session and releases
-/// its locks), or until the connection is lost (a network failure, a server
-/// restart, `pg_terminate_backend`): then the server has released the lock
-/// and another session may hold it. A leader must therefore stop acting as
-/// one as soon as [`lost`](Self::lost) resolves, and can ask
-/// [`is_held`](Self::is_held) at any time.
+/// (its task rolls the transaction back, or closes the connection), or
+/// until the connection is lost (a network failure, a server restart,
+/// `pg_terminate_backend`, `idle_in_transaction_session_timeout`): then the
+/// server has released the lock and another session may hold it. A leader
+/// must therefore stop acting as one as soon as [`lost`](Self::lost)
+/// resolves, and can ask [`is_held`](Self::is_held) at any time.
 ///
-/// Dropping the guard inside a tokio runtime closes the connection at once
-/// (its task sends the termination message). The guard is `Send + Sync`
-/// and dereferences to the key value.
+/// A task on the tokio runtime owns the connection and runs its keepalive;
+/// the guard is `Send + Sync` and dereferences to the key value.
 #[must_use = "the session lock is released when the guard drops; bind it to a variable for as long as the work needs the lock"]
 pub struct SessionGuard<K> {
     value: K,
     key: LockKey,
     mode: Mode,
+    form: SessionForm,
     backend_pid: i32,
-    client: Client,
+    commands: mpsc::UnboundedSender<Command>,
     lost: watch::Receiver<bool>,
 }
 
@@ -335,6 +769,7 @@ impl<K: fmt::Debug> fmt::Debug for SessionGuard<K> {
             .field("value", &self.value)
             .field("key", &self.key)
             .field("mode", &self.mode)
+            .field("form", &self.form)
             .field("backend_pid", &self.backend_pid)
             .field("held", &self.is_held())
             .finish()
@@ -360,26 +795,32 @@ impl<K> SessionGuard<K> {
         self.mode
     }
 
+    /// How the lock is held.
+    pub fn form(&self) -> SessionForm {
+        self.form
+    }
+
     /// The key value.
     pub fn value(&self) -> &K {
         &self.value
     }
 
-    /// The server process of the lock's session (`pg_locks.pid`).
+    /// The server process holding the lock (`pg_locks.pid`, also behind a
+    /// pooler: the backend the lock's transaction is pinned to).
     pub fn backend_pid(&self) -> i32 {
         self.backend_pid
     }
 
-    /// Whether the lock's connection is still open. `false` means the lock
-    /// is gone; `true` means the client has not seen the connection end (a
-    /// silent network partition is noticed only when TCP gives up; use
-    /// [`check`](Self::check) to ask the server).
+    /// Whether the lock is still held as far as the client knows: `false`
+    /// once the connection ended or a keepalive failed (the lock is gone).
+    /// Use [`check`](Self::check) to ask the server.
     pub fn is_held(&self) -> bool {
-        !self.client.is_closed() && !*self.lost.borrow()
+        !*self.lost.borrow()
     }
 
-    /// A future that resolves when the lock's connection ends, and with it
-    /// the lock. It owns what it needs (`'static`), so a leader can
+    /// A future that resolves when the lock is gone: its connection ended
+    /// or a keepalive failed or got no reply within one cadence (and after
+    /// a release). It owns what it needs (`'static`), so a leader can
     /// `select!` on it while it works.
     ///
     /// # Cancel safety
@@ -388,12 +829,13 @@ impl<K> SessionGuard<K> {
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         let mut lost = self.lost.clone();
         async move {
-            // An error means the connection task is gone: lost as well.
+            // An error means the task is gone: lost as well.
             let _ = lost.wait_for(|lost| *lost).await;
         }
     }
 
-    /// Asks the server whether this session holds the lock (`pg_locks`).
+    /// Asks the server whether the lock's backend holds the lock
+    /// (`pg_locks`).
     ///
     /// # Errors
     ///
@@ -403,50 +845,348 @@ impl<K> SessionGuard<K> {
     ///
     /// Cancel safe: it only reads.
     pub async fn check(&self) -> Result<bool, Error> {
-        let id = self.key.to_pg_locks();
-        let (classid, objid) = (i64::from(id.classid), i64::from(id.objid));
-        let params: [(&(dyn ToSql + Sync), Type); 3] = [
-            (&classid, Type::INT8),
-            (&objid, Type::INT8),
-            (&id.objsubid, Type::INT2),
-        ];
-        let result = self.client.query_typed_one(HOLDS, &params).await;
-        match result {
-            Ok(row) => Ok(row.try_get(0)?),
-            Err(e) => match Error::from(e) {
-                e if e.is_connection_lost() => Ok(false),
-                e => Err(e),
-            },
+        let (reply, answer) = oneshot::channel();
+        if self.commands.send(Command::Check(reply)).is_err() {
+            return Ok(false);
         }
+        answer.await.unwrap_or(Ok(false))
     }
 
-    /// Unlocks explicitly and closes the connection. Answers whether the
-    /// server really held the lock (`pg_advisory_unlock`'s result).
+    /// Releases the lock: rolls its transaction back (default form) or
+    /// unlocks (session-level form), then closes the connection or returns
+    /// it to its pool. Answers whether the server really held the lock
+    /// until then (`pg_locks` read in the same round trip as the rollback;
+    /// `pg_advisory_unlock`'s result).
     ///
     /// # Errors
     ///
     /// [`Error::ConnectionLost`] when the connection was already gone: the
     /// server released the lock when the session ended, possibly long ago.
-    /// Other server errors; the connection is closed either way.
+    /// Other server errors; the lock is gone either way (a connection that
+    /// could not be cleaned is closed).
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: if dropped, the connection is closed and the lock
-    /// released with the session.
+    /// Cancel safe: once asked, the guard's task finishes the release
+    /// whether or not the answer is awaited.
     pub async fn release(self) -> Result<bool, Error> {
-        let SessionGuard {
-            key,
-            mode,
-            client,
-            mut lost,
-            ..
-        } = self;
-        let result = key_query(&client, sql::session_unlock(key, mode), key).await;
-        drop(client);
-        // The connection task sends the termination message and ends.
-        let _ = lost.wait_for(|lost| *lost).await;
-        first_bool(&result?)
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Release(reply))
+            .map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
     }
+}
+
+fn gone() -> Error {
+    Error::ConnectionLost {
+        source: "the session lock's connection had already ended".into(),
+    }
+}
+
+/// What a guard asks its task.
+enum Command {
+    Check(oneshot::Sender<Result<bool, Error>>),
+    Release(oneshot::Sender<Result<bool, Error>>),
+}
+
+/// The task that owns a held lock's connection.
+struct Holder {
+    lease: Lease,
+    key: LockKey,
+    mode: Mode,
+    form: SessionForm,
+    cadence: Duration,
+    backend_pid: i32,
+}
+
+impl Holder {
+    async fn run(mut self, mut inbox: mpsc::UnboundedReceiver<Command>, lost: watch::Sender<bool>) {
+        let mut ticks = tokio::time::interval_at(Instant::now() + self.cadence, self.cadence);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut ended = self.lease.ended.clone();
+        loop {
+            tokio::select! {
+                biased;
+                () = connection_ended(&mut ended) => {
+                    tracing::warn!(key = %self.key, backend_pid = self.backend_pid,
+                        "lockkit: a session lock's connection ended; the lock is gone");
+                    break;
+                }
+                command = inbox.recv() => match command {
+                    Some(Command::Check(reply)) => {
+                        let _ = reply.send(self.holds().await);
+                    }
+                    Some(Command::Release(reply)) => {
+                        let _ = reply.send(self.release().await);
+                        break;
+                    }
+                    None => {
+                        // Dropped without release: end the lock now; a
+                        // pooled connection goes back only if this completes.
+                        let _ = tokio::time::timeout(self.cadence, self.release()).await;
+                        break;
+                    }
+                },
+                _ = ticks.tick() => {
+                    let reply = tokio::time::timeout(
+                        self.cadence,
+                        self.lease.client().batch_execute(sql::KEEPALIVE),
+                    )
+                    .await;
+                    match reply {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            tracing::warn!(key = %self.key, backend_pid = self.backend_pid, error = %e,
+                                "lockkit: a session lock's keepalive failed; the lock is gone");
+                            break;
+                        }
+                        Err(_) => {
+                            tracing::warn!(key = %self.key, backend_pid = self.backend_pid,
+                                cadence = ?self.cadence,
+                                "lockkit: no keepalive reply within one cadence; giving the session lock up");
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        // Closes the connection, or returns it to its pool if clean.
+        drop(self.lease);
+        let _ = lost.send(true);
+    }
+
+    async fn holds(&self) -> Result<bool, Error> {
+        match holds(self.lease.client(), self.key).await {
+            Err(e) if e.is_connection_lost() => Ok(false),
+            result => result,
+        }
+    }
+
+    async fn release(&mut self) -> Result<bool, Error> {
+        let client = self.lease.client();
+        match self.form {
+            SessionForm::Transaction => {
+                let (held, rolled_back) = join(
+                    holds(client, self.key),
+                    client.batch_execute(sql::SESSION_ROLLBACK),
+                )
+                .await;
+                rolled_back?;
+                self.lease.clean = true;
+                held
+            }
+            SessionForm::SessionLevel => {
+                let rows =
+                    key_query(client, sql::session_unlock(self.key, self.mode), self.key).await?;
+                let was_held = one_bool(&rows)?;
+                // Unlocked what it took: nothing of this lock is left.
+                self.lease.clean = was_held;
+                Ok(was_held)
+            }
+        }
+    }
+}
+
+/// Resolves when the connection task of a connection lockkit opened ends;
+/// never for a leased one (its keepalive notices).
+async fn connection_ended(ended: &mut Option<watch::Receiver<bool>>) {
+    match ended {
+        Some(ended) => {
+            let _ = ended.wait_for(|ended| *ended).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether the backend of `client` holds `key` (granted, in `pg_locks`).
+async fn holds(client: &Client, key: LockKey) -> Result<bool, Error> {
+    let id = key.to_pg_locks();
+    let (classid, objid) = (i64::from(id.classid), i64::from(id.objid));
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&classid, Type::INT8),
+        (&objid, Type::INT8),
+        (&id.objsubid, Type::INT2),
+    ];
+    let rows = client.query_typed(HOLDS, &params).await?;
+    one_bool(&rows)
+}
+
+/// The connection of a lock: opened by lockkit, or leased from a pool.
+struct Lease {
+    conn: Option<Conn>,
+    /// Flips when the connection task of an owned connection ends.
+    ended: Option<watch::Receiver<bool>>,
+    /// Whether a pooled connection may go back to its pool: set only once
+    /// nothing of the lock can be left on it.
+    clean: bool,
+}
+
+enum Conn {
+    Owned(Client),
+    #[cfg(feature = "deadpool")]
+    Pooled(deadpool_postgres::Object),
+}
+
+impl Lease {
+    fn owned(client: Client, ended: watch::Receiver<bool>) -> Self {
+        Lease {
+            conn: Some(Conn::Owned(client)),
+            ended: Some(ended),
+            clean: false,
+        }
+    }
+
+    #[cfg(feature = "deadpool")]
+    fn pooled(object: deadpool_postgres::Object) -> Self {
+        Lease {
+            conn: Some(Conn::Pooled(object)),
+            ended: None,
+            clean: false,
+        }
+    }
+
+    fn client(&self) -> &Client {
+        match &self.conn {
+            Some(Conn::Owned(client)) => client,
+            #[cfg(feature = "deadpool")]
+            Some(Conn::Pooled(object)) => object,
+            None => unreachable!("only Drop takes the connection"),
+        }
+    }
+
+    fn is_owned(&self) -> bool {
+        matches!(self.conn, Some(Conn::Owned(_)))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        match self.conn.take() {
+            #[cfg(feature = "deadpool")]
+            Some(Conn::Pooled(object)) if !self.clean => {
+                // Never back to the pool: detached and dropped, which aborts
+                // its connection task and closes the socket, so the server
+                // ends the session and its transaction.
+                drop(deadpool_postgres::Object::take(object));
+            }
+            // An owned client closes its connection when it drops; a clean
+            // pooled one goes back to the pool.
+            other => drop(other),
+        }
+    }
+}
+
+#[cfg(feature = "deadpool")]
+fn pool_error(e: deadpool_postgres::PoolError) -> Error {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => Error::from(e),
+        e => Error::Database {
+            code: None,
+            source: Box::new(e),
+        },
+    }
+}
+
+/// Where a [`SessionLock`] gets its connections.
+#[derive(Clone)]
+enum Source {
+    Connect(Arc<dyn Connect>),
+    #[cfg(feature = "deadpool")]
+    Pool(deadpool_postgres::Pool),
+}
+
+impl fmt::Debug for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Connect(connect) => f.debug_tuple("Connect").field(connect.config()).finish(),
+            #[cfg(feature = "deadpool")]
+            Source::Pool(pool) => f.debug_tuple("Pool").field(&pool.status()).finish(),
+        }
+    }
+}
+
+/// Sends a cancel request for a statement in flight.
+type Canceller = Arc<dyn Fn(CancelToken) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Opens connections, whatever the TLS connector's type.
+trait Connect: Send + Sync {
+    fn connect(
+        &self,
+        application_name: String,
+    ) -> BoxFuture<'_, Result<(Client, watch::Receiver<bool>), Error>>;
+    fn canceller(&self) -> Canceller;
+    fn config(&self) -> &tokio_postgres::Config;
+}
+
+struct Direct<T> {
+    config: tokio_postgres::Config,
+    tls: T,
+}
+
+impl<T> Connect for Direct<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::Stream: Send + Sync + 'static,
+    T::TlsConnect: Send + Sync,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    /// Connects, named `application_name`, and runs the connection on a
+    /// task that flips the returned watch to `true` when it ends.
+    fn connect(
+        &self,
+        application_name: String,
+    ) -> BoxFuture<'_, Result<(Client, watch::Receiver<bool>), Error>> {
+        Box::pin(async move {
+            let mut config = self.config.clone();
+            config.application_name(&application_name);
+            let (client, connection) = config.connect(self.tls.clone()).await?;
+            let (ended, lost) = watch::channel(false);
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "lockkit: a session lock connection ended");
+                }
+                let _ = ended.send(true);
+            });
+            Ok((client, lost))
+        })
+    }
+
+    fn canceller(&self) -> Canceller {
+        let tls = self.tls.clone();
+        Arc::new(move |token: CancelToken| {
+            let tls = tls.clone();
+            Box::pin(async move {
+                let _ = token.cancel_query(tls).await;
+            }) as BoxFuture<'static, ()>
+        })
+    }
+
+    fn config(&self) -> &tokio_postgres::Config {
+        &self.config
+    }
+}
+
+#[cfg(feature = "deadpool")]
+fn no_tls_canceller() -> Canceller {
+    Arc::new(|token: CancelToken| {
+        Box::pin(async move {
+            let _ = token.cancel_query(NoTls).await;
+        }) as BoxFuture<'static, ()>
+    })
+}
+
+/// The pooler probe did not finish within its timeout
+/// ([`SessionLock::probe_timeout`]): typically a pool or pooler with no
+/// second connection free. Nothing was locked, and the probe's connections
+/// were closed (or returned to the pool), so it holds none of them longer
+/// than the timeout. The source of an [`Error::Database`] without a
+/// SQLSTATE; find it with `std::error::Error::source` and `downcast_ref`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the pooler probe did not finish within {timeout:?} (no second connection free in the pool?); nothing was locked")]
+pub struct ProbeTimeout {
+    /// The timeout that expired.
+    pub timeout: Duration,
 }
 
 /// What [`probe_pooler`] saw.
@@ -473,8 +1213,11 @@ impl PoolerProbe {
     }
 }
 
-/// Whether connections made from `config` go through a transaction-mode
-/// pooler: the check [`SessionLock`] makes before every lock.
+/// Whether connections made from `config` (without TLS) go through a
+/// transaction-mode pooler: the check the [`SessionForm::SessionLevel`]
+/// form makes before every lock (the default form needs none). Bounded by
+/// [`DEFAULT_PROBE_TIMEOUT`]; use [`SessionLock::probe_pooler`] for TLS,
+/// a pool or another bound.
 ///
 /// On its own connection it reads `pg_backend_pid()` in two transactions;
 /// then a second client opens a transaction, and the first reads its pid
@@ -483,69 +1226,22 @@ impl PoolerProbe {
 /// the pool after each transaction: pgbouncer hands the one released last
 /// to the next client, so the second client gets the first one's backend,
 /// or, when it does not, the first client moves to another. A session-mode
-/// pooler keeps each client on one backend and is not reported.
+/// pooler keeps each client on one backend and is not reported. The probe
+/// is a heuristic (it relies on the pooler's reuse order and can miss a
+/// pooler under load); that is why the default session form does not rely
+/// on it.
 ///
 /// # Errors
 ///
-/// When a connection or a query fails.
+/// [`ProbeTimeout`] (inside [`Error::Database`]) when the probe did not
+/// finish within the bound, e.g. because the pool had no second connection
+/// free; when a connection or a query fails.
 ///
 /// # Cancel safety
 ///
 /// Cancel safe: both connections are closed when the future drops.
 pub async fn probe_pooler(config: &tokio_postgres::Config) -> Result<PoolerProbe, Error> {
-    let (client, _lost) = open(config).await?;
-    let first = backend_pid(&client).await?;
-    probe_backends(&client, config, first).await
-}
-
-async fn probe_backends(
-    client: &Client,
-    config: &tokio_postgres::Config,
-    first: i32,
-) -> Result<PoolerProbe, Error> {
-    let pooled = |evidence: String| PoolerProbe {
-        backend_pid: first,
-        evidence: Some(evidence),
-    };
-    let again = backend_pid(client).await?;
-    if again != first {
-        return Ok(pooled(format!(
-            "the next transaction ran on backend {again}"
-        )));
-    }
-    let (other, _other_lost) = open(config).await?;
-    other.simple_query("BEGIN").await?;
-    let other_pid = backend_pid(&other).await?;
-    if other_pid == first {
-        return Ok(pooled(
-            "another client's transaction was given it while this connection was idle".into(),
-        ));
-    }
-    let after = backend_pid(client).await?;
-    drop(other);
-    if after != first {
-        return Ok(pooled(format!(
-            "while another client's transaction was open, this connection moved to backend {after}"
-        )));
-    }
-    Ok(PoolerProbe {
-        backend_pid: first,
-        evidence: None,
-    })
-}
-
-/// Connects and runs the connection on a task that flips the returned
-/// watch to `true` when the connection ends.
-async fn open(config: &tokio_postgres::Config) -> Result<(Client, watch::Receiver<bool>), Error> {
-    let (client, connection) = config.connect(NoTls).await?;
-    let (ended, lost) = watch::channel(false);
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "lockkit: session lock connection ended");
-        }
-        let _ = ended.send(true);
-    });
-    Ok((client, lost))
+    SessionLock::new(config.clone()).probe_pooler().await
 }
 
 /// `pg_backend_pid()` in a statement of its own (its own transaction).
@@ -580,19 +1276,33 @@ async fn key_query(
     }
 }
 
-fn first_bool(rows: &[Row]) -> Result<bool, Error> {
-    match rows.first() {
-        Some(row) => Ok(row.try_get(0)?),
+/// Exactly one row, or an error naming `what`.
+fn one_row(rows: &[Row], what: &str) -> Result<(), Error> {
+    if rows.len() == 1 {
+        Ok(())
+    } else {
+        Err(Error::Database {
+            code: None,
+            source: format!("{what} returned {} rows, not one", rows.len()).into(),
+        })
+    }
+}
+
+/// Exactly one row whose first column is a non-null `bool`.
+fn one_bool(rows: &[Row]) -> Result<bool, Error> {
+    one_row(rows, "the lock statement")?;
+    match rows[0].try_get::<_, Option<bool>>(0)? {
+        Some(answer) => Ok(answer),
         None => Err(Error::Database {
             code: None,
-            source: "the lock statement returned no row".into(),
+            source: "the lock statement returned NULL, not a bool".into(),
         }),
     }
 }
 
 /// Cancels the statement in flight on the server if the acquisition is
 /// dropped before it completes.
-struct CancelOnDrop(Option<CancelToken>);
+struct CancelOnDrop(Option<(CancelToken, Canceller)>);
 
 impl CancelOnDrop {
     fn disarm(mut self) {
@@ -602,10 +1312,10 @@ impl CancelOnDrop {
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        if let (Some(token), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
-            runtime.spawn(async move {
-                let _ = token.cancel_query(NoTls).await;
-            });
+        if let (Some((token, cancel)), Ok(runtime)) =
+            (self.0.take(), tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(cancel(token));
         }
     }
 }
