@@ -117,6 +117,10 @@ pub const SESSION_SETUP: &str = "SELECT set_config('application_name', $1, true)
 /// The keepalive a session lock's connection runs at its cadence: inside
 /// the lock's transaction it resets `idle_in_transaction_session_timeout`,
 /// and its reply (or its absence) tells whether the connection is alive.
+/// Sent with the simple protocol, it also closes every pipeline of
+/// extended-protocol statements on that connection: it drops their unnamed
+/// portal, which would otherwise keep its snapshot (and the backend's
+/// `backend_xmin`, holding back VACUUM) until the next statement.
 pub const KEEPALIVE: &str = "SELECT 1";
 
 /// Ends the transaction of a default session lock, and the lock with it.

@@ -58,7 +58,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::{join, join4, BoxFuture};
+use futures_util::future::{join, join4, join5, BoxFuture};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
@@ -408,9 +408,13 @@ impl SessionLock {
     /// only after their transaction ended, when the future drops.
     pub async fn probe_pooler(&self) -> Result<PoolerProbe, Error> {
         self.bounded(async {
-            let (lease, _) = self.lease(PROBE_NAME).await?;
+            let (mut lease, _) = self.lease(PROBE_NAME).await?;
             let first = backend_pid(lease.client()).await?;
-            self.probe_backends(&lease, first).await
+            let probe = self.probe_backends(&lease, first).await?;
+            // Only statements in autocommit ran on it: a pooled connection
+            // may go back.
+            lease.clean = true;
+            Ok(probe)
         })
         .await
     }
@@ -466,18 +470,26 @@ impl SessionLock {
         // Sent in this order at the first poll. Should BEGIN fail, the
         // statements after it run in autocommit, where an xact lock ends
         // with its statement: nothing can be left behind.
-        let (begun, setup, facts, locked) = join4(
+        // The closing keepalive, a simple-protocol statement, drops the
+        // unnamed portal of the extended-protocol statements before it,
+        // which would keep its snapshot, and so the backend's xmin, until
+        // the next statement: without it the held lock would hold back
+        // VACUUM until the first keepalive.
+        let (begun, setup, facts, locked, closed) = join5(
             client.batch_execute(sql::SESSION_BEGIN),
             client.query_typed(sql::SESSION_SETUP, &[(&name, Type::TEXT)]),
             server_facts(client),
             take_xact_lock(client, key, mode, wait),
+            client.batch_execute(sql::KEEPALIVE),
         )
         .await;
         begun?;
         one_row(&setup?, "the session set-up")?;
         let (facts, backend_pid) = facts?;
         self.refuse(&facts, hashtext)?;
-        Ok((locked?, backend_pid))
+        let granted = locked?;
+        closed?;
+        Ok((granted, backend_pid))
     }
 
     /// The plain session-level form: facts, the pooler probe, then
@@ -957,7 +969,15 @@ impl Holder {
     }
 
     async fn holds(&self) -> Result<bool, Error> {
-        match holds(self.lease.client(), self.key).await {
+        let client = self.lease.client();
+        // The keepalive after it drops its portal (and snapshot), as after
+        // the lock.
+        let (held, closed) = join(
+            holds(client, self.key),
+            client.batch_execute(sql::KEEPALIVE),
+        )
+        .await;
+        match held.and_then(|held| closed.map(|()| held).map_err(Error::from)) {
             Err(e) if e.is_connection_lost() => Ok(false),
             result => result,
         }

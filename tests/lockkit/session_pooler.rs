@@ -1,0 +1,494 @@
+//! The default (transaction-held) session-duration locks behind real
+//! poolers and pools: 200 locks in a row through transaction-mode and
+//! session-mode pgbouncer under background load, and direct, none leaked
+//! and never two holders; the control (plain session-level locks, probe
+//! off) leaks. Leases from a deadpool pool of one. What an operator sees
+//! (`idle in transaction`, `application_name`, no `backend_xmin`). The
+//! bounded pooler probe.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use lockkit::{AdvisoryKey, LockKey, ProbeTimeout, SessionForm, SessionLock};
+use lockkit_tests::{PgBouncer, TestServer};
+use tokio::task::JoinHandle;
+use tokio_postgres::{Client, NoTls};
+
+use crate::common::held_by;
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests/session-pooler")]
+struct Leader {
+    id: i64,
+}
+
+/// Granted rows of `key` in `pg_locks`, in any session.
+async fn granted(observer: &Client, key: LockKey) -> i64 {
+    let id = key.to_pg_locks();
+    observer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND classid = $1 AND objid = $2 AND objsubid = $3",
+            &[&id.classid, &id.objid, &id.objsubid],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0)
+}
+
+/// Polls until no session holds `key`; panics after 30 s. The server ends a
+/// closed session asynchronously.
+async fn until_free(observer: &Client, key: LockKey) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while granted(observer, key).await > 0 {
+        assert!(Instant::now() < deadline, "{key} still held after 30 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+pub(crate) fn pool_of(config: tokio_postgres::Config, size: usize) -> Pool {
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager).max_size(size).build().expect("pool")
+}
+
+/// Clients doing short transactions through `config` until dropped, so a
+/// transaction-mode pooler hands its backends around.
+struct Background {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Background {
+    async fn start(config: &tokio_postgres::Config, clients: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..clients {
+            let (client, connection) = config.connect(NoTls).await.expect("background client");
+            tokio::spawn(connection);
+            let (stop, done) = (stop.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    client
+                        .batch_execute("BEGIN; SELECT pg_backend_pid(); COMMIT")
+                        .await
+                        .expect("background transaction");
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+        Background { stop, done, tasks }
+    }
+
+    /// Stops the clients; answers how many transactions they ran.
+    async fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.expect("background client panicked");
+        }
+        self.done.load(Ordering::Relaxed)
+    }
+}
+
+/// 200 default session locks in a row through `sessions`, with a second
+/// holder trying the key through `rival` each time. Each is granted to
+/// exactly one backend (checked from the direct `observer`), refused to the
+/// rival, and gone from `pg_locks` after its release (checked at once) or
+/// drop (polled). Answers how many the rival was refused.
+async fn two_hundred_locks(
+    sessions: &SessionLock,
+    rival: &SessionLock,
+    observer: &Client,
+    key: Leader,
+) -> usize {
+    let lock_key = key.lock_key();
+    let mut refused = 0;
+    for i in 0..200 {
+        let guard = sessions
+            .lock_timeout(key, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("lock {i}: {e}"));
+        assert!(
+            held_by(observer, guard.backend_pid(), lock_key).await,
+            "lock {i}: not granted to its backend {}",
+            guard.backend_pid()
+        );
+        assert_eq!(granted(observer, lock_key).await, 1, "lock {i}: holders");
+        match rival.try_lock(key).await.expect("rival try") {
+            Err(_) => refused += 1,
+            Ok(second) => panic!(
+                "lock {i}: a second holder through the same pooler (backend {} and {})",
+                guard.backend_pid(),
+                second.backend_pid()
+            ),
+        }
+        if i % 2 == 0 {
+            assert!(guard.release().await.expect("release"), "lock {i}: held");
+            assert_eq!(
+                granted(observer, lock_key).await,
+                0,
+                "lock {i}: still held after release returned"
+            );
+        } else {
+            drop(guard);
+            until_free(observer, lock_key).await;
+        }
+    }
+    refused
+}
+
+async fn none_idle_in_transaction(observer: &Client) -> i64 {
+    observer
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'lockkit session lock%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hundred_locks_behind_transaction_pgbouncer_under_load() {
+    let db = TestServer::builder().start();
+    let observer = db.connect().await;
+    let bouncer = PgBouncer::builder(&db)
+        .pool_mode("transaction")
+        .default_pool_size(3)
+        .start();
+    let load = Background::start(&bouncer.config(), 3).await;
+    let key = Leader { id: 1 };
+
+    // Connections lockkit opens through the pooler.
+    let sessions = SessionLock::new(bouncer.config());
+    assert_eq!(
+        two_hundred_locks(&sessions, &sessions, &observer, key).await,
+        200
+    );
+    // Connections leased from a deadpool pool of pooler connections.
+    let pool = pool_of(bouncer.config(), 2);
+    let pooled = SessionLock::from_pool(pool.clone());
+    assert_eq!(
+        two_hundred_locks(&pooled, &sessions, &observer, key).await,
+        200
+    );
+
+    let ran = load.finish().await;
+    assert!(ran > 0, "the background clients ran no transaction");
+    assert_eq!(granted(&observer, key.lock_key()).await, 0, "leaked");
+    until_zero(&observer).await;
+    // The pool's connections came back without a transaction or a lock.
+    let conn = pool.get().await.unwrap();
+    let row = conn
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 0);
+}
+
+/// No lockkit lock session is left in `pg_stat_activity` (closed
+/// connections end asynchronously: polled, 30 s at most).
+async fn until_zero(observer: &Client) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while none_idle_in_transaction(observer).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "lockkit sessions still open after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hundred_locks_through_session_pgbouncer_and_direct() {
+    let db = TestServer::builder().start();
+    let observer = db.connect().await;
+    let key = Leader { id: 2 };
+
+    // Session mode pins each client to a backend: room for the holder, the
+    // rival, the pool and the background clients.
+    let bouncer = PgBouncer::builder(&db)
+        .pool_mode("session")
+        .default_pool_size(10)
+        .start();
+    let load = Background::start(&bouncer.config(), 3).await;
+    let sessions = SessionLock::new(bouncer.config());
+    assert_eq!(
+        two_hundred_locks(&sessions, &sessions, &observer, key).await,
+        200
+    );
+    let pooled = SessionLock::from_pool(pool_of(bouncer.config(), 2));
+    assert_eq!(
+        two_hundred_locks(&pooled, &sessions, &observer, key).await,
+        200
+    );
+    assert!(load.finish().await > 0);
+
+    let load = Background::start(&db.config(), 3).await;
+    let sessions = SessionLock::new(db.config());
+    assert_eq!(
+        two_hundred_locks(&sessions, &sessions, &observer, key).await,
+        200
+    );
+    let pooled = SessionLock::from_pool(pool_of(db.config(), 2));
+    assert_eq!(
+        two_hundred_locks(&pooled, &sessions, &observer, key).await,
+        200
+    );
+    assert!(load.finish().await > 0);
+    assert_eq!(granted(&observer, key.lock_key()).await, 0, "leaked");
+    until_zero(&observer).await;
+}
+
+/// The control: plain session-level locks with the probe off, through the
+/// same transaction-mode pgbouncer under the same load, leak: an unlock
+/// reaches another backend (answering false) and the lock stays on a
+/// pooled backend after "release".
+#[tokio::test(flavor = "multi_thread")]
+async fn control_session_level_locks_leak_behind_transaction_pgbouncer() {
+    let db = TestServer::builder().start();
+    let observer = db.connect().await;
+    let bouncer = PgBouncer::builder(&db)
+        .pool_mode("transaction")
+        .default_pool_size(3)
+        .start();
+    let load = Background::start(&bouncer.config(), 3).await;
+    let key = Leader { id: 3 };
+    let plain = SessionLock::new(bouncer.config())
+        .form(SessionForm::SessionLevel)
+        .pooler_check(false);
+
+    let mut leaks = 0;
+    for _ in 0..200 {
+        let Ok(guard) = plain.try_lock(key).await.expect("try_lock") else {
+            // Busy: a lock leaked earlier is in the way.
+            leaks += 1;
+            break;
+        };
+        let unlocked = guard.release().await.expect("release");
+        if !unlocked || granted(&observer, key.lock_key()).await > 0 {
+            leaks += 1;
+            break;
+        }
+    }
+    load.finish().await;
+    assert!(
+        leaks > 0,
+        "the control did not leak in 200 session-level locks"
+    );
+    // Clean up what leaked: the pooled backends that hold the key.
+    let id = key.lock_key().to_pg_locks();
+    observer
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
+             AND classid = $1 AND objid = $2 AND objsubid = $3",
+            &[&id.classid, &id.objid, &id.objsubid],
+        )
+        .await
+        .unwrap();
+}
+
+/// A pool of one connection: after a dropped guard the next lease sees no
+/// lock and no transaction, and another session can take the key. The
+/// control drops a leased connection inside a locked transaction by hand,
+/// and the check sees the lock come back with the next lease.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_of_one_never_gets_a_locked_connection_back() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let pool = pool_of(db.config(), 1);
+    let sessions = SessionLock::from_pool(pool.clone());
+    let other = SessionLock::new(db.config());
+
+    async fn locks_on(client: &Client) -> (i64, String) {
+        let row = client
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                 AND pid = pg_backend_pid()), current_setting('application_name')",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    }
+
+    for round in 0..20 {
+        let key = Leader { id: 100 + round };
+        let guard = sessions.lock(key).await.unwrap();
+        let pid = guard.backend_pid();
+        assert!(held_by(&observer, pid, key.lock_key()).await);
+        if round % 2 == 0 {
+            drop(guard);
+        } else {
+            assert!(guard.release().await.unwrap());
+        }
+        // The next lease (the same connection, or a new one if it was
+        // detached) holds nothing and is not in a transaction.
+        let conn = pool.get().await.unwrap();
+        let (locks, name) = locks_on(&conn).await;
+        assert_eq!(locks, 0, "round {round}: a lease came back with a lock");
+        assert!(!name.starts_with("lockkit"), "round {round}: {name}");
+        // BEGIN would only warn inside a transaction; this fails instead.
+        assert!(
+            conn.batch_execute("SAVEPOINT s").await.is_err(),
+            "round {round}: the lease is in a transaction"
+        );
+        drop(conn);
+        let again = other.try_lock(key).await.unwrap().expect("the key is free");
+        assert!(again.release().await.unwrap());
+    }
+    assert_eq!(pool.status().size, 1);
+
+    // Control: what the check catches.
+    let conn = pool.get().await.unwrap();
+    conn.batch_execute("BEGIN; SELECT pg_advisory_xact_lock(4242)")
+        .await
+        .unwrap();
+    drop(conn);
+    let conn = pool.get().await.unwrap();
+    assert_eq!(locks_on(&conn).await.0, 1, "the control must leak");
+    conn.batch_execute("ROLLBACK").await.unwrap();
+}
+
+/// What `pg_stat_activity` shows for a held lock: idle in transaction,
+/// lockkit's `application_name`, and no `backend_xmin` or `backend_xid`,
+/// so VACUUM is not held back, even when the role's default isolation is
+/// serializable. The control: a plain transaction under that default
+/// holding an xact lock has a `backend_xmin`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_lock_does_not_hold_back_vacuum() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let mut config = db.config();
+    config.options("-c default_transaction_isolation=serializable");
+    let key = Leader { id: 5 };
+
+    async fn activity(observer: &Client, pid: i32) -> (String, String, bool, bool) {
+        let row = observer
+            .query_one(
+                "SELECT state, application_name, backend_xmin IS NULL, backend_xid IS NULL \
+                 FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2), row.get(3))
+    }
+
+    for sessions in [
+        SessionLock::new(config.clone()),
+        SessionLock::from_pool(pool_of(config.clone(), 1)),
+    ] {
+        // A long cadence: no keepalive runs while the row is read.
+        let sessions = sessions.keepalive(Duration::from_secs(600));
+        let guard = sessions.lock(key).await.unwrap();
+        let (state, name, no_xmin, no_xid) = activity(&observer, guard.backend_pid()).await;
+        assert_eq!(state, "idle in transaction");
+        assert_eq!(name, format!("lockkit session lock {}", key.lock_key()));
+        assert!(no_xmin, "the lock's backend holds back VACUUM");
+        assert!(no_xid);
+        assert!(guard.release().await.unwrap());
+    }
+
+    // Control: the same default isolation, a raw transaction.
+    let (client, connection) = config.connect(NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute("BEGIN; SELECT pg_advisory_xact_lock(4243)")
+        .await
+        .unwrap();
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let (state, _, no_xmin, _) = activity(&observer, pid).await;
+    assert_eq!(state, "idle in transaction");
+    assert!(!no_xmin, "the control must hold a snapshot");
+}
+
+fn probe_timeout_of(err: &lockkit::Error) -> Option<ProbeTimeout> {
+    std::error::Error::source(err)?
+        .downcast_ref::<ProbeTimeout>()
+        .copied()
+}
+
+/// The probe never waits on a saturated pool longer than its bound, and
+/// keeps no second connection afterwards.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_probe_is_bounded_on_a_saturated_pool() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let bound = Duration::from_millis(300);
+
+    // A session-mode pgbouncer with one free server connection.
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("session")
+        .default_pool_size(2)
+        .start();
+    let (hog, connection) = bouncer.config().connect(NoTls).await.unwrap();
+    tokio::spawn(connection);
+    hog.batch_execute("SELECT 1").await.unwrap();
+    let sessions = SessionLock::new(bouncer.config()).probe_timeout(bound);
+    let started = Instant::now();
+    let err = sessions.probe_pooler().await.unwrap_err();
+    assert_eq!(
+        probe_timeout_of(&err),
+        Some(ProbeTimeout { timeout: bound }),
+        "{err:?}"
+    );
+    // Generous: the claim is "does not wait for the second connection".
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The session-level form reports the same, and nothing is locked.
+    let err = sessions
+        .clone()
+        .form(SessionForm::SessionLevel)
+        .try_lock(Leader { id: 6 })
+        .await
+        .unwrap_err();
+    assert!(probe_timeout_of(&err).is_some(), "{err:?}");
+    // The probe's connections are gone: the free one serves a new client.
+    let (client, connection) = bouncer.config().connect(NoTls).await.unwrap();
+    tokio::spawn(connection);
+    tokio::time::timeout(Duration::from_secs(10), client.batch_execute("SELECT 1"))
+        .await
+        .expect("the pooler's free connection is still taken")
+        .unwrap();
+    drop((client, hog));
+
+    // A deadpool pool of one: the probe's second lease times out, and the
+    // pool has its connection back.
+    let pool = pool_of(db.config(), 1);
+    let err = SessionLock::from_pool(pool.clone())
+        .probe_timeout(bound)
+        .probe_pooler()
+        .await
+        .unwrap_err();
+    assert!(probe_timeout_of(&err).is_some(), "{err:?}");
+    let conn = tokio::time::timeout(Duration::from_secs(10), pool.get())
+        .await
+        .expect("the probe kept the pool's connection")
+        .unwrap();
+    conn.batch_execute("SELECT 1").await.unwrap();
+    drop(conn);
+    // With room for two, the same pool is probed as direct.
+    let probe = SessionLock::from_pool(pool_of(db.config(), 2))
+        .probe_pooler()
+        .await
+        .unwrap();
+    assert!(!probe.is_transaction_pooled(), "{probe:?}");
+}
