@@ -1,0 +1,175 @@
+//! `SessionGuard::lost()` resolves within one keepalive cadence (plus a
+//! generous margin for a loaded machine) after the lock's backend is
+//! terminated, after a server restart, and when the server's
+//! `idle_in_transaction_session_timeout` ends the lock's session: directly,
+//! from a deadpool pool, and through transaction- and session-mode
+//! pgbouncer. With a cadence below that timeout the keepalive keeps the
+//! lock (the control of the idle-timeout case).
+
+use std::time::Duration;
+
+use lockkit::{AdvisoryKey, SessionGuard, SessionLock};
+use lockkit_tests::{PgBouncer, TestServer};
+
+use crate::session_pooler::pool_of;
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests/session-lost")]
+struct Duty {
+    id: i64,
+}
+
+/// The keepalive cadence of these tests.
+const CADENCE: Duration = Duration::from_secs(2);
+/// Slack on top of one cadence: the claim is "within one cadence"; the
+/// margin only absorbs a loaded CI machine.
+const MARGIN: Duration = Duration::from_secs(5);
+
+/// Every way to reach the server, each with its own session locks.
+struct Paths {
+    _bouncers: (PgBouncer, PgBouncer),
+    locks: Vec<(&'static str, SessionLock)>,
+}
+
+fn paths(db: &TestServer, cadence: Duration) -> Paths {
+    let transaction = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(3)
+        .start();
+    let session = PgBouncer::builder(db)
+        .pool_mode("session")
+        .default_pool_size(10)
+        .start();
+    let locks = vec![
+        ("direct", SessionLock::new(db.config())),
+        (
+            "direct, pool",
+            SessionLock::from_pool(pool_of(db.config(), 2)),
+        ),
+        (
+            "transaction pgbouncer",
+            SessionLock::new(transaction.config()),
+        ),
+        (
+            "transaction pgbouncer, pool",
+            SessionLock::from_pool(pool_of(transaction.config(), 2)),
+        ),
+        ("session pgbouncer", SessionLock::new(session.config())),
+    ];
+    Paths {
+        _bouncers: (transaction, session),
+        locks: locks
+            .into_iter()
+            .map(|(name, lock)| (name, lock.keepalive(cadence)))
+            .collect(),
+    }
+}
+
+/// One lock per path, on keys `base + i`.
+async fn hold_all(paths: &Paths, base: i64) -> Vec<(&'static str, SessionGuard<Duty>)> {
+    let mut guards = Vec::new();
+    for (i, (name, sessions)) in paths.locks.iter().enumerate() {
+        let guard = sessions
+            .lock(Duty {
+                id: base + i as i64,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(guard.is_held(), "{name}");
+        guards.push((*name, guard));
+    }
+    guards
+}
+
+async fn expect_lost(guards: &[(&'static str, SessionGuard<Duty>)], bound: Duration) {
+    for (name, guard) in guards {
+        tokio::time::timeout(bound, guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{name}: lost() did not resolve within {bound:?}"));
+        assert!(!guard.is_held(), "{name}");
+    }
+}
+
+/// The keys are free again: another session takes each.
+async fn expect_free(db: &TestServer, guards: &[(&'static str, SessionGuard<Duty>)]) {
+    let direct = SessionLock::new(db.config());
+    for (name, guard) in guards {
+        let again = direct
+            .lock_timeout(*guard.value(), Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: the key is not free: {e}"));
+        assert!(again.release().await.unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lost_after_pg_terminate_backend() {
+    let db = TestServer::builder().start();
+    let observer = db.connect().await;
+    let paths = paths(&db, CADENCE);
+    let guards = hold_all(&paths, 0).await;
+    // Not lost while held.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), guards[0].1.lost())
+            .await
+            .is_err()
+    );
+    for (name, guard) in &guards {
+        let killed: bool = observer
+            .query_one("SELECT pg_terminate_backend($1)", &[&guard.backend_pid()])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(killed, "{name}");
+    }
+    expect_lost(&guards, CADENCE + MARGIN).await;
+    expect_free(&db, &guards).await;
+    for (name, guard) in guards {
+        assert!(
+            guard.release().await.unwrap_err().is_connection_lost(),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lost_after_a_server_restart() {
+    let db = TestServer::builder().start();
+    let paths = paths(&db, CADENCE);
+    let guards = hold_all(&paths, 100).await;
+    db.restart();
+    expect_lost(&guards, CADENCE + MARGIN).await;
+    expect_free(&db, &guards).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lost_when_idle_in_transaction_session_timeout_fires() {
+    const IDLE_TIMEOUT: Duration = Duration::from_millis(500);
+    let db = TestServer::builder()
+        .setting("idle_in_transaction_session_timeout", "500ms")
+        .start();
+
+    // Control: a cadence below the timeout keeps every lock for four times
+    // the timeout (the safe direction: a generous wait that must not see
+    // the lock go).
+    let kept = paths(&db, Duration::from_millis(100));
+    let guards = hold_all(&kept, 200).await;
+    let four = IDLE_TIMEOUT * 4;
+    assert!(
+        tokio::time::timeout(four, guards[0].1.lost())
+            .await
+            .is_err(),
+        "the keepalive did not keep the lock"
+    );
+    for (name, guard) in guards {
+        assert!(guard.is_held(), "{name}");
+        assert!(guard.check().await.unwrap(), "{name}");
+        assert!(guard.release().await.unwrap(), "{name}");
+    }
+
+    // A cadence above it: the server ends each lock's session.
+    let paths = paths(&db, Duration::from_secs(3));
+    let guards = hold_all(&paths, 300).await;
+    expect_lost(&guards, IDLE_TIMEOUT + Duration::from_secs(3) + MARGIN).await;
+    expect_free(&db, &guards).await;
+}
