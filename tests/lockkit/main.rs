@@ -12,6 +12,7 @@ mod release;
 mod session;
 mod session_lost;
 mod session_pooler;
+mod session_tls;
 mod smoke;
 mod standby;
 mod timeouts;

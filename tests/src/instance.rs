@@ -92,7 +92,12 @@ pub(crate) struct Instance {
 impl Instance {
     /// Starts a new cluster on a free port: a copy of this process's
     /// template cluster, which is made by `initdb` on first use.
-    pub(crate) fn init(settings: Vec<(String, String)>) -> io::Result<Self> {
+    /// `files` are written into the data directory (mode 0600) before it
+    /// starts.
+    pub(crate) fn init(
+        settings: Vec<(String, String)>,
+        files: Vec<(String, Vec<u8>)>,
+    ) -> io::Result<Self> {
         // `cp -a` takes a fifth of the time of `initdb`, and most tests
         // start a server of their own.
         static TEMPLATE: OnceLock<Result<Instance, String>> = OnceLock::new();
@@ -108,8 +113,24 @@ impl Instance {
                 .arg(&template.data)
                 .arg(&instance.data),
         )?;
+        for (name, contents) in files {
+            instance.write_data_file(&name, &contents)?;
+        }
         instance.launch()?;
         Ok(instance)
+    }
+
+    /// Writes a file into the data directory, owned by the server account,
+    /// readable by it only (PostgreSQL refuses a key others can read).
+    fn write_data_file(&self, name: &str, contents: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.data.join(name);
+        fs::write(&path, contents)?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+        if let Some(account) = self.account {
+            chown(&path, Some(account.uid), Some(account.gid))?;
+        }
+        Ok(())
     }
 
     /// A cluster made by `initdb`, never started, to copy.

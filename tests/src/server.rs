@@ -324,6 +324,7 @@ impl Drop for TestServer {
 #[derive(Debug, Clone, Default)]
 pub struct Builder {
     settings: Vec<(String, String)>,
+    files: Vec<(String, Vec<u8>)>,
 }
 
 impl Builder {
@@ -345,6 +346,26 @@ impl Builder {
             "`{name}` is not a PostgreSQL setting name"
         );
         self.settings.push((name, value.into()));
+        self
+    }
+
+    /// Writes `contents` to `name` in the data directory before the first
+    /// start, owned by the server account with mode 0600: a TLS
+    /// certificate and key (`server.crt` and `server.key` are the defaults
+    /// of `ssl_cert_file` and `ssl_key_file`), or a `pg_hba.conf` that
+    /// replaces the harness's (trust for everyone; keep a `local` line so
+    /// `pg_ctl` can see the server come up).
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a plain file name (a path separator, `..`, empty).
+    pub fn data_file(mut self, name: impl Into<String>, contents: impl Into<Vec<u8>>) -> Self {
+        let name = name.into();
+        assert!(
+            !name.is_empty() && name != ".." && name != "." && !name.contains('/'),
+            "`{name}` is not a file name"
+        );
+        self.files.push((name, contents.into()));
         self
     }
 
@@ -370,7 +391,7 @@ impl Builder {
     /// When the PostgreSQL programs cannot be found or fail; the message has
     /// their output and the server log.
     pub fn try_start(self) -> io::Result<TestServer> {
-        Instance::init(self.settings).map(TestServer::from_instance)
+        Instance::init(self.settings, self.files).map(TestServer::from_instance)
     }
 }
 

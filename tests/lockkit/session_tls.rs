@@ -1,0 +1,178 @@
+//! Session locks over TLS, against a throwaway server started with
+//! `ssl = on`, a certificate this test generates, and a `pg_hba.conf` that
+//! admits TCP clients over TLS only (`hostssl`). The client trusts only the
+//! generated certificate, so `sslmode=require` here also verifies the
+//! server. A plain-text connection is refused with a clear error.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use lockkit::{AdvisoryKey, SessionForm, SessionLock};
+use lockkit_tests::TestServer;
+use openssl::asn1::Asn1Time;
+use openssl::bn::{BigNum, MsbOption};
+use openssl::ec::{EcGroup, EcKey};
+use openssl::hash::MessageDigest;
+use openssl::nid::Nid;
+use openssl::pkey::{PKey, Private};
+use openssl::ssl::{SslConnector, SslMethod};
+use openssl::x509::extension::{BasicConstraints, SubjectAlternativeName};
+use openssl::x509::{X509NameBuilder, X509};
+use postgres_openssl::MakeTlsConnector;
+use tokio_postgres::config::SslMode;
+use tokio_postgres::{Client, NoTls};
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests/session-tls")]
+struct Secret {
+    id: i64,
+}
+
+/// A self-signed certificate for `127.0.0.1` (an IP subject alternative
+/// name, which the client verifies), valid for a day, and its key.
+fn certificate() -> (X509, PKey<Private>) {
+    let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap();
+    let key = PKey::from_ec_key(EcKey::generate(&group).unwrap()).unwrap();
+    let mut name = X509NameBuilder::new().unwrap();
+    name.append_entry_by_nid(Nid::COMMONNAME, "127.0.0.1")
+        .unwrap();
+    let name = name.build();
+    let mut serial = BigNum::new().unwrap();
+    serial.rand(64, MsbOption::MAYBE_ZERO, false).unwrap();
+    let mut cert = X509::builder().unwrap();
+    cert.set_version(2).unwrap();
+    cert.set_serial_number(&serial.to_asn1_integer().unwrap())
+        .unwrap();
+    cert.set_subject_name(&name).unwrap();
+    cert.set_issuer_name(&name).unwrap();
+    cert.set_pubkey(&key).unwrap();
+    cert.set_not_before(&Asn1Time::days_from_now(0).unwrap())
+        .unwrap();
+    cert.set_not_after(&Asn1Time::days_from_now(1).unwrap())
+        .unwrap();
+    cert.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
+        .unwrap();
+    let san = SubjectAlternativeName::new()
+        .ip("127.0.0.1")
+        .build(&cert.x509v3_context(None, None))
+        .unwrap();
+    cert.append_extension(san).unwrap();
+    cert.sign(&key, MessageDigest::sha256()).unwrap();
+    (cert.build(), key)
+}
+
+/// A server that takes TCP clients over TLS only (Unix-socket clients,
+/// such as `pg_ctl` and the observer, in plain text), and a connector that
+/// trusts its certificate.
+fn tls_server() -> (TestServer, MakeTlsConnector) {
+    let (cert, key) = certificate();
+    let db = TestServer::builder()
+        .setting("ssl", "on")
+        .data_file("server.crt", cert.to_pem().unwrap())
+        .data_file("server.key", key.private_key_to_pem_pkcs8().unwrap())
+        .data_file(
+            "pg_hba.conf",
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        )
+        .start();
+    let mut connector = SslConnector::builder(SslMethod::tls()).unwrap();
+    connector.cert_store_mut().add_cert(cert).unwrap();
+    (db, MakeTlsConnector::new(connector.build()))
+}
+
+/// A plain-text connection over the server's Unix socket.
+async fn observer(db: &TestServer) -> Client {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host_path(db.socket_dir().expect("a throwaway server"))
+        .port(db.config().get_ports()[0])
+        .user("postgres")
+        .dbname("postgres");
+    let (client, connection) = config.connect(NoTls).await.expect("observer");
+    tokio::spawn(connection);
+    client
+}
+
+async fn uses_tls(observer: &Client, pid: i32) -> bool {
+    observer
+        .query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = $1", &[&pid])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn session_locks_over_tls() {
+    let (db, tls) = tls_server();
+    let observer = observer(&db).await;
+    let mut config = db.config();
+    config.ssl_mode(SslMode::Require);
+
+    let pool = Pool::builder(Manager::from_config(
+        config.clone(),
+        tls.clone(),
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    ))
+    .max_size(2)
+    .build()
+    .unwrap();
+    for (i, sessions) in [
+        SessionLock::with_tls(config.clone(), tls.clone()),
+        SessionLock::with_tls(config.clone(), tls.clone()).form(SessionForm::SessionLevel),
+        SessionLock::from_pool(pool),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = Secret { id: i as i64 };
+        let guard = sessions.lock(key).await.unwrap();
+        assert!(uses_tls(&observer, guard.backend_pid()).await);
+        assert!(guard.check().await.unwrap());
+        assert!(sessions.try_lock(key).await.unwrap().is_err());
+        let err = sessions
+            .lock_shared_timeout(key, Duration::from_millis(50))
+            .await
+            .unwrap_err();
+        assert!(err.is_timeout(), "{err}");
+        // A wait given up mid-statement (cancelled over TLS, connection
+        // closed) leaves nothing behind.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), sessions.lock(key))
+                .await
+                .is_err()
+        );
+        assert!(guard.release().await.unwrap());
+        let again = sessions
+            .lock_timeout(key, Duration::from_secs(30))
+            .await
+            .unwrap();
+        observer
+            .execute("SELECT pg_terminate_backend($1)", &[&again.backend_pid()])
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(30), again.lost())
+            .await
+            .expect("lost() after pg_terminate_backend");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plain_text_connection_to_a_tls_only_server_fails_clearly() {
+    let (db, _tls) = tls_server();
+    let err = SessionLock::new(db.config())
+        .lock(Secret { id: 10 })
+        .await
+        .unwrap_err();
+    // 28000 invalid_authorization_specification: "no pg_hba.conf entry for
+    // host "127.0.0.1", user "postgres", database "postgres", no encryption".
+    assert_eq!(err.code(), Some("28000"), "{err:?}");
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    assert!(text.contains("no encryption"), "{text}");
+}
