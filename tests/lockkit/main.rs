@@ -10,6 +10,7 @@ mod poison;
 mod pool;
 mod release;
 mod session;
+mod session_forms;
 mod session_lost;
 mod session_pooler;
 mod session_tls;
