@@ -65,6 +65,10 @@ pub use key::{AdvisoryKey, KeyForm, KeySpec, LockKey, PgLocksId};
 #[cfg(feature = "tokio-postgres")]
 pub use pg::locker::Locker;
 #[cfg(feature = "tokio-postgres")]
+pub use pg::migrate::{
+    run_ddl, DdlError, DdlPolicy, DdlReport, Migration, MigrationError, MigrationGuard, WhenBusy,
+};
+#[cfg(feature = "tokio-postgres")]
 pub use pg::prepared::Prepared;
 #[cfg(feature = "tokio-postgres")]
 pub use pg::retry::{retry, RetryPolicy, Transient};

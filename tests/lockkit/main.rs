@@ -6,6 +6,7 @@ mod deadlock;
 mod exclusion;
 mod hashtext;
 mod inspect;
+mod migrate;
 mod poison;
 mod pool;
 mod release;

@@ -1,5 +1,8 @@
-//! "Only one payroll run at a time": a singleton job behind a session
-//! advisory try-lock, from the design notes.
+//! "Only one payroll run at a time": a singleton job behind a
+//! session-duration advisory try-lock, from the design notes. lockkit's
+//! default form holds `pg_advisory_xact_lock` in a transaction kept open on
+//! a connection of its own, so it is also safe behind a transaction-mode
+//! pooler.
 //!
 //! ```sh
 //! cargo run -p lockkit-examples --bin singleton
@@ -7,7 +10,7 @@
 //!
 //! 1. Two payroll runners start at the same moment: one gets the lock and
 //!    runs, the other skips at once (no queue of runs piling up).
-//! 2. A runner panics mid-run: its lock goes with its connection, and the
+//! 2. A runner panics mid-run: its lock goes with its transaction, and the
 //!    next runner gets it.
 //! 3. Why lockkit owns the connection: a raw `pg_advisory_lock` on a shared
 //!    connection that "forgets" its unlock after an error blocks every later
@@ -102,7 +105,7 @@ async fn run(db: &Database) -> Result<bool, BoxError> {
     let panicked = crashing.await.is_err();
     clock.say(
         "runner-c",
-        "panicked: its guard dropped and closed the lock's connection",
+        "panicked: its guard dropped and ended the lock's transaction",
     );
     let start = Instant::now();
     let guard = sessions
@@ -111,7 +114,7 @@ async fn run(db: &Database) -> Result<bool, BoxError> {
     clock.say(
         "runner-d",
         format_args!(
-            "got the lock {:.1} ms later (the server released it with runner-c's session)",
+            "got the lock {:.1} ms later (released with runner-c's transaction)",
             start.elapsed().as_secs_f64() * 1000.0
         ),
     );
@@ -190,8 +193,9 @@ async fn payroll(
     clock.say(
         name,
         format_args!(
-            "got the lock (backend {}), running payroll…",
-            guard.backend_pid()
+            "got the lock (backend {}, {:?} form, 'idle in transaction' in pg_stat_activity), running payroll…",
+            guard.backend_pid(),
+            guard.form()
         ),
     );
     // The run's own work goes through another connection (a pool, in a

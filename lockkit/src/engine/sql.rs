@@ -104,15 +104,20 @@ pub const SERVER_FACTS: &str = "SELECT current_setting('max_locks_per_transactio
 /// `backend_xmin` and does not hold back VACUUM while the lock is held.
 pub const SESSION_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
-/// `$1 text`: names the lock's transaction in `pg_stat_activity`
-/// (`application_name`, transaction-local so a leased pool connection gets
-/// its own name back at the rollback) and, on PostgreSQL 14+, makes a
-/// waiting backend notice within a second that its client went away
-/// (`client_connection_check_interval`; skipped, not an error, on older
-/// servers). Returns one row.
-pub const SESSION_SETUP: &str = "SELECT set_config('application_name', $1, true), \
-     (SELECT set_config(name, '1000', true) FROM pg_settings \
-      WHERE name = 'client_connection_check_interval')";
+/// `$1 text`: what a default session lock checks and sets in its
+/// transaction, in one cheap row: `pg_is_in_recovery() bool`,
+/// `pg_backend_pid() int4`; it names the lock's transaction in
+/// `pg_stat_activity` (`application_name`, transaction-local so a leased
+/// pool connection gets its own name back at the rollback) and, on
+/// PostgreSQL 14+, makes a waiting backend notice within a second that its
+/// client went away (`client_connection_check_interval`; skipped on older
+/// servers, where the setting does not exist). Not `pg_settings`, and not
+/// [`SERVER_FACTS`] (run only for `HashText` keys): both cost several times
+/// a round trip.
+pub const SESSION_SETUP: &str = "SELECT pg_is_in_recovery(), pg_backend_pid(), \
+     set_config('application_name', $1, true), \
+     CASE WHEN current_setting('server_version_num')::int4 >= 140000 \
+     THEN set_config('client_connection_check_interval', '1000', true) END";
 
 /// The keepalive a session lock's connection runs at its cadence: inside
 /// the lock's transaction it resets `idle_in_transaction_session_timeout`,

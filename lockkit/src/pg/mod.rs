@@ -3,6 +3,7 @@
 
 pub mod inspect;
 pub(crate) mod locker;
+pub(crate) mod migrate;
 pub(crate) mod prepared;
 pub(crate) mod retry;
 pub(crate) mod session;

@@ -478,15 +478,26 @@ impl SessionLock {
         let (begun, setup, facts, locked, closed) = join5(
             client.batch_execute(sql::SESSION_BEGIN),
             client.query_typed(sql::SESSION_SETUP, &[(&name, Type::TEXT)]),
-            server_facts(client),
+            async {
+                match hashtext {
+                    true => Some(server_facts(client).await),
+                    false => None,
+                }
+            },
             take_xact_lock(client, key, mode, wait),
             client.batch_execute(sql::KEEPALIVE),
         )
         .await;
         begun?;
-        one_row(&setup?, "the session set-up")?;
-        let (facts, backend_pid) = facts?;
-        self.refuse(&facts, hashtext)?;
+        let setup = setup?;
+        one_row(&setup, "the session set-up")?;
+        let (in_recovery, backend_pid): (bool, i32) = (setup[0].try_get(0)?, setup[0].try_get(1)?);
+        if in_recovery && !self.allow_standby {
+            return Err(Error::HotStandby);
+        }
+        if let Some(facts) = facts {
+            facts?.0.check_hashtext()?;
+        }
         let granted = locked?;
         closed?;
         Ok((granted, backend_pid))
@@ -867,8 +878,10 @@ impl<K> SessionGuard<K> {
     /// Releases the lock: rolls its transaction back (default form) or
     /// unlocks (session-level form), then closes the connection or returns
     /// it to its pool. Answers whether the server really held the lock
-    /// until then (`pg_locks` read in the same round trip as the rollback;
-    /// `pg_advisory_unlock`'s result).
+    /// until then: in the default form, the rollback's success (the task
+    /// that owns the connection gives the lock up at the first failed
+    /// statement, so the transaction, and its lock, lived until the
+    /// rollback); `pg_advisory_unlock`'s result in the session-level form.
     ///
     /// # Errors
     ///
@@ -927,7 +940,14 @@ impl Holder {
                 }
                 command = inbox.recv() => match command {
                     Some(Command::Check(reply)) => {
-                        let _ = reply.send(self.holds().await);
+                        let answer = self.holds().await;
+                        // A failed statement aborts the lock's transaction,
+                        // and with it the lock.
+                        let failed = !matches!(answer, Ok(true));
+                        let _ = reply.send(answer);
+                        if failed {
+                            break;
+                        }
                     }
                     Some(Command::Release(reply)) => {
                         let _ = reply.send(self.release().await);
@@ -987,14 +1007,15 @@ impl Holder {
         let client = self.lease.client();
         match self.form {
             SessionForm::Transaction => {
-                let (held, rolled_back) = join(
-                    holds(client, self.key),
-                    client.batch_execute(sql::SESSION_ROLLBACK),
-                )
-                .await;
-                rolled_back?;
+                // An xact lock ends only with its transaction, or when an
+                // error aborts the transaction. This task runs every
+                // statement on the connection and gives the lock up at the
+                // first failure, so a successful ROLLBACK proves the
+                // transaction, and its lock, lived until now. (Reading
+                // pg_locks, as `check()` does, costs ten round trips here.)
+                client.batch_execute(sql::SESSION_ROLLBACK).await?;
                 self.lease.clean = true;
-                held
+                Ok(true)
             }
             SessionForm::SessionLevel => {
                 let rows =

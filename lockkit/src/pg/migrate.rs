@@ -1,0 +1,397 @@
+//! Migrations: one runner at a time across a fleet ([`MigrationGuard`]),
+//! and DDL that never stalls the lock queue ([`run_ddl`]).
+//!
+//! # One migrator per fleet
+//!
+//! Every instance of a service runs its migrations at start-up, and exactly
+//! one may run them at a time. [`MigrationGuard`] wraps any migration
+//! tool's run in a session-duration lock of the default form
+//! ([`SessionLock`]), which is safe behind any pooler: the classic failure,
+//! a session-level lock stranded on a pooled backend by a transaction-mode
+//! pgbouncer, cannot happen. The others wait (with a bound, or for as long
+//! as it takes) and then run the migrations themselves, which finds nothing
+//! left to do when the migrations are recorded (a `schema_migrations`
+//! table); or they skip at once.
+//!
+//! # DDL that never stalls the queue
+//!
+//! An `ALTER TABLE` waiting for its `ACCESS EXCLUSIVE` lock behind one long
+//! reader blocks every later reader of the table: the application stalls
+//! for as long as the long reader runs. [`run_ddl`] runs the statement
+//! under a short `lock_timeout`, so the queue is blocked for at most that
+//! long per attempt, and retries with jittered backoff until a deadline.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_postgres::Client;
+
+use crate::engine::error::Error;
+use crate::engine::sql::timeout_setting;
+use crate::key::AdvisoryKey;
+use crate::pg::retry::RetryPolicy;
+use crate::pg::session::SessionLock;
+
+/// What a migrator does when another one holds the migration lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WhenBusy {
+    /// Wait at most this long, then fail with a timeout
+    /// ([`MigrationError::Lock`], `is_timeout()`).
+    Wait(Duration),
+    /// Wait as long as it takes.
+    WaitForever,
+    /// Do not wait: [`Migration::Skipped`] at once.
+    Skip,
+}
+
+/// What [`MigrationGuard::run`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Migration<T> {
+    /// This runner held the lock and the migrations ran, returning `T`.
+    Ran(T),
+    /// Another runner held the lock and [`WhenBusy::Skip`] was asked.
+    Skipped,
+}
+
+/// Why [`MigrationGuard::run`] failed.
+#[derive(Debug)]
+pub enum MigrationError<E> {
+    /// The lock could not be taken (a timeout with [`WhenBusy::Wait`], a
+    /// connection, pool or server error). The migrations did not run.
+    Lock(Error),
+    /// The lock was lost while the migrations ran (its connection ended):
+    /// another runner may have started. The run was cancelled (its future
+    /// dropped) as soon as the loss was noticed, or, when it was noticed
+    /// only at the release, after it finished; its result is not reported,
+    /// because it was not protected to the end.
+    Lost,
+    /// The migrations failed; the lock was released.
+    Run(E),
+}
+
+impl<E: fmt::Display> fmt::Display for MigrationError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MigrationError::Lock(e) => write!(f, "cannot take the migration lock: {e}"),
+            MigrationError::Lost => f.write_str(
+                "the migration lock was lost while the migrations ran; another runner may have started",
+            ),
+            MigrationError::Run(e) => write!(f, "the migrations failed: {e}"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for MigrationError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            MigrationError::Lock(e) => Some(e),
+            MigrationError::Lost => None,
+            MigrationError::Run(e) => Some(e),
+        }
+    }
+}
+
+/// One migration runner at a time across a fleet, on a session-duration
+/// lock of the default form.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use lockkit::{AdvisoryKey, Migration, MigrationGuard, SessionLock, WhenBusy};
+///
+/// #[derive(AdvisoryKey, Clone)]
+/// #[advisory_key(namespace = "myapp/migrations")]
+/// struct Schema;
+///
+/// # async fn start(config: tokio_postgres::Config, client: &tokio_postgres::Client)
+/// #     -> Result<(), Box<dyn std::error::Error>> {
+/// let guard = MigrationGuard::new(SessionLock::new(config), Schema)
+///     .when_busy(WhenBusy::Wait(Duration::from_secs(120)));
+/// // Every instance runs this; one at a time gets through, and the later
+/// // ones find the migrations recorded.
+/// let ran = guard
+///     .run(async || {
+///         client
+///             .batch_execute(
+///                 "CREATE TABLE IF NOT EXISTS schema_migrations (version int PRIMARY KEY);
+///                  /* apply what schema_migrations does not list */",
+///             )
+///             .await
+///     })
+///     .await?;
+/// assert!(matches!(ran, Migration::Ran(())));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MigrationGuard<K> {
+    sessions: SessionLock,
+    key: K,
+    when_busy: WhenBusy,
+}
+
+impl<K: AdvisoryKey + Clone> MigrationGuard<K> {
+    /// Migrations guarded by `key`, locked through `sessions` (its default
+    /// form: safe behind any pooler). Waits as long as it takes unless
+    /// [`when_busy`](Self::when_busy) says otherwise.
+    pub fn new(sessions: SessionLock, key: K) -> Self {
+        MigrationGuard {
+            sessions,
+            key,
+            when_busy: WhenBusy::WaitForever,
+        }
+    }
+
+    /// What to do when another runner holds the lock.
+    pub fn when_busy(mut self, when_busy: WhenBusy) -> Self {
+        self.when_busy = when_busy;
+        self
+    }
+
+    /// Takes the lock, runs `migrate` while holding it, and releases it.
+    /// `migrate` runs on the caller's connections, not the lock's.
+    ///
+    /// # Errors
+    ///
+    /// [`MigrationError::Lock`] when the lock could not be taken,
+    /// [`MigrationError::Run`] with `migrate`'s error,
+    /// [`MigrationError::Lost`] when the lock was lost before `migrate`
+    /// finished or before the release.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe as far as the lock goes (it is released when the future
+    /// drops); `migrate` is dropped mid-run, so run migrations in
+    /// transactions.
+    pub async fn run<T, E, F>(&self, migrate: F) -> Result<Migration<T>, MigrationError<E>>
+    where
+        F: AsyncFnOnce() -> Result<T, E>,
+    {
+        let key = self.key.clone();
+        let guard = match self.when_busy {
+            WhenBusy::Skip => match self.sessions.try_lock(key).await {
+                Ok(Ok(guard)) => guard,
+                Ok(Err(_)) => return Ok(Migration::Skipped),
+                Err(e) => return Err(MigrationError::Lock(e)),
+            },
+            WhenBusy::Wait(timeout) => self
+                .sessions
+                .lock_timeout(key, timeout)
+                .await
+                .map_err(MigrationError::Lock)?,
+            WhenBusy::WaitForever => self
+                .sessions
+                .lock(key)
+                .await
+                .map_err(MigrationError::Lock)?,
+        };
+        tracing::info!(key = %guard.key(), backend_pid = guard.backend_pid(),
+            "lockkit: holding the migration lock; running the migrations");
+        let lost = guard.lost();
+        let result = tokio::select! {
+            biased;
+            () = lost => {
+                tracing::error!(key = %guard.key(),
+                    "lockkit: the migration lock was lost; cancelling the migrations");
+                return Err(MigrationError::Lost);
+            }
+            result = migrate() => result,
+        };
+        let held = guard.release().await;
+        match (result, held) {
+            (Ok(value), Ok(true)) => Ok(Migration::Ran(value)),
+            (Err(e), _) => Err(MigrationError::Run(e)),
+            (Ok(_), Ok(false)) => Err(MigrationError::Lost),
+            (Ok(_), Err(e)) if e.is_connection_lost() => Err(MigrationError::Lost),
+            // The rollback failed for another reason: the lock is gone with
+            // the connection, but it was held to the end.
+            (Ok(value), Err(e)) => {
+                tracing::warn!(error = %e, "lockkit: releasing the migration lock failed");
+                Ok(Migration::Ran(value))
+            }
+        }
+    }
+}
+
+/// How [`run_ddl`] retries: the `lock_timeout` of each attempt, the
+/// deadline of the whole, and the jittered backoff between attempts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DdlPolicy {
+    lock_timeout: Duration,
+    deadline: Duration,
+    backoff: RetryPolicy,
+    in_transaction: bool,
+}
+
+impl Default for DdlPolicy {
+    /// `lock_timeout` 100 ms, deadline 60 s, backoff from 50 ms up to 2 s
+    /// ("full jitter", as [`RetryPolicy`]), in a transaction.
+    fn default() -> Self {
+        DdlPolicy {
+            lock_timeout: Duration::from_millis(100),
+            deadline: Duration::from_secs(60),
+            backoff: RetryPolicy::default()
+                .delays(Duration::from_millis(50), Duration::from_secs(2)),
+            in_transaction: true,
+        }
+    }
+}
+
+impl DdlPolicy {
+    /// How long each attempt may wait for its locks: the longest the
+    /// statement blocks the queue behind it.
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// When to give up, counted from the first attempt.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The backoff's first step and cap (the delay after attempt `n` is
+    /// drawn from `[0, min(max, base × 2ⁿ⁻¹)]`).
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff = self.backoff.delays(base, max);
+        self
+    }
+
+    /// Whether each attempt runs in a transaction of its own, with `SET
+    /// LOCAL lock_timeout` (the default). Turn it off for statements that
+    /// refuse a transaction block (`CREATE INDEX CONCURRENTLY`): the
+    /// session's `lock_timeout` is then set before and reset after each
+    /// attempt.
+    pub fn in_transaction(mut self, in_transaction: bool) -> Self {
+        self.in_transaction = in_transaction;
+        self
+    }
+}
+
+/// What [`run_ddl`] did when it succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DdlReport {
+    /// Attempts made, the successful one included.
+    pub attempts: u32,
+    /// Time from the first attempt to the success.
+    pub elapsed: Duration,
+}
+
+/// Why [`run_ddl`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DdlError {
+    /// Every attempt timed out waiting for its locks until the deadline
+    /// passed. Nothing was changed.
+    #[error("DDL gave up at its deadline after {attempts} attempt(s) in {elapsed:?}: its locks were never free within lock_timeout")]
+    Deadline {
+        /// Attempts made.
+        attempts: u32,
+        /// Time from the first attempt to giving up.
+        elapsed: Duration,
+        /// The last attempt's error (a lock timeout).
+        #[source]
+        last: Error,
+    },
+    /// An attempt failed for another reason than its lock timeout (or a
+    /// deadlock); no retry.
+    #[error("DDL failed on attempt {attempt}")]
+    Failed {
+        /// The attempt that failed.
+        attempt: u32,
+        /// Its error.
+        #[source]
+        source: Error,
+    },
+}
+
+/// Runs the DDL statement `ddl` on `client` under a short `lock_timeout`,
+/// retrying with jittered backoff while it times out waiting for its locks
+/// (`55P03`, or a deadlock `40P01`), until `policy`'s deadline. Each
+/// failed attempt and the wait after it are reported with `tracing`
+/// (`info`), so an operator sees the DDL queue being waited out.
+///
+/// `ddl` is sent as is, with the simple protocol: it may hold several
+/// statements, which then run in the attempt's transaction.
+///
+/// # Errors
+///
+/// [`DdlError::Deadline`] when the deadline passed (no attempt got its
+/// locks); [`DdlError::Failed`] at once on any other error.
+///
+/// # Cancel safety
+///
+/// Cancel safe in a transaction (the default): an attempt cut short is
+/// rolled back when the client is next used or closed. With
+/// `in_transaction(false)`, a dropped attempt may leave the session's
+/// `lock_timeout` set.
+pub async fn run_ddl(
+    client: &Client,
+    ddl: &str,
+    policy: &DdlPolicy,
+) -> Result<DdlReport, DdlError> {
+    let started = Instant::now();
+    let setting = timeout_setting(policy.lock_timeout);
+    let mut attempt = 1;
+    loop {
+        let result = if policy.in_transaction {
+            let sql = format!("BEGIN; SET LOCAL lock_timeout = '{setting}'; {ddl}; COMMIT");
+            match client.batch_execute(&sql).await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    // The transaction is aborted (or never began).
+                    let _ = client.batch_execute("ROLLBACK").await;
+                    Err(Error::from(e))
+                }
+            }
+        } else {
+            let set = client
+                .batch_execute(&format!("SET lock_timeout = '{setting}'"))
+                .await;
+            let ran = match set {
+                Ok(()) => client.batch_execute(ddl).await,
+                Err(e) => Err(e),
+            };
+            let reset = client.batch_execute("RESET lock_timeout").await;
+            ran.and(reset).map_err(Error::from)
+        };
+        let error = match result {
+            Ok(()) => {
+                let elapsed = started.elapsed();
+                tracing::info!(attempt, ?elapsed, "lockkit: DDL done");
+                return Ok(DdlReport {
+                    attempts: attempt,
+                    elapsed,
+                });
+            }
+            Err(e) => e,
+        };
+        let retryable = matches!(
+            error.code(),
+            Some(crate::sqlstate::LOCK_NOT_AVAILABLE | crate::sqlstate::DEADLOCK_DETECTED)
+        );
+        if !retryable {
+            return Err(DdlError::Failed {
+                attempt,
+                source: error,
+            });
+        }
+        let delay = policy.backoff.delay_cap(attempt).mul_f64(fastrand::f64());
+        let elapsed = started.elapsed();
+        if elapsed + delay >= policy.deadline {
+            tracing::warn!(attempt, ?elapsed, deadline = ?policy.deadline,
+                "lockkit: DDL gave up at its deadline: its locks were never free");
+            return Err(DdlError::Deadline {
+                attempts: attempt,
+                elapsed,
+                last: error,
+            });
+        }
+        tracing::info!(attempt, lock_timeout = ?policy.lock_timeout, ?delay, ?elapsed,
+            error = %error, "lockkit: DDL could not get its locks within lock_timeout; retrying");
+        tokio::time::sleep(delay).await;
+        attempt += 1;
+    }
+}

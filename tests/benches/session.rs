@@ -1,0 +1,145 @@
+//! What a default session-duration lock costs on a connection leased from a
+//! warm pool, next to a plain session-level lock by hand on a pooled
+//! connection, on a real PostgreSQL server (the harness's throwaway server,
+//! or `DATABASE_URL`).
+//!
+//! ```text
+//! cargo bench -p lockkit-tests --bench session
+//! ```
+//!
+//! One paired report (no criterion): the two sides alternate, iteration by
+//! iteration and in alternating order, so a drift of the machine's round
+//! trip hits both alike; it prints the median and p90 of each and the ratio
+//! of the medians next to the issue's target (≤ 1.5×).
+//!
+//! - `default`: `SessionLock::from_pool(pool).lock(key)` then
+//!   `guard.release()`: a lease, `BEGIN` + set-up (standby check, backend
+//!   pid, `application_name`) + the xact lock + a keepalive pipelined in one
+//!   round trip, a task for the keepalive, and the `ROLLBACK` in a second
+//!   round trip: five statements, where `plain` sends two.
+//! - `plain`: a lease, then `SELECT pg_advisory_lock($1)` and
+//!   `SELECT pg_advisory_unlock($1)`, statements prepared once per
+//!   connection (deadpool's statement cache): two round trips, the least a
+//!   hand-written session lock costs.
+//!
+//! Both sides use the same pool of 4 connections (warmed first), one key
+//! per iteration from a ring, never contended.
+
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use lockkit::{AdvisoryKey, LockKey, SessionLock};
+use lockkit_tests::TestServer;
+use tokio_postgres::NoTls;
+
+#[derive(AdvisoryKey, Clone, Copy, Debug)]
+#[advisory_key(namespace = "lockkit-bench/session")]
+struct Job {
+    id: i64,
+}
+
+const WARMUP: usize = 300;
+const PAIRS: usize = 3000;
+const RING: i64 = 1024;
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(run());
+}
+
+async fn default_side(sessions: &SessionLock, id: i64) -> Duration {
+    let started = Instant::now();
+    let guard = sessions.lock(Job { id }).await.expect("lock");
+    let held = guard.release().await.expect("release");
+    let elapsed = started.elapsed();
+    assert!(held);
+    elapsed
+}
+
+async fn plain_side(pool: &Pool, id: i64) -> Duration {
+    let LockKey::BigInt(key) = Job { id }.lock_key() else {
+        unreachable!("Job is a BigInt key")
+    };
+    let started = Instant::now();
+    let conn = pool.get().await.expect("lease");
+    let lock = conn
+        .prepare_cached("SELECT pg_advisory_lock($1)")
+        .await
+        .expect("prepare");
+    let unlock = conn
+        .prepare_cached("SELECT pg_advisory_unlock($1)")
+        .await
+        .expect("prepare");
+    conn.query_one(&lock, &[&key]).await.expect("lock");
+    let unlocked: bool = conn
+        .query_one(&unlock, &[&key])
+        .await
+        .expect("unlock")
+        .get(0);
+    drop(conn);
+    let elapsed = started.elapsed();
+    assert!(unlocked);
+    elapsed
+}
+
+fn median_and_p90(samples: &mut [Duration]) -> (Duration, Duration) {
+    samples.sort_unstable();
+    (samples[samples.len() / 2], samples[samples.len() * 9 / 10])
+}
+
+async fn run() {
+    let db = TestServer::shared();
+    let manager = Manager::from_config(
+        db.config(),
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager).max_size(4).build().expect("pool");
+    // Warm: open every connection of the pool once.
+    let warm: Vec<_> = lease_all(&pool).await;
+    drop(warm);
+    let sessions = SessionLock::from_pool(pool.clone());
+
+    for i in 0..WARMUP as i64 {
+        default_side(&sessions, i % RING).await;
+        plain_side(&pool, i % RING).await;
+    }
+    let mut default = Vec::with_capacity(PAIRS);
+    let mut plain = Vec::with_capacity(PAIRS);
+    for i in 0..PAIRS {
+        let id = i as i64 % RING;
+        if i % 2 == 0 {
+            default.push(default_side(&sessions, id).await);
+            plain.push(plain_side(&pool, id).await);
+        } else {
+            plain.push(plain_side(&pool, id).await);
+            default.push(default_side(&sessions, id).await);
+        }
+    }
+    let (d50, d90) = median_and_p90(&mut default);
+    let (p50, p90) = median_and_p90(&mut plain);
+    println!(
+        "session locks, acquire + release on a warm deadpool pool of 4, {PAIRS} pairs alternated:"
+    );
+    println!("  default (xact lock in a held transaction): median {d50:>9.1?}  p90 {d90:>9.1?}");
+    println!("  plain pg_advisory_lock/unlock, prepared:    median {p50:>9.1?}  p90 {p90:>9.1?}");
+    println!(
+        "  ratio of medians default/plain: {:.2}x (target <= 1.5x)",
+        d50.as_secs_f64() / p50.as_secs_f64()
+    );
+}
+
+/// Leases every connection of `pool` at once, so all are open.
+async fn lease_all(pool: &Pool) -> Vec<deadpool_postgres::Object> {
+    let mut all = Vec::new();
+    for _ in 0..pool.status().max_size {
+        all.push(pool.get().await.expect("lease"));
+    }
+    all
+}
