@@ -45,12 +45,14 @@ async fn apply_pending(client: &Client) -> Result<usize, tokio_postgres::Error> 
     let mut applied = 0;
     for (version, sql) in MIGRATIONS.iter().enumerate() {
         let version = version as i32;
+        // Unnamed statements: transaction-mode pgbouncer 1.18 does not
+        // keep prepared statements.
         let done: bool = client
-            .query_one(
+            .query_typed(
                 "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = $1)",
-                &[&version],
+                &[(&version, tokio_postgres::types::Type::INT4)],
             )
-            .await?
+            .await?[0]
             .get(0);
         if !done {
             client
@@ -97,13 +99,13 @@ async fn eight_migrators(db: &TestServer, config: Config, dbname: &str) -> Vec<u
             };
             // Proceeding, it sees the whole schema.
             let versions: i64 = client
-                .query_one("SELECT count(*) FROM schema_migrations", &[])
+                .query_typed("SELECT count(*) FROM schema_migrations", &[])
                 .await
-                .unwrap()
+                .unwrap()[0]
                 .get(0);
             assert_eq!(versions, MIGRATIONS.len() as i64);
             client
-                .query("SELECT id, name FROM accounts", &[])
+                .query_typed("SELECT id, name FROM accounts", &[])
                 .await
                 .unwrap();
             applied
@@ -315,11 +317,20 @@ async fn readers(
             stopped.as_mut().enable();
             loop {
                 let started = Instant::now();
-                tokio::select! {
-                    _ = &mut stopped => break,
-                    r = client.query_one("SELECT count(*) FROM t", &[]) => { r.unwrap(); }
-                }
+                let stop = tokio::select! {
+                    // A query that completed counts, even if stop came too;
+                    // one still in flight counts for its wait so far.
+                    biased;
+                    r = client.query_one("SELECT count(*) FROM t", &[]) => {
+                        r.unwrap();
+                        false
+                    }
+                    _ = &mut stopped => true,
+                };
                 longest = longest.max(started.elapsed());
+                if stop {
+                    break;
+                }
             }
             (longest, pid)
         }));

@@ -31,9 +31,15 @@ use crate::engine::error::Error;
 use crate::engine::sql::timeout_setting;
 use crate::key::AdvisoryKey;
 use crate::pg::retry::RetryPolicy;
-use crate::pg::session::SessionLock;
+use crate::pg::session::{SessionGuard, SessionLock};
 
 /// What a migrator does when another one holds the migration lock.
+///
+/// A waiting migrator polls: it tries the lock, and while it is busy sleeps
+/// a jittered backoff (from 50 ms up to 1 s) and tries again. A blocking
+/// wait would hold a transaction open, and behind a transaction-mode pooler
+/// every waiting instance of the fleet would pin a server connection,
+/// which can starve the pool the running migration needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WhenBusy {
     /// Wait at most this long, then fail with a timeout
@@ -177,15 +183,10 @@ impl<K: AdvisoryKey + Clone> MigrationGuard<K> {
                 Err(e) => return Err(MigrationError::Lock(e)),
             },
             WhenBusy::Wait(timeout) => self
-                .sessions
-                .lock_timeout(key, timeout)
+                .poll(key, Some(timeout))
                 .await
                 .map_err(MigrationError::Lock)?,
-            WhenBusy::WaitForever => self
-                .sessions
-                .lock(key)
-                .await
-                .map_err(MigrationError::Lock)?,
+            WhenBusy::WaitForever => self.poll(key, None).await.map_err(MigrationError::Lock)?,
         };
         tracing::info!(key = %guard.key(), backend_pid = guard.backend_pid(),
             "lockkit: holding the migration lock; running the migrations");
@@ -214,6 +215,45 @@ impl<K: AdvisoryKey + Clone> MigrationGuard<K> {
         }
     }
 }
+
+impl<K: AdvisoryKey + Clone> MigrationGuard<K> {
+    /// Tries the lock until it is free or `timeout` passed.
+    async fn poll(&self, key: K, timeout: Option<Duration>) -> Result<SessionGuard<K>, Error> {
+        let started = Instant::now();
+        let backoff = RetryPolicy::default().delays(POLL_BASE, POLL_MAX);
+        let mut attempt = 1;
+        let mut key = key;
+        loop {
+            key = match self.sessions.try_lock(key).await? {
+                Ok(guard) => return Ok(guard),
+                Err(key) => key,
+            };
+            let mut delay = backoff.delay_cap(attempt).mul_f64(fastrand::f64());
+            if let Some(timeout) = timeout {
+                let left = timeout.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    return Err(Error::Timeout {
+                        timeout,
+                        keys: 1,
+                        source: "another runner held the migration lock throughout".into(),
+                    });
+                }
+                delay = delay.min(left);
+            }
+            tracing::debug!(
+                attempt,
+                ?delay,
+                "lockkit: the migration lock is busy; polling"
+            );
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+        }
+    }
+}
+
+/// The first step and the cap of a waiting migrator's polling backoff.
+const POLL_BASE: Duration = Duration::from_millis(50);
+const POLL_MAX: Duration = Duration::from_secs(1);
 
 /// How [`run_ddl`] retries: the `lock_timeout` of each attempt, the
 /// deadline of the whole, and the jittered backoff between attempts.
