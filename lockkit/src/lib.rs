@@ -1,7 +1,8 @@
 //! Typed PostgreSQL advisory locks, safe by construction.
 //!
 //! lockkit maps domain types to stable advisory-lock keys
-//! (`#[derive(AdvisoryKey)]`, in the key format fixed by KEYS.md) and takes
+//! (`#[derive(AdvisoryKey)]`, in the key format fixed by
+//! [KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md)) and takes
 //! them inside transactions only, in one global order, within a lock budget.
 //!
 //! # Example
@@ -73,7 +74,8 @@ pub use pg::session::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
 #[cfg(feature = "tokio-postgres")]
 pub use pg::transaction::LockTx;
 
-/// `#[derive(AdvisoryKey)]`: see the [`AdvisoryKey`] trait and KEYS.md.
+/// `#[derive(AdvisoryKey)]`: see the [`AdvisoryKey`] trait and
+/// [KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
 #[cfg(feature = "derive")]
 pub use lockkit_derive::AdvisoryKey;
 
