@@ -2,8 +2,10 @@
 //!
 //! - `lockkit inspect`: advisory locks held and awaited, wait chains as a
 //!   tree, `--watch` to refresh, `--json` for scripts.
-//! - `lockkit key NAMESPACE VALUE...`: the `BigInt` and `Pair` keys (and
-//!   their `pg_locks` columns) of a key type's field values, per KEYS.md.
+//! - `lockkit key NAMESPACE VALUE...`: the keys (and their `pg_locks`
+//!   columns) of a key type's typed field values (`i:42`, `s:acme`,
+//!   `variant:Account`, …), in every form of the key format,
+//!   [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
 //! - `lockkit check`: the server's lock table capacity, how much advisory
 //!   locks use now, hot standby, and whether the connection is pooled.
 //!
@@ -27,6 +29,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use lockkit::inspect::{advisory_locks, KeyRegistry};
 use lockkit::{probe_pooler, KeySpec};
+use lockkit_cli::keyarg::{compute, parse_value, Form, KeyRequest};
 use serde_json::json;
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls};
@@ -59,21 +62,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The keys of a namespace and field values, to find a lock in pg_locks.
+    /// The key of a key type's value, to find its lock in pg_locks.
     ///
-    /// Values are the key type's fields in declaration order. A value that
-    /// parses as an integer is encoded as an integer (by value, as KEYS.md
-    /// says, so `42` is the same key for an i32 or an i64 field); anything
-    /// else as a string. `--str` encodes every value as a string.
+    /// Give the type's namespace (its name, or its `namespace = "..."`),
+    /// then its fields' values in declaration order, each typed (see below).
+    /// Without --form, both hashed keys (BigInt and Pair) are printed.
+    /// The key format is docs/KEYS.md:
+    /// https://example.invalid/lockkit/blob/main/docs/KEYS.md
+    #[command(after_long_help = key_help())]
     Key {
-        /// The key type's namespace (its name, or `namespace = "..."`).
-        namespace: String,
-        /// The field values, in declaration order.
-        #[arg(required = true, allow_negative_numbers = true)]
-        values: Vec<String>,
-        /// Encode every value as a string, even one that looks like a number.
-        #[arg(long = "str")]
-        strings: bool,
+        /// The namespace (left out for --form raw and --form hashtext), then
+        /// one typed VALUE per field: i:42, s:acme, variant:Account, …
+        #[arg(value_name = "NAMESPACE] [VALUE", allow_negative_numbers = true)]
+        args: Vec<String>,
+        /// The type's key form: its derive attributes.
+        #[arg(long, value_enum, default_value_t = FormArg::Hashed)]
+        form: FormArg,
         /// The explicit Pair class of the type (`class = N`).
         #[arg(long, allow_negative_numbers = true)]
         class: Option<i32>,
@@ -90,6 +94,54 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `lockkit key --help`'s value syntax and examples.
+fn key_help() -> String {
+    format!(
+        "VALUES\n{}\n\nEXAMPLES\n{}",
+        lockkit_cli::keyarg::SYNTAX,
+        "  lockkit key Order i:42                    struct Order { id: i64 }
+  lockkit key Tenanted s:acme u64:1001      struct Tenanted<'a> { tenant: &'a str, id: u64 }
+  lockkit key Job variant:Account i:7       enum Job { Account(i64), … }
+  lockkit key Job 'variant:Account(i:7)'    the same key
+  lockkit key Batch 'seq:[s:\"a\",s:\"b\"]' none   struct Batch { ids: Vec<String>, parent: Option<u64> }
+  lockkit key --form pair --class 7 Invoice u64:9
+  lockkit key --form exact --class 7 Account i32:5
+  lockkit key --stripes 1024 Event s:a1b2c3d4
+  lockkit key --form raw i64:9
+  lockkit key --form hashtext s:payroll-1405-01"
+    )
+}
+
+/// A key type's form, as its derive attributes say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum FormArg {
+    /// Both hashed keys, BigInt and Pair (for a type whose form you do not know).
+    Hashed,
+    /// The hashed BigInt key (the derive's default).
+    Bigint,
+    /// The hashed Pair key (`pair`; `--class` for `class = N`).
+    Pair,
+    /// `pair = "exact"`: Pair(class, value) of one i32 value.
+    Exact,
+    /// `raw`: one i64 value is BigInt(value), two i32 values Pair(a, b); no namespace.
+    Raw,
+    /// `lockkit::HashText`: BigInt(hashtext(text)) of one s:TEXT; no namespace.
+    Hashtext,
+}
+
+impl From<FormArg> for Form {
+    fn from(form: FormArg) -> Form {
+        match form {
+            FormArg::Hashed => Form::Hashed,
+            FormArg::Bigint => Form::BigInt,
+            FormArg::Pair => Form::Pair,
+            FormArg::Exact => Form::Exact,
+            FormArg::Raw => Form::Raw,
+            FormArg::Hashtext => Form::HashText,
+        }
+    }
 }
 
 /// An error for the user: what went wrong and what to do.
@@ -128,13 +180,12 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Key {
-            namespace,
-            values,
-            strings,
+            args,
+            form,
             class,
             stripes,
             json,
-        } => key(&namespace, &values, strings, class, stripes, json),
+        } => key(&args, form.into(), class, stripes, json),
         Command::Inspect {
             namespaces,
             watch,
@@ -171,71 +222,69 @@ async fn run(cli: Cli) -> Result<()> {
 }
 
 fn key(
-    namespace: &str,
-    values: &[String],
-    strings: bool,
+    args: &[String],
+    form: Form,
     class: Option<i32>,
     stripes: Option<u64>,
     json: bool,
 ) -> Result<()> {
-    let mut spec =
-        KeySpec::try_new(namespace).map_err(|e| format!("invalid namespace {namespace:?}: {e}"))?;
-    if let Some(n) = stripes {
-        if n == 0 {
-            return Err("--stripes must be at least 1".into());
+    let (namespace, values) = match (form.has_namespace(), args) {
+        (true, [namespace, values @ ..]) => (Some(namespace.as_str()), values),
+        (true, []) => {
+            return Err("a namespace is needed: lockkit key NAMESPACE VALUE... (see --help)".into())
         }
-        spec = spec.stripes(n);
-    }
-    let pair_spec = match class {
-        Some(c) => spec.class(c),
-        None => spec.pair(),
+        (false, values) => (None, values),
     };
-    let encode = |p: &mut lockkit::Parts<'_>| {
-        for value in values {
-            match (strings, value.parse::<i128>(), value.parse::<u128>()) {
-                (false, Ok(v), _) => p.int(v),
-                (false, _, Ok(v)) => p.uint(v),
-                _ => p.str(value),
-            };
-        }
-    };
-    let bigint = spec.key_with(encode);
-    let pair = pair_spec.key_with(encode);
-    let kinds: Vec<&str> = values
+    let values = values
         .iter()
         .map(|v| {
-            if !strings && (v.parse::<i128>().is_ok() || v.parse::<u128>().is_ok()) {
-                "integer"
-            } else {
-                "string"
-            }
+            parse_value(v).map_err(|e| {
+                let hint = if form.has_namespace() {
+                    ""
+                } else {
+                    " (raw and hashtext keys take no namespace)"
+                };
+                Failure(format!("{e}{hint}"))
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
+    let mut request = KeyRequest::new(namespace, values);
+    request.form = form;
+    request.class = class;
+    request.stripes = stripes;
+    let keys = compute(&request).map_err(|e| e.to_string())?;
+    let rendered: Vec<String> = request.values.iter().map(ToString::to_string).collect();
     if json {
-        let doc = json!({
+        let mut doc = json!({
             "namespace": namespace,
-            "tag": spec.tag(),
-            "values": values.iter().zip(&kinds).map(|(v, k)| json!({"value": v, "as": k})).collect::<Vec<_>>(),
-            "bigint": render::key_json(bigint),
-            "pair": render::key_json(pair),
+            "form": format!("{form:?}").to_lowercase(),
+            "tag": keys.tag,
+            "pair_class": keys.pair_class,
+            "values": rendered,
         });
+        if let Some(key) = keys.bigint {
+            doc["bigint"] = render::key_json(key);
+        }
+        if let Some(key) = keys.pair {
+            doc["pair"] = render::key_json(key);
+        }
         println!("{doc:#}");
         return Ok(());
     }
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "namespace  {namespace} (tag 0x{:04x}, pair class {})",
-        spec.tag(),
-        pair_spec.pair_class()
-    );
-    let fields: Vec<String> = values
-        .iter()
-        .zip(&kinds)
-        .map(|(v, k)| format!("{v:?} as {k}"))
-        .collect();
-    let _ = writeln!(out, "fields     {}", fields.join(", "));
-    for (name, key) in [("BigInt", bigint), ("Pair", pair)] {
+    if let Some(namespace) = namespace {
+        let mut about = Vec::new();
+        if let Some(tag) = keys.tag {
+            about.push(format!("tag 0x{tag:04x}"));
+        }
+        if let Some(class) = keys.pair_class {
+            about.push(format!("pair class {class}"));
+        }
+        let _ = writeln!(out, "namespace  {namespace} ({})", about.join(", "));
+    }
+    let _ = writeln!(out, "fields     {}", rendered.join(" "));
+    for (name, key) in [("BigInt", keys.bigint), ("Pair", keys.pair)] {
+        let Some(key) = key else { continue };
         let id = key.to_pg_locks();
         let _ = writeln!(
             out,
@@ -461,9 +510,10 @@ mod tests {
     fn cli_parses() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
-        let cli = Cli::try_parse_from(["lockkit", "key", "Order", "-5", "--class", "-3"]).unwrap();
+        let cli =
+            Cli::try_parse_from(["lockkit", "key", "Order", "i:-5", "--class", "-3"]).unwrap();
         assert!(
-            matches!(cli.command, Command::Key { class: Some(-3), ref values, .. } if values == &["-5"])
+            matches!(cli.command, Command::Key { class: Some(-3), ref args, .. } if args == &["Order", "i:-5"])
         );
     }
 }

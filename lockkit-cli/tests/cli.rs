@@ -65,14 +65,14 @@ async fn until_waiting(observer: &Client, pid: i32) {
 
 #[test]
 fn key_prints_the_golden_vectors() {
-    let out = lockkit(&["key", "Order", "42"]);
+    let out = lockkit(&["key", "Order", "i:42"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.contains("-7205368663365046133"), "{text}");
     assert!(text.contains("(-1677652607, 1483026571)"), "{text}");
     assert!(text.contains("tag 0x9c01"), "{text}");
 
-    let out = lockkit(&["key", "Event", "a1b2c3d4", "--stripes", "1024", "--json"]);
+    let out = lockkit(&["key", "Event", "s:a1b2c3d4", "--stripes", "1024", "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["bigint"]["key"], 5974306380683673735_i64);
@@ -82,11 +82,11 @@ fn key_prints_the_golden_vectors() {
     assert_eq!(doc["bigint"]["classid"], id.classid);
     assert_eq!(doc["bigint"]["objid"], id.objid);
 
-    let out = lockkit(&["key", "Tenanted", "acme", "1001", "--json"]);
+    let out = lockkit(&["key", "Tenanted", "s:acme", "u64:1001", "--json"]);
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["bigint"]["key"], -297873912991975939_i64);
-    // `--str` changes the encoding of "1001", so the key.
-    let out = lockkit(&["key", "Tenanted", "acme", "1001", "--str", "--json"]);
+    // A digit-only string field is a string: another key.
+    let out = lockkit(&["key", "Tenanted", "s:acme", "s:1001", "--json"]);
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_ne!(doc["bigint"]["key"], -297873912991975939_i64);
     assert_eq!(
@@ -97,13 +97,70 @@ fn key_prints_the_golden_vectors() {
         }
     );
 
-    let out = lockkit(&["key", "bad namespace", "1"]);
+    let out = lockkit(&["key", "bad namespace", "i:1"]);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("invalid namespace"),
         "{}",
         stderr(&out)
     );
+}
+
+/// Issue 12: `key shop.resource Account 1` printed a string's key for an
+/// enum variant. Untyped values are refused now, and the variant's key is
+/// the derive's.
+#[test]
+fn key_refuses_untyped_values_and_encodes_variants() {
+    let out = lockkit(&["key", "shop.resource", "Account", "1"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("variant:Account") && err.contains("s:Account"),
+        "{err}"
+    );
+    assert!(stdout(&out).is_empty());
+
+    let out = lockkit(&[
+        "key",
+        "shop.resource",
+        "variant:Account",
+        "i:1",
+        "--form",
+        "bigint",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("-6857701621899833428"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(!stdout(&out).contains("Pair"), "{}", stdout(&out));
+
+    for (args, want) in [
+        (&["key", "--form", "raw", "i64:9"][..], "BigInt     9 "),
+        (
+            &["key", "--form", "raw", "i32:1", "i32:-2"][..],
+            "Pair       (1, -2)",
+        ),
+        (
+            &["key", "--form", "hashtext", "s:payroll-1405-01"][..],
+            "-1493109243",
+        ),
+        (
+            &["key", "--form", "exact", "--class", "7", "Account", "i32:5"][..],
+            "(7, 5)",
+        ),
+    ] {
+        let out = lockkit(args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        assert!(stdout(&out).contains(want), "{args:?}: {}", stdout(&out));
+    }
+    let out = lockkit(&["key", "--form", "raw", "Legacy", "i64:9"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("no namespace"), "{}", stderr(&out));
+    let out = lockkit(&["key", "--help"]);
+    assert!(stdout(&out).contains("docs/KEYS.md"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("variant:Name"), "{}", stdout(&out));
 }
 
 #[tokio::test(flavor = "multi_thread")]

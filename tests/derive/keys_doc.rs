@@ -98,7 +98,11 @@ fn golden_vectors_equal_the_code() {
         };
         let want_bigint = LockKey::BigInt(bigint.parse().unwrap());
         assert_eq!(spec.key_with(encode), want_bigint, "BigInt of {row:?}");
-        assert_eq!(spec.pair().key_with(encode), parse_pair(pair), "Pair of {row:?}");
+        assert_eq!(
+            spec.pair().key_with(encode),
+            parse_pair(pair),
+            "Pair of {row:?}"
+        );
     }
     assert!(rows.len() >= 6, "the six golden vectors of version 1");
 }
