@@ -2,6 +2,8 @@
 //! what the command computes.
 //!
 //! - [`keyarg`]: `lockkit key`'s typed values and key forms.
+//! - [`registry`]: the key types `lockkit inspect` names, from `-n`, the
+//!   `LOCKKIT_NAMESPACES` variable and a namespaces file.
 //!
 //! The key format is [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
 #![warn(
@@ -13,3 +15,4 @@
 #![deny(unsafe_code)]
 
 pub mod keyarg;
+pub mod registry;

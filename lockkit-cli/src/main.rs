@@ -27,8 +27,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lockkit::inspect::{advisory_locks, KeyRegistry};
-use lockkit::{probe_pooler, KeySpec};
+use lockkit::inspect::{advisory_locks, relation_lock_queues, KeyRegistry};
+use lockkit::probe_pooler;
 use lockkit_cli::keyarg::{compute, parse_value, Form, KeyRequest};
 use serde_json::json;
 use tokio_postgres::config::Host;
@@ -49,12 +49,32 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Advisory locks held and awaited in the database, with wait chains.
+    ///
+    /// Key types are named from the namespaces registered with -n, the
+    /// LOCKKIT_NAMESPACES variable and a namespaces file (--namespaces-file,
+    /// LOCKKIT_NAMESPACES_FILE, or $XDG_CONFIG_HOME/lockkit/namespaces,
+    /// default ~/.config/lockkit/namespaces): entries NAME or NAME=CLASS,
+    /// separated by newlines, commas or spaces, # for comments. An
+    /// unregistered key shows its namespace tag (BigInt) or class (Pair).
+    ///
+    /// SCOPE is `session` for a holder idle outside any transaction (a
+    /// transaction lock cannot outlive its transaction), `transaction` for a
+    /// prepared transaction, `unknown` otherwise: pg_locks does not tell
+    /// them apart. The key format is docs/KEYS.md:
+    /// https://example.invalid/lockkit/blob/main/docs/KEYS.md
     Inspect {
         /// A key namespace of the application, to name the type behind a key
         /// (repeatable). `NAME` covers its BigInt keys and its Pair keys of
         /// the derived class; `NAME=CLASS` its Pair keys of an explicit class.
         #[arg(long = "namespace", short = 'n', value_name = "NAME[=CLASS]")]
         namespaces: Vec<String>,
+        /// A file of namespaces (see above).
+        #[arg(long, value_name = "PATH")]
+        namespaces_file: Option<std::path::PathBuf>,
+        /// Also relation locks on every relation someone waits for (a DDL
+        /// lock queue), in the same wait-chain tree.
+        #[arg(long)]
+        all: bool,
         /// Refresh every SECONDS until interrupted.
         #[arg(long, value_name = "SECONDS")]
         watch: Option<f64>,
@@ -144,6 +164,9 @@ impl From<FormArg> for Form {
     }
 }
 
+/// The `application_name` of the CLI's connections.
+const APPLICATION_NAME: &str = "lockkit-cli";
+
 /// An error for the user: what went wrong and what to do.
 #[derive(Debug)]
 struct Failure(String);
@@ -188,13 +211,19 @@ async fn run(cli: Cli) -> Result<()> {
         } => key(&args, form.into(), class, stripes, json),
         Command::Inspect {
             namespaces,
+            namespaces_file,
+            all,
             watch,
             json,
         } => {
-            let registry = registry(&namespaces)?;
+            let registry =
+                lockkit_cli::registry::build(&namespaces, namespaces_file.as_deref(), &|k| {
+                    std::env::var(k).ok()
+                })
+                .map_err(|e| e.to_string())?;
             let (client, _) = connect(cli.url.as_deref()).await?;
             loop {
-                let text = inspect(&client, &registry, json).await?;
+                let text = inspect(&client, &registry, all, json).await?;
                 match watch {
                     None => {
                         print!("{text}");
@@ -299,39 +328,27 @@ fn key(
     Ok(())
 }
 
-fn registry(namespaces: &[String]) -> Result<KeyRegistry> {
-    let mut registry = KeyRegistry::new();
-    for entry in namespaces {
-        let (name, class) = match entry.split_once('=') {
-            Some((name, class)) => {
-                let class: i32 = class
-                    .parse()
-                    .map_err(|e| format!("invalid class in --namespace {entry:?}: {e}"))?;
-                (name, Some(class))
-            }
-            None => (entry.as_str(), None),
-        };
-        let spec = KeySpec::try_new(name)
-            .map_err(|e| format!("invalid namespace in --namespace {entry:?}: {e}"))?;
-        registry = match class {
-            Some(class) => registry.register_spec(name, spec.class(class)),
-            None => registry
-                .register_spec(name, spec)
-                .register_spec(name, spec.pair()),
-        };
-    }
-    Ok(registry)
-}
-
-async fn inspect(client: &Client, registry: &KeyRegistry, json: bool) -> Result<String> {
+async fn inspect(client: &Client, registry: &KeyRegistry, all: bool, json: bool) -> Result<String> {
     let rows = advisory_locks(client, registry)
         .await
         .map_err(|e| query_error("cannot read pg_locks", &e))?;
+    let relations = if all {
+        Some(
+            relation_lock_queues(client)
+                .await
+                .map_err(|e| query_error("cannot read pg_locks", &e))?,
+        )
+    } else {
+        None
+    };
     let collisions = registry.collisions();
     Ok(if json {
-        format!("{}\n", render::inspect_json(&rows, &collisions))
+        format!(
+            "{}\n",
+            render::inspect_json(&rows, relations.as_deref(), &collisions)
+        )
     } else {
-        render::inspect_text(&rows, &collisions)
+        render::inspect_text(&rows, relations.as_deref(), &collisions)
     })
 }
 
@@ -413,9 +430,14 @@ async fn connect(url: Option<&str>) -> Result<(Client, tokio_postgres::Config)> 
     let url = url
         .filter(|u| !u.is_empty())
         .ok_or("no database given: pass --url or set DATABASE_URL")?;
-    let config: tokio_postgres::Config = url
+    let mut config: tokio_postgres::Config = url
         .parse()
         .map_err(|e| format!("invalid connection URL: {}", chain(&e)))?;
+    // So the CLI's own sessions are recognisable in pg_stat_activity (and
+    // in its own `inspect`), unless the URL names another.
+    if config.get_application_name().is_none() {
+        config.application_name(APPLICATION_NAME);
+    }
     let target = target(&config);
     let (client, connection) = config
         .connect(NoTls)
@@ -495,16 +517,6 @@ fn chain(e: &dyn StdError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockkit::LockKey;
-
-    #[test]
-    fn registry_entries() {
-        let known = registry(&["Order".into(), "Slot=7".into()]).unwrap();
-        assert_eq!(known.types().len(), 3);
-        assert_eq!(known.decode(LockKey::Pair(7, 1))[0].namespace(), "Slot");
-        assert!(registry(&["bad name".into()]).is_err());
-        assert!(registry(&["X=notanumber".into()]).is_err());
-    }
 
     #[test]
     fn cli_parses() {

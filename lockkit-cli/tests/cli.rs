@@ -340,3 +340,156 @@ async fn clear_errors_for_url_refusal_and_permissions() {
         .await
         .unwrap();
 }
+
+/// Issue 12: scope, holder state, transaction age, application_name and the
+/// namespace tag of an unregistered type, on a real server, with a session
+/// lock held by an idle session and a transaction lock held by a session
+/// idle in transaction. The key types come from a namespaces file and the
+/// environment instead of `-n`.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_shows_scope_state_age_and_tags() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let session_holder = connect_as(db, None, "cli-session-holder").await;
+    let tx_holder = connect_as(db, None, "cli-tx-holder").await;
+    let bigint = |ns: &str, v: i64| match KeySpec::new(ns).key_of(&v) {
+        LockKey::BigInt(v) => v,
+        LockKey::Pair(..) => unreachable!(),
+    };
+    let (session_key, tx_key, unknown_key) = (
+        bigint("CliScopeSession", 1),
+        bigint("CliScopeTx", 2),
+        bigint("CliScopeUnregistered", 3),
+    );
+    session_holder
+        .execute("SELECT pg_advisory_lock($1)", &[&session_key])
+        .await
+        .unwrap();
+    tx_holder.batch_execute("BEGIN").await.unwrap();
+    tx_holder
+        .execute(
+            "SELECT pg_advisory_xact_lock($1), pg_advisory_xact_lock($2)",
+            &[&tx_key, &unknown_key],
+        )
+        .await
+        .unwrap();
+    let (session_pid, tx_pid) = (pid(&session_holder).await, pid(&tx_holder).await);
+
+    let dir = std::env::temp_dir().join(format!("lockkit-cli-ns-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("namespaces");
+    std::fs::write(&file, "# registered once\nCliScopeSession\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lockkit"))
+        .args(["--url", db.url(), "inspect", "--json"])
+        .env("LOCKKIT_NAMESPACES_FILE", &file)
+        .env("LOCKKIT_NAMESPACES", "CliScopeTx")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let locks = doc["locks"].as_array().unwrap();
+    let of = |pid: i32, key: i64| {
+        locks
+            .iter()
+            .find(|l| l["pid"] == pid && l["key"]["key"] == key)
+            .unwrap_or_else(|| panic!("no row of {pid} in {doc:#}"))
+    };
+    let s = of(session_pid, session_key);
+    assert_eq!(s["scope"], "session", "{s:#}");
+    assert_eq!(s["state"], "idle");
+    assert_eq!(s["application_name"], "cli-session-holder");
+    assert!(s["transaction_age_seconds"].is_null(), "{s:#}");
+    assert_eq!(s["types"][0]["namespace"], "CliScopeSession");
+    let t = of(tx_pid, tx_key);
+    // Idle in transaction: it may hold either kind, so it is not guessed.
+    assert_eq!(t["scope"], "unknown", "{t:#}");
+    assert_eq!(t["state"], "idle in transaction");
+    assert_eq!(t["application_name"], "cli-tx-holder");
+    assert!(
+        t["transaction_age_seconds"].as_f64().unwrap() >= 0.0,
+        "{t:#}"
+    );
+    assert_eq!(t["types"][0]["namespace"], "CliScopeTx");
+    let u = of(tx_pid, unknown_key);
+    assert!(u["types"].as_array().unwrap().is_empty());
+    let tag = KeySpec::new("CliScopeUnregistered").tag();
+    assert_eq!(u["tag"], tag);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_lockkit"))
+        .args(["--url", db.url(), "inspect"])
+        .env("LOCKKIT_NAMESPACES_FILE", &file)
+        .env_remove("LOCKKIT_NAMESPACES")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    let line = |pid: i32, key: i64| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{pid} ")) && l.contains(&format!(" {key} ")))
+            .unwrap_or_else(|| panic!("no line of {pid} {key} in\n{text}"))
+            .to_owned()
+    };
+    let s = line(session_pid, session_key);
+    assert!(
+        s.contains(" session ") && s.contains(" idle ") && s.contains("CliScopeSession"),
+        "{s}"
+    );
+    let t = line(tx_pid, tx_key);
+    assert!(
+        t.contains(" unknown ") && t.contains("idle in transaction"),
+        "{t}"
+    );
+    // Not registered this time: the tag names it.
+    assert!(
+        t.contains(&format!("? tag 0x{:04x}", KeySpec::new("CliScopeTx").tag())),
+        "{t}"
+    );
+    assert!(
+        text.contains("SCOPE") && text.contains("XACT AGE"),
+        "{text}"
+    );
+
+    tx_holder.batch_execute("COMMIT").await.unwrap();
+    session_holder
+        .execute("SELECT pg_advisory_unlock($1)", &[&session_key])
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The CLI's own connections carry `application_name = lockkit-cli`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_sets_its_application_name() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockkit"))
+        .args(["--url", db.url(), "inspect", "--watch", "0.2", "--json"])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let seen = loop {
+        let n: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() \
+                 AND application_name = 'lockkit-cli'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            break true;
+        }
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(seen, "no session named lockkit-cli while the CLI ran");
+}
