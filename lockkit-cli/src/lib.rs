@@ -4,6 +4,7 @@
 //! - [`keyarg`]: `lockkit key`'s typed values and key forms.
 //! - [`registry`]: the key types `lockkit inspect` names, from `-n`, the
 //!   `LOCKKIT_NAMESPACES` variable and a namespaces file.
+//! - [`settings`]: the lock settings `lockkit check` reports and assesses.
 //!
 //! The key format is [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
 #![warn(
@@ -16,3 +17,4 @@
 
 pub mod keyarg;
 pub mod registry;
+pub mod settings;

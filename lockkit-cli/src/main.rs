@@ -30,6 +30,7 @@ use clap::{Parser, Subcommand};
 use lockkit::inspect::{advisory_locks, relation_lock_queues, KeyRegistry};
 use lockkit::probe_pooler;
 use lockkit_cli::keyarg::{compute, parse_value, Form, KeyRequest};
+use lockkit_cli::settings;
 use serde_json::json;
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls};
@@ -108,8 +109,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Lock table capacity and use, hot standby, pooling.
+    /// Lock table capacity and use, hot standby, pooling, and the settings
+    /// that decide how locks behave (log_lock_waits, deadlock_timeout,
+    /// lock_timeout, statement_timeout, idle_in_transaction_session_timeout,
+    /// idle_session_timeout), each with what it means for lockkit and a
+    /// recommendation where one applies.
     Check {
+        /// The keep-alive interval of the application's session locks, to
+        /// compare with the idle timeouts.
+        #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+        session_keepalive: f64,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -242,9 +251,14 @@ async fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Check { json } => {
+        Command::Check {
+            session_keepalive,
+            json,
+        } => {
+            let keepalive = Duration::try_from_secs_f64(session_keepalive)
+                .map_err(|e| format!("invalid --session-keepalive: {e}"))?;
             let (client, config) = connect(cli.url.as_deref()).await?;
-            print!("{}", check(&client, &config, json).await?);
+            print!("{}", check(&client, &config, keepalive, json).await?);
             Ok(())
         }
     }
@@ -359,7 +373,12 @@ const CHECK_SQL: &str = "SELECT current_setting('max_locks_per_transaction')::in
      (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'), \
      pg_is_in_recovery(), current_setting('server_version'), current_user::text";
 
-async fn check(client: &Client, config: &tokio_postgres::Config, json: bool) -> Result<String> {
+async fn check(
+    client: &Client,
+    config: &tokio_postgres::Config,
+    keepalive: Duration,
+    json: bool,
+) -> Result<String> {
     let row = client
         .query_typed_one(CHECK_SQL, &[])
         .await
@@ -377,6 +396,21 @@ async fn check(client: &Client, config: &tokio_postgres::Config, json: bool) -> 
         .await
         .map_err(|e| query_error("cannot probe for a pooler", &e))?;
     let percent = 100.0 * advisory as f64 / capacity.max(1) as f64;
+    let setting_rows = client
+        .query_typed(settings::SETTINGS_SQL, &[])
+        .await
+        .map_err(|e| query_error("cannot read the lock settings", &lockkit::Error::from(e)))?;
+    let mut assessed = Vec::new();
+    for name in settings::NAMES {
+        let Some(row) = setting_rows.iter().find(|r| r.get::<_, &str>(0) == name) else {
+            continue;
+        };
+        let setting: &str = row.get(1);
+        let unit: Option<&str> = row.get(2);
+        if let Some(a) = settings::assess(name, setting, unit, keepalive) {
+            assessed.push(a);
+        }
+    }
     if json {
         let doc = json!({
             "server_version": version,
@@ -388,6 +422,13 @@ async fn check(client: &Client, config: &tokio_postgres::Config, json: bool) -> 
             "hot_standby": standby,
             "transaction_pooled": probe.is_transaction_pooled(),
             "pooler_evidence": probe.evidence(),
+            "session_keepalive_seconds": keepalive.as_secs_f64(),
+            "settings": assessed.iter().map(|a| json!({
+                "name": a.name,
+                "value": a.value,
+                "meaning": a.meaning,
+                "recommendation": a.recommendation,
+            })).collect::<Vec<_>>(),
         });
         return Ok(format!("{doc:#}\n"));
     }
@@ -422,6 +463,18 @@ async fn check(client: &Client, config: &tokio_postgres::Config, json: bool) -> 
             probe.backend_pid()
         ),
     };
+    let _ = writeln!(
+        out,
+        "\nlock settings (as this connection's role and database see them; \
+         session-lock keep-alive assumed {:.1}s, --session-keepalive):",
+        keepalive.as_secs_f64()
+    );
+    for a in &assessed {
+        let _ = writeln!(out, "  {:<37} {:<9} {}", a.name, a.value, a.meaning);
+        if let Some(r) = &a.recommendation {
+            let _ = writeln!(out, "  {:<37} {:<9} recommendation: {r}", "", "");
+        }
+    }
     Ok(out)
 }
 

@@ -493,3 +493,212 @@ async fn the_cli_sets_its_application_name() {
     child.wait().unwrap();
     assert!(seen, "no session named lockkit-cli while the CLI ran");
 }
+
+async fn connect_url(url: &str, app: &str) -> Client {
+    let mut config: tokio_postgres::Config = url.parse().unwrap();
+    config.application_name(app);
+    let (client, connection) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
+/// Waits (up to 30 s) until `pid` waits for a relation lock.
+async fn until_waiting_on_relation(observer: &Client, pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted AND pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "backend {pid} never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Issue 14: `inspect --all` shows a stuck DDL lock queue in the wait-chain
+/// tree: a long reader, the ALTER TABLE waiting behind it, and a new reader
+/// queued behind the ALTER TABLE.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_all_shows_a_ddl_lock_queue() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let url = db.create_database("lockkit_cli_ddl").await;
+    let setup = connect_url(&url, "cli-setup").await;
+    setup
+        .batch_execute("CREATE TABLE accounts (id int8 PRIMARY KEY)")
+        .await
+        .unwrap();
+    let reader = connect_url(&url, "cli-long-reader").await;
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM accounts")
+        .await
+        .unwrap();
+    let alter = connect_url(&url, "cli-migration").await;
+    let new_reader = connect_url(&url, "cli-new-reader").await;
+    let (reader_pid, alter_pid, new_pid) = (
+        pid(&reader).await,
+        pid(&alter).await,
+        pid(&new_reader).await,
+    );
+    let altering = tokio::spawn(async move {
+        alter
+            .batch_execute("ALTER TABLE accounts ADD COLUMN note text")
+            .await
+            .unwrap();
+    });
+    until_waiting_on_relation(&setup, alter_pid).await;
+    let reading = tokio::spawn(async move {
+        new_reader
+            .batch_execute("SELECT count(*) FROM accounts")
+            .await
+            .unwrap();
+    });
+    until_waiting_on_relation(&setup, new_pid).await;
+
+    let out = lockkit(&["--url", &url, "inspect", "--all", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rel = doc["relation_locks"].as_array().unwrap();
+    let of = |pid: i32| {
+        rel.iter()
+            .find(|l| l["pid"] == pid && l["relation"] == "accounts")
+            .unwrap_or_else(|| panic!("no relation row of {pid} in {doc:#}"))
+    };
+    let r = of(reader_pid);
+    assert_eq!(
+        (r["granted"].clone(), r["mode"].clone()),
+        (true.into(), "AccessShareLock".into())
+    );
+    assert_eq!(r["state"], "idle in transaction");
+    let a = of(alter_pid);
+    assert_eq!(a["granted"], false);
+    assert_eq!(a["mode"], "AccessExclusiveLock");
+    assert_eq!(a["blocked_by"], serde_json::json!([reader_pid]));
+    let n = of(new_pid);
+    assert_eq!(n["granted"], false);
+    assert_eq!(n["blocked_by"], serde_json::json!([alter_pid]));
+
+    let out = lockkit(&["--url", &url, "inspect", "--all"]);
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    let root = lines
+        .iter()
+        .position(|l| {
+            l.starts_with(&format!(
+                "{reader_pid} [cli-long-reader] holds AccessShareLock on accounts"
+            ))
+        })
+        .unwrap_or_else(|| panic!("no root line in\n{text}"));
+    assert!(lines[root].contains("idle in transaction"), "{text}");
+    assert!(
+        lines[root + 1].starts_with(&format!("└── {alter_pid} [cli-migration] waits"))
+            && lines[root + 1].contains("for AccessExclusiveLock on accounts"),
+        "{text}"
+    );
+    assert!(
+        lines[root + 2].starts_with(&format!("    └── {new_pid} [cli-new-reader] waits"))
+            && lines[root + 2].contains("for AccessShareLock on accounts"),
+        "{text}"
+    );
+    // The control: without --all, relation locks are not shown.
+    let out = lockkit(&["--url", &url, "inspect"]);
+    assert!(
+        !stdout(&out).contains("AccessExclusiveLock"),
+        "{}",
+        stdout(&out)
+    );
+
+    reader.batch_execute("COMMIT").await.unwrap();
+    altering.await.unwrap();
+    reading.await.unwrap();
+}
+
+/// Issue 14: `check` reports the lock settings, their meaning and the
+/// recommendations that apply; the keep-alive is a flag.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_reports_the_lock_settings() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let url = db.create_database("lockkit_cli_settings").await;
+    let admin = db.connect().await;
+    admin
+        .batch_execute(
+            "ALTER DATABASE lockkit_cli_settings SET log_lock_waits = off; \
+             ALTER DATABASE lockkit_cli_settings SET lock_timeout = '250ms'; \
+             ALTER DATABASE lockkit_cli_settings SET idle_in_transaction_session_timeout = '5s'; \
+             ALTER DATABASE lockkit_cli_settings SET idle_session_timeout = '3s'",
+        )
+        .await
+        .unwrap();
+    let settings = |doc: &Value| -> Vec<Value> { doc["settings"].as_array().unwrap().clone() };
+    let find = |list: &[Value], name: &str| {
+        list.iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {list:#?}"))
+            .clone()
+    };
+    let out = lockkit(&["--url", &url, "check", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = settings(&doc);
+    let names: Vec<&str> = list.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "log_lock_waits",
+            "deadlock_timeout",
+            "lock_timeout",
+            "statement_timeout",
+            "idle_in_transaction_session_timeout",
+            "idle_session_timeout"
+        ]
+    );
+    assert_eq!(find(&list, "log_lock_waits")["value"], "off");
+    assert!(find(&list, "log_lock_waits")["recommendation"].is_string());
+    assert_eq!(find(&list, "lock_timeout")["value"], "250ms");
+    assert!(find(&list, "lock_timeout")["meaning"]
+        .as_str()
+        .unwrap()
+        .contains("55P03"));
+    // The server's own deadlock_timeout, as the server shows it.
+    let shown: String = admin
+        .query_one("SHOW deadlock_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(find(&list, "deadlock_timeout")["value"], shown.as_str());
+    assert_eq!(find(&list, "statement_timeout")["value"], "0 (off)");
+    let idle_tx = find(&list, "idle_in_transaction_session_timeout");
+    assert_eq!(idle_tx["value"], "5s");
+    assert!(idle_tx["recommendation"]
+        .as_str()
+        .unwrap()
+        .contains("keep-alive"));
+    assert!(find(&list, "idle_session_timeout")["recommendation"].is_string());
+
+    // With a 2 s keep-alive both idle timeouts are longer: no recommendation.
+    let out = lockkit(&["--url", &url, "check", "--json", "--session-keepalive", "2"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = settings(&doc);
+    assert!(find(&list, "idle_in_transaction_session_timeout")["recommendation"].is_null());
+    assert!(find(&list, "idle_session_timeout")["recommendation"].is_null());
+
+    let out = lockkit(&["--url", &url, "check"]);
+    let text = stdout(&out);
+    assert!(text.contains("lock settings"), "{text}");
+    assert!(
+        text.contains("log_lock_waits") && text.contains("recommendation: turn it on"),
+        "{text}"
+    );
+    assert!(
+        text.contains("idle_in_transaction_session_timeout") && text.contains("5s"),
+        "{text}"
+    );
+}
