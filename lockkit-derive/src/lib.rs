@@ -25,17 +25,9 @@ use proc_macro::TokenStream;
 /// adding one changes them. An enum encodes the variant's name (not its
 /// discriminant), then the variant's fields.
 ///
-/// ```ignore
-/// use lockkit::{AdvisoryKey, LockKey};
-///
-/// #[derive(AdvisoryKey)]
-/// struct Order {
-///     id: i64,
-/// }
-///
-/// // KEYS.md golden vector.
-/// assert_eq!(Order { id: 42 }.lock_key(), LockKey::BigInt(-7205368663365046133));
-/// ```
+/// For example, `Order { id: 42 }` is the KEYS.md golden vector
+/// `LockKey::BigInt(-7205368663365046133)`: see the [examples], which run as
+/// lockkit's doctests (this crate cannot depend on lockkit).
 ///
 /// Structs (named, tuple, unit) and enums derive it; unions do not. An enum
 /// without variants is accepted: it has no values, so it never makes a key.
@@ -52,23 +44,7 @@ use proc_macro::TokenStream;
 /// | `raw` | The value is the key, unhashed: only on a newtype over `i64` (`BigInt(self.0)`) or over `(i32, i32)` (`Pair(self.0.0, self.0.1)`). A raw key has no namespace, so `namespace`, `class`, `stripes` and `pair` are errors on it. |
 /// | `crate = "path::to::lockkit"` | Where generated code finds lockkit, if it is not `::lockkit` (a renamed dependency or a re-export). |
 ///
-/// ```ignore
-/// #[derive(AdvisoryKey)]
-/// #[advisory_key(namespace = "billing.invoice", pair, class = 7)]
-/// struct Invoice { id: u64 }            // LockKey::Pair(7, ..)
-///
-/// #[derive(AdvisoryKey)]
-/// #[advisory_key(pair = "exact", class = 7)]
-/// struct Account(i32);                  // Account(5).lock_key() == LockKey::Pair(7, 5)
-///
-/// #[derive(AdvisoryKey)]
-/// #[advisory_key(raw)]
-/// struct LegacyJobId(i64);              // LegacyJobId(9).lock_key() == LockKey::BigInt(9)
-///
-/// #[derive(AdvisoryKey)]
-/// #[advisory_key(stripes = 1024)]
-/// struct Event { business_key: String } // at most 1024 distinct keys
-/// ```
+/// The [examples] show each option, with the keys it gives.
 ///
 /// # Field attributes: `#[advisory_key(...)]` on a field
 ///
@@ -77,20 +53,8 @@ use proc_macro::TokenStream;
 /// | `skip` | The field is not part of the key. |
 /// | `with = "path::to::fn"` | Encode the field with `fn(&FieldType, &mut lockkit::Parts<'_>)` instead of its `KeyPart` impl. |
 ///
-/// ```ignore
-/// fn cents(amount: &f64, parts: &mut lockkit::Parts<'_>) {
-///     parts.put(&((amount * 100.0).round() as i64));
-/// }
-///
-/// #[derive(AdvisoryKey)]
-/// struct Payment {
-///     order: u64,
-///     #[advisory_key(with = "cents")]
-///     amount: f64,
-///     #[advisory_key(skip)]
-///     note: String,
-/// }
-/// ```
+/// The [examples] show `with` (a `f64` amount locked by whole cents) and
+/// `skip`.
 ///
 /// # Field types
 ///
@@ -109,6 +73,7 @@ use proc_macro::TokenStream;
 /// type's namespace.
 ///
 /// [`KeyPart`]: https://docs.rs/lockkit/latest/lockkit/trait.KeyPart.html
+/// [examples]: https://docs.rs/lockkit/latest/lockkit/derive.AdvisoryKey.html#examples
 #[proc_macro_derive(AdvisoryKey, attributes(advisory_key))]
 pub fn derive_advisory_key(input: TokenStream) -> TokenStream {
     derive(input.into()).into()

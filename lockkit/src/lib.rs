@@ -76,6 +76,79 @@ pub use pg::transaction::LockTx;
 
 /// `#[derive(AdvisoryKey)]`: see the [`AdvisoryKey`] trait and
 /// [KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
+///
+/// # Examples
+///
+/// These are the derive's examples, here so that they run as doctests (the
+/// derive crate cannot depend on lockkit).
+///
+/// ```
+/// use lockkit::{AdvisoryKey, LockKey};
+///
+/// #[derive(AdvisoryKey)]
+/// struct Order {
+///     id: i64,
+/// }
+///
+/// // KEYS.md golden vector.
+/// assert_eq!(Order { id: 42 }.lock_key(), LockKey::BigInt(-7205368663365046133));
+/// ```
+///
+/// Type attributes:
+///
+/// ```
+/// use lockkit::{AdvisoryKey, KeySpec, LockKey};
+///
+/// #[derive(AdvisoryKey)]
+/// #[advisory_key(namespace = "billing.invoice", pair, class = 7)]
+/// struct Invoice { id: u64 }
+///
+/// #[derive(AdvisoryKey)]
+/// #[advisory_key(pair = "exact", class = 7)]
+/// struct Account(i32);
+///
+/// #[derive(AdvisoryKey)]
+/// #[advisory_key(raw)]
+/// struct LegacyJobId(i64);
+///
+/// #[derive(AdvisoryKey)]
+/// #[advisory_key(stripes = 1024)]
+/// struct Event { business_key: String } // at most 1024 distinct keys
+///
+/// let invoice = Invoice { id: 9 }.lock_key();
+/// assert!(matches!(invoice, LockKey::Pair(7, _)));
+/// assert_eq!(invoice, KeySpec::new("billing.invoice").class(7).key_of(&9_u64));
+/// assert_eq!(Account(5).lock_key(), LockKey::Pair(7, 5));
+/// assert_eq!(LegacyJobId(9).lock_key(), LockKey::BigInt(9));
+/// // KEYS.md golden vector.
+/// let event = Event { business_key: "a1b2c3d4".into() };
+/// assert_eq!(event.lock_key(), LockKey::BigInt(5974306380683673735));
+/// ```
+///
+/// Field attributes:
+///
+/// ```
+/// use lockkit::AdvisoryKey;
+///
+/// fn cents(amount: &f64, parts: &mut lockkit::Parts<'_>) {
+///     parts.put(&((amount * 100.0).round() as i64));
+/// }
+///
+/// #[derive(AdvisoryKey)]
+/// struct Payment {
+///     order: u64,
+///     #[advisory_key(with = "cents")]
+///     amount: f64,
+///     #[advisory_key(skip)]
+///     note: String,
+/// }
+///
+/// let a = Payment { order: 1, amount: 12.5, note: "first".into() };
+/// let b = Payment { order: 1, amount: 12.5, note: "second".into() };
+/// let c = Payment { order: 1, amount: 12.75, note: "first".into() };
+/// assert_eq!(a.lock_key(), b.lock_key()); // `note` is skipped
+/// assert_ne!(a.lock_key(), c.lock_key());
+/// ```
 #[cfg(feature = "derive")]
 pub use lockkit_derive::AdvisoryKey;
 
