@@ -35,7 +35,11 @@ use serde_json::json;
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls};
 
-/// Inspect PostgreSQL advisory locks, compute lockkit keys, check capacity.
+/// Inspect PostgreSQL advisory locks, compute lockkit keys, check capacity
+/// and lock settings.
+///
+/// The key format is docs/KEYS.md:
+/// https://example.invalid/lockkit/blob/main/docs/KEYS.md
 #[derive(Debug, Parser)]
 #[command(name = "lockkit", version)]
 struct Cli {
