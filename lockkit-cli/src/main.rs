@@ -60,7 +60,9 @@ enum Command {
     /// LOCKKIT_NAMESPACES_FILE, or $XDG_CONFIG_HOME/lockkit/namespaces,
     /// default ~/.config/lockkit/namespaces): entries NAME or NAME=CLASS,
     /// separated by newlines, commas or spaces, # for comments. An
-    /// unregistered key shows its namespace tag (BigInt) or class (Pair).
+    /// unregistered key shows its top 16 bits (BigInt), the namespace tag
+    /// of a hashed lockkit key (`lockkit key` prints a namespace's tag; raw
+    /// and hashtext keys carry none), or its class (Pair).
     ///
     /// SCOPE is `session` for a holder idle outside any transaction (a
     /// transaction lock cannot outlive its transaction), `transaction` for a

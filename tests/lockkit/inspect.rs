@@ -355,3 +355,40 @@ async fn transaction_locks_are_never_reported_as_session_locks() {
         .await
         .unwrap();
 }
+
+/// A prepared transaction's advisory lock has no pid and is reported as
+/// transaction-level.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prepared_transactions_lock_is_transaction_level() {
+    use lockkit::inspect::Scope;
+
+    let db = TestServer::builder()
+        .setting("max_prepared_transactions", "2")
+        .start();
+    let _log = db.guard();
+    let client = db.connect().await;
+    let key = Invoice { id: 9201 }.lock_key();
+    let LockKey::BigInt(k) = key else {
+        unreachable!()
+    };
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({k}); PREPARE TRANSACTION 'lockkit-inspect-scope'"
+        ))
+        .await
+        .unwrap();
+    let rows = advisory_locks(&client, &KeyRegistry::new().register::<Invoice>())
+        .await
+        .unwrap();
+    let row = rows
+        .iter()
+        .find(|r| r.key == key)
+        .unwrap_or_else(|| panic!("no row of the prepared lock: {rows:?}"));
+    assert_eq!(row.pid, None);
+    assert!(row.granted);
+    assert_eq!(row.scope, Scope::Transaction);
+    client
+        .batch_execute("ROLLBACK PREPARED 'lockkit-inspect-scope'")
+        .await
+        .unwrap();
+}
