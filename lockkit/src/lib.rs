@@ -42,19 +42,21 @@
 #![deny(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
-mod engine;
+pub mod engine;
 mod key;
 #[cfg(feature = "tokio-postgres")]
 mod pg;
+mod retry;
 
 #[cfg(feature = "tokio-postgres")]
 pub use pg::inspect;
 
-pub use engine::config::{Config, OrderCheck};
-pub use engine::error::{sqlstate, BoxError, Error};
+pub use engine::config::{Config, OrderCheck, StatementMode};
+pub use engine::error::{sqlstate, BoxError, Error, ErrorKind};
 pub use engine::facts::ServerFacts;
 pub use engine::guard::{Busy, Held, HeldBatch};
 pub use engine::plan::{Batch, Mode};
+pub use engine::Policy;
 pub use key::encoding::{parts_bytes, KeyPart, Parts};
 pub use key::hashtext::{
     hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, ByteOrder, HashText,
@@ -63,33 +65,18 @@ pub use key::namespace::{NamespaceError, MAX_NAMESPACE_LEN};
 pub use key::{AdvisoryKey, KeyForm, KeySpec, LockKey, PgLocksId};
 
 #[cfg(feature = "tokio-postgres")]
-pub use pg::locker::Locker;
-#[cfg(feature = "tokio-postgres")]
-pub use pg::prepared::Prepared;
-#[cfg(feature = "tokio-postgres")]
-pub use pg::retry::{retry, RetryPolicy, Transient};
+pub use pg::locker::{LockClient, Locker};
 #[cfg(feature = "tokio-postgres")]
 pub use pg::session::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
 #[cfg(feature = "tokio-postgres")]
 pub use pg::transaction::LockTx;
+#[cfg(feature = "tokio-postgres")]
+pub use retry::retry;
+pub use retry::{retry_blocking, RetryPolicy, Transient};
 
 /// `#[derive(AdvisoryKey)]`: see the [`AdvisoryKey`] trait and KEYS.md.
 #[cfg(feature = "derive")]
 pub use lockkit_derive::AdvisoryKey;
-
-/// Building blocks for driver adapters (such as `lockkit-diesel`): the
-/// per-transaction bookkeeping, the batch plan, the SQL texts, the server
-/// facts probe. Applications do not need this module.
-pub mod driver {
-    pub use crate::engine::budget::TxLocks;
-    pub use crate::engine::error::Context;
-    pub use crate::engine::facts::HASHTEXT_PROBES;
-    pub use crate::engine::plan::Plan;
-    /// Every SQL text lockkit sends.
-    pub mod sql {
-        pub use crate::engine::sql::*;
-    }
-}
 
 /// Not public API: what `#[derive(AdvisoryKey)]` expands to.
 #[doc(hidden)]

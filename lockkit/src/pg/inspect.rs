@@ -38,7 +38,7 @@ use crate::engine::error::Error;
 use crate::engine::plan::Mode;
 use crate::key::{AdvisoryKey, KeyForm, KeySpec, LockKey};
 
-/// The inspection query (see [`sql`](crate::driver::sql)).
+/// The inspection query (see [`sql`](crate::engine::sql)).
 pub use crate::engine::sql::ADVISORY_LOCKS;
 
 /// What `pg_stat_activity.query` shows for another role's session when the
