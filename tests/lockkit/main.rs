@@ -7,6 +7,7 @@ mod exclusion;
 mod findings;
 mod hashtext;
 mod inspect;
+mod observe;
 mod poison;
 mod pool;
 mod release;
