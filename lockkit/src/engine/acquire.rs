@@ -682,7 +682,9 @@ fn kind_label(kind: ErrorKind) -> &'static str {
 /// Under [`OrderCheck::Warn`](crate::OrderCheck::Warn): a `tracing`
 /// warning, once per call site (every time when the adapter gave none).
 fn warn_out_of_order(site: Option<&'static Location<'static>>, held: LockKey, requested: LockKey) {
-    static WARNED: OnceLock<Mutex<HashSet<(&'static str, u32, u32)>>> = OnceLock::new();
+    /// A call site: file, line, column.
+    type Site = (&'static str, u32, u32);
+    static WARNED: OnceLock<Mutex<HashSet<Site>>> = OnceLock::new();
     if let Some(site) = site {
         let warned = WARNED.get_or_init(Default::default);
         let first = warned
