@@ -152,6 +152,8 @@ pub use key::namespace::{NamespaceError, MAX_NAMESPACE_LEN};
 pub use key::{AdvisoryKey, KeyForm, KeySpec, LockKey, PgLocksId};
 
 #[cfg(feature = "tokio-postgres")]
+pub use pg::ddl::{run_ddl, DdlOutcome, DdlRetry};
+#[cfg(feature = "tokio-postgres")]
 pub use pg::locker::{LockClient, Locker};
 #[cfg(feature = "tokio-postgres")]
 pub use pg::session::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};

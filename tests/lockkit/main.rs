@@ -2,6 +2,7 @@
 
 mod budget;
 mod common;
+mod ddl;
 mod deadlock;
 mod exclusion;
 mod findings;
