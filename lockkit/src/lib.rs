@@ -132,18 +132,13 @@
 pub mod engine;
 mod key;
 #[cfg(feature = "tokio-postgres")]
-mod pg;
+pub mod pg;
 mod retry;
 
 #[cfg(feature = "tokio-postgres")]
 pub use pg::inspect;
 
-pub use engine::config::{Config, OrderCheck, StatementMode};
-pub use engine::error::{sqlstate, BoxError, Error, ErrorKind};
-pub use engine::facts::ServerFacts;
-pub use engine::guard::{Busy, Held, HeldBatch};
-pub use engine::plan::{Batch, Mode};
-pub use engine::Policy;
+// Keys: a domain type's stable key, in the format of docs/KEYS.md.
 pub use key::encoding::{parts_bytes, KeyPart, Parts};
 pub use key::hashtext::{
     hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, ByteOrder, HashText,
@@ -151,17 +146,22 @@ pub use key::hashtext::{
 pub use key::namespace::{NamespaceError, MAX_NAMESPACE_LEN};
 pub use key::{AdvisoryKey, KeyForm, KeySpec, LockKey, PgLocksId};
 
+// Locking, whatever the driver: policy, batches, guards, errors, retry.
+pub use engine::config::{Config, OrderCheck, StatementMode};
+pub use engine::error::{sqlstate, BoxError, Error, ErrorKind};
+pub use engine::facts::ServerFacts;
+pub use engine::guard::{Busy, Held, HeldBatch};
+pub use engine::plan::{Batch, Mode};
+pub use engine::Policy;
+pub use retry::{retry_blocking, RetryPolicy, Transient};
+
+// The tokio-postgres adapter (module `pg`).
 #[cfg(feature = "tokio-postgres")]
-pub use pg::ddl::{run_ddl, DdlOutcome, DdlRetry};
+pub use pg::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
 #[cfg(feature = "tokio-postgres")]
-pub use pg::locker::{LockClient, Locker};
-#[cfg(feature = "tokio-postgres")]
-pub use pg::session::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
-#[cfg(feature = "tokio-postgres")]
-pub use pg::transaction::LockTx;
+pub use pg::{run_ddl, DdlOutcome, DdlRetry, LockClient, LockTx, Locker};
 #[cfg(feature = "tokio-postgres")]
 pub use retry::retry;
-pub use retry::{retry_blocking, RetryPolicy, Transient};
 
 /// `#[derive(AdvisoryKey)]`: see the [`AdvisoryKey`] trait and KEYS.md.
 #[cfg(feature = "derive")]
