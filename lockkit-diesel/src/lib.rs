@@ -4,8 +4,8 @@
 //! The same keys, sorted batches, lock budget, order check and timeouts as
 //! lockkit's tokio-postgres core, from the same code: key encoding, batch
 //! planning, budget bookkeeping, SQL text and error mapping are lockkit's
-//! ([`lockkit::driver`]); this crate only runs the statements through
-//! Diesel. A Diesel session and a tokio-postgres session locking the same
+//! ([`lockkit::engine`]); this crate only runs the engine's statements
+//! through Diesel. A Diesel session and a tokio-postgres session locking the same
 //! typed key exclude each other.
 //!
 //! # Example
@@ -58,7 +58,7 @@
 //! # Transactions only
 //!
 //! Every lock call checks Diesel's transaction depth and fails with
-//! [`Error::NotInTransaction`] at depth 0: PostgreSQL would release a
+//! [`ErrorKind::NotInTransaction`] at depth 0: PostgreSQL would release a
 //! transaction-scoped lock at the end of its statement, silently.
 //!
 //! # Errors
@@ -95,26 +95,20 @@ pub use transaction::LockTx;
 
 /// lockkit's key trait (and, with the `derive` feature, its derive macro).
 pub use lockkit::AdvisoryKey;
-pub use lockkit::{Batch, Config, Error, LockKey, Mode, OrderCheck};
+pub use lockkit::{
+    retry_blocking, Batch, Config, Error, ErrorKind, LockKey, Mode, OrderCheck, RetryPolicy,
+    StatementMode, Transient,
+};
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use diesel::result::{DatabaseErrorKind as Kind, Error as DieselError};
-    use lockkit::driver::Context;
+    use lockkit::ErrorKind;
 
     use super::Error;
 
     fn db(kind: Kind, message: &str) -> DieselError {
         DieselError::DatabaseError(kind, Box::new(message.to_owned()))
-    }
-
-    fn timeout() -> Context {
-        Context::Timeout {
-            timeout: Duration::from_millis(5),
-            keys: 1,
-        }
     }
 
     #[test]
@@ -123,25 +117,23 @@ mod tests {
         assert!(e.is_deadlock() && e.is_transient());
         assert_eq!(e.code(), Some("40P01"));
 
-        let lock = db(Kind::Unknown, "canceling statement due to lock timeout");
-        let e = Error::from_diesel(lock, timeout());
+        let e = Error::from(db(Kind::Unknown, "canceling statement due to lock timeout"));
+        assert!(e.is_timeout(), "the session's lock_timeout is a timeout");
+        assert_eq!(e.code(), Some("55P03"));
+        let e = Error::from(db(
+            Kind::Unknown,
+            "canceling statement due to statement timeout",
+        ));
         assert!(e.is_timeout());
-        assert_eq!(
-            e.code(),
-            Some("55P03"),
-            "the code is found behind the source"
-        );
-        let stmt = "canceling statement due to statement timeout";
-        assert!(Error::from_diesel(db(Kind::Unknown, stmt), timeout()).is_timeout());
-        let e = Error::from(db(Kind::Unknown, stmt));
-        assert!(!e.is_timeout(), "a timeout lockkit did not set is not one");
         assert_eq!(e.code(), Some("57014"));
+        let e = Error::from(db(Kind::Unknown, "canceling statement due to user request"));
+        assert_eq!(e.kind(), ErrorKind::Cancelled, "a cancel is not a timeout");
 
         assert!(Error::from(db(Kind::Unknown, "out of shared memory")).is_lock_table_full());
         let aborted =
             "current transaction is aborted, commands ignored until end of transaction block";
         let e = Error::from(db(Kind::Unknown, aborted));
-        assert!(matches!(e, Error::TransactionAborted { source: Some(_) }));
+        assert_eq!(e.kind(), ErrorKind::TransactionAborted);
         assert_eq!(e.code(), Some("25P02"));
 
         let e = Error::from(db(Kind::SerializationFailure, "anything"));
@@ -160,13 +152,34 @@ mod tests {
     }
 
     #[test]
+    fn transient_agrees_with_lockkit() {
+        use lockkit::Transient;
+        for (kind, message) in [
+            (Kind::Unknown, "deadlock detected"),
+            (Kind::Unknown, "canceling statement due to lock timeout"),
+            (Kind::SerializationFailure, "x"),
+            (Kind::Unknown, "canceling statement due to user request"),
+            (Kind::Unknown, "out of shared memory"),
+            (Kind::UniqueViolation, "dup"),
+        ] {
+            let e = db(kind, message);
+            assert_eq!(
+                Transient::is_transient(&e),
+                Error::from(db(kind, message)).is_transient(),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
     fn unrecognised_errors_are_database_errors_without_a_code() {
         // A server with German messages: documented, not classified.
         let e = Error::from(db(Kind::Unknown, "Verklemmung (Deadlock) entdeckt"));
-        assert!(matches!(e, Error::Database { code: None, .. }), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Database, "{e}");
+        assert_eq!(e.code(), None);
         assert!(!e.is_deadlock());
         let e = Error::from(DieselError::NotFound);
-        assert!(matches!(e, Error::Database { code: None, .. }));
+        assert_eq!(e.kind(), ErrorKind::Database);
         assert!(std::error::Error::source(&e)
             .and_then(|s| s.downcast_ref::<DieselError>())
             .is_some_and(|s| matches!(s, DieselError::NotFound)));

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use futures_util::future::try_join;
-use lockkit::{AdvisoryKey, Batch, Locker, Prepared};
+use lockkit::{AdvisoryKey, Batch, Locker};
 use tokio_postgres::{Client, Statement};
 use uuid::Uuid;
 
@@ -166,8 +166,6 @@ pub(crate) struct Statements {
     insert: Statement,
     check: Option<Statement>,
     reserve: Option<Statement>,
-    /// lockkit's lock statements, prepared like the others.
-    locks: Option<Prepared>,
 }
 
 const INSERT_ON_CONFLICT: &str = "INSERT INTO ingest_events (business_key, payload)
@@ -187,32 +185,28 @@ impl Statements {
     pub(crate) async fn prepare(
         client: &Client,
         strategy: Strategy,
-        locker: &Locker,
+        _locker: &Locker,
     ) -> Result<Statements, lockkit::Error> {
         Ok(match strategy {
             Strategy::Advisory => Statements {
                 insert: client.prepare(INSERT_ON_CONFLICT).await?,
                 check: None,
                 reserve: None,
-                locks: Some(locker.prepare(client).await?),
             },
             Strategy::OnConflict => Statements {
                 insert: client.prepare(INSERT_ON_CONFLICT).await?,
                 check: None,
                 reserve: None,
-                locks: None,
             },
             Strategy::ForUpdate => Statements {
                 insert: client.prepare(INSERT_PLAIN).await?,
                 check: Some(client.prepare(CHECK_RESERVATIONS).await?),
                 reserve: Some(client.prepare(RESERVE).await?),
-                locks: None,
             },
             Strategy::NoLock => Statements {
                 insert: client.prepare(INSERT_PLAIN).await?,
                 check: Some(client.prepare(CHECK_EVENTS).await?),
                 reserve: None,
-                locks: None,
             },
         })
     }
@@ -238,8 +232,7 @@ pub(crate) async fn ingest(
                     .map(|&business_key| Event { business_key })
                     .collect()
             };
-            let prepared = stmts.locks.as_ref().expect("prepared for this strategy");
-            let tx = locker.begin_prepared(client, prepared).await?;
+            let tx = locker.begin(client).await?;
             {
                 // The lock statement goes out first and the insert right
                 // behind it: the server runs them in order, so the insert

@@ -39,7 +39,7 @@ use crate::engine::error::Error;
 use crate::engine::plan::Mode;
 use crate::key::{AdvisoryKey, KeyForm, KeySpec, LockKey};
 
-/// The inspection statements (see [`sql`](crate::driver::sql)).
+/// The inspection statements (see [`sql`](crate::engine::sql)).
 pub use crate::engine::sql::{
     ADVISORY_LOCKS, CLEAR_ACTIVITY_SNAPSHOT, RELATION_LOCK_QUEUES, SESSION_HOLDERS,
 };
@@ -165,7 +165,7 @@ fn seconds(value: Option<f64>) -> Option<Duration> {
 ///
 /// # Errors
 ///
-/// When a query fails, e.g. [`Error::Database`] with code `42501` when the
+/// When a query fails, e.g. [`ErrorKind::Database`](crate::ErrorKind::Database) with code `42501` when the
 /// role may not read `pg_locks` or `pg_stat_activity`.
 ///
 /// # Cancel safety
@@ -274,7 +274,7 @@ pub struct RelationLockRow {
 ///
 /// # Errors
 ///
-/// When the query fails, e.g. [`Error::Database`] with code `42501` when the
+/// When the query fails, e.g. [`ErrorKind::Database`](crate::ErrorKind::Database) with code `42501` when the
 /// role may not read `pg_locks` or `pg_stat_activity`.
 ///
 /// # Cancel safety

@@ -19,7 +19,8 @@ use tokio::sync::watch;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{CancelToken, Client, NoTls, Row, SimpleQueryMessage};
 
-use crate::engine::error::{Context, Error};
+use crate::engine::error::{DriverError, Error, ErrorKind};
+use crate::engine::facts::ServerFacts;
 use crate::engine::plan::Mode;
 use crate::engine::sql::{self, timeout_setting, CHECK_CLIENT, HOLDS};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
@@ -231,9 +232,10 @@ impl SessionLock {
     ) -> Result<Result<SessionGuard<K>, K>, Error> {
         let key = value.lock_key();
         let (client, lost) = open(&self.config).await?;
-        let (facts, backend_pid) = crate::pg::locker::server_facts(&client).await?;
+        let row = crate::pg::locker::server_facts(&client).await?;
+        let (facts, backend_pid) = (ServerFacts::from(&row), row.backend_pid);
         if facts.in_recovery() && !self.allow_standby {
-            return Err(Error::HotStandby);
+            return Err(Error::new(ErrorKind::HotStandby));
         }
         if K::KEY_SPEC.form() == KeyForm::HashText {
             facts.check_hashtext()?;
@@ -241,10 +243,7 @@ impl SessionLock {
         if self.pooler_check {
             let probe = probe_backends(&client, &self.config, backend_pid).await?;
             if let Some(evidence) = probe.evidence {
-                return Err(Error::PooledConnection {
-                    backend_pid,
-                    evidence,
-                });
+                return Err(Error::pooled(backend_pid, evidence));
             }
         }
         if facts.server_version_num() >= 140000 {
@@ -256,10 +255,11 @@ impl SessionLock {
                 client
                     .simple_query(&format!("SET lock_timeout = '{setting}'"))
                     .await?;
-                Context::Timeout { timeout, keys: 1 }
+                Some(timeout)
             }
-            Wait::Forever | Wait::Try => Context::Plain,
+            Wait::Forever | Wait::Try => None,
         };
+        let started = std::time::Instant::now();
         let cancel = CancelOnDrop(Some(client.cancel_token()));
         let rows = key_query(
             &client,
@@ -267,7 +267,9 @@ impl SessionLock {
             key,
         )
         .await
-        .map_err(|e| Error::from_pg(e, context))?;
+        .map_err(|e| {
+            DriverError::from(e).into_error_in(context.map(|t| (t, started.elapsed())), 1)
+        })?;
         cancel.disarm();
         if matches!(wait, Wait::Try) && !first_bool(&rows)? {
             // Dropping the client closes the session: nothing is held.
@@ -557,10 +559,7 @@ async fn backend_pid(client: &Client) -> Result<i32, Error> {
             SimpleQueryMessage::Row(row) => row.get(0).and_then(|v| v.parse().ok()),
             _ => None,
         })
-        .ok_or_else(|| Error::Database {
-            code: None,
-            source: "pg_backend_pid() returned no row".into(),
-        })
+        .ok_or_else(|| Error::with_message(ErrorKind::Database, "pg_backend_pid() returned no row"))
 }
 
 /// Runs a one-key statement with unnamed statements only, which
@@ -583,10 +582,10 @@ async fn key_query(
 fn first_bool(rows: &[Row]) -> Result<bool, Error> {
     match rows.first() {
         Some(row) => Ok(row.try_get(0)?),
-        None => Err(Error::Database {
-            code: None,
-            source: "the lock statement returned no row".into(),
-        }),
+        None => Err(Error::with_message(
+            ErrorKind::Database,
+            "the lock statement returned no row",
+        )),
     }
 }
 
