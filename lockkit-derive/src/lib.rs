@@ -1,5 +1,6 @@
 //! Implementation detail of `lockkit`: `#[derive(AdvisoryKey)]`. Depend on
-//! `lockkit` (feature `derive`, on by default) instead.
+//! `lockkit` or one of its adapters (`lockkit-diesel`), feature `derive`, on
+//! by default, instead.
 #![warn(
     missing_docs,
     rust_2018_idioms,
@@ -12,6 +13,7 @@ mod ast;
 mod attr;
 mod ctxt;
 mod expand;
+mod krate;
 mod valid;
 
 use proc_macro::TokenStream;
@@ -42,7 +44,7 @@ use proc_macro::TokenStream;
 /// | `pair = "exact"` | Exact mode: `Pair(class, value)` for a struct with a single `i32` field, the value unhashed, for interoperating with SQL that locks `(class, id)`. `class` may be given; `stripes` may not. |
 /// | `stripes = 1024` | Fold every value of the type onto that many keys (`hash % stripes`), bounding how many locks the type can hold. At least 1. Not with `raw` or exact mode. |
 /// | `raw` | The value is the key, unhashed: only on a newtype over `i64` (`BigInt(self.0)`) or over `(i32, i32)` (`Pair(self.0.0, self.0.1)`). A raw key has no namespace, so `namespace`, `class`, `stripes` and `pair` are errors on it. |
-/// | `crate = "path::to::lockkit"` | Where generated code finds lockkit, if it is not `::lockkit` (a renamed dependency or a re-export). |
+/// | `crate = "path::to::lockkit"` | Where generated code finds lockkit. Default: found in the crate's Cargo.toml: its dependency on `lockkit` (renamed or not), else `lockkit` re-exported by its dependency on an adapter (`::lockkit_diesel::lockkit`), else `::lockkit`. Needed for other re-exports, or where a dependency the derive finds is a dev-dependency only. |
 ///
 /// The [examples] show each option, with the keys it gives.
 ///
