@@ -89,6 +89,11 @@ impl Outcome {
         self.duplicates == 0 && self.missing == 0
     }
 
+    /// Whether every key has exactly one row and no event was given up.
+    pub fn nothing_lost_or_doubled(&self) -> bool {
+        self.exactly_once() && self.lost_events == 0
+    }
+
     /// Whether the strategy did what it must: an exactly-once strategy left
     /// one row per key and gave up no event; the `no-lock` control was
     /// caught with duplicates, the `ack-early` control with missing rows.
@@ -97,7 +102,7 @@ impl Outcome {
         (match self.strategy {
             Strategy::NoLock => self.duplicates > 0,
             Strategy::AckEarly => self.missing > 0,
-            _ => self.exactly_once() && self.lost_events == 0,
+            _ => self.nothing_lost_or_doubled(),
         }) && self.survived.is_none_or(|s| s.all_fired())
     }
 
@@ -320,7 +325,7 @@ impl Report {
         let failed: Vec<&str> = self
             .outcomes
             .iter()
-            .filter(|o| !o.strategy.is_control() && !(o.exactly_once() && o.lost_events == 0))
+            .filter(|o| !o.strategy.is_control() && !o.nothing_lost_or_doubled())
             .map(|o| o.strategy.name())
             .collect();
         if failed.is_empty() {
