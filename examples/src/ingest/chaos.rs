@@ -119,6 +119,9 @@ pub struct Survived {
     pub kills_idle: u32,
     /// Connections dropped by the "pool".
     pub dropped_connections: u32,
+    /// The longest restart, from the stop to accepting connections again,
+    /// in milliseconds.
+    pub longest_restart_ms: u64,
 }
 
 impl Survived {
@@ -170,7 +173,10 @@ pub(crate) async fn run(
         }
         match step.action {
             Action::Restart(mode) => {
+                let started = std::time::Instant::now();
                 db.restart(mode).await?;
+                let ms = started.elapsed().as_millis() as u64;
+                survived.longest_restart_ms = survived.longest_restart_ms.max(ms);
                 admin = None;
                 match mode {
                     StopMode::Fast => survived.fast_restarts += 1,

@@ -143,6 +143,7 @@ impl Outcome {
                 "kills_in_transaction": s.kills_in_transaction,
                 "kills_idle": s.kills_idle,
                 "dropped_connections": s.dropped_connections,
+                "longest_restart_ms": s.longest_restart_ms,
             })),
             "as_expected": self.as_expected(),
             "rows": self.rows,
@@ -250,12 +251,13 @@ impl Report {
             if let Some(s) = o.survived {
                 let _ = writeln!(
                     out,
-                    "{}: {} of {} scheduled faults fired during the ingest: survived {} fast and {} immediate restarts, {} backends terminated inside a transaction and {} between transactions, {} dropped connections; {} reconnects.",
+                    "{}: {} of {} scheduled faults fired during the ingest: survived {} fast and {} immediate restarts (the longest took {:.1} s), {} backends terminated inside a transaction and {} between transactions, {} dropped connections; {} reconnects.",
                     o.strategy.name(),
                     s.fired(),
                     s.scheduled,
                     s.fast_restarts,
                     s.immediate_restarts,
+                    s.longest_restart_ms as f64 / 1000.0,
                     s.kills_in_transaction,
                     s.kills_idle,
                     s.dropped_connections,
