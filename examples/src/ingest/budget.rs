@@ -4,11 +4,6 @@
 
 use tokio_postgres::Client;
 
-/// How much of the server's shared lock table the study's lockers may fill
-/// together: a half, so other sessions (and the study's own `FOR UPDATE` and
-/// relation locks) keep the other half.
-pub const HEADROOM_DIVISOR: usize = 2;
-
 /// What to do with batches larger than the lock budget (advisory
 /// strategies only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -21,10 +16,10 @@ pub enum BudgetMode {
     /// stripe, and as many stripes as the budget allows) in one
     /// transaction.
     Stripe,
-    /// The budget is sized from the server's shared lock table and the
-    /// number of workers ([`fitted_budget`]), given to lockkit with
-    /// `Config::budget`; a batch within it is one transaction with one key
-    /// per event, a larger one is split.
+    /// The budget is sized by lockkit from the server's shared lock table
+    /// and the number of workers (`Config::concurrent_lockers`); a batch
+    /// within it is one transaction with one key per event, a larger one is
+    /// split.
     Fit,
 }
 
@@ -73,20 +68,6 @@ impl LockCapacity {
         self.max_locks_per_transaction
             .saturating_mul(self.max_connections + self.max_prepared_transactions)
     }
-}
-
-/// The lock budget per transaction that fits the server: the shared lock
-/// table's capacity, divided by [`HEADROOM_DIVISOR`] and by the number of
-/// lockers that hold locks at the same time. When every locker fills its
-/// budget at once, the table is still half free. Never below the server's
-/// `max_locks_per_transaction`, which PostgreSQL grants any transaction
-/// on its own.
-///
-/// The one place the study sizes a budget; it goes to lockkit as
-/// `Config::budget(fitted_budget(..))`.
-pub fn fitted_budget(capacity: LockCapacity, concurrent_lockers: usize) -> usize {
-    (capacity.total() / HEADROOM_DIVISOR / concurrent_lockers.max(1))
-        .max(capacity.max_locks_per_transaction)
 }
 
 /// How the advisory strategies fit their batches into the lock budget,
@@ -184,25 +165,6 @@ mod tests {
         );
         assert_eq!(Budgeting::decide(500, 64, BudgetMode::Split).chunk(500), 64);
         assert_eq!(Budgeting::Stripe { stripes: 64 }.chunk(500), 500);
-    }
-
-    #[test]
-    fn fitted_budget_shares_half_the_table() {
-        let capacity = LockCapacity {
-            max_locks_per_transaction: 64,
-            max_connections: 200,
-            max_prepared_transactions: 0,
-        };
-        assert_eq!(capacity.total(), 12_800);
-        // 8 workers: 12 800 / 2 / 8.
-        assert_eq!(fitted_budget(capacity, 8), 800);
-        // Many lockers: never below what PostgreSQL grants one transaction.
-        assert_eq!(fitted_budget(capacity, 1000), 64);
-        let prepared = LockCapacity {
-            max_prepared_transactions: 56,
-            ..capacity
-        };
-        assert_eq!(fitted_budget(prepared, 8), 64 * 256 / 2 / 8);
     }
 
     #[test]

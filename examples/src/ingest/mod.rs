@@ -27,9 +27,7 @@ use uuid::Uuid;
 use crate::db::Database;
 use retry::{retrying, Failure};
 
-pub use budget::{
-    expected_stripes, fitted_budget, BudgetMode, Budgeting, LockCapacity, HEADROOM_DIVISOR,
-};
+pub use budget::{expected_stripes, BudgetMode, Budgeting, LockCapacity};
 pub use chaos::{Action, Step, Survived};
 pub use chart::latency_svg;
 pub use report::{Outcome, Report};
@@ -169,9 +167,9 @@ pub async fn run(options: &Options, db: &Database) -> Result<Report, BoxError> {
     let capacity = LockCapacity::of(&admin).await?;
     let (config, budget_source) = match options.budget_mode {
         BudgetMode::Fit => (
-            Config::default().budget(fitted_budget(capacity, options.workers)),
+            Config::default().concurrent_lockers(options.workers),
             format!(
-                "fitted: a lock table of {} = {} × ({} + {}), / {HEADROOM_DIVISOR} for headroom, / {} workers",
+                "fitted by lockkit (Config::concurrent_lockers): half of a lock table of {} = {} × ({} + {}), shared by {} workers",
                 capacity.total(),
                 capacity.max_locks_per_transaction,
                 capacity.max_connections,
@@ -528,8 +526,7 @@ async fn open(shared: &Shared, id: usize) -> Result<Conn, Failure> {
         closed: client.is_closed(),
         error,
     };
-    let stmts = match strategy::Statements::prepare(&client, shared.strategy).await
-    {
+    let stmts = match strategy::Statements::prepare(&client, shared.strategy).await {
         Ok(stmts) => stmts,
         Err(e) => return Err(failed(&client, e)),
     };

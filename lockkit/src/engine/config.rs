@@ -74,7 +74,9 @@ impl Config {
     /// half the table, so that all of them together leave the other half to
     /// everything else:
     ///
-    /// `budget = capacity / 2 / lockers` (at least 1).
+    /// `budget = capacity / 2 / lockers`, never below the server's
+    /// `max_locks_per_transaction`, which PostgreSQL sizes its table to grant
+    /// any one transaction.
     ///
     /// On a default server (64 × (100 + 0) = 6,400 entries) and 8 lockers
     /// that is 400 keys per transaction, where the flat default is 64: a
@@ -97,7 +99,9 @@ impl Config {
     pub(crate) fn budget_for(&self, facts: &crate::engine::facts::ServerFacts) -> usize {
         match (self.budget, self.lockers) {
             (Some(max), _) => max,
-            (None, Some(lockers)) => (facts.lock_table_capacity() / 2 / lockers).max(1),
+            (None, Some(lockers)) => {
+                (facts.lock_table_capacity() / 2 / lockers).max(facts.max_locks_per_transaction())
+            }
             (None, None) => facts.max_locks_per_transaction(),
         }
     }
