@@ -4,20 +4,24 @@
 use std::env;
 use std::fmt;
 
-use lockkit_tests::TestServer;
+use std::sync::Arc;
+
+use lockkit_tests::{StopMode, TestServer};
 use tokio_postgres::Client;
 
-/// The server an example talks to.
+/// The server an example talks to. Clones share it.
+#[derive(Clone)]
 pub struct Database {
     server: Server,
 }
 
+#[derive(Clone)]
 enum Server {
     /// `DATABASE_URL`, through the harness's shared handle.
     External(&'static TestServer),
     /// A throwaway cluster, stopped and removed when this value drops (or
     /// the process exits).
-    Throwaway(Box<TestServer>),
+    Throwaway(Arc<TestServer>),
 }
 
 impl fmt::Debug for Database {
@@ -46,7 +50,7 @@ impl Database {
                 for (name, value) in settings {
                     builder = builder.setting(*name, *value);
                 }
-                Server::Throwaway(Box::new(builder.start()))
+                Server::Throwaway(Arc::new(builder.start()))
             }
         };
         Database { server }
@@ -62,6 +66,31 @@ impl Database {
     /// Whether this is a throwaway server the example started.
     pub fn is_throwaway(&self) -> bool {
         matches!(self.server, Server::Throwaway(_))
+    }
+
+    /// Restarts the throwaway server, stopping it in `mode`: every session
+    /// ends; the data stays (see [`StopMode`] for what an immediate stop
+    /// keeps). Returns once it accepts connections again.
+    ///
+    /// # Errors
+    ///
+    /// On a server from `DATABASE_URL` (which the examples never restart),
+    /// or when the server cannot be stopped or started again.
+    ///
+    /// # Cancel safety
+    ///
+    /// The restart runs on a blocking thread and completes even when the
+    /// future is dropped.
+    pub async fn restart(&self, mode: StopMode) -> Result<(), std::io::Error> {
+        let Server::Throwaway(server) = &self.server else {
+            return Err(std::io::Error::other(
+                "cannot restart the server of DATABASE_URL: unset it to use a throwaway server",
+            ));
+        };
+        let server = Arc::clone(server);
+        tokio::task::spawn_blocking(move || server.try_restart_with(mode))
+            .await
+            .map_err(std::io::Error::other)?
     }
 
     /// The connection URL.

@@ -4,8 +4,8 @@
 //! The same keys, sorted batches, lock budget, order check and timeouts as
 //! lockkit's tokio-postgres core, from the same code: key encoding, batch
 //! planning, budget bookkeeping, SQL text and error mapping are lockkit's
-//! ([`lockkit::driver`]); this crate only runs the statements through
-//! Diesel. A Diesel session and a tokio-postgres session locking the same
+//! ([`lockkit::engine`]); this crate only runs the engine's statements
+//! through Diesel. A Diesel session and a tokio-postgres session locking the same
 //! typed key exclude each other.
 //!
 //! # Example
@@ -19,7 +19,7 @@
 //!     id: i64,
 //! }
 //!
-//! fn main() -> Result<(), lockkit::Error> {
+//! fn main() -> Result<(), lockkit_diesel::Error> {
 //!     let mut conn = PgConnection::establish("postgres://localhost/bank")
 //!         .expect("connect");
 //!     let locker = Locker::new(&mut conn, Config::default())?;
@@ -32,7 +32,7 @@
 //!             .execute(tx.conn())?; // a diesel::result::Error converts with `?`
 //!         diesel::sql_query("UPDATE accounts SET cents = cents + 500 WHERE id = 3")
 //!             .execute(tx.conn())?;
-//!         Ok::<_, lockkit::Error>(())
+//!         Ok::<_, lockkit_diesel::Error>(())
 //!     })?; // COMMIT releases both locks
 //!     Ok(())
 //! }
@@ -50,15 +50,35 @@
 //!   `conn.transaction(|conn| …)`: the same [`LockTx`] over the open
 //!   transaction.
 //!
-//! With lockkit's `diesel` feature (turned on by this crate),
-//! [`lockkit::Error`] converts `From<diesel::result::Error>`, so one error
-//! type works with `?` for both lock calls and queries:
-//! `conn.transaction::<_, lockkit::Error, _>(|conn| …)`.
+//! With lockkit's `diesel` feature (turned on by this crate), [`Error`]
+//! (lockkit's) converts `From<diesel::result::Error>`, so one error type
+//! works with `?` for both lock calls and queries:
+//! `conn.transaction::<_, lockkit_diesel::Error, _>(|conn| …)`.
+//!
+//! # Depending on this crate alone
+//!
+//! `lockkit-diesel` is the only lockkit dependency a Diesel application
+//! needs. It re-exports what its API takes and returns, and what keys are
+//! made of: [`AdvisoryKey`] and its derive (feature `derive`, on by
+//! default), [`KeyPart`], [`Parts`], [`KeySpec`], [`LockKey`], [`HashText`]
+//! and the `hashtext` functions; [`Batch`], [`Mode`], [`Config`],
+//! [`OrderCheck`], [`StatementMode`]; [`Held`], [`HeldBatch`], [`Busy`];
+//! [`Error`], [`ErrorKind`], [`sqlstate`]; [`RetryPolicy`],
+//! [`retry_blocking`], [`Transient`]; [`ServerFacts`], [`Policy`]. The rest
+//! of lockkit (its `engine`, say) is at [`lockkit`](mod@lockkit).
+//!
+//! `#[derive(AdvisoryKey)]` finds lockkit by itself: through a direct
+//! dependency on `lockkit` if the crate has one (renamed or not), else
+//! through this crate's `lockkit_diesel::lockkit` (renamed or not), read from
+//! the crate's Cargo.toml. `#[advisory_key(crate = "...")]` names the path
+//! explicitly where that guess is wrong: in the library of a crate that
+//! depends on this crate and has lockkit among its dev-dependencies only,
+//! write `#[advisory_key(crate = "::lockkit_diesel::lockkit")]`.
 //!
 //! # Transactions only
 //!
 //! Every lock call checks Diesel's transaction depth and fails with
-//! [`Error::NotInTransaction`] at depth 0: PostgreSQL would release a
+//! [`ErrorKind::NotInTransaction`] at depth 0: PostgreSQL would release a
 //! transaction-scoped lock at the end of its statement, silently.
 //!
 //! # Errors
@@ -90,31 +110,38 @@ mod pg;
 mod transaction;
 
 pub use locker::{Locker, PgConnectionExt};
-pub use lockkit::{Busy, Held, HeldBatch};
 pub use transaction::LockTx;
+
+/// The lockkit crate, for what is not re-exported here. Also the path
+/// `#[derive(AdvisoryKey)]` names in a crate that depends on `lockkit-diesel`
+/// and not on `lockkit`: keep it.
+pub use lockkit;
 
 /// lockkit's key trait (and, with the `derive` feature, its derive macro).
 pub use lockkit::AdvisoryKey;
-pub use lockkit::{Batch, Config, Error, LockKey, Mode, OrderCheck};
+// Keys: what a key type is made of, and lockkit's key functions.
+pub use lockkit::{
+    hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, parts_bytes, ByteOrder,
+    HashText, KeyForm, KeyPart, KeySpec, LockKey, NamespaceError, Parts, PgLocksId,
+    MAX_NAMESPACE_LEN,
+};
+// What the lock calls take and return.
+pub use lockkit::{
+    sqlstate, Batch, BoxError, Busy, Config, Error, ErrorKind, Held, HeldBatch, Mode, OrderCheck,
+    Policy, ServerFacts, StatementMode,
+};
+// Retrying transient failures (deadlocks, serialization failures, timeouts).
+pub use lockkit::{retry_blocking, RetryPolicy, Transient};
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use diesel::result::{DatabaseErrorKind as Kind, Error as DieselError};
-    use lockkit::driver::Context;
+    use lockkit::ErrorKind;
 
     use super::Error;
 
     fn db(kind: Kind, message: &str) -> DieselError {
         DieselError::DatabaseError(kind, Box::new(message.to_owned()))
-    }
-
-    fn timeout() -> Context {
-        Context::Timeout {
-            timeout: Duration::from_millis(5),
-            keys: 1,
-        }
     }
 
     #[test]
@@ -123,25 +150,23 @@ mod tests {
         assert!(e.is_deadlock() && e.is_transient());
         assert_eq!(e.code(), Some("40P01"));
 
-        let lock = db(Kind::Unknown, "canceling statement due to lock timeout");
-        let e = Error::from_diesel(lock, timeout());
+        let e = Error::from(db(Kind::Unknown, "canceling statement due to lock timeout"));
+        assert!(e.is_timeout(), "the session's lock_timeout is a timeout");
+        assert_eq!(e.code(), Some("55P03"));
+        let e = Error::from(db(
+            Kind::Unknown,
+            "canceling statement due to statement timeout",
+        ));
         assert!(e.is_timeout());
-        assert_eq!(
-            e.code(),
-            Some("55P03"),
-            "the code is found behind the source"
-        );
-        let stmt = "canceling statement due to statement timeout";
-        assert!(Error::from_diesel(db(Kind::Unknown, stmt), timeout()).is_timeout());
-        let e = Error::from(db(Kind::Unknown, stmt));
-        assert!(!e.is_timeout(), "a timeout lockkit did not set is not one");
         assert_eq!(e.code(), Some("57014"));
+        let e = Error::from(db(Kind::Unknown, "canceling statement due to user request"));
+        assert_eq!(e.kind(), ErrorKind::Cancelled, "a cancel is not a timeout");
 
         assert!(Error::from(db(Kind::Unknown, "out of shared memory")).is_lock_table_full());
         let aborted =
             "current transaction is aborted, commands ignored until end of transaction block";
         let e = Error::from(db(Kind::Unknown, aborted));
-        assert!(matches!(e, Error::TransactionAborted { source: Some(_) }));
+        assert_eq!(e.kind(), ErrorKind::TransactionAborted);
         assert_eq!(e.code(), Some("25P02"));
 
         let e = Error::from(db(Kind::SerializationFailure, "anything"));
@@ -160,13 +185,34 @@ mod tests {
     }
 
     #[test]
+    fn transient_agrees_with_lockkit() {
+        use lockkit::Transient;
+        for (kind, message) in [
+            (Kind::Unknown, "deadlock detected"),
+            (Kind::Unknown, "canceling statement due to lock timeout"),
+            (Kind::SerializationFailure, "x"),
+            (Kind::Unknown, "canceling statement due to user request"),
+            (Kind::Unknown, "out of shared memory"),
+            (Kind::UniqueViolation, "dup"),
+        ] {
+            let e = db(kind, message);
+            assert_eq!(
+                Transient::is_transient(&e),
+                Error::from(db(kind, message)).is_transient(),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
     fn unrecognised_errors_are_database_errors_without_a_code() {
         // A server with German messages: documented, not classified.
         let e = Error::from(db(Kind::Unknown, "Verklemmung (Deadlock) entdeckt"));
-        assert!(matches!(e, Error::Database { code: None, .. }), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Database, "{e}");
+        assert_eq!(e.code(), None);
         assert!(!e.is_deadlock());
         let e = Error::from(DieselError::NotFound);
-        assert!(matches!(e, Error::Database { code: None, .. }));
+        assert_eq!(e.kind(), ErrorKind::Database);
         assert!(std::error::Error::source(&e)
             .and_then(|s| s.downcast_ref::<DieselError>())
             .is_some_and(|s| matches!(s, DieselError::NotFound)));

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use diesel::result::Error as DieselError;
 use diesel::PgConnection;
-use lockkit::driver::TxLocks;
-use lockkit::{Batch, Config, Error, ServerFacts};
+use lockkit::engine::TxState;
+use lockkit::{Batch, Config, Error, Policy, ServerFacts};
 
 use crate::pg;
 use crate::transaction::{run, LockTx};
@@ -26,8 +26,7 @@ pub struct Locker {
 
 #[derive(Debug)]
 struct Inner {
-    config: Config,
-    facts: ServerFacts,
+    policy: Policy,
     english: bool,
 }
 
@@ -45,7 +44,7 @@ impl Locker {
     ///
     /// [`Error::Database`] or [`Error::ConnectionLost`] when a query fails.
     pub fn new(conn: &mut PgConnection, config: Config) -> Result<Locker, Error> {
-        let facts = pg::server_facts(conn)?;
+        let facts = ServerFacts::from(&pg::server_facts(conn)?);
         let english = pg::english_messages(conn)?;
         if !english {
             tracing::warn!(
@@ -55,8 +54,7 @@ impl Locker {
         }
         Ok(Locker {
             inner: Arc::new(Inner {
-                config,
-                facts,
+                policy: Policy::new(config, facts),
                 english,
             }),
         })
@@ -67,8 +65,7 @@ impl Locker {
     pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
         Locker {
             inner: Arc::new(Inner {
-                config,
-                facts,
+                policy: Policy::new(config, facts),
                 english: true,
             }),
         }
@@ -76,12 +73,17 @@ impl Locker {
 
     /// The policy.
     pub fn config(&self) -> &Config {
-        &self.inner.config
+        self.inner.policy.config()
     }
 
     /// What the locker learned about the server.
     pub fn facts(&self) -> &ServerFacts {
-        &self.inner.facts
+        self.inner.policy.facts()
+    }
+
+    /// The configuration and facts, as the engine sees them.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
     }
 
     /// Whether the server's error messages are English, so that
@@ -94,10 +96,7 @@ impl Locker {
     /// The lock budget per transaction: the configured one, else the
     /// server's `max_locks_per_transaction`.
     pub fn budget(&self) -> usize {
-        self.inner
-            .config
-            .budget_limit()
-            .unwrap_or(self.inner.facts.max_locks_per_transaction())
+        self.inner.policy.budget()
     }
 
     /// Runs `f` in a transaction on `conn`, like Diesel's
@@ -119,8 +118,8 @@ impl Locker {
         F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
         E: From<DieselError>,
     {
-        let mut locks = TxLocks::new();
-        run(conn, self, &mut locks, 0, f)
+        let state = TxState::new();
+        run(conn, self, &state, 0, f)
     }
 
     /// The common case in one call: a transaction that first takes every key

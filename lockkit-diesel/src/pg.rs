@@ -1,54 +1,33 @@
-//! The statements of lockkit's [`sql`] run through Diesel, and Diesel's
-//! transaction state.
-//!
-//! Diesel's `sql_query` loads rows by column name, and several of lockkit's
-//! statements have unnamed or repeated columns, so the ones that return rows
-//! are wrapped as `SELECT * FROM (<statement>) AS lockkit(<names>)`: the
-//! statement itself is lockkit's, unchanged.
+//! Runs the engine's statements through Diesel, and Diesel's transaction
+//! state: the only things this adapter does.
 
 use std::num::NonZeroU32;
-use std::sync::LazyLock;
 
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
+use diesel::pg::Pg;
+use diesel::query_builder::BoxedSqlQuery;
 use diesel::sql_types::{Array, BigInt, Bool, Integer, Text};
 use diesel::{sql_query, PgConnection, QueryResult, QueryableByName, RunQueryDsl};
-use lockkit::driver::{sql, Plan, HASHTEXT_PROBES};
-use lockkit::{LockKey, ServerFacts};
-
-fn named(statement: &str, columns: &str) -> String {
-    format!("SELECT * FROM ({statement}) AS lockkit({columns})")
-}
-
-static FACTS: LazyLock<String> = LazyLock::new(|| {
-    named(
-        sql::SERVER_FACTS,
-        "max_locks, in_recovery, version_num, hashes, backend_pid",
-    )
-});
-static TRY_BIGINT: LazyLock<String> = LazyLock::new(|| named(sql::TRY_BIGINT, "ok"));
-static TRY_BIGINT_SHARED: LazyLock<String> = LazyLock::new(|| named(sql::TRY_BIGINT_SHARED, "ok"));
-static TRY_PAIR: LazyLock<String> = LazyLock::new(|| named(sql::TRY_PAIR, "ok"));
-static TRY_PAIR_SHARED: LazyLock<String> = LazyLock::new(|| named(sql::TRY_PAIR_SHARED, "ok"));
-static TRY_BATCH_BIGINT: LazyLock<String> = LazyLock::new(|| named(sql::TRY_BATCH_BIGINT, "busy"));
-static TRY_BATCH_PAIR: LazyLock<String> =
-    LazyLock::new(|| named(sql::TRY_BATCH_PAIR, "busy_class, busy_object"));
-/// [`sql::SAVEPOINT`] and [`sql::SAVE_TIMEOUTS`] in one round trip.
-static OPEN_TIMEOUT: LazyLock<String> =
-    LazyLock::new(|| format!("{}; {}", sql::SAVEPOINT, sql::SAVE_TIMEOUTS));
-/// [`sql::RESTORE_TIMEOUTS`] and [`sql::RELEASE`] in one round trip.
-static CLOSE_TIMEOUT: LazyLock<String> =
-    LazyLock::new(|| format!("{}; {}", sql::RESTORE_TIMEOUTS, sql::RELEASE));
+use lockkit::engine::{
+    sql, Acquisition, DriverError, FactsRow, Grant, Param, Reply, ReplyShape, Statement,
+    HASHTEXT_PROBES,
+};
+use lockkit::{Busy, Error};
 
 #[derive(QueryableByName)]
-struct FactsRow {
+struct FactsColumns {
     #[diesel(sql_type = Integer)]
     max_locks: i32,
+    #[diesel(sql_type = Integer)]
+    max_connections: i32,
     #[diesel(sql_type = Bool)]
     in_recovery: bool,
     #[diesel(sql_type = Integer)]
     version_num: i32,
     #[diesel(sql_type = Array<Integer>)]
     hashes: Vec<i32>,
+    #[diesel(sql_type = Integer)]
+    backend_pid: i32,
 }
 
 #[derive(QueryableByName)]
@@ -58,19 +37,29 @@ struct MessagesRow {
 }
 
 #[derive(QueryableByName)]
-struct TryRow {
-    #[diesel(sql_type = Bool)]
-    ok: bool,
+struct Tagged {
+    #[diesel(sql_type = Text)]
+    tag: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
 }
 
 #[derive(QueryableByName)]
-struct BusyBigint {
+struct TriedBigint {
+    #[diesel(sql_type = Text)]
+    tag: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
     #[diesel(sql_type = Array<BigInt>)]
     busy: Vec<i64>,
 }
 
 #[derive(QueryableByName)]
-struct BusyPair {
+struct TriedPair {
+    #[diesel(sql_type = Text)]
+    tag: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
     #[diesel(sql_type = Array<Integer>)]
     busy_class: Vec<i32>,
     #[diesel(sql_type = Array<Integer>)]
@@ -78,17 +67,19 @@ struct BusyPair {
 }
 
 /// The server facts, learned with [`sql::SERVER_FACTS`].
-pub(crate) fn server_facts(conn: &mut PgConnection) -> QueryResult<ServerFacts> {
+pub(crate) fn server_facts(conn: &mut PgConnection) -> QueryResult<FactsRow> {
     let probes: Vec<&str> = HASHTEXT_PROBES.to_vec();
-    let row: FactsRow = sql_query(FACTS.as_str())
+    let row: FactsColumns = sql_query(sql::SERVER_FACTS)
         .bind::<Array<Text>, _>(probes)
         .get_result(conn)?;
-    Ok(ServerFacts::new(
-        row.max_locks,
-        row.in_recovery,
-        row.version_num,
-        &row.hashes,
-    ))
+    Ok(FactsRow {
+        max_locks: row.max_locks,
+        max_connections: row.max_connections,
+        in_recovery: row.in_recovery,
+        version_num: row.version_num,
+        hashes: row.hashes,
+        backend_pid: row.backend_pid,
+    })
 }
 
 /// Whether the server reports errors in English, which the error mapping
@@ -134,129 +125,89 @@ pub(crate) fn rollback(conn: &mut PgConnection) -> QueryResult<()> {
     <AnsiTransactionManager as TransactionManager<PgConnection>>::rollback_transaction(conn)
 }
 
-/// Sends the lock statements of a non-empty plan: `BigInt` keys first, then
-/// `Pair` keys (two statements, in that order, when the plan has both).
-pub(crate) fn lock_plan(conn: &mut PgConnection, plan: &Plan) -> QueryResult<()> {
-    match (plan.bigint(), plan.pair_classes()) {
-        ([key], []) => {
-            let stmt = if plan.bigint_shared()[0] {
-                sql::LOCK_BIGINT_SHARED
-            } else {
-                sql::LOCK_BIGINT
-            };
-            sql_query(stmt).bind::<BigInt, _>(*key).execute(conn)?;
-        }
-        ([], [class]) => {
-            let stmt = if plan.pair_shared()[0] {
-                sql::LOCK_PAIR_SHARED
-            } else {
-                sql::LOCK_PAIR
-            };
-            sql_query(stmt)
-                .bind::<Integer, _>(*class)
-                .bind::<Integer, _>(plan.pair_objects()[0])
-                .execute(conn)?;
-        }
-        (bigint, pair) => {
-            if !bigint.is_empty() {
-                sql_query(sql::BATCH_BIGINT)
-                    .bind::<Array<BigInt>, _>(bigint)
-                    .bind::<Array<Bool>, _>(plan.bigint_shared())
-                    .execute(conn)?;
-            }
-            if !pair.is_empty() {
-                sql_query(sql::BATCH_PAIR)
-                    .bind::<Array<Integer>, _>(pair)
-                    .bind::<Array<Integer>, _>(plan.pair_objects())
-                    .bind::<Array<Bool>, _>(plan.pair_shared())
-                    .execute(conn)?;
-            }
-        }
+fn bind<'a>(
+    query: BoxedSqlQuery<'a, Pg, diesel::query_builder::SqlQuery>,
+    param: &Param<'a>,
+) -> BoxedSqlQuery<'a, Pg, diesel::query_builder::SqlQuery> {
+    match *param {
+        Param::Int8(v) => query.bind::<BigInt, _>(v),
+        Param::Int4(v) => query.bind::<Integer, _>(v),
+        Param::Int8Array(v) => query.bind::<Array<BigInt>, _>(v),
+        Param::Int4Array(v) => query.bind::<Array<Integer>, _>(v),
+        Param::BoolArray(v) => query.bind::<Array<Bool>, _>(v),
+        _ => unreachable!("lockkit's statements bind no other type"),
     }
-    Ok(())
 }
 
-/// Sends a plan under `setting` (see [`sql::timeout_setting`]) inside
-/// lockkit's savepoint, restoring the caller's timeouts after. On an error
-/// the caller rolls back with [`sql::ROLLBACK`].
-pub(crate) fn lock_plan_timeout(
+/// What the server answered one statement, owned.
+enum Answer {
+    Done,
+    Tagged(Tagged),
+    TriedBigint(TriedBigint),
+    TriedPair(TriedPair),
+}
+
+/// Runs one statement (Diesel cannot pipeline: one round trip each).
+fn run(conn: &mut PgConnection, stmt: &Statement<'_>) -> QueryResult<Answer> {
+    if stmt.reply() == ReplyShape::Done {
+        conn.batch_execute(stmt.text())?;
+        return Ok(Answer::Done);
+    }
+    let query = stmt
+        .params()
+        .iter()
+        .fold(sql_query(stmt.text()).into_boxed(), |q, p| bind(q, p));
+    Ok(match stmt.reply() {
+        ReplyShape::TriedBigint => Answer::TriedBigint(query.get_result(conn)?),
+        ReplyShape::TriedPair => Answer::TriedPair(query.get_result(conn)?),
+        _ => Answer::Tagged(query.get_result(conn)?),
+    })
+}
+
+fn reply(answer: &Answer) -> Reply<'_> {
+    match answer {
+        Answer::Done => Reply::Done,
+        Answer::Tagged(r) => Reply::Tagged {
+            tag: &r.tag,
+            n: r.n,
+        },
+        Answer::TriedBigint(r) => Reply::TriedBigint {
+            tag: &r.tag,
+            n: r.n,
+            busy: r.busy.clone(),
+        },
+        Answer::TriedPair(r) => Reply::TriedPair {
+            tag: &r.tag,
+            n: r.n,
+            classes: r.busy_class.clone(),
+            objects: r.busy_object.clone(),
+        },
+    }
+}
+
+/// Drives an acquisition to its outcome on `conn`, one statement at a time,
+/// stopping a round at its first error.
+pub(crate) fn drive(
     conn: &mut PgConnection,
-    plan: &Plan,
-    setting: &str,
-) -> QueryResult<()> {
-    conn.batch_execute(&OPEN_TIMEOUT)?;
-    sql_query(sql::SET_TIMEOUTS)
-        .bind::<Text, _>(setting)
-        .execute(conn)?;
-    lock_plan(conn, plan)?;
-    conn.batch_execute(&CLOSE_TIMEOUT)
-}
-
-/// Undoes lockkit's savepoint after a failure ([`sql::ROLLBACK`]).
-pub(crate) fn rollback_acquire(conn: &mut PgConnection) -> QueryResult<()> {
-    conn.batch_execute(sql::ROLLBACK)
-}
-
-/// Tries the single key of `plan`; nothing to undo when it is busy.
-pub(crate) fn try_one(conn: &mut PgConnection, plan: &Plan) -> QueryResult<bool> {
-    let row: TryRow = match (plan.bigint(), plan.pair_classes()) {
-        ([key], _) => {
-            let stmt = if plan.bigint_shared()[0] {
-                &TRY_BIGINT_SHARED
-            } else {
-                &TRY_BIGINT
-            };
-            sql_query(stmt.as_str())
-                .bind::<BigInt, _>(*key)
-                .get_result(conn)?
+    mut call: Acquisition<'_>,
+) -> Result<Result<Grant, Busy>, Error> {
+    while let Some(round) = call.round() {
+        let mut answers = Vec::with_capacity(round.len());
+        let mut failure = None;
+        for stmt in &round {
+            match run(conn, stmt) {
+                Ok(answer) => answers.push(answer),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
         }
-        (_, [class]) => {
-            let stmt = if plan.pair_shared()[0] {
-                &TRY_PAIR_SHARED
-            } else {
-                &TRY_PAIR
-            };
-            sql_query(stmt.as_str())
-                .bind::<Integer, _>(*class)
-                .bind::<Integer, _>(plan.pair_objects()[0])
-                .get_result(conn)?
+        drop(round);
+        match failure {
+            None => call.receive(Ok(answers.iter().map(reply).collect())),
+            Some(e) => call.receive(Err(DriverError::from(e))),
         }
-        _ => unreachable!("try_one is called with exactly one key"),
-    };
-    Ok(row.ok)
-}
-
-/// Tries every key of `plan` inside lockkit's savepoint; releases it when
-/// all were granted, rolls it back (releasing every granted key) otherwise.
-/// Returns the busy keys. On an error the caller rolls back with
-/// [`sql::ROLLBACK`].
-pub(crate) fn try_many(conn: &mut PgConnection, plan: &Plan) -> QueryResult<Vec<LockKey>> {
-    conn.batch_execute(sql::SAVEPOINT)?;
-    let mut busy = Vec::new();
-    if !plan.bigint().is_empty() {
-        let row: BusyBigint = sql_query(TRY_BATCH_BIGINT.as_str())
-            .bind::<Array<BigInt>, _>(plan.bigint())
-            .bind::<Array<Bool>, _>(plan.bigint_shared())
-            .get_result(conn)?;
-        busy.extend(row.busy.into_iter().map(LockKey::BigInt));
     }
-    if !plan.pair_classes().is_empty() {
-        let row: BusyPair = sql_query(TRY_BATCH_PAIR.as_str())
-            .bind::<Array<Integer>, _>(plan.pair_classes())
-            .bind::<Array<Integer>, _>(plan.pair_objects())
-            .bind::<Array<Bool>, _>(plan.pair_shared())
-            .get_result(conn)?;
-        busy.extend(
-            row.busy_class
-                .into_iter()
-                .zip(row.busy_object)
-                .map(|(c, o)| LockKey::Pair(c, o)),
-        );
-    }
-    if busy.is_empty() {
-        conn.batch_execute(sql::RELEASE)?;
-    } else {
-        conn.batch_execute(sql::ROLLBACK)?;
-    }
-    Ok(busy)
+    call.finish()
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use diesel::result::Error as DieselError;
 use diesel::PgConnection;
-use lockkit::driver::{sql, Context, Plan, TxLocks};
-use lockkit::{AdvisoryKey, Batch, Busy, Error, Held, HeldBatch, KeyForm, LockKey, Mode};
+use lockkit::engine::{Acquisition, Grant, Request, TxState, Wait};
+use lockkit::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 
 use crate::locker::Locker;
 use crate::pg;
@@ -36,29 +36,22 @@ use crate::pg;
 /// keys it remembers are never released behind its back.
 pub struct LockTx<'c> {
     conn: &'c mut PgConnection,
-    locks: Slot<'c>,
+    state: Slot<'c>,
     locker: Locker,
     depth: u32,
 }
 
 /// The bookkeeping: owned by a top-level `LockTx`, borrowed by a savepoint's.
 enum Slot<'c> {
-    Owned(TxLocks),
-    Borrowed(&'c mut TxLocks),
+    Owned(TxState),
+    Borrowed(&'c TxState),
 }
 
 impl Slot<'_> {
-    fn get(&self) -> &TxLocks {
+    fn get(&self) -> &TxState {
         match self {
-            Slot::Owned(l) => l,
-            Slot::Borrowed(l) => l,
-        }
-    }
-
-    fn get_mut(&mut self) -> &mut TxLocks {
-        match self {
-            Slot::Owned(l) => l,
-            Slot::Borrowed(l) => l,
+            Slot::Owned(s) => s,
+            Slot::Borrowed(s) => s,
         }
     }
 }
@@ -67,16 +60,9 @@ impl fmt::Debug for LockTx<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockTx")
             .field("depth", &self.depth)
-            .field("locks", self.locks.get())
+            .field("state", self.state.get())
             .finish_non_exhaustive()
     }
-}
-
-/// How one acquisition waits.
-#[derive(Clone, Copy)]
-enum Wait {
-    Forever,
-    Timeout(Duration),
 }
 
 /// Runs `f` in a new transaction (or a savepoint, when one is open) on
@@ -86,7 +72,7 @@ enum Wait {
 pub(crate) fn run<R, E, F>(
     conn: &mut PgConnection,
     locker: &Locker,
-    locks: &mut TxLocks,
+    locks: &TxState,
     depth: u32,
     f: F,
 ) -> Result<R, E>
@@ -98,7 +84,7 @@ where
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let mut tx = LockTx {
             conn: &mut *conn,
-            locks: Slot::Borrowed(&mut *locks),
+            state: Slot::Borrowed(locks),
             locker: locker.clone(),
             depth,
         };
@@ -107,7 +93,7 @@ where
     match outcome {
         Ok(Ok(value)) => match pg::commit(conn) {
             Ok(()) => {
-                locks.release_savepoint(depth);
+                locks.savepoint_released(depth);
                 Ok(value)
             }
             Err(e) => {
@@ -119,7 +105,7 @@ where
         },
         Ok(Err(user)) => match pg::rollback(conn) {
             Ok(()) => {
-                locks.rollback_savepoint(depth);
+                locks.savepoint_rolled_back(depth);
                 Err(user)
             }
             Err(DieselError::BrokenTransactionManager) => {
@@ -133,7 +119,7 @@ where
         },
         Err(panic) => {
             match pg::rollback(conn) {
-                Ok(()) => locks.rollback_savepoint(depth),
+                Ok(()) => locks.savepoint_rolled_back(depth),
                 Err(_) => locks.poison(),
             }
             resume_unwind(panic)
@@ -145,11 +131,11 @@ impl<'c> LockTx<'c> {
     /// A `LockTx` over the transaction already open on `conn`.
     pub(crate) fn attach(locker: &Locker, conn: &'c mut PgConnection) -> Result<LockTx<'c>, Error> {
         if pg::transaction_depth(conn)? == 0 {
-            return Err(Error::NotInTransaction);
+            return Err(not_in_transaction());
         }
         Ok(LockTx {
             conn,
-            locks: Slot::Owned(TxLocks::new()),
+            state: Slot::Owned(TxState::new()),
             locker: locker.clone(),
             depth: 0,
         })
@@ -173,16 +159,13 @@ impl<'c> LockTx<'c> {
 
     /// Distinct keys this transaction holds through lockkit.
     pub fn held_count(&self) -> usize {
-        self.locks.get().len()
+        self.state.get().held_count()
     }
 
     /// Whether this transaction holds `key` in at least `mode`, as far as
     /// lockkit took it.
     pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
-        self.locks
-            .get()
-            .mode(key.lock_key())
-            .is_some_and(|held| held >= mode)
+        self.state.get().holds(key.lock_key(), mode)
     }
 
     /// Runs `f` in a savepoint (a nested Diesel transaction): committed when
@@ -202,13 +185,7 @@ impl<'c> LockTx<'c> {
         E: From<DieselError>,
     {
         let depth = self.depth + 1;
-        run(
-            &mut *self.conn,
-            &self.locker,
-            self.locks.get_mut(),
-            depth,
-            f,
-        )
+        run(&mut *self.conn, &self.locker, self.state.get(), depth, f)
     }
 
     /// Takes `key` exclusive, waiting as long as it takes.
@@ -222,6 +199,7 @@ impl<'c> LockTx<'c> {
     /// [`Error::Deadlock`], [`Error::LockTableFull`],
     /// [`Error::ConnectionLost`] and other server errors after, which abort
     /// the transaction (roll it back, or the enclosing savepoint).
+    #[track_caller]
     pub fn lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'c, K>, Error> {
         self.lock_one(key, Mode::Exclusive, Wait::Forever)
     }
@@ -232,6 +210,7 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::lock`].
+    #[track_caller]
     pub fn lock_shared<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'c, K>, Error> {
         self.lock_one(key, Mode::Shared, Wait::Forever)
     }
@@ -244,6 +223,7 @@ impl<'c> LockTx<'c> {
     ///
     /// [`Error::Timeout`], and as [`LockTx::lock`]; after a deadlock the
     /// savepoint rollback leaves the transaction usable too.
+    #[track_caller]
     pub fn lock_timeout<K: AdvisoryKey>(
         &mut self,
         key: K,
@@ -257,6 +237,7 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::lock_timeout`].
+    #[track_caller]
     pub fn lock_shared_timeout<K: AdvisoryKey>(
         &mut self,
         key: K,
@@ -271,6 +252,7 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::lock`] (a full lock table raises `53200` even here).
+    #[track_caller]
     pub fn try_lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Result<Held<'c, K>, K>, Error> {
         self.try_lock_one(key, Mode::Exclusive)
     }
@@ -281,6 +263,7 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::try_lock`].
+    #[track_caller]
     pub fn try_lock_shared<K: AdvisoryKey>(
         &mut self,
         key: K,
@@ -294,6 +277,7 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::lock`].
+    #[track_caller]
     pub fn lock_batch(&mut self, batch: &Batch) -> Result<HeldBatch<'c>, Error> {
         self.acquire(batch, Wait::Forever)
     }
@@ -305,6 +289,7 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::lock_timeout`].
+    #[track_caller]
     pub fn lock_batch_timeout(
         &mut self,
         batch: &Batch,
@@ -319,185 +304,66 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::lock`].
+    #[track_caller]
     pub fn try_lock_batch(&mut self, batch: &Batch) -> Result<Result<HeldBatch<'c>, Busy>, Error> {
-        let (plan, mut flight) = self.prepare(batch.iter(), batch.has_hashtext())?;
-        if plan.is_empty() {
-            flight.finish(&plan, true, false);
-            return Ok(Ok(batch_guard(batch)));
-        }
-        let result = if plan.len() == 1 {
-            pg::try_one(flight.conn, &plan).map(|ok| {
-                if ok {
-                    Vec::new()
-                } else {
-                    plan.keys().collect()
-                }
-            })
-        } else {
-            pg::try_many(flight.conn, &plan)
-        };
-        match result {
-            Ok(busy) => {
-                flight.finish(&plan, busy.is_empty(), false);
-                Ok(if busy.is_empty() {
-                    Ok(batch_guard(batch))
-                } else {
-                    Err(Busy::__new(busy))
-                })
-            }
-            Err(e) => {
-                let aborted = plan.len() == 1 || pg::rollback_acquire(flight.conn).is_err();
-                flight.finish(&plan, false, aborted);
-                Err(Error::from_diesel(e, Context::Plain))
-            }
-        }
+        Ok(self
+            .drive(Request::batch(batch), Wait::Try)?
+            .map(Grant::batch))
     }
 
+    #[track_caller]
     fn lock_one<K: AdvisoryKey>(
         &mut self,
         value: K,
         mode: Mode,
         wait: Wait,
     ) -> Result<Held<'c, K>, Error> {
-        let key = value.lock_key();
-        let (plan, flight) =
-            self.prepare([(key, mode)], K::KEY_SPEC.form() == KeyForm::HashText)?;
-        send(&plan, flight, wait)?;
-        let mode = self.locks.get().mode(key).unwrap_or(mode);
-        Ok(Held::__granted(value, key, mode))
+        match self.drive(Request::one(&value, mode), wait)? {
+            Ok(grant) => Ok(grant
+                .held(value)
+                .unwrap_or_else(|_| unreachable!("the grant is for this key"))),
+            Err(_) => unreachable!("only a try is busy"),
+        }
     }
 
+    #[track_caller]
     fn try_lock_one<K: AdvisoryKey>(
         &mut self,
         value: K,
         mode: Mode,
     ) -> Result<Result<Held<'c, K>, K>, Error> {
-        let key = value.lock_key();
-        {
-            let (plan, mut flight) =
-                self.prepare([(key, mode)], K::KEY_SPEC.form() == KeyForm::HashText)?;
-            if plan.is_empty() {
-                flight.finish(&plan, true, false);
-            } else {
-                match pg::try_one(flight.conn, &plan) {
-                    Ok(true) => flight.finish(&plan, true, false),
-                    Ok(false) => {
-                        flight.finish(&plan, false, false);
-                        return Ok(Err(value));
-                    }
-                    Err(e) => {
-                        flight.finish(&plan, false, true);
-                        return Err(Error::from_diesel(e, Context::Plain));
-                    }
-                }
-            }
-        }
-        let mode = self.locks.get().mode(key).unwrap_or(mode);
-        Ok(Ok(Held::__granted(value, key, mode)))
+        Ok(match self.drive(Request::one(&value, mode), Wait::Try)? {
+            Ok(grant) => grant.held(value),
+            Err(_) => Err(value),
+        })
     }
 
+    #[track_caller]
     fn acquire(&mut self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'c>, Error> {
-        let (plan, flight) = self.prepare(batch.iter(), batch.has_hashtext())?;
-        send(&plan, flight, wait)?;
-        Ok(batch_guard(batch))
+        match self.drive(Request::batch(batch), wait)? {
+            Ok(grant) => Ok(grant.batch()),
+            Err(_) => unreachable!("only a try is busy"),
+        }
     }
 
-    /// Checks everything that needs no round trip (Diesel's transaction
-    /// depth included), plans what to send, and marks the request in flight.
-    fn prepare(
-        &mut self,
-        request: impl IntoIterator<Item = (LockKey, Mode)>,
-        hashtext: bool,
-    ) -> Result<(Plan, Flight<'_>), Error> {
+    /// Checks Diesel's transaction depth, then lets the engine run the call.
+    #[track_caller]
+    fn drive(&mut self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
         if pg::transaction_depth(self.conn)? == 0 {
-            return Err(Error::NotInTransaction);
+            return Err(not_in_transaction());
         }
-        let facts = self.locker.facts();
-        if facts.in_recovery() && !self.locker.config().standby_allowed() {
-            return Err(Error::HotStandby);
-        }
-        if hashtext {
-            facts.check_hashtext()?;
-        }
-        let locks = self.locks.get_mut();
-        let plan = locks.plan(request, self.locker.budget(), self.locker.config())?;
-        locks.start();
-        Ok((
-            plan,
-            Flight {
-                conn: &mut *self.conn,
-                locks,
-                depth: self.depth,
-                done: false,
-            },
-        ))
+        let request = request.at(std::panic::Location::caller());
+        let call: Acquisition<'_> =
+            self.state
+                .get()
+                .acquire(self.locker.policy(), self.depth, request, wait)?;
+        let _span = call.span().clone().entered();
+        pg::drive(self.conn, call)
     }
 }
 
-fn batch_guard<'c>(batch: &Batch) -> HeldBatch<'c> {
-    HeldBatch::__granted(batch.planned())
-}
-
-/// Sends a plan's lock statements and records the outcome.
-fn send(plan: &Plan, mut flight: Flight<'_>, wait: Wait) -> Result<(), Error> {
-    if plan.is_empty() {
-        flight.finish(plan, true, false);
-        return Ok(());
-    }
-    match wait {
-        Wait::Forever => match pg::lock_plan(flight.conn, plan) {
-            Ok(()) => flight.finish(plan, true, false),
-            Err(e) => {
-                flight.finish(plan, false, true);
-                return Err(Error::from_diesel(e, Context::Plain));
-            }
-        },
-        Wait::Timeout(timeout) => {
-            let setting = sql::timeout_setting(timeout);
-            match pg::lock_plan_timeout(flight.conn, plan, &setting) {
-                Ok(()) => flight.finish(plan, true, false),
-                Err(e) => {
-                    // The savepoint rollback releases whatever part of the
-                    // batch was granted and restores the timeouts.
-                    let aborted = pg::rollback_acquire(flight.conn).is_err();
-                    flight.finish(plan, false, aborted);
-                    return Err(Error::from_diesel(
-                        e,
-                        Context::Timeout {
-                            timeout,
-                            keys: plan.len(),
-                        },
-                    ));
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A request in flight: the connection to send it on and the bookkeeping to
-/// record it in. Poisons the transaction unless finished (a panic midway
-/// leaves the held set unknown).
-struct Flight<'a> {
-    conn: &'a mut PgConnection,
-    locks: &'a mut TxLocks,
-    depth: u32,
-    done: bool,
-}
-
-impl Flight<'_> {
-    fn finish(&mut self, plan: &Plan, acquired: bool, aborted: bool) {
-        self.done = true;
-        self.locks.finish(plan, self.depth, acquired, aborted);
-    }
-}
-
-impl Drop for Flight<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.locks.poison();
-        }
-    }
+fn not_in_transaction() -> Error {
+    Error::from(ErrorKind::NotInTransaction)
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@
 //!   locks.
 //!
 //! lockkit runs each twice: `_prepared` with its statements prepared once
-//! per connection (`Locker::begin_prepared`), `_typed` sending them unnamed
+//! per connection (`LockClient::begin`, the default), `_typed` sending them unnamed
 //! (`Locker::begin`), which the server parses every time. `raw_unnest_prepared`
 //! and `raw_pipelined_prepared` send lockkit's batch statement by hand, to
 //! tell lockkit's own cost from the statement's.
@@ -39,8 +39,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use lockkit::driver::sql;
-use lockkit::{AdvisoryKey, Batch, Config, Error, LockKey, LockTx, Locker, Prepared};
+use lockkit::engine::sql;
+use lockkit::{AdvisoryKey, Batch, Config, Error, LockClient, LockKey, LockTx, Locker};
 use lockkit_tests::TestServer;
 use tokio::runtime::Runtime;
 use tokio::sync::Mutex;
@@ -60,10 +60,8 @@ const BATCHES: usize = 64;
 
 /// A connection and what the benchmarks prepare once on it.
 struct Bench {
-    client: Mutex<Client>,
+    client: Mutex<LockClient>,
     locker: Locker,
-    /// lockkit's statements prepared on `client` ([`Locker::prepare`]).
-    prepared: Prepared,
     /// `SELECT pg_advisory_xact_lock($1)`, prepared once.
     lock: Statement,
     /// lockkit's batch statement, prepared once (diagnostic).
@@ -122,7 +120,6 @@ impl Bench {
             ))
             .await
             .expect("create the bench table");
-        let prepared = locker.prepare(&client).await.expect("prepare lockkit");
         let lock = client.prepare(sql::LOCK_BIGINT).await.expect("prepare");
         let lock_unnest = client.prepare(sql::BATCH_BIGINT).await.expect("prepare");
         let insert = client
@@ -135,9 +132,8 @@ impl Bench {
         let (batch64, raw64) = batches(64);
         let (batch16, raw16) = batches(16);
         Bench {
-            client: Mutex::new(client),
+            client: Mutex::new(LockClient::new(&locker, client)),
             locker,
-            prepared,
             lock,
             lock_unnest,
             insert,
@@ -151,9 +147,9 @@ impl Bench {
     }
 
     /// A lockkit transaction, its statements `prepared` or sent typed.
-    async fn begin<'c>(&self, client: &'c mut Client, prepared: bool) -> LockTx<'c> {
+    async fn begin<'c>(&self, client: &'c mut LockClient, prepared: bool) -> LockTx<'c> {
         let tx = if prepared {
-            self.locker.begin_prepared(client, &self.prepared).await
+            client.begin().await
         } else {
             self.locker.begin(client).await
         };

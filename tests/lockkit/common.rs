@@ -72,11 +72,6 @@ pub(crate) async fn wait_until_waiting(observer: &Client, pid: i32) {
     wait_for(observer, pid, None).await;
 }
 
-/// Waits (up to 30 s, else panics) until backend `pid` holds `key`.
-pub(crate) async fn wait_until_held(observer: &Client, pid: i32, key: LockKey) {
-    wait_for(observer, pid, Some(key)).await;
-}
-
 async fn wait_for(observer: &Client, pid: i32, key: Option<LockKey>) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {

@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
-use lockkit::driver::HASHTEXT_PROBES;
+use lockkit::engine::HASHTEXT_PROBES;
+use lockkit::ErrorKind;
 use lockkit::{
-    hashtext, hashtext_with, AdvisoryKey, Batch, ByteOrder, Config, Error, HashText, LockKey,
-    Locker, ServerFacts,
+    hashtext, hashtext_with, AdvisoryKey, Batch, ByteOrder, Config, HashText, LockKey, Locker,
+    ServerFacts,
 };
 use lockkit_tests::TestServer;
 
@@ -165,29 +166,39 @@ async fn hashtext_mismatch_refuses_only_hashtext_keys() {
     wrong[1] = wrong[1].wrapping_add(1);
     let locker = Locker::with_facts(
         Config::default(),
-        ServerFacts::new(64, false, 150000, &wrong),
+        ServerFacts::from(&lockkit::engine::FactsRow {
+            max_locks: 64,
+            max_connections: 100,
+            version_num: 150000,
+            hashes: wrong.clone(),
+            ..Default::default()
+        }),
     );
     let text = "lockkit-tests.hashtext mismatch";
 
     let tx = locker.begin(&mut a).await.unwrap();
-    match tx.lock(HashText(text)).await.unwrap_err() {
-        Error::HashtextMismatch {
-            probe,
-            client,
-            server,
-        } => {
-            assert_eq!(probe, HASHTEXT_PROBES[1]);
-            assert_eq!((client, server), (hashtext(HASHTEXT_PROBES[1]), wrong[1]));
-        }
-        other => panic!("expected HashtextMismatch, got {other}"),
-    }
+    let err = tx.lock(HashText(text)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::HashtextMismatch, "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!("{:?}", HASHTEXT_PROBES[1])),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!(
+            "= {} but the server says {}",
+            hashtext(HASHTEXT_PROBES[1]),
+            wrong[1]
+        )),
+        "{message}"
+    );
     let err = tx.try_lock(HashText(text)).await.unwrap_err();
-    assert!(matches!(err, Error::HashtextMismatch { .. }), "{err}");
+    assert!(err.kind() == ErrorKind::HashtextMismatch, "{err}");
     let mixed = Batch::new().with(&HashText(text)).with(&Key { id: 1 });
     let err = tx.lock_batch(&mixed).await.unwrap_err();
-    assert!(matches!(err, Error::HashtextMismatch { .. }), "{err}");
+    assert!(err.kind() == ErrorKind::HashtextMismatch, "{err}");
     let err = tx.try_lock_batch(&mixed).await.unwrap_err();
-    assert!(matches!(err, Error::HashtextMismatch { .. }), "{err}");
+    assert!(err.kind() == ErrorKind::HashtextMismatch, "{err}");
     assert_eq!(advisory_rows(&observer, pid).await, 0);
 
     // Other keys are fine.

@@ -2,11 +2,14 @@
 
 mod budget;
 mod common;
+mod ddl;
 mod deadlock;
 mod exclusion;
+mod findings;
 mod hashtext;
 mod inspect;
 mod migrate;
+mod observe;
 mod poison;
 mod pool;
 mod release;

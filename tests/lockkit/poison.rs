@@ -1,15 +1,14 @@
-//! Cancellation: a dropped lock future poisons its transaction, because the
-//! server may still grant what it asked for; concurrent lock calls on one
-//! transaction are refused.
+//! Cancellation: a dropped lock future sends a cancel request and poisons
+//! its transaction (the server may have granted what it asked for);
+//! concurrent lock calls on one transaction are refused.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use lockkit::{AdvisoryKey, Batch, Config, Error};
+use lockkit::{AdvisoryKey, Batch, Config, Error, ErrorKind, LockKey, OrderCheck};
 use lockkit_tests::TestServer;
+use tokio_postgres::Client;
 
-use crate::common::{
-    advisory_rows, backend_pid, held_by, locker, wait_until_held, wait_until_waiting,
-};
+use crate::common::{advisory_rows, backend_pid, held_by, locker, wait_until_waiting};
 
 /// This module's keys, in a namespace of their own.
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,7 +19,7 @@ struct Key {
 
 fn assert_poisoned<T>(result: Result<T, Error>, what: &str) {
     match result {
-        Err(Error::Poisoned) => {}
+        Err(e) if e.kind() == ErrorKind::Poisoned => {}
         Err(other) => panic!("{what}: expected Poisoned, got {other}"),
         Ok(_) => panic!("{what}: expected Poisoned, got Ok"),
     }
@@ -34,18 +33,23 @@ async fn dropped_lock_future_poisons_until_the_transaction_ends() {
     let mut b = db.connect().await;
     let observer = db.connect().await;
     let pid = backend_pid(&b).await;
-    let locker = locker(&a, Config::default()).await;
+    let locker = locker(&a, Config::default().order_check(OrderCheck::Warn)).await;
     let (busy, held, fresh) = (Key { id: 1 }, Key { id: 2 }, Key { id: 3 });
 
     let holder = locker.begin(&mut a).await.unwrap();
     let _ = holder.lock(busy).await.unwrap();
 
-    let mut tx = locker.begin(&mut b).await.unwrap();
+    let tx = locker.begin(&mut b).await.unwrap();
     let _ = tx.lock(held).await.unwrap();
-    let cancelled = tokio::time::timeout(Duration::from_millis(50), tx.lock(busy)).await;
-    assert!(cancelled.is_err(), "the lock cannot be granted while held");
-    // The statement was sent and still waits on the server.
-    wait_until_waiting(&observer, pid).await;
+    {
+        let call = tx.lock(busy);
+        tokio::pin!(call);
+        tokio::select! {
+            r = &mut call => panic!("the lock cannot be granted while held: {r:?}"),
+            // The statement was sent and waits on the server: drop it.
+            () = wait_until_waiting(&observer, pid) => {}
+        }
+    }
 
     assert_poisoned(tx.lock(fresh).await, "lock");
     assert_poisoned(tx.lock(held).await, "relock of a held key");
@@ -61,27 +65,139 @@ async fn dropped_lock_future_poisons_until_the_transaction_ends() {
     assert_poisoned(tx.try_lock_batch(&batch).await, "try_lock_batch");
     assert!(!held_by(&observer, pid, fresh.lock_key()).await);
 
-    // The reason: once the holder lets go, the server grants the abandoned
-    // request to this transaction, which lockkit could not have recorded.
-    holder.rollback().await.unwrap();
-    wait_until_held(&observer, pid, busy.lock_key()).await;
-    assert_poisoned(tx.lock(busy).await, "lock of the granted key");
-    {
-        let sp = tx.savepoint().await.unwrap();
-        assert_poisoned(sp.lock(fresh).await, "lock in a savepoint");
-        sp.rollback().await.unwrap();
-    }
-    assert_poisoned(tx.lock(fresh).await, "lock after a savepoint rollback");
-    assert!(held_by(&observer, pid, busy.lock_key()).await);
+    // The dropped call sent a cancel request: the server stops waiting,
+    // the transaction is aborted, and it stays poisoned until it ends.
+    wait_until_not_waiting(&observer, pid).await;
+    assert!(!held_by(&observer, pid, busy.lock_key()).await);
+    assert!(tx.is_poisoned());
+    assert_poisoned(tx.lock(busy).await, "lock of the abandoned key");
 
     // Rollback ends it; the same client starts clean.
     tx.rollback().await.unwrap();
     assert_eq!(advisory_rows(&observer, pid).await, 0);
+    holder.rollback().await.unwrap();
     let tx = locker.begin(&mut b).await.unwrap();
     let _ = tx.lock(busy).await.unwrap();
     let _ = tx.lock(fresh).await.unwrap();
     assert_eq!(advisory_rows(&observer, pid).await, 2);
     tx.commit().await.unwrap();
+}
+
+/// Waits (up to 30 s, else panics) until backend `pid` waits for no
+/// advisory lock.
+async fn wait_until_not_waiting(observer: &Client, pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "backend {pid} still waits");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The engine issue's finding 1: a dropped lock future held the connection
+/// hostage until the other holder let go. Now the drop sends a cancel
+/// request, so `rollback()` returns while the other session still holds
+/// the key, for every form of lock call, many times over.
+///
+/// The claim is stated in the safe direction: the holder keeps its lock
+/// until after the rollback returned (so a rollback that waited for the
+/// lock could never return), and the rollback gets a generous 20 s. The
+/// control, the same drop of a raw `pg_advisory_xact_lock` statement,
+/// shows the rollback cannot return while the key is held.
+#[tokio::test(flavor = "multi_thread")]
+async fn dropped_lock_future_frees_the_connection_while_the_key_is_held() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut a = db.connect().await;
+    let mut b = db.connect().await;
+    let observer = db.connect().await;
+    let pid = backend_pid(&b).await;
+    let locker = locker(&a, Config::default()).await;
+    let mut conn = lockkit::LockClient::new(&locker, db.connect().await);
+    let conn_pid = backend_pid(&conn).await;
+    let busy = Key { id: 21 };
+    let holder_pid = backend_pid(&a).await;
+
+    let holder = locker.begin(&mut a).await.unwrap();
+    let _ = holder.lock(busy).await.unwrap();
+
+    let mut slowest = Duration::ZERO;
+    for round in 0..30 {
+        // Unnamed and prepared statements, waiting and timed forms.
+        let (tx, pid) = if round % 2 == 0 {
+            (locker.begin(&mut b).await.unwrap(), pid)
+        } else {
+            (conn.begin().await.unwrap(), conn_pid)
+        };
+        {
+            let call = async {
+                match round % 3 {
+                    0 => tx.lock(busy).await.map(drop),
+                    1 => tx
+                        .lock_timeout(busy, Duration::from_secs(60))
+                        .await
+                        .map(drop),
+                    _ => tx
+                        .lock_batch(&Batch::new().with(&busy).with(&Key { id: 22 }))
+                        .await
+                        .map(drop),
+                }
+            };
+            tokio::pin!(call);
+            tokio::select! {
+                r = &mut call => panic!("round {round}: the lock cannot be granted while held: {r:?}"),
+                () = wait_until_waiting(&observer, pid) => {}
+            }
+            // Dropped here, while the server waits for the key.
+        }
+        assert!(tx.is_poisoned());
+        let started = Instant::now();
+        tokio::time::timeout(Duration::from_secs(20), tx.rollback())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: rollback waited for the holder"))
+            .unwrap();
+        slowest = slowest.max(started.elapsed());
+        assert!(held_by(&observer, holder_pid, busy.lock_key()).await);
+        assert_eq!(advisory_rows(&observer, pid).await, 0);
+    }
+    println!("slowest rollback after a dropped lock call: {slowest:?} (holder still holding)");
+
+    // The control: a raw statement dropped the same way keeps the server
+    // waiting, so the rollback cannot finish while the key is held.
+    let raw = b.transaction().await.unwrap();
+    {
+        let key = match busy.lock_key() {
+            LockKey::BigInt(k) => k,
+            LockKey::Pair(..) => unreachable!(),
+        };
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&key];
+        let call = raw.execute("SELECT pg_advisory_xact_lock($1)", &params);
+        tokio::pin!(call);
+        tokio::select! {
+            r = &mut call => panic!("granted while held: {r:?}"),
+            () = wait_until_waiting(&observer, pid) => {}
+        }
+    }
+    let rollback = raw.rollback();
+    tokio::pin!(rollback);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), &mut rollback)
+            .await
+            .is_err(),
+        "the control's rollback cannot finish while the key is held"
+    );
+    holder.rollback().await.unwrap();
+    rollback.await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -92,7 +208,7 @@ async fn concurrent_lock_calls_on_one_transaction_are_refused() {
     let mut b = db.connect().await;
     let observer = db.connect().await;
     let pid = backend_pid(&b).await;
-    let locker = locker(&a, Config::default()).await;
+    let locker = locker(&a, Config::default().order_check(OrderCheck::Warn)).await;
     let (k1, k2) = (Key { id: 11 }, Key { id: 12 });
 
     // Both futures polled together: the first is sent, the second is
@@ -109,7 +225,7 @@ async fn concurrent_lock_calls_on_one_transaction_are_refused() {
     });
     let ok = r1.expect("the first lock call is sent and granted").key();
     let refused = r2.expect_err("the second lock call is refused");
-    assert!(matches!(refused, Error::LockInFlight), "{refused}");
+    assert!(refused.kind() == ErrorKind::LockInFlight, "{refused}");
     assert_eq!(advisory_rows(&observer, pid).await, 1);
     assert!(held_by(&observer, pid, ok).await);
     // Nothing was left in flight: the transaction goes on.
@@ -125,7 +241,7 @@ async fn concurrent_lock_calls_on_one_transaction_are_refused() {
     let _ = holder.lock(k3).await.unwrap();
     let tx = locker.begin(&mut b).await.unwrap();
     let err = tokio::try_join!(tx.lock(k3), tx.lock(k4)).unwrap_err();
-    assert!(matches!(err, Error::LockInFlight), "{err}");
+    assert!(err.kind() == ErrorKind::LockInFlight, "{err}");
     assert_poisoned(tx.lock(Key { id: 15 }).await, "lock after try_join");
     holder.rollback().await.unwrap();
     tx.rollback().await.unwrap();

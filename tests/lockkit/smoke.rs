@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use lockkit::OrderCheck;
 use lockkit::{AdvisoryKey, Batch, Config, Mode};
 use lockkit_tests::TestServer;
 
@@ -13,7 +14,7 @@ async fn lock_is_held_until_commit() {
     let _log = db.guard();
     let mut a = db.connect().await;
     let observer = db.connect().await;
-    let locker = locker(&a, Config::default()).await;
+    let locker = locker(&a, Config::default().order_check(OrderCheck::Warn)).await;
     assert!(locker.facts().max_locks_per_transaction() >= 64);
     assert!(!locker.facts().in_recovery());
 
@@ -38,7 +39,7 @@ async fn batch_try_and_timeout() {
     let _log = db.guard();
     let mut a = db.connect().await;
     let mut b = db.connect().await;
-    let locker = locker(&a, Config::default()).await;
+    let locker = locker(&a, Config::default().order_check(OrderCheck::Warn)).await;
 
     let tx_a = locker.begin(&mut a).await.unwrap();
     let batch = Batch::new()
@@ -96,7 +97,7 @@ async fn savepoint_rollback_forgets_locks() {
     let _log = db.guard();
     let mut a = db.connect().await;
     let observer = db.connect().await;
-    let locker = locker(&a, Config::default()).await;
+    let locker = locker(&a, Config::default().order_check(OrderCheck::Warn)).await;
 
     let mut tx = locker.begin(&mut a).await.unwrap();
     let _ = tx.lock(Item { id: 21 }).await.unwrap();
@@ -128,12 +129,13 @@ async fn prepared_statements_take_the_same_locks() {
 
     let db = TestServer::shared();
     let _log = db.guard();
-    let mut a = db.connect().await;
+    let a = db.connect().await;
     let observer = db.connect().await;
-    let locker = locker(&a, Config::default()).await;
-    let prepared = locker.prepare(&a).await.unwrap();
+    let locker = locker(&a, Config::default().order_check(OrderCheck::Warn)).await;
+    let mut conn = lockkit::LockClient::new(&locker, a);
 
-    let mut tx = locker.begin_prepared(&mut a, &prepared).await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    assert!(tx.is_prepared());
     let one = tx.lock(Item { id: 31 }).await.unwrap().key();
     let shared = tx.lock_shared(Item { id: 32 }).await.unwrap().key();
     let pair = tx.lock(Seat { row: 7 }).await.unwrap().key();
@@ -187,10 +189,21 @@ async fn prepared_statements_take_the_same_locks() {
     tx.commit().await.unwrap();
     assert!(!granted_elsewhere(&observer, one).await);
 
-    // A `Prepared` belongs to its connection: on another one the server does
-    // not know the statements, and says so.
-    let mut b = db.connect().await;
-    let tx = locker.begin_prepared(&mut b, &prepared).await.unwrap();
-    let err = tx.lock(Item { id: 36 }).await.unwrap_err();
-    assert_eq!(err.code(), Some("26000"), "{err}");
+    // The statements stay prepared on the connection for its next
+    // transactions; a connection in unnamed mode prepares nothing.
+    let tx = conn.begin().await.unwrap();
+    let k = tx.lock(Item { id: 36 }).await.unwrap().key();
+    assert!(granted_elsewhere(&observer, k).await);
+    tx.commit().await.unwrap();
+    let unnamed = lockkit::Locker::with_facts(
+        Config::default()
+            .order_check(OrderCheck::Warn)
+            .statements(lockkit::StatementMode::Unnamed),
+        locker.facts().clone(),
+    );
+    let mut plain = lockkit::LockClient::new(&unnamed, db.connect().await);
+    let tx = plain.begin().await.unwrap();
+    assert!(!tx.is_prepared());
+    let k = tx.lock(Item { id: 39 }).await.unwrap().key();
+    assert!(granted_elsewhere(&observer, k).await);
 }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lockkit::ErrorKind;
 use lockkit::{AdvisoryKey, Batch, Config, Error};
 use lockkit_tests::TestServer;
 
@@ -17,7 +18,7 @@ struct Key {
 
 fn assert_standby<T>(result: Result<T, Error>, what: &str) {
     match result {
-        Err(Error::HotStandby) => {}
+        Err(e) if e.kind() == ErrorKind::HotStandby => {}
         Err(other) => panic!("{what}: expected HotStandby, got {other}"),
         Ok(_) => panic!("{what}: expected HotStandby, got Ok"),
     }
@@ -50,7 +51,7 @@ async fn standby_is_refused_unless_allowed() {
     let batch = Batch::new().with(&k).with(&Key { id: 2 });
     assert_standby(tx.lock_batch(&batch).await, "lock_batch");
     assert_standby(tx.try_lock_batch(&batch).await, "try_lock_batch");
-    assert!(!Error::HotStandby.is_transient());
+    assert!(!ErrorKind::HotStandby.is_transient());
     assert_eq!(advisory_rows(&standby_observer, pid).await, 0);
     // Nothing was sent, so the transaction is fine.
     let in_recovery: bool = tx

@@ -80,4 +80,4 @@ pub mod workload;
 mod tests;
 
 pub use pgbouncer::{PgBouncer, PgBouncerBuilder};
-pub use server::{Builder, LogGuard, TestServer};
+pub use server::{Builder, LogGuard, StopMode, TestServer};

@@ -241,8 +241,36 @@ impl TestServer {
     ///
     /// As `stop` and `start`.
     pub fn restart(&self) {
-        self.stop();
-        self.start();
+        self.restart_with(StopMode::Fast);
+    }
+
+    /// Like [`restart`](Self::restart), stopping in `mode`:
+    /// [`StopMode::Immediate`] is a crash as far as the data is concerned
+    /// (the start replays the WAL).
+    ///
+    /// # Errors
+    ///
+    /// When the server cannot be stopped or started again (the message has
+    /// the log of the start).
+    ///
+    /// # Panics
+    ///
+    /// If this is the server from `DATABASE_URL`.
+    pub fn try_restart_with(&self, mode: StopMode) -> io::Result<()> {
+        let instance = self.instance("restart");
+        instance.stop(mode.pg_ctl_mode())?;
+        instance.start()
+    }
+
+    /// [`try_restart_with`](Self::try_restart_with), panicking on failure.
+    ///
+    /// # Panics
+    ///
+    /// If the server cannot be restarted, or is the one from `DATABASE_URL`.
+    pub fn restart_with(&self, mode: StopMode) {
+        if let Err(e) = self.try_restart_with(mode) {
+            panic!("cannot restart the test server at {}: {e}", self.url);
+        }
     }
 
     /// Builds and starts a hot standby of this server with
@@ -316,6 +344,29 @@ impl Drop for TestServer {
     fn drop(&mut self) {
         if let (Some(instance), true) = (&self.instance, thread::panicking()) {
             eprint!("{}", instance.log_excerpt(0, "PostgreSQL log"));
+        }
+    }
+}
+
+/// How [`TestServer::restart_with`] stops the server (`pg_ctl stop -m`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StopMode {
+    /// `fast`: sessions are ended (`57P01`), open transactions rolled back,
+    /// and a shutdown checkpoint is written.
+    Fast,
+    /// `immediate`: every process quits at once, with no checkpoint; the
+    /// next start runs crash recovery. With the harness's default
+    /// `synchronous_commit=off`, transactions committed in the last moments
+    /// may be lost (their WAL was still in shared memory): set it `on` when
+    /// committed data must survive.
+    Immediate,
+}
+
+impl StopMode {
+    fn pg_ctl_mode(self) -> &'static str {
+        match self {
+            StopMode::Fast => "fast",
+            StopMode::Immediate => "immediate",
         }
     }
 }

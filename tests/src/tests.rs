@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::TestServer;
+use crate::{StopMode, TestServer};
 
 async fn show(server: &TestServer, setting: &str) -> String {
     let client = server.connect().await;
@@ -77,6 +77,51 @@ async fn restart_keeps_data_and_ends_sessions() {
     let client = server.connect().await;
     let row = client.query_one("SELECT n FROM kept", &[]).await.unwrap();
     assert_eq!(row.get::<_, i32>(0), 42);
+}
+
+/// An immediate stop is a crash for the data: the start replays the WAL,
+/// committed rows survive, the uncommitted one does not, and the log says
+/// the server ran crash recovery (which a fast stop does not need). Needs
+/// `synchronous_commit=on`: with the harness's `off`, a commit can still be
+/// in the WAL buffers when the server quits, and is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn immediate_restart_recovers_committed_data() {
+    let server = TestServer::builder()
+        .setting("synchronous_commit", "on")
+        .start();
+    let _log = server.guard();
+    let client = server.connect().await;
+    client
+        .batch_execute("CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)")
+        .await
+        .unwrap();
+    let mut open = server.connect().await;
+    let tx = open.transaction().await.unwrap();
+    tx.batch_execute("INSERT INTO kept VALUES (2)")
+        .await
+        .unwrap();
+    let from = std::fs::metadata(server.log_path().unwrap()).unwrap().len();
+    server.restart_with(StopMode::Immediate);
+    assert!(
+        client.simple_query("SELECT 1").await.is_err(),
+        "old session ended"
+    );
+    drop(tx);
+    let log = std::fs::read(server.log_path().unwrap()).unwrap();
+    let log = String::from_utf8_lossy(&log[from as usize..]);
+    assert!(
+        log.contains("not properly shut down"),
+        "no crash recovery in the log:\n{log}"
+    );
+    let client = server.connect().await;
+    let rows: Vec<i32> = client
+        .query("SELECT n FROM kept ORDER BY n", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(rows, [1]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

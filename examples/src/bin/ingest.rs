@@ -19,7 +19,7 @@ async fn main() -> ExitCode {
     if !options.quiet {
         eprintln!("starting the server…");
     }
-    let db = Database::from_env(ingest::SERVER_SETTINGS);
+    let db = Database::from_env(&ingest::server_settings(&options));
     let report = match ingest::run(&options, &db).await {
         Ok(report) => report,
         Err(e) => {
@@ -45,7 +45,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    if report.outcomes.iter().all(|o| o.exactly_once()) {
+    if report.outcomes.iter().all(|o| o.as_expected()) {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

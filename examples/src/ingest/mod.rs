@@ -2,36 +2,40 @@
 //! duplicates that reach two workers at the same moment, ingested exactly
 //! once by N concurrent workers under each strategy, measured in one run.
 
+mod budget;
+mod chaos;
 mod chart;
 mod report;
+mod retry;
 mod strategy;
 mod workload;
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
+use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use lockkit::{Config, Locker};
-use tokio::sync::Barrier;
+use tokio::sync::{watch, Barrier};
 use tokio_postgres::Client;
+use uuid::Uuid;
 
 use crate::db::Database;
+use retry::{retrying, Failure};
 
+pub use budget::{expected_stripes, BudgetMode, Budgeting, LockCapacity};
+pub use chaos::{Action, Step, Survived};
 pub use chart::latency_svg;
 pub use report::{Outcome, Report};
-pub use strategy::{BudgetMode, Budgeting, Event, Strategy, StripedEvent, STRIPES};
+pub use strategy::{Event, Strategy, StripedEvent};
 pub use workload::Workload;
 
 /// Any error of the study.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
-
-/// How often a transaction that failed with a retryable error (deadlock,
-/// unique violation, serialization failure) is tried again before its
-/// events are counted as lost.
-const MAX_ATTEMPTS: u32 = 100;
 
 /// The study's command line.
 #[derive(Clone, Debug, clap::Parser)]
@@ -40,8 +44,10 @@ const MAX_ATTEMPTS: u32 = 100;
     about = "Exactly-once ingestion under concurrent duplicates: advisory locks vs ON CONFLICT vs FOR UPDATE",
     long_about = "Ingests one event stream, in which duplicates of a key reach two workers \
                   in the same round, with N concurrent workers under each strategy, and \
-                  reports throughput, batch latency, WAL, bloat, errors and duplicates in one \
-                  table. Uses DATABASE_URL when set, else starts a throwaway PostgreSQL server."
+                  reports throughput, event and batch latency, WAL, bloat, errors and duplicates \
+                  in one table. Uses DATABASE_URL when set, else starts a throwaway PostgreSQL \
+                  server. Exits non-zero unless every exactly-once strategy left exactly one row \
+                  per key and every control was caught by that check."
 )]
 pub struct Options {
     /// Concurrent workers, one connection each.
@@ -58,19 +64,32 @@ pub struct Options {
     /// receives in the same round (0 to 0.5).
     #[arg(short, long, default_value_t = 0.1)]
     pub duplicate_rate: f64,
-    /// Strategies to run, in order.
+    /// Strategies to run, in order (`lock-only,no-lock` is the locks-only
+    /// study and its control; `ack-early` is the control of `--chaos`).
     #[arg(
         short,
         long,
         value_enum,
         value_delimiter = ',',
-        default_values_t = [Strategy::Advisory, Strategy::OnConflict, Strategy::ForUpdate]
+        default_values_t = [Strategy::Advisory, Strategy::OnConflict, Strategy::ForUpdate, Strategy::LockOnly, Strategy::NoLock]
     )]
     pub strategies: Vec<Strategy>,
-    /// How the advisory strategy handles batches larger than the lock
-    /// budget: smaller transactions, or striped keys.
+    /// How the advisory strategies handle batches larger than the lock
+    /// budget: smaller transactions, striped keys, or a budget sized from the
+    /// server's lock table so the batch fits.
     #[arg(long, value_enum, default_value_t = BudgetMode::Split)]
     pub budget_mode: BudgetMode,
+    /// Faults during each strategy, on a schedule seeded by --seed: server
+    /// restarts (fast and immediate shutdown), terminated worker backends,
+    /// dropped connections. Needs the throwaway server; turns
+    /// `synchronous_commit` on (an immediate shutdown loses asynchronous
+    /// commits).
+    #[arg(long)]
+    pub chaos: bool,
+    /// Durable commits: the throwaway server runs with `fsync=on` and
+    /// `synchronous_commit=on` instead of the harness's fast settings.
+    #[arg(long)]
+    pub durable: bool,
     /// Seed of the event stream.
     #[arg(long, default_value_t = 1405)]
     pub seed: u64,
@@ -96,13 +115,29 @@ pub const SERVER_SETTINGS: &[(&str, &str)] = &[
     ("autovacuum", "off"),
 ];
 
+/// The throwaway server's settings for `options`: [`SERVER_SETTINGS`], plus
+/// `fsync` and `synchronous_commit` on with `--durable`, and
+/// `synchronous_commit` on with `--chaos` (with it off, an immediate
+/// shutdown loses commits the workers were told had succeeded, which is
+/// the server's configuration losing data, not the strategy).
+pub fn server_settings(options: &Options) -> Vec<(&'static str, &'static str)> {
+    let mut settings = SERVER_SETTINGS.to_vec();
+    if options.durable {
+        settings.push(("fsync", "on"));
+    }
+    if options.durable || options.chaos {
+        settings.push(("synchronous_commit", "on"));
+    }
+    settings
+}
+
 /// Runs the study against `db`.
 ///
 /// # Errors
 ///
 /// When the options are invalid, or a connection or a setup or measurement
-/// query fails. Errors of the ingest transactions themselves are retried and
-/// counted, not returned.
+/// query fails, or a `--chaos` restart fails. Errors of the ingest
+/// transactions themselves are retried and counted, not returned.
 ///
 /// # Cancel safety
 ///
@@ -117,14 +152,54 @@ pub async fn run(options: &Options, db: &Database) -> Result<Report, BoxError> {
     if options.workers < 2 && options.duplicate_rate > 0.0 {
         return Err("duplicates reach two different workers: use --workers 2 or more".into());
     }
+    if options.chaos && !db.is_throwaway() {
+        return Err(
+            "--chaos restarts the server: unset DATABASE_URL to use a throwaway one".into(),
+        );
+    }
+    if options.strategies.contains(&Strategy::AckEarly) && !options.chaos {
+        return Err("ack-early is the control of --chaos: with no fault it loses nothing".into());
+    }
+    if options.strategies.contains(&Strategy::NoLock) && options.duplicate_rate == 0.0 {
+        return Err("no-lock is a control of duplicates: use a --duplicate-rate above 0".into());
+    }
     let admin = db.connect().await?;
-    let locker = Locker::new(&admin, Config::default()).await?;
+    let capacity = LockCapacity::of(&admin).await?;
+    let (config, budget_source) = match options.budget_mode {
+        BudgetMode::Fit => (
+            Config::default().concurrent_lockers(options.workers),
+            format!(
+                "fitted by lockkit (Config::concurrent_lockers): half of a lock table of {} = {} × ({} + {}), shared by {} workers",
+                capacity.total(),
+                capacity.max_locks_per_transaction,
+                capacity.max_connections,
+                capacity.max_prepared_transactions,
+                options.workers
+            ),
+        ),
+        BudgetMode::Split | BudgetMode::Stripe => (
+            Config::default(),
+            "the server's max_locks_per_transaction".to_owned(),
+        ),
+    };
+    let locker = Locker::new(&admin, config).await?;
     let budget = locker.budget();
     let budgeting = Budgeting::decide(options.batch, budget, options.budget_mode);
-    let version: String = admin
-        .query_one("SELECT current_setting('server_version')", &[])
-        .await?
-        .get(0);
+    let row = admin
+        .query_one(
+            "SELECT current_setting('server_version'), current_setting('fsync'),
+                    current_setting('synchronous_commit'), current_setting('full_page_writes')",
+            &[],
+        )
+        .await?;
+    let version: String = row.get(0);
+    let durability = format!(
+        "fsync={}, synchronous_commit={}, full_page_writes={}",
+        row.get::<_, String>(1),
+        row.get::<_, String>(2),
+        row.get::<_, String>(3)
+    );
+    drop(admin);
     let workload = Arc::new(Workload::generate(
         options.workers,
         options.events,
@@ -133,17 +208,29 @@ pub async fn run(options: &Options, db: &Database) -> Result<Report, BoxError> {
         options.seed,
     ));
     let mut outcomes = Vec::new();
-    for &strategy in &options.strategies {
+    for (i, &strategy) in options.strategies.iter().enumerate() {
+        let steps = if options.chaos {
+            chaos::schedule(
+                options.seed.wrapping_add(i as u64),
+                workload.events,
+                options.workers,
+            )
+        } else {
+            Vec::new()
+        };
         let outcome =
-            run_strategy(strategy, options, db, &admin, &locker, budgeting, &workload).await?;
+            run_strategy(strategy, options, db, &locker, budgeting, &workload, &steps).await?;
         outcomes.push(outcome);
     }
-    admin
+    db.connect()
+        .await?
         .batch_execute("DROP TABLE IF EXISTS ingest_events, ingest_reservations")
         .await?;
     Ok(Report {
         server_version: version,
         throwaway_server: db.is_throwaway(),
+        durability,
+        chaos: options.chaos,
         cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
         workers: options.workers,
         batch: options.batch,
@@ -154,7 +241,7 @@ pub async fn run(options: &Options, db: &Database) -> Result<Report, BoxError> {
         duplicates: workload.duplicates,
         budget,
         budgeting,
-        budget_note: budgeting.describe(options.batch, budget),
+        budget_note: budgeting.describe(options.batch, budget, &budget_source),
         outcomes,
     })
 }
@@ -162,44 +249,79 @@ pub async fn run(options: &Options, db: &Database) -> Result<Report, BoxError> {
 /// What one worker saw.
 #[derive(Debug, Default)]
 struct Tally {
-    /// Microseconds from a batch's start to its last commit, retries
+    /// Microseconds from a batch's arrival to its last commit, retries
     /// included.
-    latencies_us: Vec<u64>,
+    batch_latencies_us: Vec<u64>,
+    /// Microseconds from an event's arrival (its batch's) to the commit of
+    /// its transaction, and how many events that commit carried.
+    event_latencies_us: Vec<(u64, u32)>,
     transactions: u64,
     deadlocks: u64,
     retried: HashMap<String, u64>,
     lost_events: u64,
+    /// Connections opened after the first (after a fault).
+    reconnects: u64,
+    /// `ack-early`: events acknowledged whose transaction then failed.
+    acked_then_failed: u64,
+}
+
+impl Tally {
+    fn record(&mut self, failure: &Failure) {
+        if failure.is_deadlock() {
+            self.deadlocks += 1;
+        } else {
+            *self.retried.entry(failure.label()).or_default() += 1;
+        }
+    }
+
+    fn add(&mut self, t: Tally) {
+        self.batch_latencies_us.extend(t.batch_latencies_us);
+        self.event_latencies_us.extend(t.event_latencies_us);
+        self.transactions += t.transactions;
+        self.deadlocks += t.deadlocks;
+        self.lost_events += t.lost_events;
+        self.reconnects += t.reconnects;
+        self.acked_then_failed += t.acked_then_failed;
+        for (code, n) in t.retried {
+            *self.retried.entry(code).or_default() += n;
+        }
+    }
 }
 
 struct Shared {
     strategy: Strategy,
     budgeting: Budgeting,
     locker: Locker,
+    db: Database,
     workload: Arc<Workload>,
     barrier: Barrier,
     progress: ProgressBar,
+    /// Events ingested so far: what the chaos schedule follows.
+    ingested: watch::Sender<u64>,
+    targets: chaos::Targets,
+}
+
+/// A worker's connection (lockkit's statements prepared on it lazily) with
+/// its prepared statements.
+struct Conn {
+    client: lockkit::LockClient,
+    stmts: strategy::Statements,
 }
 
 async fn run_strategy(
     strategy: Strategy,
     options: &Options,
     db: &Database,
-    admin: &Client,
     locker: &Locker,
     budgeting: Budgeting,
     workload: &Arc<Workload>,
+    steps: &[Step],
 ) -> Result<Outcome, BoxError> {
+    // A new admin connection per strategy: the chaos of the last one
+    // restarted the server.
+    let admin = db.connect().await?;
     admin.batch_execute(&strategy.schema()).await?;
-    let mut clients = Vec::with_capacity(options.workers);
-    for _ in 0..options.workers {
-        let client = db.connect().await?;
-        let stmts = strategy::Statements::prepare(&client, strategy, locker).await?;
-        clients.push((client, stmts));
-    }
-    // Each measurement starts right after a checkpoint (when allowed: it
-    // needs pg_checkpoint or superuser), so every strategy pays the same
-    // full-page images.
-    let checkpointed = admin.batch_execute("CHECKPOINT").await.is_ok();
+    let (ingested, ingested_rx) = watch::channel(0_u64);
     let progress = if options.quiet {
         ProgressBar::hidden()
     } else {
@@ -217,32 +339,61 @@ async fn run_strategy(
         strategy,
         budgeting,
         locker: locker.clone(),
+        db: db.clone(),
         workload: Arc::clone(workload),
         barrier: Barrier::new(options.workers),
         progress: progress.clone(),
+        ingested,
+        targets: chaos::Targets::new(options.workers),
     });
+    // Connections are opened and statements prepared outside the measured
+    // window.
+    let mut slots = Vec::with_capacity(options.workers);
+    for id in 0..options.workers {
+        slots.push(open(&shared, id).await.map_err(|f| f.to_string())?);
+    }
+    // Each measurement starts right after a checkpoint (when allowed: it
+    // needs pg_checkpoint or superuser), so every strategy pays the same
+    // full-page images.
+    let checkpointed = admin.batch_execute("CHECKPOINT").await.is_ok();
     let lsn: String = admin
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
         .await?
         .get(0);
     let start = Instant::now();
-    let handles: Vec<_> = clients
+    let handles: Vec<_> = slots
         .into_iter()
         .enumerate()
-        .map(|(id, (client, stmts))| tokio::spawn(worker(client, stmts, Arc::clone(&shared), id)))
+        .map(|(id, conn)| tokio::spawn(worker(conn, Arc::clone(&shared), id)))
         .collect();
-    let mut tally = Tally::default();
-    for handle in handles {
-        let t = handle.await?;
-        tally.latencies_us.extend(t.latencies_us);
-        tally.transactions += t.transactions;
-        tally.deadlocks += t.deadlocks;
-        tally.lost_events += t.lost_events;
-        for (code, n) in t.retried {
-            *tally.retried.entry(code).or_default() += n;
+    let workers = async {
+        let mut tally = Tally::default();
+        for handle in handles {
+            tally.add(handle.await?);
         }
-    }
-    let elapsed = start.elapsed();
+        // Faults not fired by now are skipped.
+        shared.ingested.send_replace(chaos::WORKERS_DONE);
+        Ok::<_, BoxError>((tally, start.elapsed()))
+    };
+    let agent = async {
+        if steps.is_empty() {
+            Ok(None)
+        } else {
+            chaos::run(db, steps, ingested_rx, &shared.targets)
+                .await
+                .map(Some)
+        }
+    };
+    let (workers, survived) = tokio::join!(workers, agent);
+    let (tally, elapsed) = workers?;
+    let survived = survived?;
+    progress.finish();
+
+    let admin = if admin.is_closed() {
+        db.connect().await?
+    } else {
+        admin
+    };
     let wal_bytes: f64 = admin
         .query_one(
             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::float8",
@@ -250,8 +401,6 @@ async fn run_strategy(
         )
         .await?
         .get(0);
-    progress.finish();
-
     let row = admin
         .query_one(
             "SELECT count(*), count(DISTINCT business_key) FROM ingest_events",
@@ -259,7 +408,12 @@ async fn run_strategy(
         )
         .await?;
     let (rows, distinct_rows): (i64, i64) = (row.get(0), row.get(1));
-    let (live, dead) = table_stats(admin, rows).await?;
+    // An immediate shutdown discards the statistics: no tuple counts then.
+    let tuples = if survived.is_some() {
+        None
+    } else {
+        Some(table_stats(&admin, rows).await?)
+    };
     let table_bytes: i64 = admin
         .query_one(
             "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::int8 FROM pg_class c
@@ -270,8 +424,10 @@ async fn run_strategy(
         .await?
         .get(0);
 
-    let mut latencies = tally.latencies_us;
-    latencies.sort_unstable();
+    let mut batch_latencies = tally.batch_latencies_us;
+    batch_latencies.sort_unstable();
+    let mut event_latencies = tally.event_latencies_us;
+    event_latencies.sort_unstable();
     let events = workload.events as f64;
     let mut retried: Vec<(String, u64)> = tally.retried.into_iter().collect();
     retried.sort();
@@ -279,21 +435,27 @@ async fn run_strategy(
         strategy,
         seconds: elapsed.as_secs_f64(),
         events_per_second: events / elapsed.as_secs_f64(),
-        batches: latencies.len(),
+        batches: batch_latencies.len(),
         transactions: tally.transactions,
-        p50_ms: percentile_ms(&latencies, 50.0),
-        p95_ms: percentile_ms(&latencies, 95.0),
-        p99_ms: percentile_ms(&latencies, 99.0),
-        max_ms: latencies.last().map_or(0.0, |us| *us as f64 / 1000.0),
+        p50_ms: percentile_ms(&batch_latencies, 50.0),
+        p95_ms: percentile_ms(&batch_latencies, 95.0),
+        p99_ms: percentile_ms(&batch_latencies, 99.0),
+        max_ms: batch_latencies.last().map_or(0.0, |us| *us as f64 / 1000.0),
+        event_p50_ms: weighted_percentile_ms(&event_latencies, 50.0),
+        event_p95_ms: weighted_percentile_ms(&event_latencies, 95.0),
+        event_p99_ms: weighted_percentile_ms(&event_latencies, 99.0),
         wal_bytes,
         wal_bytes_per_event: wal_bytes / events,
         checkpointed,
-        live_tuples: live,
-        dead_tuples: dead,
+        live_tuples: tuples.map(|t| t.0),
+        dead_tuples: tuples.map(|t| t.1),
         table_bytes,
         deadlocks: tally.deadlocks,
         retried,
         lost_events: tally.lost_events,
+        reconnects: tally.reconnects,
+        acked_then_failed: tally.acked_then_failed,
+        survived,
         rows,
         duplicates: rows - distinct_rows,
         missing: workload.distinct as i64 - distinct_rows,
@@ -338,59 +500,203 @@ fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
     sorted_us[rank.clamp(1, sorted_us.len()) - 1] as f64 / 1000.0
 }
 
-async fn worker(
-    mut client: Client,
-    stmts: strategy::Statements,
-    shared: Arc<Shared>,
+/// Nearest-rank percentile of sorted `(microseconds, count)` pairs, each
+/// standing for `count` equal values, in milliseconds.
+fn weighted_percentile_ms(sorted_us: &[(u64, u32)], p: f64) -> f64 {
+    let total: u64 = sorted_us.iter().map(|&(_, n)| u64::from(n)).sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let rank = (((p / 100.0) * total as f64).ceil() as u64).clamp(1, total);
+    let mut seen = 0;
+    for &(us, n) in sorted_us {
+        seen += u64::from(n);
+        if seen >= rank {
+            return us as f64 / 1000.0;
+        }
+    }
+    unreachable!("rank is at most the total")
+}
+
+/// Opens worker `id`'s connection, prepares its statements and publishes its
+/// backend pid for the chaos agent.
+async fn open(shared: &Shared, id: usize) -> Result<Conn, Failure> {
+    let client = shared.db.connect().await.map_err(Failure::Connect)?;
+    let failed = |client: &Client, error: lockkit::Error| Failure::Ingest {
+        closed: client.is_closed(),
+        error,
+    };
+    let stmts = match strategy::Statements::prepare(&client, shared.strategy).await {
+        Ok(stmts) => stmts,
+        Err(e) => return Err(failed(&client, e)),
+    };
+    let pid: i32 = match client.query_one("SELECT pg_backend_pid()", &[]).await {
+        Ok(row) => row.get(0),
+        Err(e) => return Err(failed(&client, e.into())),
+    };
+    shared.targets.pids[id].store(pid, Ordering::SeqCst);
+    Ok(Conn {
+        client: lockkit::LockClient::new(&shared.locker, client),
+        stmts,
+    })
+}
+
+/// Worker `id`'s connection, ready for a transaction: a new one when it was
+/// closed by a fault or dropped by the "pool".
+async fn ready<'s>(
+    shared: &Shared,
     id: usize,
-) -> Tally {
-    let mut tally = Tally::default();
-    for round in &shared.workload.rounds {
-        let batch = &round[id];
-        // Every worker starts the round together: the two copies of a
-        // duplicate arrive at the same moment.
-        shared.barrier.wait().await;
-        let start = Instant::now();
-        for chunk in batch.chunks(shared.budgeting.chunk(batch.len())) {
-            let mut attempts = 0;
-            loop {
-                attempts += 1;
-                tally.transactions += 1;
-                let result = strategy::ingest(
-                    &mut client,
-                    shared.strategy,
-                    shared.budgeting,
-                    &shared.locker,
-                    &stmts,
-                    chunk,
-                )
-                .await;
-                match result {
-                    Ok(()) => break,
-                    Err(e) => {
-                        if e.is_deadlock() {
-                            tally.deadlocks += 1;
-                        } else {
-                            let code = e.code().unwrap_or("none").to_owned();
-                            *tally.retried.entry(code).or_default() += 1;
-                        }
-                        if attempts >= MAX_ATTEMPTS || e.is_connection_lost() {
-                            tally.lost_events += chunk.len() as u64;
-                            break;
-                        }
-                    }
+    slot: &'s mut Option<Conn>,
+    tally: &Mutex<Tally>,
+) -> Result<&'s mut Conn, Failure> {
+    if shared.targets.drop_connection[id].swap(false, Ordering::SeqCst) {
+        *slot = None;
+    }
+    if slot.as_ref().is_some_and(|c| c.client.is_closed()) {
+        *slot = None;
+    }
+    match slot {
+        Some(conn) => Ok(conn),
+        None => {
+            let result = open(shared, id).await;
+            let mut t = tally.lock().expect("tally lock");
+            match result {
+                Ok(conn) => {
+                    t.reconnects += 1;
+                    Ok(slot.insert(conn))
+                }
+                Err(f) => {
+                    t.record(&f);
+                    Err(f)
                 }
             }
         }
-        tally.latencies_us.push(start.elapsed().as_micros() as u64);
-        shared.progress.inc(batch.len() as u64);
+    }
+}
+
+/// One worker's part of one transaction, owned, so each attempt of
+/// [`retrying`] gets its own copy.
+#[derive(Clone)]
+struct Job {
+    shared: Arc<Shared>,
+    id: usize,
+    slot: Arc<tokio::sync::Mutex<Option<Conn>>>,
+    tally: Arc<Mutex<Tally>>,
+    /// The events: `workload.rounds[round][id][events]`.
+    round: usize,
+    events: Range<usize>,
+}
+
+impl Job {
+    fn keys(&self) -> &[Uuid] {
+        &self.shared.workload.rounds[self.round][self.id][self.events.clone()]
+    }
+
+    /// One attempt at ingesting the job's events in one transaction.
+    /// Failures are recorded in the tally before they are returned.
+    async fn ingest(self) -> Result<(), Failure> {
+        let shared = &*self.shared;
+        let mut slot = self.slot.lock().await;
+        let conn = ready(shared, self.id, &mut slot, &self.tally).await?;
+        self.tally.lock().expect("tally lock").transactions += 1;
+        let result = strategy::ingest(
+            &mut conn.client,
+            shared.strategy,
+            shared.budgeting,
+            &conn.stmts,
+            self.keys(),
+        )
+        .await;
+        result.map_err(|error| {
+            let failure = Failure::Ingest {
+                closed: conn.client.is_closed(),
+                error,
+            };
+            self.tally.lock().expect("tally lock").record(&failure);
+            failure
+        })
+    }
+
+    /// Makes sure the worker has a connection.
+    async fn connect(self) -> Result<(), Failure> {
+        let mut slot = self.slot.lock().await;
+        ready(&self.shared, self.id, &mut slot, &self.tally)
+            .await
+            .map(|_| ())
+    }
+}
+
+async fn worker(conn: Conn, shared: Arc<Shared>, id: usize) -> Tally {
+    let slot = Arc::new(tokio::sync::Mutex::new(Some(conn)));
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    for (round, batches) in shared.workload.rounds.iter().enumerate() {
+        let batch = batches[id].len();
+        // Every worker starts the round together: the two copies of a
+        // duplicate arrive at the same moment.
+        shared.barrier.wait().await;
+        let arrived = Instant::now();
+        let chunk = shared.budgeting.chunk(batch);
+        for start in (0..batch).step_by(chunk) {
+            let job = Job {
+                shared: Arc::clone(&shared),
+                id,
+                slot: Arc::clone(&slot),
+                tally: Arc::clone(&tally),
+                round,
+                events: start..(start + chunk).min(batch),
+            };
+            let len = job.events.len();
+            let committed = if shared.strategy == Strategy::AckEarly {
+                ack_early(job).await
+            } else {
+                retrying(job, Job::ingest).await.is_ok()
+            };
+            let mut t = tally.lock().expect("tally lock");
+            if committed {
+                let us = arrived.elapsed().as_micros() as u64;
+                t.event_latencies_us.push((us, len as u32));
+            } else {
+                t.lost_events += len as u64;
+            }
+        }
+        tally
+            .lock()
+            .expect("tally lock")
+            .batch_latencies_us
+            .push(arrived.elapsed().as_micros() as u64);
+        shared.progress.inc(batch as u64);
+        shared
+            .ingested
+            .send_modify(|n| *n = n.saturating_add(batch as u64));
     }
     // Statistics reach pg_stat_user_tables when a backend flushes them (at
     // most once a second, or when it exits); ask for it now.
-    let _ = client
-        .batch_execute("SELECT pg_stat_force_next_flush()")
-        .await;
-    tally
+    if let Some(conn) = slot.lock().await.as_ref() {
+        let _ = conn
+            .client
+            .batch_execute("SELECT pg_stat_force_next_flush()")
+            .await;
+    }
+    drop(slot);
+    match Arc::try_unwrap(tally) {
+        Ok(tally) => tally.into_inner().expect("tally lock"),
+        Err(_) => unreachable!("every job of the worker is done"),
+    }
+}
+
+/// The `ack-early` control: a connection is found (retried, nothing is
+/// acknowledged yet), then the events are acknowledged and the transaction
+/// runs once. When it fails, the worker has already let the events go:
+/// it says it committed them. Only the exactly-once check can tell.
+async fn ack_early(job: Job) -> bool {
+    if retrying(job.clone(), Job::connect).await.is_err() {
+        return false;
+    }
+    let (tally, len) = (Arc::clone(&job.tally), job.events.len());
+    if job.ingest().await.is_err() {
+        tally.lock().expect("tally lock").acked_then_failed += len as u64;
+    }
+    true
 }
 
 #[cfg(test)]
@@ -405,5 +711,16 @@ mod tests {
         assert_eq!(percentile_ms(&v, 100.0), 100.0);
         assert_eq!(percentile_ms(&[7000], 99.0), 7.0);
         assert_eq!(percentile_ms(&[], 99.0), 0.0);
+    }
+
+    #[test]
+    fn weighted_nearest_rank() {
+        // 90 events at 1 ms, 10 at 5 ms.
+        let v = [(1000, 90), (5000, 10)];
+        assert_eq!(weighted_percentile_ms(&v, 50.0), 1.0);
+        assert_eq!(weighted_percentile_ms(&v, 90.0), 1.0);
+        assert_eq!(weighted_percentile_ms(&v, 91.0), 5.0);
+        assert_eq!(weighted_percentile_ms(&v, 99.0), 5.0);
+        assert_eq!(weighted_percentile_ms(&[], 99.0), 0.0);
     }
 }

@@ -1,12 +1,14 @@
-//! The three ways of ingesting a batch exactly once (and a control that is
-//! not exactly once), each as one transaction.
+//! The ways of ingesting a batch exactly once, and the controls that are not
+//! exactly once, each as one transaction.
 
 use std::fmt;
 
 use futures_util::future::try_join;
-use lockkit::{AdvisoryKey, Batch, Locker, Prepared};
+use lockkit::{AdvisoryKey, Batch, KeySpec, LockClient, LockKey};
 use tokio_postgres::{Client, Statement};
 use uuid::Uuid;
+
+use super::budget::Budgeting;
 
 /// An event's idempotency key, locked one key per event.
 #[derive(AdvisoryKey, Debug, Clone, Copy)]
@@ -15,18 +17,25 @@ pub struct Event {
     pub business_key: Uuid,
 }
 
-/// Stripes of [`StripedEvent`]: every event folds onto one of this many
-/// keys, so a batch of any size takes at most this many locks. It is a
-/// property of the type (every process must agree), and it equals
-/// PostgreSQL's default `max_locks_per_transaction`.
-pub const STRIPES: usize = 64;
-
-/// The same idempotency key folded onto [`STRIPES`] keys.
-#[derive(AdvisoryKey, Debug, Clone, Copy)]
-#[advisory_key(namespace = "EventStripe", stripes = 64)]
+/// The same idempotency key folded onto a number of stripes chosen per run
+/// from the lock budget (see [`Budgeting::decide`]), so a batch of any size
+/// takes at most that many locks. Every process that locks these keys must
+/// use the same stripe count: it is part of the key.
+#[derive(Debug, Clone, Copy)]
 pub struct StripedEvent {
     /// The client-generated idempotency key.
     pub business_key: Uuid,
+    /// Stripes of the run.
+    pub stripes: u64,
+}
+
+impl AdvisoryKey for StripedEvent {
+    const KEY_SPEC: KeySpec<'static> = KeySpec::new("EventStripe");
+    fn lock_key(&self) -> LockKey {
+        Self::KEY_SPEC
+            .stripes(self.stripes.max(1))
+            .key_of(&self.business_key)
+    }
 }
 
 /// How a batch is ingested.
@@ -34,6 +43,7 @@ pub struct StripedEvent {
 pub enum Strategy {
     /// lockkit: `pg_advisory_xact_lock` on every event's key, as one sorted
     /// batch, then `INSERT … ON CONFLICT DO NOTHING`, as the notes chose.
+    /// The unique index would keep exactly-once without the locks.
     Advisory,
     /// A plain `INSERT … ON CONFLICT DO NOTHING` on the unique key: the
     /// contention happens inside the unique index.
@@ -41,9 +51,20 @@ pub enum Strategy {
     /// Check-then-insert on a reservation table: `SELECT … FOR UPDATE` the
     /// reservations that exist, insert the missing ones and their events.
     ForUpdate,
-    /// Control, not exactly once: check-then-insert with no lock and no
-    /// unique index. Shows that the duplicate check can fail.
+    /// lockkit's locks alone carry exactly-once: the events table has no
+    /// unique index; the batch's keys are locked, then the events that
+    /// exist are looked up and the missing ones inserted. The same
+    /// statements as `no-lock`, plus the locks.
+    LockOnly,
+    /// Control, not exactly once: `lock-only` without the locks
+    /// (check-then-insert, no unique index). Concurrent copies of a key both
+    /// see it missing and both insert it: duplicates.
     NoLock,
+    /// Control for `--chaos`, not exactly once: `lock-only`, but the worker
+    /// acknowledges a transaction's events as soon as it begins, before its
+    /// commit, and does not retry them. A transaction killed by the chaos
+    /// loses its events: missing rows.
+    AckEarly,
 }
 
 impl Strategy {
@@ -53,8 +74,24 @@ impl Strategy {
             Strategy::Advisory => "advisory",
             Strategy::OnConflict => "on-conflict",
             Strategy::ForUpdate => "for-update",
+            Strategy::LockOnly => "lock-only",
             Strategy::NoLock => "no-lock",
+            Strategy::AckEarly => "ack-early",
         }
+    }
+
+    /// Whether the strategy takes lockkit's advisory locks (and so is
+    /// subject to the lock budget).
+    pub fn locks(self) -> bool {
+        matches!(
+            self,
+            Strategy::Advisory | Strategy::LockOnly | Strategy::AckEarly
+        )
+    }
+
+    /// Whether this is a control, built to fail the exactly-once check.
+    pub fn is_control(self) -> bool {
+        matches!(self, Strategy::NoLock | Strategy::AckEarly)
     }
 
     /// The tables this strategy ingests into, created fresh (autovacuum off,
@@ -75,7 +112,7 @@ impl Strategy {
             }
             // The reservation (or nothing, for the control) is the gate; the
             // events are still looked up by key.
-            Strategy::ForUpdate | Strategy::NoLock => {
+            Strategy::ForUpdate | Strategy::LockOnly | Strategy::NoLock | Strategy::AckEarly => {
                 "CREATE INDEX ingest_events_key ON ingest_events (business_key);"
             }
         });
@@ -95,79 +132,11 @@ impl fmt::Display for Strategy {
     }
 }
 
-/// What to do with batches larger than the lock budget (advisory only).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum BudgetMode {
-    /// Smaller transactions: split the batch into transactions of at most
-    /// the budget's number of events.
-    Split,
-    /// Striping: lock [`StripedEvent`] keys, so a whole batch takes at most
-    /// [`STRIPES`] locks in one transaction.
-    Stripe,
-}
-
-/// How the advisory strategy fits its batches into the lock budget, decided
-/// once per run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Budgeting {
-    /// The batch fits the budget: one transaction, one key per event.
-    Fits,
-    /// Transactions of at most `chunk` events, one key per event.
-    Split {
-        /// Events per transaction.
-        chunk: usize,
-    },
-    /// One transaction per batch, on [`STRIPES`] striped keys.
-    Stripe,
-}
-
-impl Budgeting {
-    /// Decides for batches of `batch` events under a budget of `budget` keys
-    /// per transaction. Striping falls back to splitting when even the
-    /// stripes exceed the budget.
-    pub fn decide(batch: usize, budget: usize, mode: BudgetMode) -> Budgeting {
-        if batch <= budget {
-            Budgeting::Fits
-        } else if mode == BudgetMode::Stripe && STRIPES <= budget {
-            Budgeting::Stripe
-        } else {
-            Budgeting::Split {
-                chunk: budget.max(1),
-            }
-        }
-    }
-
-    /// Events per transaction for batches of `batch` events.
-    pub(crate) fn chunk(self, batch: usize) -> usize {
-        match self {
-            Budgeting::Split { chunk } => chunk,
-            Budgeting::Fits | Budgeting::Stripe => batch.max(1),
-        }
-    }
-
-    /// A sentence for the report.
-    pub fn describe(self, batch: usize, budget: usize) -> String {
-        match self {
-            Budgeting::Fits => format!(
-                "batches of {batch} fit the lock budget of {budget}: one transaction and one key per event"
-            ),
-            Budgeting::Split { chunk } => format!(
-                "batches of {batch} exceed the lock budget of {budget}: split into transactions of at most {chunk} events, one key per event (smaller transactions)"
-            ),
-            Budgeting::Stripe => format!(
-                "batches of {batch} exceed the lock budget of {budget}: one transaction per batch on {STRIPES} striped keys (#[advisory_key(stripes = {STRIPES})])"
-            ),
-        }
-    }
-}
-
 /// The statements of one strategy, prepared on one worker's connection.
 pub(crate) struct Statements {
     insert: Statement,
     check: Option<Statement>,
     reserve: Option<Statement>,
-    /// lockkit's lock statements, prepared like the others.
-    locks: Option<Prepared>,
 }
 
 const INSERT_ON_CONFLICT: &str = "INSERT INTO ingest_events (business_key, payload)
@@ -187,59 +156,67 @@ impl Statements {
     pub(crate) async fn prepare(
         client: &Client,
         strategy: Strategy,
-        locker: &Locker,
     ) -> Result<Statements, lockkit::Error> {
         Ok(match strategy {
             Strategy::Advisory => Statements {
                 insert: client.prepare(INSERT_ON_CONFLICT).await?,
                 check: None,
                 reserve: None,
-                locks: Some(locker.prepare(client).await?),
             },
             Strategy::OnConflict => Statements {
                 insert: client.prepare(INSERT_ON_CONFLICT).await?,
                 check: None,
                 reserve: None,
-                locks: None,
             },
             Strategy::ForUpdate => Statements {
                 insert: client.prepare(INSERT_PLAIN).await?,
                 check: Some(client.prepare(CHECK_RESERVATIONS).await?),
                 reserve: Some(client.prepare(RESERVE).await?),
-                locks: None,
+            },
+            Strategy::LockOnly | Strategy::AckEarly => Statements {
+                insert: client.prepare(INSERT_PLAIN).await?,
+                check: Some(client.prepare(CHECK_EVENTS).await?),
+                reserve: None,
             },
             Strategy::NoLock => Statements {
                 insert: client.prepare(INSERT_PLAIN).await?,
                 check: Some(client.prepare(CHECK_EVENTS).await?),
                 reserve: None,
-                locks: None,
             },
         })
     }
 }
 
+/// The keys an advisory strategy locks for `keys`: one per event, or one
+/// per stripe.
+fn lock_batch_of(budgeting: Budgeting, keys: &[Uuid]) -> Batch {
+    match budgeting {
+        Budgeting::Stripe { stripes } => keys
+            .iter()
+            .map(|&business_key| StripedEvent {
+                business_key,
+                stripes,
+            })
+            .collect(),
+        Budgeting::Fits | Budgeting::Split { .. } => keys
+            .iter()
+            .map(|&business_key| Event { business_key })
+            .collect(),
+    }
+}
+
 /// Ingests `keys` in one transaction, the way `strategy` does.
 pub(crate) async fn ingest(
-    client: &mut Client,
+    client: &mut LockClient,
     strategy: Strategy,
     budgeting: Budgeting,
-    locker: &Locker,
     stmts: &Statements,
     keys: &[Uuid],
 ) -> Result<(), lockkit::Error> {
     match strategy {
         Strategy::Advisory => {
-            let batch: Batch = if budgeting == Budgeting::Stripe {
-                keys.iter()
-                    .map(|&business_key| StripedEvent { business_key })
-                    .collect()
-            } else {
-                keys.iter()
-                    .map(|&business_key| Event { business_key })
-                    .collect()
-            };
-            let prepared = stmts.locks.as_ref().expect("prepared for this strategy");
-            let tx = locker.begin_prepared(client, prepared).await?;
+            let batch = lock_batch_of(budgeting, keys);
+            let tx = client.begin().await?;
             {
                 // The lock statement goes out first and the insert right
                 // behind it: the server runs them in order, so the insert
@@ -250,6 +227,35 @@ pub(crate) async fn ingest(
                         .map_err(lockkit::Error::from)
                 };
                 let (_held, _) = try_join(tx.lock_batch(&batch), insert).await?;
+            }
+            tx.commit().await
+        }
+        Strategy::LockOnly | Strategy::AckEarly => {
+            let batch = lock_batch_of(budgeting, keys);
+            let check = stmts.check.as_ref().expect("prepared for this strategy");
+            let tx = client.begin().await?;
+            let found = {
+                // The check goes out right behind the lock statement. Under
+                // READ COMMITTED it takes its snapshot when it starts, after
+                // every key is locked: a copy committed by the worker that
+                // held a key before us is visible to it.
+                let lookup = async {
+                    tx.query(check, &[&keys])
+                        .await
+                        .map_err(lockkit::Error::from)
+                };
+                let (_held, rows) = try_join(tx.lock_batch(&batch), lookup).await?;
+                rows.iter()
+                    .map(|row| row.get(0))
+                    .collect::<std::collections::HashSet<Uuid>>()
+            };
+            let missing: Vec<Uuid> = keys
+                .iter()
+                .filter(|k| !found.contains(k))
+                .copied()
+                .collect();
+            if !missing.is_empty() {
+                tx.execute(&stmts.insert, &[&missing]).await?;
             }
             tx.commit().await
         }
@@ -291,37 +297,18 @@ mod tests {
 
     #[test]
     fn striped_keys_fold_onto_the_stripes() {
-        let keys: std::collections::HashSet<_> = (0..10_000u128)
-            .map(|i| {
-                StripedEvent {
-                    business_key: Uuid::from_u128(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-                }
-                .lock_key()
-            })
-            .collect();
-        assert!(keys.len() <= STRIPES, "{} keys", keys.len());
-        assert!(keys.len() > STRIPES / 2);
-    }
-
-    #[test]
-    fn budgeting() {
-        assert_eq!(
-            Budgeting::decide(50, 64, BudgetMode::Stripe),
-            Budgeting::Fits
-        );
-        assert_eq!(
-            Budgeting::decide(500, 64, BudgetMode::Split),
-            Budgeting::Split { chunk: 64 }
-        );
-        assert_eq!(
-            Budgeting::decide(500, 64, BudgetMode::Stripe),
-            Budgeting::Stripe
-        );
-        assert_eq!(
-            Budgeting::decide(500, 32, BudgetMode::Stripe),
-            Budgeting::Split { chunk: 32 }
-        );
-        assert_eq!(Budgeting::decide(500, 64, BudgetMode::Split).chunk(500), 64);
-        assert_eq!(Budgeting::Stripe.chunk(500), 500);
+        for stripes in [64_u64, 700] {
+            let keys: std::collections::HashSet<_> = (0..10_000u128)
+                .map(|i| {
+                    StripedEvent {
+                        business_key: Uuid::from_u128(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                        stripes,
+                    }
+                    .lock_key()
+                })
+                .collect();
+            assert!(keys.len() as u64 <= stripes, "{} keys", keys.len());
+            assert!(keys.len() as u64 > stripes / 2);
+        }
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use crate::engine::config::{Config, OrderCheck};
-use crate::engine::error::Error;
+use crate::engine::error::{Error, ErrorKind};
 use crate::engine::plan::{Mode, Plan};
 use crate::key::LockKey;
 
@@ -45,7 +45,7 @@ impl Entry {
 ///
 /// For driver adapters; applications use it through a transaction type.
 #[derive(Debug, Default)]
-pub struct TxLocks {
+pub(crate) struct TxLocks {
     held: BTreeMap<LockKey, Entry>,
     in_flight: bool,
     poisoned: bool,
@@ -53,40 +53,31 @@ pub struct TxLocks {
 }
 
 impl TxLocks {
-    /// Bookkeeping for a new transaction that holds nothing.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// Distinct keys held.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.held.len()
     }
 
-    /// Whether nothing is held.
-    pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
-    }
-
     /// The mode `key` is held in, if it is.
-    pub fn mode(&self, key: LockKey) -> Option<Mode> {
+    pub(crate) fn mode(&self, key: LockKey) -> Option<Mode> {
         self.held.get(&key).and_then(Entry::mode)
     }
 
     /// The held keys in the global order.
-    pub fn keys(&self) -> impl Iterator<Item = (LockKey, Mode)> + '_ {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = (LockKey, Mode)> + '_ {
         self.held
             .iter()
             .filter_map(|(k, e)| e.mode().map(|m| (*k, m)))
     }
 
     /// Whether a cancelled lock call left the held set unknown.
-    pub fn is_poisoned(&self) -> bool {
+    pub(crate) fn is_poisoned(&self) -> bool {
         self.poisoned
     }
 
     /// Decides what a request must send: the keys (already in global order)
-    /// not yet held in a covering mode. Checks poisoning, the abort state, the
+    /// not yet held in a covering mode, and, under [`OrderCheck::Warn`], the
+    /// (held, requested) keys of an order violation to warn about. Checks poisoning, the abort state, the
     /// budget and the lock order first; on any error nothing is to be sent and
     /// nothing changes.
     ///
@@ -95,20 +86,20 @@ impl TxLocks {
     /// [`Error::Poisoned`], [`Error::LockInFlight`], [`Error::TransactionAborted`],
     /// [`Error::BudgetExceeded`], and [`Error::LockOrder`] when `config` says
     /// order violations are errors.
-    pub fn plan(
+    pub(crate) fn plan(
         &self,
         request: impl IntoIterator<Item = (LockKey, Mode)>,
         allowed: usize,
         config: &Config,
-    ) -> Result<Plan, Error> {
+    ) -> Result<(Plan, Option<(LockKey, LockKey)>), Error> {
         if self.poisoned {
-            return Err(Error::Poisoned);
+            return Err(Error::new(ErrorKind::Poisoned));
         }
         if self.in_flight {
-            return Err(Error::LockInFlight);
+            return Err(Error::new(ErrorKind::LockInFlight));
         }
         if self.aborted_at.is_some() {
-            return Err(Error::TransactionAborted { source: None });
+            return Err(Error::new(ErrorKind::TransactionAborted));
         }
         let plan = Plan::from_sorted(
             request
@@ -117,36 +108,25 @@ impl TxLocks {
         );
         let new = plan.keys().filter(|k| !self.held.contains_key(k)).count();
         if self.held.len() + new > allowed {
-            return Err(Error::BudgetExceeded {
-                held: self.held.len(),
-                requested: new,
-                allowed,
-            });
+            return Err(Error::budget(self.held.len(), new, allowed));
         }
+        let mut out_of_order = None;
         if let (Some(first), Some((&held, _))) = (plan.keys().next(), self.held.last_key_value()) {
             if first < held {
                 match config.order_check {
                     OrderCheck::Off => {}
-                    OrderCheck::Warn => tracing::warn!(
-                        %held, requested = %first,
-                        "lockkit: advisory lock requested below a key already held; this order can deadlock (take keys in one batch)"
-                    ),
-                    OrderCheck::Error => {
-                        return Err(Error::LockOrder {
-                            held,
-                            requested: first,
-                        })
-                    }
+                    OrderCheck::Warn => out_of_order = Some((held, first)),
+                    OrderCheck::Error => return Err(Error::lock_order(held, first)),
                 }
             }
         }
-        Ok(plan)
+        Ok((plan, out_of_order))
     }
 
     /// Marks the start of sending `plan`. Until [`TxLocks::finish`] the
     /// transaction counts as poisoned: a caller that never finishes (a
     /// dropped future) leaves it poisoned for good.
-    pub fn start(&mut self) {
+    pub(crate) fn start(&mut self) {
         self.in_flight = true;
     }
 
@@ -157,7 +137,7 @@ impl TxLocks {
     /// may be partly held: they are recorded as held (so the budget stays
     /// conservative) and every later request fails until a rollback to
     /// `depth` or above forgets them.
-    pub fn finish(&mut self, plan: &Plan, depth: u32, acquired: bool, aborted: bool) {
+    pub(crate) fn finish(&mut self, plan: &Plan, depth: u32, acquired: bool, aborted: bool) {
         self.in_flight = false;
         if acquired || aborted {
             for (key, mode) in plan.keys().zip(plan.modes()) {
@@ -173,13 +153,13 @@ impl TxLocks {
     }
 
     /// Marks the transaction poisoned (a request's outcome is unknown).
-    pub fn poison(&mut self) {
+    pub(crate) fn poison(&mut self) {
         self.poisoned = true;
     }
 
     /// The savepoint at `depth` was released: what it took now belongs to
     /// `depth - 1`.
-    pub fn release_savepoint(&mut self, depth: u32) {
+    pub(crate) fn release_savepoint(&mut self, depth: u32) {
         for e in self.held.values_mut() {
             for slot in [&mut e.shared, &mut e.exclusive] {
                 if *slot >= Some(depth) {
@@ -194,7 +174,7 @@ impl TxLocks {
 
     /// The savepoint at `depth` was rolled back: the server released what it
     /// (and deeper savepoints) took.
-    pub fn rollback_savepoint(&mut self, depth: u32) {
+    pub(crate) fn rollback_savepoint(&mut self, depth: u32) {
         self.held.retain(|_, e| {
             for slot in [&mut e.shared, &mut e.exclusive] {
                 if *slot >= Some(depth) {
@@ -225,40 +205,44 @@ mod tests {
 
     #[test]
     fn relock_sends_nothing_and_upgrade_sends() {
-        let mut t = TxLocks::new();
+        let mut t = TxLocks::default();
         let c = cfg(OrderCheck::Error);
         let p = t
             .plan(req(&[(1, Mode::Shared), (2, Mode::Exclusive)]), 10, &c)
-            .unwrap();
+            .unwrap()
+            .0;
         t.start();
         t.finish(&p, 0, true, false);
         assert_eq!(t.len(), 2);
         assert_eq!(
             t.plan(req(&[(1, Mode::Shared), (2, Mode::Shared)]), 10, &c)
                 .unwrap()
+                .0
                 .len(),
             0
         );
-        let up = t.plan(req(&[(2, Mode::Exclusive)]), 10, &c).unwrap();
+        let up = t.plan(req(&[(2, Mode::Exclusive)]), 10, &c).unwrap().0;
         assert_eq!(up.len(), 0);
         // Upgrading 1 sorts below 2, already held: an order violation.
         assert!(matches!(
             t.plan(req(&[(1, Mode::Exclusive)]), 10, &c),
-            Err(Error::LockOrder { .. })
+            Err(e) if e.kind() == ErrorKind::LockOrder
         ));
         let up = t
             .plan(req(&[(1, Mode::Exclusive)]), 10, &cfg(OrderCheck::Off))
-            .unwrap();
+            .unwrap()
+            .0;
         assert_eq!(up.len(), 1);
     }
 
     #[test]
     fn budget_counts_distinct_new_keys() {
-        let mut t = TxLocks::new();
+        let mut t = TxLocks::default();
         let c = cfg(OrderCheck::Off);
         let p = t
             .plan(req(&[(1, Mode::Exclusive), (2, Mode::Exclusive)]), 3, &c)
-            .unwrap();
+            .unwrap()
+            .0;
         t.start();
         t.finish(&p, 0, true, false);
         let err = t
@@ -272,20 +256,11 @@ mod tests {
                 &c,
             )
             .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::BudgetExceeded {
-                    held: 2,
-                    requested: 2,
-                    allowed: 3
-                }
-            ),
-            "{err}"
-        );
+        assert_eq!(err.budget_counts(), Some((2, 2, 3)), "{err}");
         assert_eq!(
             t.plan(req(&[(2, Mode::Exclusive), (3, Mode::Exclusive)]), 3, &c)
                 .unwrap()
+                .0
                 .len(),
             1
         );
@@ -293,14 +268,14 @@ mod tests {
 
     #[test]
     fn savepoints_forget_and_keep() {
-        let mut t = TxLocks::new();
+        let mut t = TxLocks::default();
         let c = cfg(OrderCheck::Off);
         for (key, depth) in [(1, 0), (2, 1), (3, 2)] {
-            let p = t.plan(req(&[(key, Mode::Shared)]), 10, &c).unwrap();
+            let p = t.plan(req(&[(key, Mode::Shared)]), 10, &c).unwrap().0;
             t.start();
             t.finish(&p, depth, true, false);
         }
-        let p = t.plan(req(&[(1, Mode::Exclusive)]), 10, &c).unwrap();
+        let p = t.plan(req(&[(1, Mode::Exclusive)]), 10, &c).unwrap().0;
         t.start();
         t.finish(&p, 2, true, false);
         t.release_savepoint(2);
@@ -313,33 +288,33 @@ mod tests {
 
     #[test]
     fn unfinished_request_poisons_and_abort_needs_rollback() {
-        let mut t = TxLocks::new();
+        let mut t = TxLocks::default();
         let c = cfg(OrderCheck::Off);
-        let p = t.plan(req(&[(1, Mode::Exclusive)]), 10, &c).unwrap();
+        let p = t.plan(req(&[(1, Mode::Exclusive)]), 10, &c).unwrap().0;
         t.start();
         assert!(matches!(
             t.plan(req(&[(2, Mode::Exclusive)]), 10, &c),
-            Err(Error::LockInFlight)
+            Err(e) if e.kind() == ErrorKind::LockInFlight
         ));
         t.finish(&p, 1, false, true);
         assert!(matches!(
             t.plan(req(&[(2, Mode::Exclusive)]), 10, &c),
-            Err(Error::TransactionAborted { .. })
+            Err(e) if e.kind() == ErrorKind::TransactionAborted
         ));
         t.rollback_savepoint(1);
-        assert!(t.is_empty());
+        assert_eq!(t.len(), 0);
         assert!(t.plan(req(&[(2, Mode::Exclusive)]), 10, &c).is_ok());
         t.start();
         t.poison();
         assert!(matches!(
             t.plan(req(&[(2, Mode::Exclusive)]), 10, &c),
-            Err(Error::Poisoned)
+            Err(e) if e.kind() == ErrorKind::Poisoned
         ));
         t.rollback_savepoint(0);
         assert!(
             matches!(
                 t.plan(req(&[(2, Mode::Exclusive)]), 10, &c),
-                Err(Error::Poisoned)
+                Err(e) if e.kind() == ErrorKind::Poisoned
             ),
             "poison lasts until the transaction ends"
         );

@@ -2,17 +2,29 @@
 
 /// What to do when a transaction asks for a key that sorts below a key it
 /// already holds (two such transactions can deadlock).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+///
+/// The default fails in debug builds (`debug_assertions`), as lockdep does,
+/// so tests catch the pattern; release builds warn through `tracing`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OrderCheck {
     /// Say nothing.
     Off,
-    /// Log a `tracing` warning and take the lock (the default).
-    #[default]
+    /// Log a `tracing` warning and take the lock (the release-build default).
     Warn,
-    /// Fail with [`Error::LockOrder`](crate::Error::LockOrder) before sending
-    /// anything.
+    /// Fail with [`ErrorKind::LockOrder`](crate::ErrorKind::LockOrder) before
+    /// sending anything (the debug-build default).
     Error,
+}
+
+impl Default for OrderCheck {
+    fn default() -> Self {
+        if cfg!(debug_assertions) {
+            OrderCheck::Error
+        } else {
+            OrderCheck::Warn
+        }
+    }
 }
 
 /// The policy a locker enforces on every transaction.
@@ -26,16 +38,72 @@ pub enum OrderCheck {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Config {
     pub(crate) budget: Option<usize>,
+    pub(crate) lockers: Option<usize>,
     pub(crate) order_check: OrderCheck,
     pub(crate) allow_standby: bool,
+    pub(crate) statements: StatementMode,
+}
+
+/// How an adapter sends lockkit's statements.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StatementMode {
+    /// Prepared once per connection and reused (the default): a lock costs
+    /// the server no parse and plan.
+    #[default]
+    Prepared,
+    /// Sent unnamed every time (parse, bind and execute in one round trip),
+    /// for poolers that do not keep named prepared statements.
+    Unnamed,
 }
 
 impl Config {
-    /// At most `max` distinct keys per transaction. The default is the
-    /// server's `max_locks_per_transaction`, learned when the locker connects.
+    /// At most `max` distinct keys per transaction. Without it (and without
+    /// [`Config::concurrent_lockers`]) the budget is the server's
+    /// `max_locks_per_transaction`, learned when the locker connects.
     pub fn budget(mut self, max: usize) -> Self {
         self.budget = Some(max);
         self
+    }
+
+    /// Sizes the budget from the server's shared lock table instead: its
+    /// capacity is `max_locks_per_transaction × (max_connections +
+    /// max_prepared_transactions)` entries (what `lockkit check` prints),
+    /// shared by every session's relation and advisory locks. With `lockers`
+    /// transactions taking advisory locks at once, each gets an even share of
+    /// half the table, so that all of them together leave the other half to
+    /// everything else:
+    ///
+    /// `budget = capacity / 2 / lockers`, never below the server's
+    /// `max_locks_per_transaction`, which PostgreSQL sizes its table to grant
+    /// any one transaction.
+    ///
+    /// On a default server (64 × (100 + 0) = 6,400 entries) and 8 lockers
+    /// that is 400 keys per transaction, where the flat default is 64: a
+    /// 500-event batch fits in one transaction when 6 lock at once, and a
+    /// transaction that would crowd out the others is still refused.
+    /// [`Config::budget`] wins when both are set.
+    ///
+    /// ```
+    /// use lockkit::{Config, Policy, ServerFacts};
+    /// # let facts = ServerFacts::assumed(64, 100, 0);
+    /// let policy = Policy::new(Config::default().concurrent_lockers(8), facts);
+    /// assert_eq!(policy.budget(), 400);
+    /// ```
+    pub fn concurrent_lockers(mut self, lockers: usize) -> Self {
+        self.lockers = Some(lockers.max(1));
+        self
+    }
+
+    /// The budget this configuration gives on a server with `facts`.
+    pub(crate) fn budget_for(&self, facts: &crate::engine::facts::ServerFacts) -> usize {
+        match (self.budget, self.lockers) {
+            (Some(max), _) => max,
+            (None, Some(lockers)) => {
+                (facts.lock_table_capacity() / 2 / lockers).max(facts.max_locks_per_transaction())
+            }
+            (None, None) => facts.max_locks_per_transaction(),
+        }
     }
 
     /// The configured budget, `None` for the server's
@@ -54,6 +122,19 @@ impl Config {
     /// [`Config::allow_standby`]).
     pub fn standby_allowed(&self) -> bool {
         self.allow_standby
+    }
+
+    /// How lockkit's statements are sent: prepared once per connection (the
+    /// default), or unnamed, for transaction-mode poolers that do not keep
+    /// named prepared statements.
+    pub fn statements(mut self, mode: StatementMode) -> Self {
+        self.statements = mode;
+        self
+    }
+
+    /// The statement mode.
+    pub fn statement_mode(&self) -> StatementMode {
+        self.statements
     }
 
     /// Take locks on a hot standby too (refused by default: they exclude

@@ -1,6 +1,8 @@
-//! lockkit's one error type, shared by every driver adapter.
+//! lockkit's one error type, shared by every driver adapter, and the one
+//! place where a driver's error becomes one of lockkit's kinds.
 
 use std::error::Error as StdError;
+use std::fmt;
 use std::time::Duration;
 
 use crate::key::namespace::NamespaceError;
@@ -9,7 +11,7 @@ use crate::key::LockKey;
 /// A boxed driver error (`tokio_postgres::Error`, `diesel::result::Error`, …).
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
-/// SQLSTATE codes lockkit maps to their own variants.
+/// SQLSTATE codes lockkit maps to their own kinds.
 pub mod sqlstate {
     /// `40P01 deadlock_detected`.
     pub const DEADLOCK_DETECTED: &str = "40P01";
@@ -17,7 +19,7 @@ pub mod sqlstate {
     pub const SERIALIZATION_FAILURE: &str = "40001";
     /// `55P03 lock_not_available`: `lock_timeout` expired.
     pub const LOCK_NOT_AVAILABLE: &str = "55P03";
-    /// `57014 query_canceled`: `statement_timeout` expired (or a cancel request).
+    /// `57014 query_canceled`: `statement_timeout` expired, or a cancel request.
     pub const QUERY_CANCELED: &str = "57014";
     /// `53200 out_of_memory`: "out of shared memory", the lock table is full.
     pub const OUT_OF_MEMORY: &str = "53200";
@@ -29,380 +31,673 @@ pub mod sqlstate {
     pub const CRASH_SHUTDOWN: &str = "57P02";
     /// `57P03 cannot_connect_now`.
     pub const CANNOT_CONNECT_NOW: &str = "57P03";
+    /// `25P03 idle_in_transaction_session_timeout`.
+    pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
 }
 
-/// Everything that can go wrong taking an advisory lock.
-///
-/// Callers branch on the accessors ([`Error::is_timeout`],
-/// [`Error::is_deadlock`], [`Error::is_transient`], [`Error::code`]) rather
-/// than on variants, which may grow. [`std::error::Error::source`] chains to
-/// the driver's error where there is one.
-#[derive(Debug, thiserror::Error)]
+/// What went wrong, to match on. New kinds may be added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Error {
-    /// The lock (or the whole batch) was not granted within the timeout. The
-    /// transaction is still usable and holds none of the keys requested.
-    #[error("timed out after {timeout:?} waiting for {keys} advisory lock(s)")]
-    Timeout {
-        /// The timeout that expired.
-        timeout: Duration,
-        /// How many keys were requested.
-        keys: usize,
-        /// The server's error (`55P03` or `57014`).
-        #[source]
-        source: BoxError,
-    },
-    /// The server detected a deadlock (`40P01`) and aborted this transaction.
-    /// Roll back and retry; taking keys in one batch avoids the cycle.
-    #[error("deadlock detected while acquiring advisory locks; the transaction is aborted")]
-    Deadlock {
-        /// The server's error.
-        #[source]
-        source: BoxError,
-    },
+pub enum ErrorKind {
+    /// A lock was not granted in time: a lockkit timeout, or the session's own
+    /// `lock_timeout` (`55P03`) or `statement_timeout` (`57014`). After a
+    /// lockkit timeout the transaction is still usable and holds none of the
+    /// keys requested; after the session's own timeout it is aborted.
+    Timeout,
+    /// The statement was cancelled by a cancel request (`57014`, "user
+    /// request"): an administrator's `pg_cancel_backend`, or lockkit's own
+    /// cancel of a dropped lock future. Not a timeout.
+    Cancelled,
+    /// The server detected a deadlock (`40P01`) and aborted the transaction.
+    Deadlock,
     /// `40001 serialization_failure`: roll back and retry.
-    #[error("serialization failure; the transaction is aborted")]
-    SerializationFailure {
-        /// The server's error.
-        #[source]
-        source: BoxError,
-    },
-    /// `53200`: the server's shared lock table is full. It is sized by
-    /// `max_locks_per_transaction` × processes and shared by every session,
-    /// so another session's greedy transaction can cause this one's failure.
-    #[error("the server's shared lock table is full (out of shared memory); take fewer locks per transaction, stripe keys, or raise max_locks_per_transaction")]
-    LockTableFull {
-        /// The server's error.
-        #[source]
-        source: BoxError,
-    },
-    /// `25P02`: an earlier statement failed and the transaction is aborted;
-    /// roll back (or roll back to a savepoint).
-    #[error("the transaction is aborted; roll it back before taking locks")]
-    TransactionAborted {
-        /// The server's error, when the server reported it.
-        #[source]
-        source: Option<BoxError>,
-    },
-    /// The connection is gone (`57P01`, a restart, a network failure). The
-    /// server released every lock of the session with it.
-    #[error("the connection to the server was lost; its locks are released")]
-    ConnectionLost {
-        /// The driver's error.
-        #[source]
-        source: BoxError,
-    },
-    /// Taking these keys would take the transaction above its lock budget.
-    /// Nothing was sent; the transaction is still usable.
-    #[error("lock budget exceeded: {held} held + {requested} requested > {allowed} allowed per transaction")]
-    BudgetExceeded {
-        /// Distinct keys the transaction holds.
-        held: usize,
-        /// New distinct keys requested.
-        requested: usize,
-        /// The budget.
-        allowed: usize,
-    },
-    /// A key was requested that sorts below a key the transaction already
-    /// holds: the pattern that deadlocks. Nothing was sent.
-    #[error("lock order violation: {requested} sorts below {held}, already held; take the keys in one batch or in ascending order")]
-    LockOrder {
-        /// The greatest key already held.
-        held: LockKey,
-        /// The smallest new key requested.
-        requested: LockKey,
-    },
-    /// The server is a hot standby: advisory locks there exclude nothing on
-    /// the primary.
-    #[error(
-        "refusing to take advisory locks on a hot standby: they exclude nothing on the primary"
-    )]
+    SerializationFailure,
+    /// `53200`: the server's shared lock table is full.
+    LockTableFull,
+    /// The transaction is aborted (`25P02`, or an earlier lock statement
+    /// failed); roll it back.
+    TransactionAborted,
+    /// The connection is gone; the server released its locks with it.
+    ConnectionLost,
+    /// Taking the keys would exceed the transaction's lock budget. Nothing
+    /// was sent.
+    BudgetExceeded,
+    /// A key was requested below one already held (the pattern that
+    /// deadlocks). Nothing was sent.
+    LockOrder,
+    /// The server is a hot standby; nothing was sent.
     HotStandby,
-    /// An earlier lock call on this transaction was cancelled (its future
-    /// dropped) after its statements were sent, so which keys are held is
-    /// unknown. Every later lock call fails until the transaction ends.
-    #[error(
-        "the transaction is poisoned: an earlier lock call was cancelled mid-flight; roll it back"
-    )]
+    /// An earlier lock call on this transaction was cut off (its future
+    /// dropped, or its reply unusable), so what is held is unknown.
     Poisoned,
-    /// Another lock call on this transaction is still in flight (two lock
-    /// futures polled concurrently on one transaction). Await one before
-    /// starting the next, or put the keys in one batch. Nothing was sent.
-    #[error(
-        "another lock call on this transaction is still in flight; await it first or use one batch"
-    )]
+    /// Another lock call on this transaction is still in flight.
     LockInFlight,
-    /// An xact lock was requested outside a transaction: PostgreSQL would
-    /// release it at the end of the statement, silently.
-    #[error("no transaction is open: a transaction-scoped lock would be released at the end of the statement")]
+    /// No transaction is open: an xact lock would be released at the end
+    /// of its statement.
     NotInTransaction,
-    /// The client's `hashtext` disagrees with the connected server's (its byte
-    /// order, version or collation differ), so `HashText` keys would not
-    /// exclude SQL that locks `hashtext(...)`.
-    #[error("client-side hashtext({probe:?}) = {client} but the server says {server}; HashText keys are refused on this server")]
-    HashtextMismatch {
-        /// The probe string.
-        probe: String,
-        /// The client's value.
-        client: i32,
-        /// The server's value.
-        server: i32,
-    },
-    /// A session lock was refused because the connection goes through a
-    /// transaction-mode pooler (such as pgbouncer with
-    /// `pool_mode = transaction`): the server backend behind it changes
-    /// between transactions. A session lock stays on the server connection
-    /// that took it, which the pooler then hands to other clients, and the
-    /// unlock may reach another backend. Nothing was locked. Connect
-    /// directly to PostgreSQL (or through a session-mode pool) for session
-    /// locks, or use transaction-scoped locks.
-    #[error("refusing a session lock: the connection goes through a transaction-mode pooler (server backend {backend_pid}: {evidence}), so the lock would stay on a server connection that other clients get and the unlock could reach another backend; connect directly to PostgreSQL for session locks, or use transaction-scoped locks")]
-    PooledConnection {
-        /// The server backend the connection was on first.
-        backend_pid: i32,
-        /// What the probe saw, e.g. "another client's transaction was given
-        /// it" or "the next transaction ran on backend 812".
-        evidence: String,
-    },
+    /// The client's `hashtext` disagrees with the server's.
+    HashtextMismatch,
+    /// A plain session-level lock was refused behind a transaction-mode
+    /// pooler.
+    PooledConnection,
+    /// The server answered a lockkit statement with something that is not
+    /// its reply (e.g. a foreign prepared statement of the same name behind
+    /// a pooler). Nothing is known to be held; the transaction is poisoned.
+    UnexpectedReply,
     /// An invalid namespace.
-    #[error(transparent)]
-    Namespace(#[from] NamespaceError),
-    /// Any other error from the database or the driver.
-    #[error("database error{}", code_suffix(.code))]
-    Database {
-        /// The SQLSTATE, when the server sent one.
-        code: Option<String>,
-        /// The driver's error.
-        #[source]
-        source: BoxError,
-    },
+    Namespace,
+    /// Any other database or driver error.
+    Database,
 }
 
-fn code_suffix(code: &Option<String>) -> String {
-    match code {
-        Some(c) => format!(" (SQLSTATE {c})"),
-        None => String::new(),
-    }
-}
-
-/// Where a driver error happened, which decides what `57014` and `55P03`
-/// mean. For driver adapters.
-#[derive(Clone, Copy, Debug)]
-#[non_exhaustive]
-pub enum Context {
-    /// A plain statement.
-    Plain,
-    /// A lock statement run under a lockkit timeout.
-    Timeout {
-        /// The timeout.
-        timeout: Duration,
-        /// How many keys were requested.
-        keys: usize,
-    },
-}
-
-impl Error {
-    /// Maps a driver error with an optional SQLSTATE onto lockkit's variants.
-    ///
-    /// For driver adapters; `closed` says whether the driver reports the
-    /// connection as closed.
-    pub fn from_driver(
-        code: Option<&str>,
-        closed: bool,
-        context: Context,
-        source: BoxError,
-    ) -> Self {
-        use sqlstate::*;
-        match (code, context) {
-            (Some(LOCK_NOT_AVAILABLE | QUERY_CANCELED), Context::Timeout { timeout, keys }) => {
-                Error::Timeout {
-                    timeout,
-                    keys,
-                    source,
-                }
-            }
-            (Some(DEADLOCK_DETECTED), _) => Error::Deadlock { source },
-            (Some(SERIALIZATION_FAILURE), _) => Error::SerializationFailure { source },
-            (Some(OUT_OF_MEMORY), _) => Error::LockTableFull { source },
-            (Some(IN_FAILED_SQL_TRANSACTION), _) => Error::TransactionAborted {
-                source: Some(source),
-            },
-            (Some(ADMIN_SHUTDOWN | CRASH_SHUTDOWN | CANNOT_CONNECT_NOW), _) => {
-                Error::ConnectionLost { source }
-            }
-            (Some(c), _) if c.starts_with("08") => Error::ConnectionLost { source },
-            (None, _) if closed => Error::ConnectionLost { source },
-            (code, _) => Error::Database {
-                code: code.map(str::to_owned),
-                source,
-            },
-        }
-    }
-
-    /// The SQLSTATE behind this error, when the server reported one.
-    pub fn code(&self) -> Option<&str> {
-        use sqlstate::*;
-        match self {
-            Error::Deadlock { .. } => Some(DEADLOCK_DETECTED),
-            Error::SerializationFailure { .. } => Some(SERIALIZATION_FAILURE),
-            Error::LockTableFull { .. } => Some(OUT_OF_MEMORY),
-            Error::TransactionAborted { source: Some(_) } => Some(IN_FAILED_SQL_TRANSACTION),
-            Error::Timeout { source, .. } | Error::ConnectionLost { source } => {
-                driver_code(source.as_ref())
-            }
-            Error::Database { code, .. } => code.as_deref(),
-            _ => None,
-        }
-    }
-
-    /// Whether a lock timeout expired ([`Error::Timeout`]).
-    pub fn is_timeout(&self) -> bool {
-        matches!(self, Error::Timeout { .. })
-    }
-
-    /// Whether the server detected a deadlock (`40P01`).
-    pub fn is_deadlock(&self) -> bool {
-        matches!(self, Error::Deadlock { .. })
-    }
-
-    /// Whether the server's shared lock table is full (`53200`).
-    pub fn is_lock_table_full(&self) -> bool {
-        matches!(self, Error::LockTableFull { .. })
-    }
-
-    /// Whether the connection is gone.
-    pub fn is_connection_lost(&self) -> bool {
-        matches!(self, Error::ConnectionLost { .. })
-    }
-
-    /// Whether running the whole transaction again may succeed: a deadlock, a
-    /// serialization failure or a timeout. [`retry`](crate::retry) retries
-    /// exactly these.
-    pub fn is_transient(&self) -> bool {
+impl ErrorKind {
+    /// Whether running the whole transaction again may succeed: a deadlock,
+    /// a serialization failure or a timeout.
+    pub fn is_transient(self) -> bool {
         matches!(
             self,
-            Error::Deadlock { .. } | Error::SerializationFailure { .. } | Error::Timeout { .. }
+            ErrorKind::Deadlock | ErrorKind::SerializationFailure | ErrorKind::Timeout
         )
     }
 }
 
-fn driver_code<'e>(source: &'e (dyn StdError + 'static)) -> Option<&'e str> {
-    #[cfg(feature = "tokio-postgres")]
-    if let Some(e) = source.downcast_ref::<tokio_postgres::Error>() {
-        return e.code().map(tokio_postgres::error::SqlState::code);
+/// Everything that can go wrong taking an advisory lock.
+///
+/// Opaque, like `tokio_postgres::Error`: branch on [`Error::kind`] or the
+/// `is_*` accessors. [`std::error::Error::source`] chains to the driver's
+/// error where there is one, and [`Error::code`] is the SQLSTATE the server
+/// sent.
+///
+/// ```no_run
+/// # use lockkit::{AdvisoryKey, ErrorKind, LockTx};
+/// # #[derive(AdvisoryKey)] struct Order { id: i64 }
+/// # async fn run(tx: &LockTx<'_>) -> Result<(), lockkit::Error> {
+/// match tx.lock_timeout(Order { id: 42 }, std::time::Duration::from_millis(50)).await {
+///     Ok(_held) => { /* … */ }
+///     Err(e) if e.is_timeout() => println!("order 42 is busy: {e}"),
+///     Err(e) if e.kind() == ErrorKind::Deadlock => return Err(e), // retry the transaction
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct Error(Box<Inner>);
+
+struct Inner {
+    kind: ErrorKind,
+    code: Option<String>,
+    detail: Detail,
+    source: Option<BoxError>,
+}
+
+/// What the message says beyond the kind.
+enum Detail {
+    None,
+    Timeout {
+        timeout: Option<Duration>,
+        keys: usize,
+    },
+    Budget {
+        held: usize,
+        requested: usize,
+        allowed: usize,
+    },
+    Order {
+        held: LockKey,
+        requested: LockKey,
+    },
+    Hashtext {
+        probe: String,
+        client: i32,
+        server: i32,
+    },
+    Pooled {
+        backend_pid: i32,
+        evidence: String,
+    },
+    Text(String),
+}
+
+impl Error {
+    fn make(
+        kind: ErrorKind,
+        code: Option<String>,
+        detail: Detail,
+        source: Option<BoxError>,
+    ) -> Self {
+        Error(Box::new(Inner {
+            kind,
+            code,
+            detail,
+            source,
+        }))
     }
-    #[cfg(feature = "diesel")]
-    if let Some(e) = source.downcast_ref::<diesel::result::Error>() {
-        return diesel_sqlstate(e).0;
+
+    pub(crate) fn new(kind: ErrorKind) -> Self {
+        Error::make(kind, None, Detail::None, None)
     }
-    let _ = source;
-    None
+
+    pub(crate) fn budget(held: usize, requested: usize, allowed: usize) -> Self {
+        Error::make(
+            ErrorKind::BudgetExceeded,
+            None,
+            Detail::Budget {
+                held,
+                requested,
+                allowed,
+            },
+            None,
+        )
+    }
+
+    pub(crate) fn lock_order(held: LockKey, requested: LockKey) -> Self {
+        Error::make(
+            ErrorKind::LockOrder,
+            None,
+            Detail::Order { held, requested },
+            None,
+        )
+    }
+
+    pub(crate) fn hashtext(probe: String, client: i32, server: i32) -> Self {
+        Error::make(
+            ErrorKind::HashtextMismatch,
+            None,
+            Detail::Hashtext {
+                probe,
+                client,
+                server,
+            },
+            None,
+        )
+    }
+
+    /// A plain session-level lock refused behind a transaction-mode pooler.
+    #[cfg_attr(not(feature = "tokio-postgres"), allow(dead_code))]
+    pub(crate) fn pooled(backend_pid: i32, evidence: String) -> Self {
+        Error::make(
+            ErrorKind::PooledConnection,
+            None,
+            Detail::Pooled {
+                backend_pid,
+                evidence,
+            },
+            None,
+        )
+    }
+
+    pub(crate) fn unexpected(what: String) -> Self {
+        Error::make(ErrorKind::UnexpectedReply, None, Detail::Text(what), None)
+    }
+
+    /// An error of `kind` with a message of its own (for kinds whose
+    /// standard message does not fit, e.g. a database error lockkit found).
+    #[cfg_attr(not(feature = "tokio-postgres"), allow(dead_code))]
+    pub(crate) fn with_message(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error::make(kind, None, Detail::Text(message.into()), None)
+    }
+
+    /// Any other error (a pool's, an application's), as
+    /// [`ErrorKind::Database`], so that a closure returning lockkit's
+    /// `Error` can use `?` on it.
+    pub fn other(source: impl Into<BoxError>) -> Self {
+        Error::make(ErrorKind::Database, None, Detail::None, Some(source.into()))
+    }
+
+    /// An error of `kind` with a message of its own and a source.
+    #[cfg_attr(not(feature = "tokio-postgres"), allow(dead_code))]
+    pub(crate) fn with_source(
+        kind: ErrorKind,
+        message: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::make(
+            kind,
+            None,
+            Detail::Text(message.into()),
+            Some(source.into()),
+        )
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.0.kind
+    }
+
+    /// The SQLSTATE the server sent, when it sent one (recorded when the
+    /// error was made).
+    pub fn code(&self) -> Option<&str> {
+        self.0.code.as_deref()
+    }
+
+    /// Whether a lock was not granted in time ([`ErrorKind::Timeout`]).
+    pub fn is_timeout(&self) -> bool {
+        self.0.kind == ErrorKind::Timeout
+    }
+
+    /// Whether the server detected a deadlock (`40P01`).
+    pub fn is_deadlock(&self) -> bool {
+        self.0.kind == ErrorKind::Deadlock
+    }
+
+    /// Whether the server's shared lock table is full (`53200`).
+    pub fn is_lock_table_full(&self) -> bool {
+        self.0.kind == ErrorKind::LockTableFull
+    }
+
+    /// Whether the connection is gone.
+    pub fn is_connection_lost(&self) -> bool {
+        self.0.kind == ErrorKind::ConnectionLost
+    }
+
+    /// Whether running the whole transaction again may succeed: a deadlock, a
+    /// serialization failure or a timeout. [`retry`](crate::retry) retries
+    /// exactly these, and so does it for a driver's error of the same
+    /// SQLSTATE ([`Transient`](crate::Transient)).
+    pub fn is_transient(&self) -> bool {
+        self.0.kind.is_transient()
+    }
+
+    /// The lockkit timeout that expired, for a [`ErrorKind::Timeout`] of a
+    /// `*_timeout` call (`None` when the session's own setting fired).
+    pub fn timeout(&self) -> Option<Duration> {
+        match self.0.detail {
+            Detail::Timeout { timeout, .. } => timeout,
+            _ => None,
+        }
+    }
+
+    /// For [`ErrorKind::BudgetExceeded`]: the distinct keys held, the new
+    /// distinct keys requested, and the budget.
+    pub fn budget_counts(&self) -> Option<(usize, usize, usize)> {
+        match self.0.detail {
+            Detail::Budget {
+                held,
+                requested,
+                allowed,
+            } => Some((held, requested, allowed)),
+            _ => None,
+        }
+    }
+
+    /// For [`ErrorKind::LockOrder`]: the greatest key held and the smallest
+    /// key requested below it.
+    pub fn lock_order_keys(&self) -> Option<(LockKey, LockKey)> {
+        match self.0.detail {
+            Detail::Order { held, requested } => Some((held, requested)),
+            _ => None,
+        }
+    }
+
+    /// For [`ErrorKind::PooledConnection`]: the server backend the
+    /// connection was on first.
+    pub fn backend_pid(&self) -> Option<i32> {
+        match self.0.detail {
+            Detail::Pooled { backend_pid, .. } => Some(backend_pid),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.0.kind);
+        if let Some(code) = &self.0.code {
+            d.field("code", code);
+        }
+        d.field("message", &self.to_string());
+        if let Some(source) = &self.0.source {
+            d.field("source", source);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use ErrorKind as K;
+        let inner = &*self.0;
+        match (&inner.kind, &inner.detail) {
+            (_, Detail::Text(text)) => f.write_str(text),
+            (K::Timeout, Detail::Timeout { timeout: Some(t), keys }) => {
+                write!(f, "timed out after {t:?} waiting for {keys} advisory lock(s)")
+            }
+            (K::Timeout, _) => f.write_str(
+                "the session's lock_timeout or statement_timeout expired while waiting for an advisory lock; the transaction is aborted",
+            ),
+            (K::Cancelled, _) => f.write_str(
+                "the lock statement was cancelled by a cancel request (pg_cancel_backend or a dropped lock future); the transaction is aborted",
+            ),
+            (K::Deadlock, _) => f.write_str(
+                "deadlock detected while acquiring advisory locks; the transaction is aborted",
+            ),
+            (K::SerializationFailure, _) => {
+                f.write_str("serialization failure; the transaction is aborted")
+            }
+            (K::LockTableFull, _) => f.write_str(
+                "the server's shared lock table is full (out of shared memory); take fewer locks per transaction, stripe keys, or raise max_locks_per_transaction",
+            ),
+            (K::TransactionAborted, _) => {
+                f.write_str("the transaction is aborted; roll it back before taking locks")
+            }
+            (K::ConnectionLost, _) => {
+                f.write_str("the connection to the server was lost; its locks are released")
+            }
+            (
+                K::BudgetExceeded,
+                Detail::Budget {
+                    held,
+                    requested,
+                    allowed,
+                },
+            ) => write!(
+                f,
+                "lock budget exceeded: {held} held + {requested} requested > {allowed} allowed per transaction"
+            ),
+            (K::LockOrder, Detail::Order { held, requested }) => write!(
+                f,
+                "lock order violation: {requested} sorts below {held}, already held; take the keys in one batch or in ascending order"
+            ),
+            (K::HotStandby, _) => f.write_str(
+                "refusing to take advisory locks on a hot standby: they exclude nothing on the primary",
+            ),
+            (K::Poisoned, _) => f.write_str(
+                "the transaction is poisoned: an earlier lock call was cut off mid-flight, so what it holds is unknown; roll it back",
+            ),
+            (K::LockInFlight, _) => f.write_str(
+                "another lock call on this transaction is still in flight; await it first or use one batch",
+            ),
+            (K::NotInTransaction, _) => f.write_str(
+                "no transaction is open: a transaction-scoped lock would be released at the end of the statement",
+            ),
+            (
+                K::HashtextMismatch,
+                Detail::Hashtext {
+                    probe,
+                    client,
+                    server,
+                },
+            ) => write!(
+                f,
+                "client-side hashtext({probe:?}) = {client} but the server says {server}; HashText keys are refused on this server"
+            ),
+            (
+                K::PooledConnection,
+                Detail::Pooled {
+                    backend_pid,
+                    evidence,
+                },
+            ) => write!(
+                f,
+                "refusing a plain session-level lock: the connection goes through a transaction-mode pooler (server backend {backend_pid}: {evidence}), so the lock would stay on a server connection that other clients get; use the default session lock (held in a transaction of its own), or transaction-scoped locks"
+            ),
+            (K::UnexpectedReply, _) => f.write_str(
+                "the server's reply is not the reply of lockkit's statement; nothing is known to be held",
+            ),
+            (K::Namespace, _) => f.write_str("invalid namespace"),
+            (_, _) => match &inner.code {
+                Some(code) => write!(f, "database error (SQLSTATE {code})"),
+                None => f.write_str("database error"),
+            },
+        }
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0
+            .source
+            .as_ref()
+            .map(|s| &**s as &(dyn StdError + 'static))
+    }
+}
+
+/// An error of `kind` with its standard message, for adapters that refuse
+/// a call themselves (e.g. [`ErrorKind::NotInTransaction`]).
+impl From<ErrorKind> for Error {
+    fn from(kind: ErrorKind) -> Self {
+        Error::new(kind)
+    }
+}
+
+impl From<NamespaceError> for Error {
+    fn from(e: NamespaceError) -> Self {
+        Error::make(
+            ErrorKind::Namespace,
+            None,
+            Detail::Text(e.to_string()),
+            Some(Box::new(e)),
+        )
+    }
+}
+
+/// A driver's error as an adapter hands it to the engine: the SQLSTATE and
+/// primary message when the server sent them, whether the driver reports the
+/// connection closed, and the error itself (kept as the
+/// [`source`](std::error::Error::source)).
+#[derive(Debug)]
+pub struct DriverError {
+    code: Option<String>,
+    message: Option<String>,
+    closed: bool,
+    source: BoxError,
+}
+
+impl DriverError {
+    /// A driver error with no SQLSTATE, message or closed flag yet.
+    pub fn new(source: impl Into<BoxError>) -> Self {
+        DriverError {
+            code: None,
+            message: None,
+            closed: false,
+            source: source.into(),
+        }
+    }
+
+    /// The SQLSTATE the server sent.
+    pub fn code(mut self, code: Option<&str>) -> Self {
+        self.code = code.map(str::to_owned);
+        self
+    }
+
+    /// The server's primary message (`errmsg`).
+    pub fn message(mut self, message: Option<&str>) -> Self {
+        self.message = message.map(str::to_owned);
+        self
+    }
+
+    /// Whether the driver reports the connection as closed.
+    pub fn closed(mut self, closed: bool) -> Self {
+        self.closed = closed;
+        self
+    }
+
+    /// The kind this error is, outside any lock call.
+    pub fn kind(&self) -> ErrorKind {
+        self.classify(None)
+    }
+
+    /// Classifies: `timed` is the lockkit timeout and how long the call had
+    /// been running when the error came, for a `*_timeout` call.
+    fn classify(&self, timed: Option<(Duration, Duration)>) -> ErrorKind {
+        use sqlstate::*;
+        let code = self.code.as_deref().or_else(|| {
+            // Drivers that hide the SQLSTATE (Diesel): the server's English
+            // primary message names it.
+            let message = self.message.as_deref()?;
+            MESSAGES
+                .iter()
+                .find(|(prefix, _)| message.starts_with(prefix))
+                .map(|(_, code)| *code)
+        });
+        match code {
+            Some(LOCK_NOT_AVAILABLE) => ErrorKind::Timeout,
+            Some(QUERY_CANCELED) => {
+                let message = self.message.as_deref().unwrap_or("");
+                if message.contains("statement timeout") {
+                    ErrorKind::Timeout
+                } else if message.contains("user request") {
+                    ErrorKind::Cancelled
+                } else {
+                    match timed {
+                        // Messages in another language: lockkit's own
+                        // statement_timeout cannot fire before its time.
+                        Some((timeout, elapsed)) if elapsed >= timeout => ErrorKind::Timeout,
+                        _ => ErrorKind::Cancelled,
+                    }
+                }
+            }
+            Some(DEADLOCK_DETECTED) => ErrorKind::Deadlock,
+            Some(SERIALIZATION_FAILURE) => ErrorKind::SerializationFailure,
+            Some(OUT_OF_MEMORY) => ErrorKind::LockTableFull,
+            Some(IN_FAILED_SQL_TRANSACTION) => ErrorKind::TransactionAborted,
+            Some(
+                ADMIN_SHUTDOWN | CRASH_SHUTDOWN | CANNOT_CONNECT_NOW | IDLE_IN_TRANSACTION_TIMEOUT,
+            ) => ErrorKind::ConnectionLost,
+            Some(c) if c.starts_with("08") => ErrorKind::ConnectionLost,
+            _ if self.closed => ErrorKind::ConnectionLost,
+            _ => ErrorKind::Database,
+        }
+    }
+
+    /// The lockkit error for this driver error outside a lock call.
+    pub fn into_error(self) -> Error {
+        self.into_error_in(None, 0)
+    }
+
+    /// The lockkit error for this driver error in a lock call of `keys` keys
+    /// under `timed` = (lockkit timeout, elapsed) when it was a timed call.
+    pub(crate) fn into_error_in(self, timed: Option<(Duration, Duration)>, keys: usize) -> Error {
+        let kind = self.classify(timed);
+        let detail = match kind {
+            ErrorKind::Timeout => Detail::Timeout {
+                timeout: timed
+                    .filter(|_| self.code.as_deref() != Some(sqlstate::IN_FAILED_SQL_TRANSACTION))
+                    .map(|(t, _)| t),
+                keys,
+            },
+            _ => Detail::None,
+        };
+        let code = self.code.or_else(|| {
+            // Keep the code the message named, so `code()` agrees with `kind()`.
+            let message = self.message.as_deref()?;
+            MESSAGES
+                .iter()
+                .find(|(prefix, _)| message.starts_with(prefix))
+                .map(|(_, code)| (*code).to_owned())
+        });
+        Error::make(kind, code, detail, Some(self.source))
+    }
+}
+
+/// Primary messages (`errmsg`, PostgreSQL 12+, English) of the codes lockkit
+/// maps, for drivers that do not expose the SQLSTATE (Diesel). On a server
+/// whose `lc_messages` is not English those errors are
+/// [`ErrorKind::Database`] without a code.
+const MESSAGES: [(&str, &str); 10] = [
+    ("deadlock detected", sqlstate::DEADLOCK_DETECTED),
+    (
+        "canceling statement due to lock timeout",
+        sqlstate::LOCK_NOT_AVAILABLE,
+    ),
+    ("could not obtain lock", sqlstate::LOCK_NOT_AVAILABLE),
+    (
+        "canceling statement due to statement timeout",
+        sqlstate::QUERY_CANCELED,
+    ),
+    (
+        "canceling statement due to user request",
+        sqlstate::QUERY_CANCELED,
+    ),
+    ("out of shared memory", sqlstate::OUT_OF_MEMORY),
+    (
+        "current transaction is aborted",
+        sqlstate::IN_FAILED_SQL_TRANSACTION,
+    ),
+    (
+        "terminating connection due to administrator command",
+        sqlstate::ADMIN_SHUTDOWN,
+    ),
+    (
+        "terminating connection due to idle-in-transaction timeout",
+        sqlstate::IDLE_IN_TRANSACTION_TIMEOUT,
+    ),
+    (
+        "could not serialize access",
+        sqlstate::SERIALIZATION_FAILURE,
+    ),
+];
+
+#[cfg(feature = "tokio-postgres")]
+impl From<&tokio_postgres::Error> for DriverError {
+    fn from(e: &tokio_postgres::Error) -> Self {
+        DriverError::new(String::new())
+            .code(e.code().map(tokio_postgres::error::SqlState::code))
+            .message(e.as_db_error().map(|d| d.message()))
+            .closed(e.is_closed())
+    }
 }
 
 #[cfg(feature = "tokio-postgres")]
-impl Error {
-    pub(crate) fn from_pg(e: tokio_postgres::Error, context: Context) -> Self {
-        let code = e.code().map(|c| c.code().to_owned());
-        let closed = e.is_closed();
-        Error::from_driver(code.as_deref(), closed, context, Box::new(e))
+impl From<tokio_postgres::Error> for DriverError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        let d = DriverError::from(&e);
+        DriverError {
+            source: e.into(),
+            ..d
+        }
     }
 }
 
 #[cfg(feature = "tokio-postgres")]
 impl From<tokio_postgres::Error> for Error {
     fn from(e: tokio_postgres::Error) -> Self {
-        Error::from_pg(e, Context::Plain)
+        DriverError::from(e).into_error()
     }
 }
 
-/// The SQLSTATE of a Diesel error and whether the connection is closed.
-///
-/// Diesel does not expose the SQLSTATE: its `DatabaseErrorKind` names a few
-/// codes (`40001`, the integrity violations, `25006`, a closed connection),
-/// and the rest are recognised by the server's primary message, which is
-/// reliable when the server's `lc_messages` is English (`C`, `POSIX`, `en_*`:
-/// the default). Messages in another language fall through to
-/// [`Error::Database`] without a code.
+/// With the `diesel` feature: Diesel's error as the engine sees it. Diesel
+/// does not expose the SQLSTATE: its `DatabaseErrorKind` names a few codes,
+/// and the server's English primary message names the others.
 #[cfg(feature = "diesel")]
-fn diesel_sqlstate(e: &diesel::result::Error) -> (Option<&'static str>, bool) {
-    use diesel::result::{DatabaseErrorKind as Kind, Error as D};
-    let D::DatabaseError(kind, info) = e else {
-        return (None, false);
-    };
-    let by_kind = match kind {
-        Kind::UniqueViolation => Some("23505"),
-        Kind::ForeignKeyViolation => Some("23503"),
-        Kind::NotNullViolation => Some("23502"),
-        Kind::CheckViolation => Some("23514"),
-        Kind::RestrictViolation => Some("23001"),
-        Kind::ExclusionViolation => Some("23P01"),
-        Kind::SerializationFailure => Some(sqlstate::SERIALIZATION_FAILURE),
-        Kind::ReadOnlyTransaction => Some("25006"),
-        _ => None,
-    };
-    // Primary messages (`errmsg`) of the codes lockkit maps, PostgreSQL 12+.
-    const MESSAGES: [(&str, &str); 9] = [
-        ("deadlock detected", sqlstate::DEADLOCK_DETECTED),
-        (
-            "canceling statement due to lock timeout",
-            sqlstate::LOCK_NOT_AVAILABLE,
-        ),
-        ("could not obtain lock", sqlstate::LOCK_NOT_AVAILABLE),
-        (
-            "canceling statement due to statement timeout",
-            sqlstate::QUERY_CANCELED,
-        ),
-        (
-            "canceling statement due to user request",
-            sqlstate::QUERY_CANCELED,
-        ),
-        ("out of shared memory", sqlstate::OUT_OF_MEMORY),
-        (
-            "current transaction is aborted",
-            sqlstate::IN_FAILED_SQL_TRANSACTION,
-        ),
-        (
-            "terminating connection due to administrator command",
-            sqlstate::ADMIN_SHUTDOWN,
-        ),
-        (
-            "could not serialize access",
-            sqlstate::SERIALIZATION_FAILURE,
-        ),
-    ];
-    let message = info.message();
-    let code = by_kind.or_else(|| {
-        MESSAGES
-            .iter()
-            .find(|(prefix, _)| message.starts_with(prefix))
-            .map(|(_, code)| *code)
-    });
-    (code, matches!(kind, Kind::ClosedConnection))
-}
-
-#[cfg(feature = "diesel")]
-impl Error {
-    /// Maps a Diesel error onto lockkit's variants, as the
-    /// `From<diesel::result::Error>` impl does but in `context`. For driver
-    /// adapters.
-    pub fn from_diesel(e: diesel::result::Error, context: Context) -> Self {
-        let (code, closed) = diesel_sqlstate(&e);
-        Error::from_driver(code, closed, context, Box::new(e))
+impl From<diesel::result::Error> for DriverError {
+    fn from(e: diesel::result::Error) -> Self {
+        use diesel::result::{DatabaseErrorKind as Kind, Error as D};
+        let (code, message, closed) = match &e {
+            D::DatabaseError(kind, info) => {
+                let code = match kind {
+                    Kind::UniqueViolation => Some("23505"),
+                    Kind::ForeignKeyViolation => Some("23503"),
+                    Kind::NotNullViolation => Some("23502"),
+                    Kind::CheckViolation => Some("23514"),
+                    Kind::RestrictViolation => Some("23001"),
+                    Kind::ExclusionViolation => Some("23P01"),
+                    Kind::SerializationFailure => Some(sqlstate::SERIALIZATION_FAILURE),
+                    Kind::ReadOnlyTransaction => Some("25006"),
+                    _ => None,
+                };
+                (
+                    code,
+                    Some(info.message().to_owned()),
+                    matches!(kind, Kind::ClosedConnection),
+                )
+            }
+            _ => (None, None, false),
+        };
+        DriverError::new(e)
+            .code(code)
+            .message(message.as_deref())
+            .closed(closed)
     }
 }
 
 /// With the `diesel` feature, so that `?` works inside
 /// `conn.transaction::<_, lockkit::Error, _>(|conn| …)`.
-///
-/// Diesel does not expose the SQLSTATE; lockkit takes it from Diesel's
-/// `DatabaseErrorKind` where that names one, else from the server's English
-/// primary message (`deadlock detected`, `canceling statement due to lock
-/// timeout`, `out of shared memory`, …). On a server whose `lc_messages` is
-/// not English those errors become [`Error::Database`] without a code.
 #[cfg(feature = "diesel")]
 impl From<diesel::result::Error> for Error {
     fn from(e: diesel::result::Error) -> Self {
-        Error::from_diesel(e, Context::Plain)
+        DriverError::from(e).into_error()
     }
 }
 
@@ -410,43 +705,73 @@ impl From<diesel::result::Error> for Error {
 mod tests {
     use super::*;
 
-    fn boxed() -> BoxError {
-        "driver".into()
+    fn err(code: &str, message: &str) -> DriverError {
+        DriverError::new("driver")
+            .code(Some(code))
+            .message(Some(message))
     }
 
     #[test]
     fn maps_sqlstates() {
-        let t = Context::Timeout {
-            timeout: Duration::from_millis(5),
-            keys: 2,
-        };
-        assert!(Error::from_driver(Some("55P03"), false, t, boxed()).is_timeout());
-        assert!(Error::from_driver(Some("57014"), false, t, boxed()).is_timeout());
-        assert!(!Error::from_driver(Some("57014"), false, Context::Plain, boxed()).is_timeout());
-        assert!(Error::from_driver(Some("40P01"), false, t, boxed()).is_deadlock());
-        assert!(
-            Error::from_driver(Some("53200"), false, Context::Plain, boxed()).is_lock_table_full()
-        );
-        assert!(
-            Error::from_driver(Some("57P01"), false, Context::Plain, boxed()).is_connection_lost()
-        );
-        assert!(
-            Error::from_driver(Some("08006"), false, Context::Plain, boxed()).is_connection_lost()
-        );
-        assert!(Error::from_driver(None, true, Context::Plain, boxed()).is_connection_lost());
-        let e = Error::from_driver(Some("25P02"), false, Context::Plain, boxed());
-        assert!(matches!(e, Error::TransactionAborted { .. }));
+        let timed = Some((Duration::from_millis(5), Duration::from_millis(6)));
+        let e = err("55P03", "canceling statement due to lock timeout").into_error_in(timed, 2);
+        assert!(e.is_timeout());
+        assert_eq!(e.timeout(), Some(Duration::from_millis(5)));
+        assert_eq!(e.code(), Some("55P03"));
+        // The session's own timeouts are timeouts too, without a lockkit timeout.
+        let e = err("55P03", "canceling statement due to lock timeout").into_error();
+        assert!(e.is_timeout() && e.timeout().is_none());
+        let e = err("57014", "canceling statement due to statement timeout").into_error();
+        assert!(e.is_timeout());
+        // A cancel request is a cancel, even during a timed call.
+        let e = err("57014", "canceling statement due to user request").into_error_in(timed, 1);
+        assert_eq!(e.kind(), ErrorKind::Cancelled);
+        assert!(!e.is_transient());
+        // Another language: decided by the clock, in the safe direction.
+        let early = Some((Duration::from_secs(10), Duration::from_millis(300)));
+        let e = err("57014", "Abbruch").into_error_in(early, 1);
+        assert_eq!(e.kind(), ErrorKind::Cancelled);
+        assert!(err("57014", "Abbruch").into_error_in(timed, 1).is_timeout());
+        assert!(err("40P01", "deadlock detected").into_error().is_deadlock());
+        assert!(err("53200", "out of shared memory")
+            .into_error()
+            .is_lock_table_full());
+        assert!(err("57P01", "terminating")
+            .into_error()
+            .is_connection_lost());
+        assert!(err("08006", "x").into_error().is_connection_lost());
+        assert!(DriverError::new("x")
+            .closed(true)
+            .into_error()
+            .is_connection_lost());
+        let e = err("25P02", "current transaction is aborted").into_error();
+        assert_eq!(e.kind(), ErrorKind::TransactionAborted);
         assert_eq!(e.code(), Some("25P02"));
-        let e = Error::from_driver(Some("42P01"), false, Context::Plain, boxed());
+        let e = err("42P01", "relation does not exist").into_error();
         assert_eq!(e.code(), Some("42P01"));
         assert_eq!(e.to_string(), "database error (SQLSTATE 42P01)");
         assert!(!e.is_transient());
-        assert!(Error::from_driver(Some("40001"), false, Context::Plain, boxed()).is_transient());
+        assert!(err("40001", "x").into_error().is_transient());
+    }
+
+    #[test]
+    fn message_names_the_code_when_the_driver_hides_it() {
+        let e = DriverError::new("x")
+            .message(Some("deadlock detected"))
+            .into_error();
+        assert!(e.is_deadlock());
+        assert_eq!(e.code(), Some("40P01"));
+        let e = DriverError::new("x")
+            .message(Some("Verklemmung (Deadlock) entdeckt"))
+            .into_error();
+        assert_eq!(e.kind(), ErrorKind::Database);
+        assert_eq!(e.code(), None);
     }
 
     #[test]
     fn is_send_sync_static() {
         fn check<T: Send + Sync + 'static + StdError>() {}
         check::<Error>();
+        assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
     }
 }

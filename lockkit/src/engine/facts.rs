@@ -19,32 +19,81 @@ pub const HASHTEXT_PROBES: [&str; 4] = [
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerFacts {
     max_locks_per_transaction: usize,
+    lock_table_capacity: usize,
     in_recovery: bool,
     server_version_num: i32,
     hashtext_mismatch: Option<(String, i32, i32)>,
 }
 
-impl ServerFacts {
-    /// Builds the facts from the row of [`sql::SERVER_FACTS`](crate::driver::sql::SERVER_FACTS)
-    /// run with [`HASHTEXT_PROBES`]: `server_hashtext` is the server's value
-    /// for each probe, in order.
-    pub fn new(
-        max_locks_per_transaction: i32,
-        in_recovery: bool,
-        server_version_num: i32,
-        server_hashtext: &[i32],
-    ) -> Self {
-        let hashtext_mismatch = HASHTEXT_PROBES
-            .iter()
-            .zip(server_hashtext)
-            .find(|(probe, server)| hashtext(probe) != **server)
-            .map(|(probe, server)| (probe.to_string(), hashtext(probe), *server));
+/// The row of [`SERVER_FACTS`](crate::engine::sql::SERVER_FACTS), run with
+/// [`HASHTEXT_PROBES`] as `$1`, as an adapter reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FactsRow {
+    /// Column `max_locks`.
+    pub max_locks: i32,
+    /// Column `max_connections` (`max_connections + max_prepared_transactions`).
+    pub max_connections: i32,
+    /// Column `in_recovery`.
+    pub in_recovery: bool,
+    /// Column `version_num`.
+    pub version_num: i32,
+    /// Column `hashes`: the server's `hashtext` of each probe, in order.
+    pub hashes: Vec<i32>,
+    /// Column `backend_pid`.
+    pub backend_pid: i32,
+}
+
+impl From<&FactsRow> for ServerFacts {
+    fn from(row: &FactsRow) -> Self {
+        let hashtext_mismatch = if row.hashes.len() != HASHTEXT_PROBES.len() {
+            Some((
+                "<probe count>".to_owned(),
+                HASHTEXT_PROBES.len() as i32,
+                row.hashes.len() as i32,
+            ))
+        } else {
+            HASHTEXT_PROBES
+                .iter()
+                .zip(&row.hashes)
+                .find(|(probe, server)| hashtext(probe) != **server)
+                .map(|(probe, server)| (probe.to_string(), hashtext(probe), *server))
+        };
+        let max_locks = usize::try_from(row.max_locks).unwrap_or(0);
+        let slots = usize::try_from(row.max_connections).unwrap_or(0);
         ServerFacts {
-            max_locks_per_transaction: usize::try_from(max_locks_per_transaction).unwrap_or(0),
-            in_recovery,
-            server_version_num,
+            max_locks_per_transaction: max_locks,
+            lock_table_capacity: max_locks.saturating_mul(slots),
+            in_recovery: row.in_recovery,
+            server_version_num: row.version_num,
             hashtext_mismatch,
         }
+    }
+}
+
+impl ServerFacts {
+    /// Facts assumed without asking a server: a primary with these
+    /// lock-table settings whose `hashtext` matches the client's. For
+    /// examples, unit tests, and lock calls whose checks were made another
+    /// way (a session lock's own set-up).
+    pub fn assumed(
+        max_locks_per_transaction: i32,
+        max_connections: i32,
+        max_prepared_transactions: i32,
+    ) -> Self {
+        ServerFacts::from(&FactsRow {
+            max_locks: max_locks_per_transaction,
+            max_connections: max_connections + max_prepared_transactions,
+            in_recovery: false,
+            version_num: 150000,
+            hashes: HASHTEXT_PROBES.iter().map(|p| hashtext(p)).collect(),
+            backend_pid: 0,
+        })
+    }
+
+    /// The shared lock table's capacity:
+    /// `max_locks_per_transaction × (max_connections + max_prepared_transactions)`.
+    pub fn lock_table_capacity(&self) -> usize {
+        self.lock_table_capacity
     }
 
     /// The server's `max_locks_per_transaction` (the default lock budget).
@@ -66,15 +115,12 @@ impl ServerFacts {
     ///
     /// # Errors
     ///
-    /// [`Error::HashtextMismatch`] with the first probe that differed.
+    /// [`ErrorKind::HashtextMismatch`](crate::ErrorKind::HashtextMismatch)
+    /// with the first probe that differed.
     pub fn check_hashtext(&self) -> Result<(), Error> {
         match &self.hashtext_mismatch {
             None => Ok(()),
-            Some((probe, client, server)) => Err(Error::HashtextMismatch {
-                probe: probe.clone(),
-                client: *client,
-                server: *server,
-            }),
+            Some((probe, client, server)) => Err(Error::hashtext(probe.clone(), *client, *server)),
         }
     }
 }
@@ -85,17 +131,21 @@ mod tests {
 
     #[test]
     fn mismatch_is_reported_with_the_probe() {
-        let good: Vec<i32> = HASHTEXT_PROBES.iter().map(|p| hashtext(p)).collect();
-        assert!(ServerFacts::new(64, false, 150000, &good)
-            .check_hashtext()
-            .is_ok());
+        let good = FactsRow {
+            max_locks: 64,
+            max_connections: 100,
+            version_num: 150000,
+            hashes: HASHTEXT_PROBES.iter().map(|p| hashtext(p)).collect(),
+            ..FactsRow::default()
+        };
+        let facts = ServerFacts::from(&good);
+        assert!(facts.check_hashtext().is_ok());
+        assert_eq!(facts.lock_table_capacity(), 6400);
         let mut bad = good.clone();
-        bad[2] ^= 1;
-        let err = ServerFacts::new(64, false, 150000, &bad)
-            .check_hashtext()
-            .unwrap_err();
-        assert!(
-            matches!(err, Error::HashtextMismatch { ref probe, .. } if probe == "payroll-1405-01")
-        );
+        bad.hashes[2] ^= 1;
+        let err = ServerFacts::from(&bad).check_hashtext().unwrap_err();
+        assert!(err.to_string().contains("payroll-1405-01"), "{err}");
+        bad.hashes.pop();
+        assert!(ServerFacts::from(&bad).check_hashtext().is_err());
     }
 }

@@ -1,11 +1,10 @@
-//! The guards both driver adapters hand out: typed proofs that a
-//! transaction holds a key, and the busy keys of a failed try-batch.
+//! The guards every adapter hands out: typed proofs that a transaction
+//! holds a key, and the busy keys of a failed try-batch.
 //!
 //! A guard's lifetime ties it to its transaction (in the tokio-postgres
 //! adapter it borrows the [`LockTx`](crate::LockTx)), so no guard outlives
-//! the locks it proves. Their fields are private and their constructors
-//! hidden, for the adapters only: not public API, so application code gets
-//! a guard only by taking the lock.
+//! the locks it proves. Only the engine makes guards, from the checked
+//! replies of a lock call ([`Grant`](crate::engine::Grant)).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -136,12 +135,9 @@ impl Busy {
     }
 }
 
-/// Constructors for driver adapters. A guard is a proof: make one only
-/// after the server granted the lock, in the transaction whose lifetime `'t`
-/// it carries.
-impl<'t, K> Held<'t, K> {
-    #[doc(hidden)]
-    pub fn __granted(value: K, key: LockKey, mode: Mode) -> Self {
+// Only the engine makes guards, from a checked grant.
+impl<K> Held<'_, K> {
+    pub(crate) fn new(value: K, key: LockKey, mode: Mode) -> Self {
         Held {
             value,
             key,
@@ -151,9 +147,8 @@ impl<'t, K> Held<'t, K> {
     }
 }
 
-impl<'t> HeldBatch<'t> {
-    #[doc(hidden)]
-    pub fn __granted(keys: Vec<(LockKey, Mode)>) -> Self {
+impl HeldBatch<'_> {
+    pub(crate) fn new(keys: Vec<(LockKey, Mode)>) -> Self {
         HeldBatch {
             keys,
             _tx: PhantomData,
@@ -162,8 +157,7 @@ impl<'t> HeldBatch<'t> {
 }
 
 impl Busy {
-    #[doc(hidden)]
-    pub fn __new(keys: Vec<LockKey>) -> Self {
+    pub(crate) fn new(keys: Vec<LockKey>) -> Self {
         Busy { keys }
     }
 }

@@ -2,7 +2,7 @@
 //! KEYS.md, and split into the two key spaces' statement parameters.
 //!
 //! The order is established here, by sorting [`LockKey`]s (whose `Ord` *is*
-//! the global order), and nowhere else: the SQL in [`sql`](crate::driver::sql) takes the
+//! the global order), and nowhere else: the SQL in [`sql`](crate::engine::sql) takes the
 //! arrays in the order given, with no `ORDER BY` to get wrong.
 
 use std::collections::BTreeMap;
@@ -121,8 +121,8 @@ impl Batch {
     }
 
     /// Whether any key is a server-`hashtext` key, which needs the server
-    /// check of [`KeyForm::HashText`]. For driver adapters.
-    pub fn has_hashtext(&self) -> bool {
+    /// check of [`KeyForm::HashText`].
+    pub(crate) fn has_hashtext(&self) -> bool {
         self.hashtext
     }
 }
@@ -140,10 +140,10 @@ impl<K: AdvisoryKey> FromIterator<K> for Batch {
 /// The statement parameters of one acquisition, already in global order:
 /// `BigInt` keys first (one statement), then `Pair` keys (a second one).
 ///
-/// For driver adapters: built by [`TxLocks::plan`](crate::driver::TxLocks::plan),
-/// bound to the statements of [`sql`](crate::driver::sql) in this order.
+/// Built by the engine's bookkeeping and bound to the statements of
+/// [`sql`](crate::engine::sql) in this order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     bigint: Vec<i64>,
     bigint_shared: Vec<bool>,
     class: Vec<i32>,
@@ -175,17 +175,17 @@ impl Plan {
     }
 
     /// Number of keys.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.bigint.len() + self.class.len()
     }
 
     /// Whether there is nothing to send.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// The keys in acquisition order.
-    pub fn keys(&self) -> impl Iterator<Item = LockKey> + '_ {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = LockKey> + '_ {
         let big = self.bigint.iter().map(|k| LockKey::BigInt(*k));
         let pair = self
             .class
@@ -196,34 +196,34 @@ impl Plan {
     }
 
     /// The modes, parallel to [`Plan::keys`].
-    pub fn modes(&self) -> impl Iterator<Item = Mode> + '_ {
+    pub(crate) fn modes(&self) -> impl Iterator<Item = Mode> + '_ {
         let shared = self.bigint_shared.iter().chain(&self.pair_shared);
         shared.map(|s| if *s { Mode::Shared } else { Mode::Exclusive })
     }
 
     /// `BigInt` keys, ascending: `$1` of the bigint statements.
-    pub fn bigint(&self) -> &[i64] {
+    pub(crate) fn bigint(&self) -> &[i64] {
         &self.bigint
     }
 
     /// Whether each `BigInt` key is shared: `$2` of the bigint statements.
-    pub fn bigint_shared(&self) -> &[bool] {
+    pub(crate) fn bigint_shared(&self) -> &[bool] {
         &self.bigint_shared
     }
 
     /// `Pair` classes, parallel to [`Plan::pair_objects`]: `$1` of the pair
     /// statements.
-    pub fn pair_classes(&self) -> &[i32] {
+    pub(crate) fn pair_classes(&self) -> &[i32] {
         &self.class
     }
 
     /// `Pair` objects: `$2` of the pair statements.
-    pub fn pair_objects(&self) -> &[i32] {
+    pub(crate) fn pair_objects(&self) -> &[i32] {
         &self.object
     }
 
     /// Whether each `Pair` key is shared: `$3` of the pair statements.
-    pub fn pair_shared(&self) -> &[bool] {
+    pub(crate) fn pair_shared(&self) -> &[bool] {
         &self.pair_shared
     }
 }

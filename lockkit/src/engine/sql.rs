@@ -1,64 +1,80 @@
 //! Every SQL text lockkit sends, in one place, shared by the driver adapters.
 //!
 //! The batch statements take their keys as arrays already in the global lock
-//! order ([`Plan`](crate::driver::Plan)) and lock them row by row as
+//! order ([`Plan`](crate::engine::Plan)) and lock them row by row as
 //! `unnest` yields them: a function scan returns its rows in array order, and
 //! nothing here sorts, so the order cannot be lost to a query plan (the
 //! `ORDER BY` in a hand-rolled lock query may be applied *after* the lock
 //! function ran). `BigInt` keys come before `Pair` keys; an adapter sends the
 //! bigint statement first and the pair statement second, pipelined.
+//!
+//! Every lock statement answers one row that starts with a tag naming the
+//! statement (`lockkit:lock_bigint`, …) and a count, and the engine checks
+//! both: a reply that does not come from lockkit's own statement (a foreign
+//! prepared statement of the same name behind a pooler) is an error, never a
+//! success. The tags are produced by the rows of the lock functions, so a
+//! tag proves the function ran.
 
 use crate::engine::plan::Mode;
 use crate::key::LockKey;
 
-/// `$1 int8`: one exclusive `BigInt` lock.
-pub const LOCK_BIGINT: &str = "SELECT pg_advisory_xact_lock($1)";
-/// `$1 int8`: one shared `BigInt` lock.
-pub const LOCK_BIGINT_SHARED: &str = "SELECT pg_advisory_xact_lock_shared($1)";
-/// `$1 int4, $2 int4`: one exclusive `Pair` lock.
-pub const LOCK_PAIR: &str = "SELECT pg_advisory_xact_lock($1, $2)";
-/// `$1 int4, $2 int4`: one shared `Pair` lock.
-pub const LOCK_PAIR_SHARED: &str = "SELECT pg_advisory_xact_lock_shared($1, $2)";
+/// `$1 int8`: one exclusive `BigInt` lock; `(tag, 1)`.
+pub const LOCK_BIGINT: &str =
+    "SELECT 'lockkit:lock_bigint'::text AS tag, 1::int8 AS n FROM pg_advisory_xact_lock($1)";
+/// `$1 int8`: one shared `BigInt` lock; `(tag, 1)`.
+pub const LOCK_BIGINT_SHARED: &str =
+    "SELECT 'lockkit:lock_bigint_shared'::text AS tag, 1::int8 AS n \
+     FROM pg_advisory_xact_lock_shared($1)";
+/// `$1 int4, $2 int4`: one exclusive `Pair` lock; `(tag, 1)`.
+pub const LOCK_PAIR: &str =
+    "SELECT 'lockkit:lock_pair'::text AS tag, 1::int8 AS n FROM pg_advisory_xact_lock($1, $2)";
+/// `$1 int4, $2 int4`: one shared `Pair` lock; `(tag, 1)`.
+pub const LOCK_PAIR_SHARED: &str = "SELECT 'lockkit:lock_pair_shared'::text AS tag, 1::int8 AS n \
+     FROM pg_advisory_xact_lock_shared($1, $2)";
 
-/// `$1 int8`: try one exclusive `BigInt` lock; returns one `bool`.
-pub const TRY_BIGINT: &str = "SELECT pg_try_advisory_xact_lock($1)";
-/// `$1 int8`: try one shared `BigInt` lock; returns one `bool`.
-pub const TRY_BIGINT_SHARED: &str = "SELECT pg_try_advisory_xact_lock_shared($1)";
-/// `$1 int4, $2 int4`: try one exclusive `Pair` lock; returns one `bool`.
-pub const TRY_PAIR: &str = "SELECT pg_try_advisory_xact_lock($1, $2)";
-/// `$1 int4, $2 int4`: try one shared `Pair` lock; returns one `bool`.
-pub const TRY_PAIR_SHARED: &str = "SELECT pg_try_advisory_xact_lock_shared($1, $2)";
+/// `$1 int8`: try one exclusive `BigInt` lock; `(tag, 1 granted | 0 busy)`.
+pub const TRY_BIGINT: &str =
+    "SELECT 'lockkit:try_bigint'::text AS tag, pg_try_advisory_xact_lock($1)::int::int8 AS n";
+/// `$1 int8`: try one shared `BigInt` lock; `(tag, 1 | 0)`.
+pub const TRY_BIGINT_SHARED: &str = "SELECT 'lockkit:try_bigint_shared'::text AS tag, \
+     pg_try_advisory_xact_lock_shared($1)::int::int8 AS n";
+/// `$1 int4, $2 int4`: try one exclusive `Pair` lock; `(tag, 1 | 0)`.
+pub const TRY_PAIR: &str =
+    "SELECT 'lockkit:try_pair'::text AS tag, pg_try_advisory_xact_lock($1, $2)::int::int8 AS n";
+/// `$1 int4, $2 int4`: try one shared `Pair` lock; `(tag, 1 | 0)`.
+pub const TRY_PAIR_SHARED: &str = "SELECT 'lockkit:try_pair_shared'::text AS tag, \
+     pg_try_advisory_xact_lock_shared($1, $2)::int::int8 AS n";
 
-/// `$1 int8[], $2 bool[]` (shared?): lock every key in array order; returns
-/// one `int8`, the number of keys locked.
-pub const BATCH_BIGINT: &str = "SELECT count(CASE WHEN s THEN pg_advisory_xact_lock_shared(k) \
-     ELSE pg_advisory_xact_lock(k) END) FROM unnest($1::int8[], $2::bool[]) AS t(k, s)";
-
+/// `$1 int8[], $2 bool[]` (shared?): lock every key in array order;
+/// `(tag, keys locked)`.
+pub const BATCH_BIGINT: &str = "SELECT 'lockkit:batch_bigint'::text AS tag, \
+     count(CASE WHEN s THEN pg_advisory_xact_lock_shared(k) ELSE pg_advisory_xact_lock(k) END) AS n \
+     FROM unnest($1::int8[], $2::bool[]) AS t(k, s)";
 /// `$1 int4[], $2 int4[], $3 bool[]`: lock every `(class, object)` in array
-/// order; returns one `int8`, the number of keys locked.
-pub const BATCH_PAIR: &str = "SELECT count(CASE WHEN s THEN pg_advisory_xact_lock_shared(c, o) \
-     ELSE pg_advisory_xact_lock(c, o) END) FROM unnest($1::int4[], $2::int4[], $3::bool[]) AS t(c, o, s)";
-
+/// order; `(tag, keys locked)`.
+pub const BATCH_PAIR: &str = "SELECT 'lockkit:batch_pair'::text AS tag, \
+     count(CASE WHEN s THEN pg_advisory_xact_lock_shared(c, o) ELSE pg_advisory_xact_lock(c, o) END) AS n \
+     FROM unnest($1::int4[], $2::int4[], $3::bool[]) AS t(c, o, s)";
 /// `$1 int8[]`: [`BATCH_BIGINT`] when every key is exclusive, the common
 /// case: no mode array to send and no `CASE` per key.
-pub const BATCH_BIGINT_EXCLUSIVE: &str =
-    "SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::int8[]) AS t(k)";
-
+pub const BATCH_BIGINT_EXCLUSIVE: &str = "SELECT 'lockkit:batch_bigint_exclusive'::text AS tag, \
+     count(pg_advisory_xact_lock(k)) AS n FROM unnest($1::int8[]) AS t(k)";
 /// `$1 int4[], $2 int4[]`: [`BATCH_PAIR`] when every key is exclusive.
-pub const BATCH_PAIR_EXCLUSIVE: &str =
-    "SELECT count(pg_advisory_xact_lock(c, o)) FROM unnest($1::int4[], $2::int4[]) AS t(c, o)";
+pub const BATCH_PAIR_EXCLUSIVE: &str = "SELECT 'lockkit:batch_pair_exclusive'::text AS tag, \
+     count(pg_advisory_xact_lock(c, o)) AS n FROM unnest($1::int4[], $2::int4[]) AS t(c, o)";
 
-/// `$1 int8[], $2 bool[]`: try every key in array order; returns one `int8[]`,
-/// the keys that were busy. Run inside a savepoint that is rolled back when
-/// any key was busy.
-pub const TRY_BATCH_BIGINT: &str = "SELECT coalesce(array_agg(k) FILTER (WHERE NOT ok), '{}') FROM \
+/// `$1 int8[], $2 bool[]`: try every key in array order;
+/// `(tag, keys tried, busy int8[])`. Run inside [`SAVEPOINT`], rolled back
+/// when any key was busy.
+pub const TRY_BATCH_BIGINT: &str = "SELECT 'lockkit:try_batch_bigint'::text AS tag, count(*)::int8 AS n, \
+     coalesce(array_agg(k) FILTER (WHERE NOT ok), '{}') AS busy FROM \
      (SELECT k, CASE WHEN s THEN pg_try_advisory_xact_lock_shared(k) ELSE pg_try_advisory_xact_lock(k) END AS ok \
       FROM unnest($1::int8[], $2::bool[]) AS t(k, s) OFFSET 0) AS x";
-
 /// `$1 int4[], $2 int4[], $3 bool[]`: try every `(class, object)` in array
-/// order; returns `int4[]` classes and `int4[]` objects of the busy keys.
-pub const TRY_BATCH_PAIR: &str = "SELECT coalesce(array_agg(c) FILTER (WHERE NOT ok), '{}'), \
-     coalesce(array_agg(o) FILTER (WHERE NOT ok), '{}') FROM \
+/// order; `(tag, keys tried, busy classes int4[], busy objects int4[])`.
+pub const TRY_BATCH_PAIR: &str = "SELECT 'lockkit:try_batch_pair'::text AS tag, count(*)::int8 AS n, \
+     coalesce(array_agg(c) FILTER (WHERE NOT ok), '{}') AS busy_class, \
+     coalesce(array_agg(o) FILTER (WHERE NOT ok), '{}') AS busy_object FROM \
      (SELECT c, o, CASE WHEN s THEN pg_try_advisory_xact_lock_shared(c, o) ELSE pg_try_advisory_xact_lock(c, o) END AS ok \
       FROM unnest($1::int4[], $2::int4[], $3::bool[]) AS t(c, o, s) OFFSET 0) AS x";
 
@@ -68,33 +84,44 @@ pub const SAVEPOINT: &str = "SAVEPOINT lockkit_acquire";
 /// Releases [`SAVEPOINT`] after success.
 pub const RELEASE: &str = "RELEASE SAVEPOINT lockkit_acquire";
 /// Undoes [`SAVEPOINT`] after a failure: releases the locks it took, restores
-/// the timeouts, and makes an aborted transaction usable again.
+/// the timeouts, and makes an aborted transaction usable again. Two
+/// statements: send it with the simple query protocol.
 pub const ROLLBACK: &str =
     "ROLLBACK TO SAVEPOINT lockkit_acquire; RELEASE SAVEPOINT lockkit_acquire";
 
-/// Saves the caller's `lock_timeout` and `statement_timeout` (transaction
-/// local) so [`RESTORE_TIMEOUTS`] can put them back.
-pub const SAVE_TIMEOUTS: &str = "SELECT \
-     set_config('lockkit.saved_lock_timeout', current_setting('lock_timeout'), true), \
-     set_config('lockkit.saved_statement_timeout', current_setting('statement_timeout'), true)";
-/// `$1 text` (e.g. `'250ms'`): sets both timeouts for the lock statements.
-/// `lock_timeout` bounds each key's wait, `statement_timeout` the whole
-/// statement, so a batch is bounded as a whole, not per key.
-pub const SET_TIMEOUTS: &str =
-    "SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $1, true)";
-/// Restores what [`SAVE_TIMEOUTS`] saved.
-pub const RESTORE_TIMEOUTS: &str = "SELECT \
-     set_config('lock_timeout', current_setting('lockkit.saved_lock_timeout'), true), \
-     set_config('statement_timeout', current_setting('lockkit.saved_statement_timeout'), true)";
+/// `$1 int8` (milliseconds, at least 1): saves the caller's `lock_timeout`
+/// and `statement_timeout` (transaction-local), records the deadline, and
+/// sets both timeouts to `$1`; `(tag, 0)`. The target list is evaluated left
+/// to right, so the saved values are the caller's.
+pub const SET_TIMEOUTS: &str = "SELECT 'lockkit:set_timeouts'::text AS tag, 0::int8 AS n, \
+     set_config('lockkit.saved_lock_timeout', current_setting('lock_timeout'), true) AS a, \
+     set_config('lockkit.saved_statement_timeout', current_setting('statement_timeout'), true) AS b, \
+     set_config('lockkit.deadline', (clock_timestamp() + $1::int8 * interval '1 millisecond')::text, true) AS c, \
+     set_config('lock_timeout', $1::int8::text || 'ms', true) AS d, \
+     set_config('statement_timeout', $1::int8::text || 'ms', true) AS e";
+/// Sets both timeouts to what is left until the deadline of
+/// [`SET_TIMEOUTS`] (at least 1 ms), so that the second lock statement of a
+/// batch gets only the rest of the time; `(tag, 0)`.
+pub const ARM_TIMEOUTS: &str = "SELECT 'lockkit:arm_timeouts'::text AS tag, 0::int8 AS n, \
+     set_config('lock_timeout', r, true) AS a, set_config('statement_timeout', r, true) AS b FROM \
+     (SELECT greatest(1, ceil(extract(epoch FROM current_setting('lockkit.deadline')::timestamptz \
+      - clock_timestamp()) * 1000))::int8::text || 'ms' AS r) AS d";
+/// Restores what [`SET_TIMEOUTS`] saved; `(tag, 0)`.
+pub const RESTORE_TIMEOUTS: &str = "SELECT 'lockkit:restore_timeouts'::text AS tag, 0::int8 AS n, \
+     set_config('lock_timeout', current_setting('lockkit.saved_lock_timeout'), true) AS a, \
+     set_config('statement_timeout', current_setting('lockkit.saved_statement_timeout'), true) AS b";
 
 /// `$1 text[]` (hashtext probes): the server facts a locker (and each
 /// session lock) learns once: `max_locks_per_transaction int4`,
-/// `pg_is_in_recovery() bool`, `server_version_num int4`, `hashtext` of each
-/// probe `int4[]`, and `pg_backend_pid() int4` (which a session lock keeps).
-pub const SERVER_FACTS: &str = "SELECT current_setting('max_locks_per_transaction')::int4, \
-     pg_is_in_recovery(), current_setting('server_version_num')::int4, \
-     ARRAY(SELECT hashtext(p) FROM unnest($1::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i), \
-     pg_backend_pid()";
+/// `max_connections + max_prepared_transactions int4` (the lock table's
+/// slots), `pg_is_in_recovery() bool`, `server_version_num int4`,
+/// `hashtext` of each probe `int4[]`, and `pg_backend_pid() int4` (which a
+/// session lock keeps). See [`FactsRow`](crate::engine::FactsRow).
+pub const SERVER_FACTS: &str = "SELECT current_setting('max_locks_per_transaction')::int4 AS max_locks, \
+     (current_setting('max_connections')::int4 + current_setting('max_prepared_transactions')::int4) AS max_connections, \
+     pg_is_in_recovery() AS in_recovery, current_setting('server_version_num')::int4 AS version_num, \
+     ARRAY(SELECT hashtext(p) FROM unnest($1::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i) AS hashes, \
+     pg_backend_pid() AS backend_pid";
 
 // ---- Session locks (`SessionLock`) ---------------------------------------
 
@@ -168,6 +195,18 @@ pub fn session_unlock(key: LockKey, mode: Mode) -> &'static str {
     }
 }
 
+/// Formats a timeout as a setting value: whole milliseconds, at least 1
+/// (0 would mean "no timeout" to the server).
+pub fn timeout_setting(timeout: std::time::Duration) -> String {
+    format!("{}ms", timeout_millis(timeout))
+}
+
+/// A timeout in whole milliseconds, at least 1 and at most `i32::MAX` (the
+/// settings' range).
+pub fn timeout_millis(timeout: std::time::Duration) -> i64 {
+    timeout.as_millis().clamp(1, i32::MAX as u128) as i64
+}
+
 // ---- Inspection (`lockkit::inspect`) --------------------------------------
 
 /// The inspection query: every advisory lock of the current database, held
@@ -178,22 +217,58 @@ pub fn session_unlock(key: LockKey, mode: Mode) -> &'static str {
 /// Columns: `classid int8`, `objid int8`, `objsubid int2`, `mode text`,
 /// `granted bool`, `pid int4` (`NULL` for a prepared transaction),
 /// `application_name text`, `usename text`, `state text`, `query text`,
-/// `waited float8` (seconds), `blocked_by int4[]`.
+/// `waited float8` (seconds), `blocked_by int4[]`, `xact_age float8`
+/// (seconds since the holder's transaction began, `NULL` outside one),
+/// `read_at text` (this statement's start, a lower bound of the moment
+/// `pg_locks` was read, for [`SESSION_HOLDERS`]).
 pub const ADVISORY_LOCKS: &str = "SELECT l.classid::int8, l.objid::int8, l.objsubid::int2, \
      l.mode, l.granted, l.pid, a.application_name, a.usename::text, a.state, a.query, \
      extract(epoch FROM clock_timestamp() - (to_jsonb(l) ->> 'waitstart')::timestamptz)::float8, \
-     CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::int4[] ELSE pg_blocking_pids(l.pid) END \
+     CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::int4[] ELSE pg_blocking_pids(l.pid) END, \
+     extract(epoch FROM clock_timestamp() - a.xact_start)::float8, \
+     statement_timestamp()::text \
      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
      WHERE l.locktype = 'advisory' \
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
      ORDER BY l.granted DESC, l.classid, l.objid, l.objsubid, l.pid";
 
-/// Formats a timeout for [`SET_TIMEOUTS`]: whole milliseconds, at least 1
-/// (0 would mean "no timeout" to the server).
-pub fn timeout_setting(timeout: std::time::Duration) -> String {
-    let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
-    format!("{ms}ms")
-}
+/// `$1 text` (a timestamp, [`ADVISORY_LOCKS`]'s `read_at`): the backends
+/// that have been idle outside any transaction since before `$1`, so hold
+/// only session-level locks, and held them at `$1`. Sent after
+/// [`ADVISORY_LOCKS`] and [`CLEAR_ACTIVITY_SNAPSHOT`], so its
+/// `pg_stat_activity` snapshot is taken after `pg_locks` was read (a
+/// backend that began a transaction in between is not idle, or its
+/// `state_change` is later than `$1`). `backend_start` excludes a new
+/// backend that reused a pid.
+///
+/// Columns: `pid int4`.
+pub const SESSION_HOLDERS: &str = "SELECT pid FROM pg_stat_activity \
+     WHERE state = 'idle' AND xact_start IS NULL \
+     AND state_change <= $1::timestamptz AND backend_start <= $1::timestamptz";
+
+/// Discards this session's `pg_stat_activity` snapshot, which PostgreSQL
+/// otherwise keeps until the end of the transaction, so the next statement
+/// sees a fresh one even inside an explicit transaction.
+pub const CLEAR_ACTIVITY_SNAPSHOT: &str = "SELECT pg_stat_clear_snapshot()";
+
+/// Relation locks of the current database on every relation that someone
+/// waits for, held or awaited: a DDL lock queue (an `ALTER TABLE` waiting
+/// behind a long reader, new readers queued behind it).
+///
+/// Columns: `relation text` (`regclass` name), `mode text`, `granted bool`,
+/// `pid int4`, `application_name text`, `usename text`, `state text`,
+/// `query text`, `waited float8`, `blocked_by int4[]`, `xact_age float8`.
+pub const RELATION_LOCK_QUEUES: &str = "SELECT l.relation::regclass::text, l.mode, l.granted, \
+     l.pid, a.application_name, a.usename::text, a.state, a.query, \
+     extract(epoch FROM clock_timestamp() - (to_jsonb(l) ->> 'waitstart')::timestamptz)::float8, \
+     CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::int4[] ELSE pg_blocking_pids(l.pid) END, \
+     extract(epoch FROM clock_timestamp() - a.xact_start)::float8 \
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'relation' \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     AND l.relation IN (SELECT w.relation FROM pg_locks w \
+         WHERE w.locktype = 'relation' AND NOT w.granted AND w.database = l.database) \
+     ORDER BY l.relation, l.granted DESC, l.pid";
 
 #[cfg(test)]
 mod tests {

@@ -1,16 +1,18 @@
-//! [`Locker`]: configuration plus the server facts, shared by every
-//! transaction of an application.
+//! [`Locker`]: the policy and the server facts, shared by every transaction
+//! of an application; and [`LockClient`], a connection with lockkit's
+//! statements prepared on it.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Transaction};
 
-use crate::engine::config::Config;
+use crate::engine::config::{Config, StatementMode};
 use crate::engine::error::Error;
-use crate::engine::facts::{ServerFacts, HASHTEXT_PROBES};
-use crate::engine::sql;
-use crate::pg::prepared::{LockSql, Prepared};
+use crate::engine::facts::{FactsRow, ServerFacts, HASHTEXT_PROBES};
+use crate::engine::{sql, Policy};
+use crate::pg::exec::StatementCache;
 use crate::pg::transaction::LockTx;
 
 /// Takes transaction-scoped advisory locks over tokio-postgres.
@@ -23,17 +25,18 @@ use crate::pg::transaction::LockTx;
 /// # Example
 ///
 /// ```no_run
-/// use lockkit::{AdvisoryKey, Config, Locker};
+/// use lockkit::{AdvisoryKey, Config, LockClient, Locker};
 ///
 /// #[derive(AdvisoryKey)]
 /// struct Order {
 ///     id: i64,
 /// }
 ///
-/// # async fn run(client: &mut tokio_postgres::Client) -> Result<(), lockkit::Error> {
-/// let locker = Locker::new(client, Config::default()).await?;
+/// # async fn run(client: tokio_postgres::Client) -> Result<(), lockkit::Error> {
+/// let locker = Locker::new(&client, Config::default()).await?; // once, at startup
+/// let mut conn = LockClient::new(&locker, client); // once per connection
 ///
-/// let tx = locker.begin(client).await?;
+/// let tx = conn.begin().await?;
 /// let order = tx.lock(Order { id: 42 }).await?; // held until COMMIT/ROLLBACK
 /// tx.execute("UPDATE orders SET state = 'paid' WHERE id = $1", &[&order.id]).await?;
 /// drop(order);
@@ -43,13 +46,7 @@ use crate::pg::transaction::LockTx;
 /// ```
 #[derive(Clone, Debug)]
 pub struct Locker {
-    inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-struct Inner {
-    config: Config,
-    facts: ServerFacts,
+    inner: Arc<Policy>,
 }
 
 impl Locker {
@@ -58,43 +55,50 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`] or [`Error::ConnectionLost`] when the query fails.
+    /// [`ErrorKind::Database`](crate::ErrorKind::Database) or
+    /// [`ErrorKind::ConnectionLost`](crate::ErrorKind::ConnectionLost) when
+    /// the query fails.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads.
     pub async fn new(client: &Client, config: Config) -> Result<Locker, Error> {
-        let (facts, _pid) = server_facts(client).await?;
-        Ok(Locker::with_facts(config, facts))
+        let row = server_facts(client).await?;
+        Ok(Locker::with_facts(config, ServerFacts::from(&row)))
     }
 
     /// A locker with facts known in advance (no query).
     pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
         Locker {
-            inner: Arc::new(Inner { config, facts }),
+            inner: Arc::new(Policy::new(config, facts)),
         }
     }
 
     /// The policy.
     pub fn config(&self) -> &Config {
-        &self.inner.config
+        self.inner.config()
     }
 
     /// What the locker learned about the server.
     pub fn facts(&self) -> &ServerFacts {
-        &self.inner.facts
+        self.inner.facts()
     }
 
-    /// The lock budget per transaction: the configured one, else the
-    /// server's `max_locks_per_transaction`.
+    /// The configuration and facts, as the engine sees them.
+    pub fn policy(&self) -> &Policy {
+        &self.inner
+    }
+
+    /// The lock budget per transaction: see [`Config::budget`] and
+    /// [`Config::concurrent_lockers`].
     pub fn budget(&self) -> usize {
-        self.inner
-            .config
-            .budget
-            .unwrap_or(self.inner.facts.max_locks_per_transaction())
+        self.inner.budget()
     }
 
-    /// Starts a transaction on `client` that can take advisory locks.
+    /// Starts a transaction on a plain `client` that can take advisory
+    /// locks, sending lockkit's statements unnamed (one round trip each; the
+    /// server parses them every time). Prefer [`LockClient::begin`], which
+    /// prepares them once per connection.
     ///
     /// Works with pooled connections too: a deadpool-postgres `Object`
     /// dereferences to `Client` (`locker.begin(&mut obj)`).
@@ -112,78 +116,106 @@ impl Locker {
         Ok(self.wrap(tx))
     }
 
-    /// Wraps a transaction that is already open. It must not hold advisory
-    /// locks taken outside lockkit, or the budget will not count them.
+    /// Wraps a transaction that is already open (a deadpool-postgres
+    /// `Transaction` dereferences to one), with lockkit's statements sent
+    /// unnamed. It must not hold advisory locks taken outside lockkit, or
+    /// the budget will not count them.
     pub fn wrap<'c>(&self, tx: Transaction<'c>) -> LockTx<'c> {
-        LockTx::new(self.clone(), tx, LockSql::Typed)
-    }
-
-    /// Prepares lockkit's lock statements on `client` (one round trip), for
-    /// [`Locker::begin_prepared`]: keep the result with the connection.
-    ///
-    /// # Errors
-    ///
-    /// When the server refuses to prepare them.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
-    pub async fn prepare(&self, client: &Client) -> Result<Prepared, Error> {
-        Prepared::new(client).await
-    }
-
-    /// Like [`Locker::begin`], with the lock statements `prepared` on this
-    /// very `client`, so each lock costs the server no parse: as cheap as a
-    /// hand-prepared `SELECT pg_advisory_xact_lock($1)`.
-    ///
-    /// ```no_run
-    /// # use lockkit::{AdvisoryKey, Config, Locker};
-    /// # #[derive(AdvisoryKey)] struct Order { id: i64 }
-    /// # async fn run(mut client: tokio_postgres::Client) -> Result<(), lockkit::Error> {
-    /// let locker = Locker::new(&client, Config::default()).await?;
-    /// let prepared = locker.prepare(&client).await?; // once per connection
-    /// for id in 0..100 {
-    ///     let tx = locker.begin_prepared(&mut client, &prepared).await?;
-    ///     let _order = tx.lock(Order { id }).await?;
-    ///     tx.commit().await?;
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// When `BEGIN` fails. A `prepared` from another connection makes the
-    /// first lock fail ("prepared statement does not exist") and abort the
-    /// transaction.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locker::begin`].
-    pub async fn begin_prepared<'c>(
-        &self,
-        client: &'c mut Client,
-        prepared: &Prepared,
-    ) -> Result<LockTx<'c>, Error> {
-        let tx = client.transaction().await?;
-        Ok(self.wrap_prepared(tx, prepared))
-    }
-
-    /// Like [`Locker::wrap`], with statements `prepared` on the transaction's
-    /// connection.
-    pub fn wrap_prepared<'c>(&self, tx: Transaction<'c>, prepared: &Prepared) -> LockTx<'c> {
-        LockTx::new(self.clone(), tx, LockSql::Prepared(prepared.clone()))
+        LockTx::new(self.clone(), tx, None)
     }
 }
 
-/// Runs [`sql::SERVER_FACTS`] on `client`: the server's facts, and the
-/// backend pid of this connection.
-pub(crate) async fn server_facts(client: &Client) -> Result<(ServerFacts, i32), Error> {
+/// A connection that takes advisory locks: a [`Client`] with lockkit's
+/// statements prepared on it, lazily, all at once, the first time a lock
+/// call needs them. A lock then costs what a hand-prepared
+/// `SELECT pg_advisory_xact_lock($1)` costs. This is the way in for
+/// tokio-postgres; make one per connection and keep it with the connection.
+///
+/// It dereferences to the [`Client`] for everything else.
+///
+/// Behind a pooler in transaction mode that does not keep named prepared
+/// statements (pgbouncer before 1.21, or without
+/// `max_prepared_statements`), set
+/// [`Config::statements`]`(`[`StatementMode::Unnamed`]`)`: every statement
+/// is then sent unnamed, still in one round trip. Should a named statement
+/// reach a server connection where another client left a statement of the
+/// same name, the lock call fails with
+/// [`ErrorKind::UnexpectedReply`](crate::ErrorKind::UnexpectedReply):
+/// lockkit checks every reply and never reports a lock it did not see
+/// granted.
+#[derive(Debug)]
+pub struct LockClient {
+    client: Client,
+    locker: Locker,
+    cache: StatementCache,
+}
+
+impl LockClient {
+    /// Wraps `client` for `locker`. Prepares nothing yet.
+    pub fn new(locker: &Locker, client: Client) -> Self {
+        LockClient {
+            client,
+            locker: locker.clone(),
+            cache: StatementCache::default(),
+        }
+    }
+
+    /// The locker.
+    pub fn locker(&self) -> &Locker {
+        &self.locker
+    }
+
+    /// Starts a transaction that can take advisory locks.
+    ///
+    /// # Errors
+    ///
+    /// When `BEGIN` fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if dropped after `BEGIN` was sent, tokio-postgres rolls
+    /// the transaction back before the client's next statement.
+    pub async fn begin(&mut self) -> Result<LockTx<'_>, Error> {
+        let tx = self.client.transaction().await?;
+        let cache = match self.locker.config().statement_mode() {
+            StatementMode::Prepared => Some(&self.cache),
+            StatementMode::Unnamed => None,
+        };
+        Ok(LockTx::new(self.locker.clone(), tx, cache))
+    }
+
+    /// The client back.
+    pub fn into_inner(self) -> Client {
+        self.client
+    }
+}
+
+impl Deref for LockClient {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl DerefMut for LockClient {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
+
+/// Runs [`sql::SERVER_FACTS`] on `client`.
+pub(crate) async fn server_facts(client: &Client) -> Result<FactsRow, Error> {
     let probes: Vec<&str> = HASHTEXT_PROBES.to_vec();
     let row = client
         .query_typed_one(sql::SERVER_FACTS, &[(&probes, Type::TEXT_ARRAY)])
         .await?;
-    let hashes: Vec<i32> = row.try_get(3)?;
-    let facts = ServerFacts::new(row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, &hashes);
-    Ok((facts, row.try_get(4)?))
+    Ok(FactsRow {
+        max_locks: row.try_get("max_locks")?,
+        max_connections: row.try_get("max_connections")?,
+        in_recovery: row.try_get("in_recovery")?,
+        version_num: row.try_get("version_num")?,
+        hashes: row.try_get("hashes")?,
+        backend_pid: row.try_get("backend_pid")?,
+    })
 }

@@ -1,5 +1,5 @@
-//! Migrations: one runner at a time across a fleet ([`MigrationGuard`]),
-//! and DDL that never stalls the lock queue ([`run_ddl`]).
+//! Migrations: one runner at a time across a fleet ([`MigrationGuard`]);
+//! for DDL that never stalls the lock queue, see [`run_ddl`](crate::run_ddl).
 //!
 //! # One migrator per fleet
 //!
@@ -13,25 +13,16 @@
 //! left to do when the migrations are recorded (a `schema_migrations`
 //! table); or they skip at once.
 //!
-//! # DDL that never stalls the queue
-//!
-//! An `ALTER TABLE` waiting for its `ACCESS EXCLUSIVE` lock behind one long
-//! reader blocks every later reader of the table: the application stalls
-//! for as long as the long reader runs. [`run_ddl`] runs the statement
-//! under a short `lock_timeout`, so the queue is blocked for at most that
-//! long per attempt, and retries with jittered backoff until a deadline.
 
 use std::fmt;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_postgres::Client;
 
-use crate::engine::error::Error;
-use crate::engine::sql::timeout_setting;
+use crate::engine::error::{Error, ErrorKind};
 use crate::key::AdvisoryKey;
-use crate::pg::retry::RetryPolicy;
 use crate::pg::session::{SessionGuard, SessionLock};
+use crate::retry::RetryPolicy;
 
 /// What a migrator does when another one holds the migration lock.
 ///
@@ -232,11 +223,10 @@ impl<K: AdvisoryKey + Clone> MigrationGuard<K> {
             if let Some(timeout) = timeout {
                 let left = timeout.saturating_sub(started.elapsed());
                 if left.is_zero() {
-                    return Err(Error::Timeout {
-                        timeout,
-                        keys: 1,
-                        source: "another runner held the migration lock throughout".into(),
-                    });
+                    return Err(Error::with_message(
+                        ErrorKind::Timeout,
+                        format!("timed out after {timeout:?} waiting for the migration lock: another runner held it throughout"),
+                    ));
                 }
                 delay = delay.min(left);
             }
@@ -254,184 +244,3 @@ impl<K: AdvisoryKey + Clone> MigrationGuard<K> {
 /// The first step and the cap of a waiting migrator's polling backoff.
 const POLL_BASE: Duration = Duration::from_millis(50);
 const POLL_MAX: Duration = Duration::from_secs(1);
-
-/// How [`run_ddl`] retries: the `lock_timeout` of each attempt, the
-/// deadline of the whole, and the jittered backoff between attempts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DdlPolicy {
-    lock_timeout: Duration,
-    deadline: Duration,
-    backoff: RetryPolicy,
-    in_transaction: bool,
-}
-
-impl Default for DdlPolicy {
-    /// `lock_timeout` 100 ms, deadline 60 s, backoff from 50 ms up to 2 s
-    /// ("full jitter", as [`RetryPolicy`]), in a transaction.
-    fn default() -> Self {
-        DdlPolicy {
-            lock_timeout: Duration::from_millis(100),
-            deadline: Duration::from_secs(60),
-            backoff: RetryPolicy::default()
-                .delays(Duration::from_millis(50), Duration::from_secs(2)),
-            in_transaction: true,
-        }
-    }
-}
-
-impl DdlPolicy {
-    /// How long each attempt may wait for its locks: the longest the
-    /// statement blocks the queue behind it.
-    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
-        self.lock_timeout = timeout;
-        self
-    }
-
-    /// When to give up, counted from the first attempt.
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
-        self
-    }
-
-    /// The backoff's first step and cap (the delay after attempt `n` is
-    /// drawn from `[0, min(max, base × 2ⁿ⁻¹)]`).
-    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
-        self.backoff = self.backoff.delays(base, max);
-        self
-    }
-
-    /// Whether each attempt runs in a transaction of its own, with `SET
-    /// LOCAL lock_timeout` (the default). Turn it off for statements that
-    /// refuse a transaction block (`CREATE INDEX CONCURRENTLY`): the
-    /// session's `lock_timeout` is then set before and reset after each
-    /// attempt.
-    pub fn in_transaction(mut self, in_transaction: bool) -> Self {
-        self.in_transaction = in_transaction;
-        self
-    }
-}
-
-/// What [`run_ddl`] did when it succeeded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DdlReport {
-    /// Attempts made, the successful one included.
-    pub attempts: u32,
-    /// Time from the first attempt to the success.
-    pub elapsed: Duration,
-}
-
-/// Why [`run_ddl`] failed.
-#[derive(Debug, thiserror::Error)]
-pub enum DdlError {
-    /// Every attempt timed out waiting for its locks until the deadline
-    /// passed. Nothing was changed.
-    #[error("DDL gave up at its deadline after {attempts} attempt(s) in {elapsed:?}: its locks were never free within lock_timeout")]
-    Deadline {
-        /// Attempts made.
-        attempts: u32,
-        /// Time from the first attempt to giving up.
-        elapsed: Duration,
-        /// The last attempt's error (a lock timeout).
-        #[source]
-        last: Error,
-    },
-    /// An attempt failed for another reason than its lock timeout (or a
-    /// deadlock); no retry.
-    #[error("DDL failed on attempt {attempt}")]
-    Failed {
-        /// The attempt that failed.
-        attempt: u32,
-        /// Its error.
-        #[source]
-        source: Error,
-    },
-}
-
-/// Runs the DDL statement `ddl` on `client` under a short `lock_timeout`,
-/// retrying with jittered backoff while it times out waiting for its locks
-/// (`55P03`, or a deadlock `40P01`), until `policy`'s deadline. Each
-/// failed attempt and the wait after it are reported with `tracing`
-/// (`info`), so an operator sees the DDL queue being waited out.
-///
-/// `ddl` is sent as is, with the simple protocol: it may hold several
-/// statements, which then run in the attempt's transaction.
-///
-/// # Errors
-///
-/// [`DdlError::Deadline`] when the deadline passed (no attempt got its
-/// locks); [`DdlError::Failed`] at once on any other error.
-///
-/// # Cancel safety
-///
-/// Cancel safe in a transaction (the default): an attempt cut short is
-/// rolled back when the client is next used or closed. With
-/// `in_transaction(false)`, a dropped attempt may leave the session's
-/// `lock_timeout` set.
-pub async fn run_ddl(
-    client: &Client,
-    ddl: &str,
-    policy: &DdlPolicy,
-) -> Result<DdlReport, DdlError> {
-    let started = Instant::now();
-    let setting = timeout_setting(policy.lock_timeout);
-    let mut attempt = 1;
-    loop {
-        let result = if policy.in_transaction {
-            let sql = format!("BEGIN; SET LOCAL lock_timeout = '{setting}'; {ddl}; COMMIT");
-            match client.batch_execute(&sql).await {
-                Ok(()) => Ok(()),
-                Err(e) => {
-                    // The transaction is aborted (or never began).
-                    let _ = client.batch_execute("ROLLBACK").await;
-                    Err(Error::from(e))
-                }
-            }
-        } else {
-            let set = client
-                .batch_execute(&format!("SET lock_timeout = '{setting}'"))
-                .await;
-            let ran = match set {
-                Ok(()) => client.batch_execute(ddl).await,
-                Err(e) => Err(e),
-            };
-            let reset = client.batch_execute("RESET lock_timeout").await;
-            ran.and(reset).map_err(Error::from)
-        };
-        let error = match result {
-            Ok(()) => {
-                let elapsed = started.elapsed();
-                tracing::info!(attempt, ?elapsed, "lockkit: DDL done");
-                return Ok(DdlReport {
-                    attempts: attempt,
-                    elapsed,
-                });
-            }
-            Err(e) => e,
-        };
-        let retryable = matches!(
-            error.code(),
-            Some(crate::sqlstate::LOCK_NOT_AVAILABLE | crate::sqlstate::DEADLOCK_DETECTED)
-        );
-        if !retryable {
-            return Err(DdlError::Failed {
-                attempt,
-                source: error,
-            });
-        }
-        let delay = policy.backoff.delay_cap(attempt).mul_f64(fastrand::f64());
-        let elapsed = started.elapsed();
-        if elapsed + delay >= policy.deadline {
-            tracing::warn!(attempt, ?elapsed, deadline = ?policy.deadline,
-                "lockkit: DDL gave up at its deadline: its locks were never free");
-            return Err(DdlError::Deadline {
-                attempts: attempt,
-                elapsed,
-                last: error,
-            });
-        }
-        tracing::info!(attempt, lock_timeout = ?policy.lock_timeout, ?delay, ?elapsed,
-            error = %error, "lockkit: DDL could not get its locks within lock_timeout; retrying");
-        tokio::time::sleep(delay).await;
-        attempt += 1;
-    }
-}

@@ -58,17 +58,20 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::{join, join4, join5, BoxFuture};
+use futures_util::future::{join, join5, BoxFuture};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{CancelToken, Client, NoTls, Row, SimpleQueryMessage, Socket};
 
-use crate::engine::error::{Context, Error};
+use crate::engine::error::{DriverError, Error, ErrorKind};
+use crate::engine::facts::ServerFacts;
 use crate::engine::plan::Mode;
 use crate::engine::sql::{self, timeout_setting, CHECK_CLIENT, HOLDS};
+use crate::engine::{self, Policy, Request, TxState};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
+use crate::pg::exec;
 use crate::pg::locker::{server_facts, Locker};
 
 /// The keepalive cadence unless [`SessionLock::keepalive`] says otherwise.
@@ -493,10 +496,10 @@ impl SessionLock {
         one_row(&setup, "the session set-up")?;
         let (in_recovery, backend_pid): (bool, i32) = (setup[0].try_get(0)?, setup[0].try_get(1)?);
         if in_recovery && !self.allow_standby {
-            return Err(Error::HotStandby);
+            return Err(Error::new(ErrorKind::HotStandby));
         }
         if let Some(facts) = facts {
-            facts?.0.check_hashtext()?;
+            ServerFacts::from(&facts?).check_hashtext()?;
         }
         let granted = locked?;
         closed?;
@@ -514,17 +517,15 @@ impl SessionLock {
         hashtext: bool,
     ) -> Result<(bool, i32), Error> {
         let client = lease.client();
-        let (facts, backend_pid) = server_facts(client).await?;
+        let row = server_facts(client).await?;
+        let (facts, backend_pid) = (ServerFacts::from(&row), row.backend_pid);
         self.refuse(&facts, hashtext)?;
         if self.pooler_check {
             let probe = self
                 .bounded(self.probe_backends(lease, backend_pid))
                 .await?;
             if let Some(evidence) = probe.evidence {
-                return Err(Error::PooledConnection {
-                    backend_pid,
-                    evidence,
-                });
+                return Err(Error::pooled(backend_pid, evidence));
             }
         }
         // Session-wide: only on a connection of lockkit's own.
@@ -537,17 +538,20 @@ impl SessionLock {
                 client
                     .batch_execute(&format!("SET lock_timeout = '{setting}'"))
                     .await?;
-                Context::Timeout { timeout, keys: 1 }
+                Some(timeout)
             }
-            Wait::Forever | Wait::Try => Context::Plain,
+            Wait::Forever | Wait::Try => None,
         };
+        let started = std::time::Instant::now();
         let rows = key_query(
             client,
             sql::session_lock(key, mode, matches!(wait, Wait::Try)),
             key,
         )
         .await
-        .map_err(|e| Error::from_pg(e, context))?;
+        .map_err(|e| {
+            DriverError::from(e).into_error_in(context.map(|t| (t, started.elapsed())), 1)
+        })?;
         let granted = match wait {
             Wait::Try => one_bool(&rows)?,
             Wait::Forever | Wait::Timeout(_) => {
@@ -563,7 +567,7 @@ impl SessionLock {
 
     fn refuse(&self, facts: &crate::ServerFacts, hashtext: bool) -> Result<(), Error> {
         if facts.in_recovery() && !self.allow_standby {
-            return Err(Error::HotStandby);
+            return Err(Error::new(ErrorKind::HotStandby));
         }
         if hashtext {
             facts.check_hashtext()?;
@@ -640,12 +644,16 @@ impl SessionLock {
     async fn bounded<T>(&self, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
         match tokio::time::timeout(self.probe_timeout, work).await {
             Ok(result) => result,
-            Err(_) => Err(Error::Database {
-                code: None,
-                source: Box::new(ProbeTimeout {
+            Err(_) => Err(Error::with_source(
+                ErrorKind::Timeout,
+                format!(
+                    "the pooler probe did not finish within {:?}",
+                    self.probe_timeout
+                ),
+                ProbeTimeout {
                     timeout: self.probe_timeout,
-                }),
-            }),
+                },
+            )),
         }
     }
 
@@ -712,55 +720,34 @@ fn expect_granted<K>(result: Result<SessionGuard<K>, K>) -> SessionGuard<K> {
     }
 }
 
-/// Takes `key` on `client`, inside the transaction open there, with the
-/// statements of [`sql`]: one waiting or try statement, and for a timeout
-/// the transaction-local timeouts around it, all pipelined. Answers whether
-/// the lock was granted (a waiting form is granted or fails). Every reply
-/// is checked: a waiting lock must return one row, a try one `bool`;
-/// anything else is an error, never a success.
-///
-/// The one place the default session form takes its lock.
+/// Takes the transaction-scoped lock inside the transaction open on
+/// `client`, through the lock engine (its statements, reply checks and
+/// timeouts); answers whether it was granted (`false`: a try found it busy).
+/// The standby and `hashtext` checks are the caller's.
 async fn take_xact_lock(
     client: &Client,
     key: LockKey,
     mode: Mode,
     wait: Wait,
 ) -> Result<bool, Error> {
-    let shared = mode == Mode::Shared;
-    let text = match (key, shared, matches!(wait, Wait::Try)) {
-        (LockKey::BigInt(_), false, false) => sql::LOCK_BIGINT,
-        (LockKey::BigInt(_), true, false) => sql::LOCK_BIGINT_SHARED,
-        (LockKey::BigInt(_), false, true) => sql::TRY_BIGINT,
-        (LockKey::BigInt(_), true, true) => sql::TRY_BIGINT_SHARED,
-        (LockKey::Pair(..), false, false) => sql::LOCK_PAIR,
-        (LockKey::Pair(..), true, false) => sql::LOCK_PAIR_SHARED,
-        (LockKey::Pair(..), false, true) => sql::TRY_PAIR,
-        (LockKey::Pair(..), true, true) => sql::TRY_PAIR_SHARED,
+    static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(|| {
+        Policy::new(
+            crate::Config::default()
+                .allow_standby(true)
+                .order_check(crate::OrderCheck::Off)
+                .statements(crate::StatementMode::Unnamed),
+            ServerFacts::assumed(1, 1, 0),
+        )
+    });
+    let wait = match wait {
+        Wait::Forever => engine::Wait::Forever,
+        Wait::Timeout(timeout) => engine::Wait::Timeout(timeout),
+        Wait::Try => engine::Wait::Try,
     };
-    match wait {
-        Wait::Try => one_bool(&key_query(client, text, key).await?),
-        Wait::Forever => {
-            one_row(&key_query(client, text, key).await?, "the lock statement")?;
-            Ok(true)
-        }
-        Wait::Timeout(timeout) => {
-            let setting = timeout_setting(timeout);
-            let (saved, set, locked, restored) = join4(
-                client.query_typed(sql::SAVE_TIMEOUTS, &[]),
-                client.query_typed(sql::SET_TIMEOUTS, &[(&setting, Type::TEXT)]),
-                key_query(client, text, key),
-                client.query_typed(sql::RESTORE_TIMEOUTS, &[]),
-            )
-            .await;
-            one_row(&saved?, "saving the timeouts")?;
-            one_row(&set?, "setting the timeouts")?;
-            let locked =
-                locked.map_err(|e| Error::from_pg(e, Context::Timeout { timeout, keys: 1 }))?;
-            one_row(&locked, "the lock statement")?;
-            one_row(&restored?, "restoring the timeouts")?;
-            Ok(true)
-        }
-    }
+    let state = TxState::new();
+    let call = state.acquire(&POLICY, 0, Request::key(key, mode), wait)?;
+    let cancelled = std::sync::atomic::AtomicBool::new(false);
+    Ok(exec::drive(client, None, &cancelled, call).await?.is_ok())
 }
 
 /// A session-duration advisory lock, held by a connection of its own.
@@ -904,9 +891,10 @@ impl<K> SessionGuard<K> {
 }
 
 fn gone() -> Error {
-    Error::ConnectionLost {
-        source: "the session lock's connection had already ended".into(),
-    }
+    Error::with_message(
+        ErrorKind::ConnectionLost,
+        "the session lock's connection had already ended; its lock is released",
+    )
 }
 
 /// What a guard asks its task.
@@ -1122,10 +1110,7 @@ impl Drop for Lease {
 fn pool_error(e: deadpool_postgres::PoolError) -> Error {
     match e {
         deadpool_postgres::PoolError::Backend(e) => Error::from(e),
-        e => Error::Database {
-            code: None,
-            source: Box::new(e),
-        },
+        e => Error::other(e),
     }
 }
 
@@ -1294,10 +1279,7 @@ async fn backend_pid(client: &Client) -> Result<i32, Error> {
             SimpleQueryMessage::Row(row) => row.get(0).and_then(|v| v.parse().ok()),
             _ => None,
         })
-        .ok_or_else(|| Error::Database {
-            code: None,
-            source: "pg_backend_pid() returned no row".into(),
-        })
+        .ok_or_else(|| Error::unexpected("pg_backend_pid() returned no row".into()))
 }
 
 /// Runs a one-key statement with unnamed statements only, which
@@ -1322,10 +1304,10 @@ fn one_row(rows: &[Row], what: &str) -> Result<(), Error> {
     if rows.len() == 1 {
         Ok(())
     } else {
-        Err(Error::Database {
-            code: None,
-            source: format!("{what} returned {} rows, not one", rows.len()).into(),
-        })
+        Err(Error::unexpected(format!(
+            "{what} returned {} rows, not one",
+            rows.len()
+        )))
     }
 }
 
@@ -1334,10 +1316,9 @@ fn one_bool(rows: &[Row]) -> Result<bool, Error> {
     one_row(rows, "the lock statement")?;
     match rows[0].try_get::<_, Option<bool>>(0)? {
         Some(answer) => Ok(answer),
-        None => Err(Error::Database {
-            code: None,
-            source: "the lock statement returned NULL, not a bool".into(),
-        }),
+        None => Err(Error::unexpected(
+            "the lock statement returned NULL, not a bool".into(),
+        )),
     }
 }
 

@@ -1,33 +1,36 @@
-//! [`LockTx`]: a tokio-postgres transaction that takes advisory locks, and
-//! the guards that prove them.
+//! [`LockTx`]: a tokio-postgres transaction that takes advisory locks.
 
 use std::fmt;
+use std::future::Future;
 use std::ops::Deref;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::panic::Location;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::{try_join, try_join3, try_join5};
-use tokio_postgres::types::Type;
 use tokio_postgres::Transaction;
+use tracing::Instrument;
 
-use crate::engine::budget::TxLocks;
-use crate::engine::error::{Context, Error};
+use crate::engine::error::Error;
 use crate::engine::guard::{Busy, Held, HeldBatch};
-use crate::engine::plan::{Batch, Mode, Plan};
-use crate::engine::sql;
-use crate::key::{AdvisoryKey, KeyForm, LockKey};
+use crate::engine::plan::{Batch, Mode};
+use crate::engine::{Request, TxState, Wait};
+use crate::key::AdvisoryKey;
+use crate::pg::exec::{self, StatementCache};
 use crate::pg::locker::Locker;
-use crate::pg::prepared::LockSql;
-
-type PgResult<T> = Result<T, tokio_postgres::Error>;
 
 /// A tokio-postgres transaction that takes transaction-scoped advisory
 /// locks.
 ///
-/// It dereferences to [`tokio_postgres::Transaction`] for queries. Locks are
-/// released by the server at `COMMIT` or `ROLLBACK` (or a rollback of the
-/// savepoint that took them), never earlier; guards borrow the transaction,
-/// so none outlives it. Locks are taken only inside this transaction, so the
+/// Made by [`LockClient::begin`](crate::LockClient::begin) (the fast path:
+/// lockkit's statements prepared once per connection),
+/// [`Locker::begin`] or [`Locker::wrap`]. It dereferences to
+/// [`tokio_postgres::Transaction`] for queries.
+///
+/// Locks are released by the server at `COMMIT` or `ROLLBACK` (or a
+/// rollback of the savepoint that took them), or at once when an error
+/// aborts the transaction; never earlier. Guards borrow the transaction, so
+/// none outlives it. Locks are taken only inside this transaction, so the
 /// silent lock-and-release of an xact lock outside a transaction cannot
 /// happen through this API.
 ///
@@ -35,19 +38,41 @@ type PgResult<T> = Result<T, tokio_postgres::Error>;
 /// the budget counts distinct keys, and locks released by a savepoint
 /// rollback are forgotten. Use [`LockTx::savepoint`] rather than raw
 /// `SAVEPOINT` SQL, which this bookkeeping cannot see.
+///
+/// ```no_run
+/// use lockkit::{AdvisoryKey, Batch, LockClient, Locker};
+///
+/// #[derive(AdvisoryKey)]
+/// struct Account {
+///     id: i64,
+/// }
+///
+/// # async fn run(conn: &mut LockClient) -> Result<(), lockkit::Error> {
+/// let tx = conn.begin().await?;
+/// // Both accounts, in the global order, in one round trip.
+/// let held = tx.lock_batch(&Batch::new().with(&Account { id: 7 }).with(&Account { id: 3 })).await?;
+/// assert!(held.contains(&Account { id: 3 }));
+/// tx.execute("UPDATE accounts SET balance = balance - 100 WHERE id = 7", &[]).await?;
+/// tx.execute("UPDATE accounts SET balance = balance + 100 WHERE id = 3", &[]).await?;
+/// tx.commit().await?; // both locks are released here
+/// # Ok(())
+/// # }
+/// ```
 pub struct LockTx<'c> {
     tx: Option<Transaction<'c>>,
     locker: Locker,
-    sql: LockSql,
-    locks: Arc<Mutex<TxLocks>>,
+    cache: Option<&'c StatementCache>,
+    state: Arc<TxState>,
     depth: u32,
+    cancelled: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for LockTx<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockTx")
             .field("depth", &self.depth)
-            .field("locks", &*self.locks())
+            .field("state", &self.state)
+            .field("prepared", &self.cache.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -67,31 +92,25 @@ impl Drop for LockTx<'_> {
         // Dropped without commit or rollback: tokio-postgres rolls the
         // transaction (or savepoint) back, and the server releases its locks.
         if self.tx.is_some() && self.depth > 0 {
-            self.locks().rollback_savepoint(self.depth);
+            self.state.savepoint_rolled_back(self.depth);
         }
     }
-}
-
-/// How one acquisition waits.
-#[derive(Clone, Copy)]
-enum Wait {
-    Forever,
-    Timeout(Duration),
 }
 
 impl<'c> LockTx<'c> {
-    pub(crate) fn new(locker: Locker, tx: Transaction<'c>, sql: LockSql) -> Self {
+    pub(crate) fn new(
+        locker: Locker,
+        tx: Transaction<'c>,
+        cache: Option<&'c StatementCache>,
+    ) -> Self {
         LockTx {
             tx: Some(tx),
             locker,
-            sql,
-            locks: Arc::new(Mutex::new(TxLocks::new())),
+            cache,
+            state: Arc::new(TxState::new()),
             depth: 0,
+            cancelled: Arc::new(AtomicBool::new(false)),
         }
-    }
-
-    fn locks(&self) -> MutexGuard<'_, TxLocks> {
-        self.locks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn take(&mut self) -> Transaction<'c> {
@@ -110,17 +129,29 @@ impl<'c> LockTx<'c> {
         self.depth
     }
 
+    /// Whether lockkit's statements are prepared on this connection (made
+    /// by a [`LockClient`](crate::LockClient) whose statements are not
+    /// [unnamed](crate::StatementMode::Unnamed)).
+    pub fn is_prepared(&self) -> bool {
+        self.cache.is_some()
+    }
+
     /// Distinct keys this transaction holds through lockkit.
     pub fn held_count(&self) -> usize {
-        self.locks().len()
+        self.state.held_count()
     }
 
     /// Whether this transaction holds `key` in at least `mode`, as far as
     /// lockkit took it.
     pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
-        self.locks()
-            .mode(key.lock_key())
-            .is_some_and(|held| held.covers(mode))
+        self.state.holds(key.lock_key(), mode)
+    }
+
+    /// Whether an earlier lock call was cut off (its future dropped, or its
+    /// reply not lockkit's), so that what this transaction holds is unknown
+    /// and every lock call fails: roll it back.
+    pub fn is_poisoned(&self) -> bool {
+        self.state.is_poisoned()
     }
 
     /// Commits, releasing every lock (and, for a savepoint, handing its
@@ -140,15 +171,20 @@ impl<'c> LockTx<'c> {
         let result = tx.commit().await;
         if self.depth > 0 {
             if result.is_ok() {
-                self.locks().release_savepoint(self.depth);
+                self.state.savepoint_released(self.depth);
             } else {
-                self.locks().poison();
+                self.state.poison();
             }
         }
         Ok(result?)
     }
 
     /// Rolls back, releasing every lock this transaction (or savepoint) took.
+    ///
+    /// After a lock call whose future was dropped, the cancel request sent
+    /// then may have reached the server before the lock statement did; the
+    /// rollback then sends one again every 100 ms until it completes, so it
+    /// never waits for another session to let go of the key.
     ///
     /// # Errors
     ///
@@ -160,12 +196,30 @@ impl<'c> LockTx<'c> {
     /// roll back anyway.
     pub async fn rollback(mut self) -> Result<(), Error> {
         let tx = self.take();
-        let result = tx.rollback().await;
+        let token = self
+            .cancelled
+            .load(Ordering::SeqCst)
+            .then(|| tx.cancel_token());
+        let rollback = tx.rollback();
+        let result = match token {
+            None => rollback.await,
+            Some(token) => {
+                tokio::pin!(rollback);
+                let mut tick = tokio::time::interval(Duration::from_millis(100));
+                tick.tick().await;
+                loop {
+                    tokio::select! {
+                        result = &mut rollback => break result,
+                        _ = tick.tick() => exec::cancel(token.clone()),
+                    }
+                }
+            }
+        };
         if self.depth > 0 {
             if result.is_ok() {
-                self.locks().rollback_savepoint(self.depth);
+                self.state.savepoint_rolled_back(self.depth);
             } else {
-                self.locks().poison();
+                self.state.poison();
             }
         }
         Ok(result?)
@@ -186,8 +240,9 @@ impl<'c> LockTx<'c> {
     pub async fn savepoint(&mut self) -> Result<LockTx<'_>, Error> {
         let depth = self.depth + 1;
         let locker = self.locker.clone();
-        let sql = self.sql.clone();
-        let locks = Arc::clone(&self.locks);
+        let state = Arc::clone(&self.state);
+        let cancelled = Arc::clone(&self.cancelled);
+        let cache = self.cache;
         let tx = self
             .tx
             .as_mut()
@@ -196,9 +251,10 @@ impl<'c> LockTx<'c> {
         Ok(LockTx {
             tx: Some(inner),
             locker,
-            sql,
-            locks,
+            cache,
+            state,
             depth,
+            cancelled,
         })
     }
 
@@ -206,20 +262,44 @@ impl<'c> LockTx<'c> {
     ///
     /// # Errors
     ///
-    /// [`Error::BudgetExceeded`], [`Error::LockOrder`] (when configured),
-    /// [`Error::HotStandby`], [`Error::Poisoned`] and
-    /// [`Error::HashtextMismatch`] before anything is sent;
-    /// [`Error::Deadlock`], [`Error::LockTableFull`],
-    /// [`Error::ConnectionLost`] and other server errors after, which abort
-    /// the transaction.
+    /// Before anything is sent: [`ErrorKind::BudgetExceeded`],
+    /// [`ErrorKind::LockOrder`], [`ErrorKind::HotStandby`],
+    /// [`ErrorKind::Poisoned`], [`ErrorKind::LockInFlight`],
+    /// [`ErrorKind::TransactionAborted`], [`ErrorKind::HashtextMismatch`].
+    /// After, with the transaction aborted: [`ErrorKind::Deadlock`],
+    /// [`ErrorKind::LockTableFull`], [`ErrorKind::Timeout`] (the session's
+    /// own `lock_timeout`/`statement_timeout`), [`ErrorKind::Cancelled`],
+    /// [`ErrorKind::ConnectionLost`] and other server errors;
+    /// [`ErrorKind::UnexpectedReply`] (the transaction is poisoned) when the
+    /// server's answer is not the reply of lockkit's statement.
     ///
     /// # Cancel safety
     ///
-    /// If the future is dropped after its statement was sent, the server may
-    /// still grant the lock, so the transaction is marked poisoned: every
-    /// later lock call fails with [`Error::Poisoned`] until it ends.
-    pub async fn lock<K: AdvisoryKey>(&self, key: K) -> Result<Held<'_, K>, Error> {
-        self.lock_one(key, Mode::Exclusive, Wait::Forever).await
+    /// Dropping the future after its statement was sent sends a cancel
+    /// request for it, so the connection is free again within about a round
+    /// trip, and poisons the transaction (the server may have granted the
+    /// lock): every later lock call fails with [`ErrorKind::Poisoned`]; roll
+    /// it back.
+    ///
+    /// [`ErrorKind::BudgetExceeded`]: crate::ErrorKind::BudgetExceeded
+    /// [`ErrorKind::LockOrder`]: crate::ErrorKind::LockOrder
+    /// [`ErrorKind::HotStandby`]: crate::ErrorKind::HotStandby
+    /// [`ErrorKind::Poisoned`]: crate::ErrorKind::Poisoned
+    /// [`ErrorKind::LockInFlight`]: crate::ErrorKind::LockInFlight
+    /// [`ErrorKind::TransactionAborted`]: crate::ErrorKind::TransactionAborted
+    /// [`ErrorKind::HashtextMismatch`]: crate::ErrorKind::HashtextMismatch
+    /// [`ErrorKind::Deadlock`]: crate::ErrorKind::Deadlock
+    /// [`ErrorKind::LockTableFull`]: crate::ErrorKind::LockTableFull
+    /// [`ErrorKind::Timeout`]: crate::ErrorKind::Timeout
+    /// [`ErrorKind::Cancelled`]: crate::ErrorKind::Cancelled
+    /// [`ErrorKind::ConnectionLost`]: crate::ErrorKind::ConnectionLost
+    /// [`ErrorKind::UnexpectedReply`]: crate::ErrorKind::UnexpectedReply
+    #[track_caller]
+    pub fn lock<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        self.lock_one(key, Mode::Exclusive, Wait::Forever, Location::caller())
     }
 
     /// Takes `key` shared: other shared holders are admitted, exclusive ones
@@ -232,8 +312,12 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn lock_shared<K: AdvisoryKey>(&self, key: K) -> Result<Held<'_, K>, Error> {
-        self.lock_one(key, Mode::Shared, Wait::Forever).await
+    #[track_caller]
+    pub fn lock_shared<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        self.lock_one(key, Mode::Shared, Wait::Forever, Location::caller())
     }
 
     /// Takes `key` exclusive, waiting at most `timeout` (measured by the
@@ -242,19 +326,25 @@ impl<'c> LockTx<'c> {
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`], and as [`LockTx::lock`]; after a deadlock the
-    /// savepoint rollback leaves the transaction usable too.
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) (with
+    /// [`Error::timeout`] set), and as [`LockTx::lock`]; after a deadlock or
+    /// a cancel the savepoint rollback leaves the transaction usable too.
     ///
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn lock_timeout<K: AdvisoryKey>(
+    #[track_caller]
+    pub fn lock_timeout<K: AdvisoryKey>(
         &self,
         key: K,
         timeout: Duration,
-    ) -> Result<Held<'_, K>, Error> {
-        self.lock_one(key, Mode::Exclusive, Wait::Timeout(timeout))
-            .await
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        self.lock_one(
+            key,
+            Mode::Exclusive,
+            Wait::Timeout(timeout),
+            Location::caller(),
+        )
     }
 
     /// Takes `key` shared, waiting at most `timeout`.
@@ -266,13 +356,18 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn lock_shared_timeout<K: AdvisoryKey>(
+    #[track_caller]
+    pub fn lock_shared_timeout<K: AdvisoryKey>(
         &self,
         key: K,
         timeout: Duration,
-    ) -> Result<Held<'_, K>, Error> {
-        self.lock_one(key, Mode::Shared, Wait::Timeout(timeout))
-            .await
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        self.lock_one(
+            key,
+            Mode::Shared,
+            Wait::Timeout(timeout),
+            Location::caller(),
+        )
     }
 
     /// Takes `key` exclusive if no other transaction holds it, without
@@ -285,8 +380,12 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn try_lock<K: AdvisoryKey>(&self, key: K) -> Result<Result<Held<'_, K>, K>, Error> {
-        self.try_lock_one(key, Mode::Exclusive).await
+    #[track_caller]
+    pub fn try_lock<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
+        self.try_lock_one(key, Mode::Exclusive, Location::caller())
     }
 
     /// Takes `key` shared if no transaction holds it exclusive, without
@@ -299,11 +398,12 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn try_lock_shared<K: AdvisoryKey>(
+    #[track_caller]
+    pub fn try_lock_shared<K: AdvisoryKey>(
         &self,
         key: K,
-    ) -> Result<Result<Held<'_, K>, K>, Error> {
-        self.try_lock_one(key, Mode::Shared).await
+    ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
+        self.try_lock_one(key, Mode::Shared, Location::caller())
     }
 
     /// Takes every key of `batch` in the global lock order, in one round
@@ -324,7 +424,7 @@ impl<'c> LockTx<'c> {
     /// statement fails too, and `try_join!` returns the lock's error.
     ///
     /// ```no_run
-    /// use lockkit::{AdvisoryKey, Batch, Error, Locker, Prepared};
+    /// use lockkit::{AdvisoryKey, Batch, Error, LockClient};
     /// use tokio_postgres::types::Type;
     ///
     /// #[derive(AdvisoryKey)]
@@ -332,14 +432,9 @@ impl<'c> LockTx<'c> {
     ///     id: i64,
     /// }
     ///
-    /// async fn ingest(
-    ///     locker: &Locker,
-    ///     prepared: &Prepared, // locker.prepare(&client), once per connection
-    ///     client: &mut tokio_postgres::Client,
-    ///     ids: &[i64],
-    /// ) -> Result<u64, Error> {
+    /// async fn ingest(conn: &mut LockClient, ids: &[i64]) -> Result<u64, Error> {
     ///     let batch: Batch = ids.iter().map(|&id| Event { id }).collect();
-    ///     let tx = locker.begin_prepared(client, prepared).await?;
+    ///     let tx = conn.begin().await?;
     ///     // One round trip for both: the locks, then the insert under them.
     ///     let insert = "INSERT INTO events (id) SELECT unnest($1::int8[]) ON CONFLICT DO NOTHING";
     ///     let (held, inserted) = tokio::try_join!(tx.lock_batch(&batch), async {
@@ -354,6 +449,9 @@ impl<'c> LockTx<'c> {
     /// The second future must send its statement on its first poll, as
     /// `execute_typed`, `query_typed`, and `execute`/`query` with a prepared
     /// `Statement` do; `execute` with a `&str` first waits for a prepare.
+    /// The first lock call on a new [`LockClient`](crate::LockClient)
+    /// prepares lockkit's statements first (one round trip, once per
+    /// connection) before it sends anything.
     ///
     /// # Errors
     ///
@@ -362,13 +460,17 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn lock_batch(&self, batch: &Batch) -> Result<HeldBatch<'_>, Error> {
-        self.acquire(batch, Wait::Forever).await
+    #[track_caller]
+    pub fn lock_batch<'s>(
+        &'s self,
+        batch: &Batch,
+    ) -> impl Future<Output = Result<HeldBatch<'s>, Error>> + 's {
+        self.acquire_batch(Request::batch(batch), Wait::Forever, Location::caller())
     }
 
     /// Takes every key of `batch`, the whole batch waiting at most `timeout`
-    /// (not each key). On timeout nothing of the batch is held and the
-    /// transaction is still usable.
+    /// (across both key spaces, not per key or per statement). On timeout
+    /// nothing of the batch is held and the transaction is still usable.
     ///
     /// # Errors
     ///
@@ -377,12 +479,17 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn lock_batch_timeout(
-        &self,
+    #[track_caller]
+    pub fn lock_batch_timeout<'s>(
+        &'s self,
         batch: &Batch,
         timeout: Duration,
-    ) -> Result<HeldBatch<'_>, Error> {
-        self.acquire(batch, Wait::Timeout(timeout)).await
+    ) -> impl Future<Output = Result<HeldBatch<'s>, Error>> + 's {
+        self.acquire_batch(
+            Request::batch(batch),
+            Wait::Timeout(timeout),
+            Location::caller(),
+        )
     }
 
     /// Takes every key of `batch` or none: when any key is busy, nothing of
@@ -395,41 +502,17 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn try_lock_batch(
-        &self,
+    #[track_caller]
+    pub fn try_lock_batch<'s>(
+        &'s self,
         batch: &Batch,
-    ) -> Result<Result<HeldBatch<'_>, Busy>, Error> {
-        let (plan, mut flight) = self.prepare(batch.iter(), batch.has_hashtext())?;
-        if plan.is_empty() {
-            flight.finish(&plan, true, false);
-            return Ok(Ok(self.batch_guard(batch)));
-        }
-        let tx = &**self;
-        let result = if plan.len() == 1 {
-            try_one(tx, &plan).await.map(|ok| {
-                if ok {
-                    Vec::new()
-                } else {
-                    plan.keys().collect()
-                }
-            })
-        } else {
-            try_many(tx, &plan).await
-        };
-        match result {
-            Ok(busy) => {
-                flight.finish(&plan, busy.is_empty(), false);
-                Ok(if busy.is_empty() {
-                    Ok(self.batch_guard(batch))
-                } else {
-                    Err(Busy::__new(busy))
-                })
-            }
-            Err(e) => {
-                let aborted = plan.len() == 1 || tx.batch_execute(sql::ROLLBACK).await.is_err();
-                flight.finish(&plan, false, aborted);
-                Err(Error::from_pg(e, Context::Plain))
-            }
+    ) -> impl Future<Output = Result<Result<HeldBatch<'s>, Busy>, Error>> + 's {
+        let request = Request::batch(batch).at(Location::caller());
+        async move {
+            let call = self
+                .state
+                .acquire(self.locker.policy(), self.depth, request, Wait::Try)?;
+            Ok(self.drive(call).await?.map(|grant| grant.batch()))
         }
     }
 
@@ -438,231 +521,64 @@ impl<'c> LockTx<'c> {
         value: K,
         mode: Mode,
         wait: Wait,
+        site: &'static Location<'static>,
     ) -> Result<Held<'_, K>, Error> {
-        let key = value.lock_key();
-        let (plan, flight) =
-            self.prepare([(key, mode)], K::KEY_SPEC.form() == KeyForm::HashText)?;
-        self.send(&plan, flight, wait).await?;
-        let mode = self.locks().mode(key).unwrap_or(mode);
-        Ok(Held::__granted(value, key, mode))
+        let call = self.state.acquire(
+            self.locker.policy(),
+            self.depth,
+            Request::one(&value, mode).at(site),
+            wait,
+        )?;
+        match self.drive(call).await? {
+            Ok(grant) => Ok(grant
+                .held(value)
+                .unwrap_or_else(|_| unreachable!("the grant is for this key"))),
+            Err(_) => unreachable!("only a try is busy"),
+        }
     }
 
     async fn try_lock_one<K: AdvisoryKey>(
         &self,
         value: K,
         mode: Mode,
+        site: &'static Location<'static>,
     ) -> Result<Result<Held<'_, K>, K>, Error> {
-        let key = value.lock_key();
-        let (plan, mut flight) =
-            self.prepare([(key, mode)], K::KEY_SPEC.form() == KeyForm::HashText)?;
-        if !plan.is_empty() {
-            match try_one(self, &plan).await {
-                Ok(true) => flight.finish(&plan, true, false),
-                Ok(false) => {
-                    flight.finish(&plan, false, false);
-                    return Ok(Err(value));
-                }
-                Err(e) => {
-                    flight.finish(&plan, false, true);
-                    return Err(Error::from_pg(e, Context::Plain));
-                }
-            }
-        } else {
-            flight.finish(&plan, true, false);
-        }
-        let mode = self.locks().mode(key).unwrap_or(mode);
-        Ok(Ok(Held::__granted(value, key, mode)))
+        let call = self.state.acquire(
+            self.locker.policy(),
+            self.depth,
+            Request::one(&value, mode).at(site),
+            Wait::Try,
+        )?;
+        Ok(match self.drive(call).await? {
+            Ok(grant) => grant.held(value),
+            Err(_) => Err(value),
+        })
     }
 
-    async fn acquire(&self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'_>, Error> {
-        let (plan, flight) = self.prepare(batch.iter(), batch.has_hashtext())?;
-        self.send(&plan, flight, wait).await?;
-        Ok(self.batch_guard(batch))
-    }
-
-    fn batch_guard(&self, batch: &Batch) -> HeldBatch<'_> {
-        HeldBatch::__granted(batch.planned())
-    }
-
-    /// Checks everything that needs no round trip, plans what to send, and
-    /// marks the request in flight (one critical section, so concurrent calls
-    /// on one transaction cannot both plan against the same held set).
-    fn prepare(
+    async fn acquire_batch(
         &self,
-        request: impl IntoIterator<Item = (LockKey, Mode)>,
-        hashtext: bool,
-    ) -> Result<(Plan, Flight<'_>), Error> {
-        let facts = self.locker.facts();
-        if facts.in_recovery() && !self.locker.config().allow_standby {
-            return Err(Error::HotStandby);
-        }
-        if hashtext {
-            facts.check_hashtext()?;
-        }
-        let mut locks = self.locks();
-        let plan = locks.plan(request, self.locker.budget(), self.locker.config())?;
-        locks.start();
-        Ok((
-            plan,
-            Flight {
-                locks: &self.locks,
-                depth: self.depth,
-                done: false,
-            },
-        ))
-    }
-
-    /// Sends a plan's lock statements and records the outcome.
-    async fn send(&self, plan: &Plan, mut flight: Flight<'_>, wait: Wait) -> Result<(), Error> {
-        if plan.is_empty() {
-            flight.finish(plan, true, false);
-            return Ok(());
-        }
-        let tx = &**self;
-        match wait {
-            Wait::Forever => match self.sql.lock(tx, plan).await {
-                Ok(()) => flight.finish(plan, true, false),
-                Err(e) => {
-                    flight.finish(plan, false, true);
-                    return Err(Error::from_pg(e, Context::Plain));
-                }
-            },
-            Wait::Timeout(timeout) => {
-                let setting = sql::timeout_setting(timeout);
-                let result = try_join5(
-                    tx.batch_execute(sql::SAVEPOINT),
-                    tx.execute_typed(sql::SAVE_TIMEOUTS, &[]),
-                    tx.execute_typed(sql::SET_TIMEOUTS, &[(&setting, Type::TEXT)]),
-                    self.sql.lock(tx, plan),
-                    try_join(
-                        tx.execute_typed(sql::RESTORE_TIMEOUTS, &[]),
-                        tx.batch_execute(sql::RELEASE),
-                    ),
-                )
-                .await;
-                match result {
-                    Ok(_) => flight.finish(plan, true, false),
-                    Err(e) => {
-                        // The savepoint rollback releases whatever part of
-                        // the batch was granted and restores the timeouts.
-                        let aborted = tx.batch_execute(sql::ROLLBACK).await.is_err();
-                        flight.finish(plan, false, aborted);
-                        return Err(Error::from_pg(
-                            e,
-                            Context::Timeout {
-                                timeout,
-                                keys: plan.len(),
-                            },
-                        ));
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Poisons the transaction unless the request it guards finishes: a dropped
-/// future leaves the held set unknown.
-struct Flight<'a> {
-    locks: &'a Mutex<TxLocks>,
-    depth: u32,
-    done: bool,
-}
-
-impl Flight<'_> {
-    fn finish(&mut self, plan: &Plan, acquired: bool, aborted: bool) {
-        self.done = true;
-        self.locks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .finish(plan, self.depth, acquired, aborted);
-    }
-}
-
-impl Drop for Flight<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.locks
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .poison();
+        request: Request,
+        wait: Wait,
+        site: &'static Location<'static>,
+    ) -> Result<HeldBatch<'_>, Error> {
+        let call = self
+            .state
+            .acquire(self.locker.policy(), self.depth, request.at(site), wait)?;
+        match self.drive(call).await? {
+            Ok(grant) => Ok(grant.batch()),
+            Err(_) => unreachable!("only a try is busy"),
         }
     }
-}
 
-/// Tries the single key of `plan`; nothing to undo when it is busy.
-async fn try_one(tx: &Transaction<'_>, plan: &Plan) -> PgResult<bool> {
-    let row = match (plan.bigint(), plan.pair_classes()) {
-        ([key], _) => {
-            let stmt = if plan.bigint_shared()[0] {
-                sql::TRY_BIGINT_SHARED
-            } else {
-                sql::TRY_BIGINT
-            };
-            tx.query_typed_one(stmt, &[(key, Type::INT8)]).await?
-        }
-        (_, [class]) => {
-            let stmt = if plan.pair_shared()[0] {
-                sql::TRY_PAIR_SHARED
-            } else {
-                sql::TRY_PAIR
-            };
-            tx.query_typed_one(
-                stmt,
-                &[(class, Type::INT4), (&plan.pair_objects()[0], Type::INT4)],
-            )
-            .await?
-        }
-        _ => unreachable!("try_one is called with exactly one key"),
-    };
-    row.try_get(0)
-}
-
-/// Tries every key of `plan` inside a savepoint; releases it when all were
-/// granted, rolls it back (releasing every granted key) otherwise. Returns
-/// the busy keys.
-async fn try_many(tx: &Transaction<'_>, plan: &Plan) -> PgResult<Vec<LockKey>> {
-    let bigint = async {
-        if plan.bigint().is_empty() {
-            return Ok(Vec::new());
-        }
-        let (k, s) = (plan.bigint(), plan.bigint_shared());
-        let row = tx
-            .query_typed_one(
-                sql::TRY_BATCH_BIGINT,
-                &[(&k, Type::INT8_ARRAY), (&s, Type::BOOL_ARRAY)],
-            )
-            .await?;
-        let busy: Vec<i64> = row.try_get(0)?;
-        Ok(busy.into_iter().map(LockKey::BigInt).collect::<Vec<_>>())
-    };
-    let pair = async {
-        if plan.pair_classes().is_empty() {
-            return Ok(Vec::new());
-        }
-        let (c, o, s) = (plan.pair_classes(), plan.pair_objects(), plan.pair_shared());
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
-            (&c, Type::INT4_ARRAY),
-            (&o, Type::INT4_ARRAY),
-            (&s, Type::BOOL_ARRAY),
-        ];
-        let row = tx.query_typed_one(sql::TRY_BATCH_PAIR, &params).await?;
-        let (c, o): (Vec<i32>, Vec<i32>) = (row.try_get(0)?, row.try_get(1)?);
-        Ok(c.into_iter()
-            .zip(o)
-            .map(|(c, o)| LockKey::Pair(c, o))
-            .collect())
-    };
-    let ((), mut busy, busy_pair) =
-        try_join3(tx.batch_execute(sql::SAVEPOINT), bigint, pair).await?;
-    busy.extend(busy_pair);
-    if busy.is_empty() {
-        tx.batch_execute(sql::RELEASE).await?;
-    } else {
-        tx.batch_execute(sql::ROLLBACK).await?;
+    async fn drive(
+        &self,
+        call: crate::engine::Acquisition<'_>,
+    ) -> Result<Result<crate::engine::Grant, Busy>, Error> {
+        let span = call.span().clone();
+        exec::drive(self.client(), self.cache, &self.cancelled, call)
+            .instrument(span)
+            .await
     }
-    Ok(busy)
 }
 
 #[cfg(test)]
@@ -684,22 +600,5 @@ mod tests {
         send::<Held<'static, String>>();
         send_sync::<Busy>();
         send_sync::<Error>();
-    }
-
-    #[test]
-    fn held_batch_proofs_follow_membership() {
-        let batch = Batch::new()
-            .with(&crate::HashText("a"))
-            .with_shared(&crate::HashText("b"));
-        let held = HeldBatch::__granted(batch.planned());
-        assert!(held.contains(&crate::HashText("a")));
-        assert!(!held.contains(&crate::HashText("c")));
-        let proof = held.proof(crate::HashText("b")).unwrap();
-        assert_eq!(proof.mode(), Mode::Shared);
-        assert_eq!(proof.key(), crate::hashtext_key("b"));
-        assert_eq!(
-            held.proof(crate::HashText("c")).unwrap_err(),
-            crate::HashText("c")
-        );
     }
 }

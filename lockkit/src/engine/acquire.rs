@@ -1,0 +1,1043 @@
+//! The acquisition protocol, written once: checks, plan, statements,
+//! replies, outcome, guards. No I/O: an adapter sends what
+//! [`Acquisition::round`] lists and hands the replies to
+//! [`Acquisition::receive`].
+
+use std::collections::HashSet;
+use std::panic::Location;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::engine::budget::TxLocks;
+use crate::engine::config::Config;
+use crate::engine::error::{DriverError, Error, ErrorKind};
+use crate::engine::facts::ServerFacts;
+use crate::engine::guard::{Busy, Held, HeldBatch};
+use crate::engine::plan::{Batch, Mode, Plan};
+use crate::engine::sql::timeout_millis;
+use crate::engine::statement::{Param, Reply, ReplyShape, Sql, Statement};
+use crate::key::{AdvisoryKey, KeyForm, LockKey};
+
+/// What a locker enforces: its [`Config`] and the [`ServerFacts`] it learned.
+/// Every adapter's locker holds one.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    config: Config,
+    facts: ServerFacts,
+}
+
+impl Policy {
+    /// A policy of `config` on the server described by `facts`.
+    pub fn new(config: Config, facts: ServerFacts) -> Self {
+        Policy { config, facts }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The server's facts.
+    pub fn facts(&self) -> &ServerFacts {
+        &self.facts
+    }
+
+    /// The lock budget per transaction (see [`Config::budget`] and
+    /// [`Config::concurrent_lockers`]).
+    pub fn budget(&self) -> usize {
+        self.config.budget_for(&self.facts)
+    }
+}
+
+/// What one transaction holds through lockkit, shared by the transaction
+/// and its savepoints. Adapters keep one per transaction.
+#[derive(Debug, Default)]
+pub struct TxState {
+    locks: Mutex<TxLocks>,
+}
+
+impl TxState {
+    /// A transaction that holds nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn locks(&self) -> MutexGuard<'_, TxLocks> {
+        self.locks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Distinct keys held.
+    pub fn held_count(&self) -> usize {
+        self.locks().len()
+    }
+
+    /// Whether `key` is held in at least `mode`.
+    pub fn holds(&self, key: LockKey, mode: Mode) -> bool {
+        self.locks().mode(key).is_some_and(|held| held.covers(mode))
+    }
+
+    /// The held keys and modes, in the global order.
+    pub fn held(&self) -> Vec<(LockKey, Mode)> {
+        self.locks().keys().collect()
+    }
+
+    /// Whether a lock call was cut off, so what is held is unknown.
+    pub fn is_poisoned(&self) -> bool {
+        self.locks().is_poisoned()
+    }
+
+    /// Marks the transaction poisoned: every later lock call fails.
+    pub fn poison(&self) {
+        self.locks().poison();
+    }
+
+    /// The savepoint at `depth` committed: its locks belong to `depth - 1`.
+    pub fn savepoint_released(&self, depth: u32) {
+        self.locks().release_savepoint(depth);
+    }
+
+    /// The savepoint at `depth` rolled back: the server released its locks.
+    pub fn savepoint_rolled_back(&self, depth: u32) {
+        self.locks().rollback_savepoint(depth);
+    }
+
+    /// Starts acquiring `request` at savepoint `depth` under `policy`:
+    /// checks everything that needs no round trip and plans the statements.
+    /// On success the transaction counts as having a lock call in flight
+    /// until the [`Acquisition`] is finished; dropped unfinished, it poisons
+    /// the transaction.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::HotStandby`], [`ErrorKind::HashtextMismatch`],
+    /// [`ErrorKind::Poisoned`], [`ErrorKind::LockInFlight`],
+    /// [`ErrorKind::TransactionAborted`], [`ErrorKind::BudgetExceeded`] and
+    /// [`ErrorKind::LockOrder`] (when configured); nothing is to be sent.
+    pub fn acquire<'a>(
+        &'a self,
+        policy: &Policy,
+        depth: u32,
+        request: Request,
+        wait: Wait,
+    ) -> Result<Acquisition<'a>, Error> {
+        if policy.facts.in_recovery() && !policy.config.standby_allowed() {
+            return Err(Error::new(ErrorKind::HotStandby));
+        }
+        if request.hashtext {
+            policy.facts.check_hashtext()?;
+        }
+        let mut locks = self.locks();
+        let (plan, out_of_order) = locks.plan(request.keys(), policy.budget(), &policy.config)?;
+        if let Some((held, requested)) = out_of_order {
+            warn_out_of_order(request.site, held, requested);
+        }
+        // Nothing to send (every key is held already): the outcome is known
+        // and nothing is in flight.
+        let empty = plan.is_empty();
+        if !empty {
+            locks.start();
+        }
+        drop(locks);
+        let span = if empty {
+            tracing::Span::none()
+        } else {
+            tracing::debug_span!(
+                "lockkit.lock",
+                key_type = request.key_type,
+                keys = plan.len(),
+                wait = ?wait,
+                outcome = tracing::field::Empty,
+                wait_ms = tracing::field::Empty,
+            )
+        };
+        Ok(Acquisition {
+            span,
+            state: self,
+            depth,
+            plan,
+            request,
+            wait,
+            started: Instant::now(),
+            stage: if empty {
+                Stage::Finished(Ok(Granted::Now))
+            } else {
+                Stage::Main
+            },
+            recorded: empty,
+        })
+    }
+}
+
+/// The keys of one lock call.
+#[derive(Debug)]
+pub struct Request {
+    keys: Keys,
+    hashtext: bool,
+    key_type: &'static str,
+    site: Option<&'static Location<'static>>,
+}
+
+#[derive(Debug)]
+enum Keys {
+    One(LockKey, Mode),
+    Many(Vec<(LockKey, Mode)>),
+}
+
+impl Request {
+    /// One key in `mode`.
+    pub fn one<K: AdvisoryKey + ?Sized>(key: &K, mode: Mode) -> Self {
+        Request {
+            keys: Keys::One(key.lock_key(), mode),
+            hashtext: K::KEY_SPEC.form() == KeyForm::HashText,
+            key_type: K::KEY_SPEC.namespace(),
+            site: None,
+        }
+    }
+
+    /// One key in `mode`, given as its [`LockKey`] (a plain key: no
+    /// `hashtext` check; the key type is reported as `raw`).
+    pub fn key(key: LockKey, mode: Mode) -> Self {
+        Request {
+            keys: Keys::One(key, mode),
+            hashtext: false,
+            key_type: "raw",
+            site: None,
+        }
+    }
+
+    /// Every key of `batch`.
+    pub fn batch(batch: &Batch) -> Self {
+        Request {
+            keys: Keys::Many(batch.planned()),
+            hashtext: batch.has_hashtext(),
+            key_type: "batch",
+            site: None,
+        }
+    }
+
+    /// The application's call site (`Location::caller()` of the adapter's
+    /// `#[track_caller]` lock method): a lock-order warning is logged once
+    /// per call site.
+    pub fn at(mut self, site: &'static Location<'static>) -> Self {
+        self.site = Some(site);
+        self
+    }
+
+    fn keys(&self) -> impl Iterator<Item = (LockKey, Mode)> + '_ {
+        let (one, many) = match &self.keys {
+            Keys::One(k, m) => (Some((*k, *m)), &[][..]),
+            Keys::Many(v) => (None, &v[..]),
+        };
+        one.into_iter().chain(many.iter().copied())
+    }
+}
+
+/// How a lock call waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Wait {
+    /// As long as it takes (or the session's own timeouts allow).
+    Forever,
+    /// At most this long for the whole call, measured by the server; on
+    /// timeout nothing of the request is held and the transaction is usable.
+    Timeout(Duration),
+    /// Not at all: every key or none; the busy keys come back.
+    Try,
+}
+
+#[derive(Debug)]
+enum Stage {
+    /// The lock statements are to be sent.
+    Main,
+    /// A try-batch savepoint is to be released (all granted) or rolled back
+    /// (busy keys).
+    Settle(Vec<LockKey>),
+    /// A failure is to be undone by rolling back lockkit's savepoint.
+    Recover(Error),
+    Finished(Result<Granted, Error>),
+}
+
+#[derive(Debug)]
+enum Granted {
+    Now,
+    Busy(Vec<LockKey>),
+}
+
+/// One lock call in flight: the statements to send, round by round, and the
+/// checked outcome. Dropping it unfinished poisons the transaction, since the
+/// server may have granted what was sent.
+#[derive(Debug)]
+#[must_use = "an acquisition must be driven to its outcome, or it poisons the transaction"]
+pub struct Acquisition<'a> {
+    span: tracing::Span,
+    state: &'a TxState,
+    depth: u32,
+    plan: Plan,
+    request: Request,
+    wait: Wait,
+    started: Instant,
+    stage: Stage,
+    recorded: bool,
+}
+
+impl Acquisition<'_> {
+    /// The statements to send now, in this order (pipelined where the driver
+    /// can), or `None` when the outcome is known: call
+    /// [`Acquisition::finish`].
+    pub fn round(&self) -> Option<Vec<Statement<'_>>> {
+        let plan = &self.plan;
+        let mut out = Vec::new();
+        match &self.stage {
+            Stage::Finished(_) => return None,
+            Stage::Recover(_) => out.push(Statement::new(Sql::Rollback, &[])),
+            Stage::Settle(busy) if busy.is_empty() => out.push(Statement::new(Sql::Release, &[])),
+            Stage::Settle(_) => out.push(Statement::new(Sql::Rollback, &[])),
+            Stage::Main => match self.wait {
+                Wait::Forever => self.lock_statements(&mut out),
+                Wait::Timeout(timeout) => {
+                    out.push(Statement::new(Sql::Savepoint, &[]));
+                    out.push(Statement::new(
+                        Sql::SetTimeouts,
+                        &[Param::Int8(timeout_millis(timeout))],
+                    ));
+                    self.lock_statements(&mut out);
+                    out.push(Statement::new(Sql::RestoreTimeouts, &[]));
+                    out.push(Statement::new(Sql::Release, &[]));
+                }
+                Wait::Try if plan.len() == 1 => {
+                    let shared = plan.modes().next() == Some(Mode::Shared);
+                    out.push(match (plan.bigint(), plan.pair_classes()) {
+                        ([k], _) => Statement::new(
+                            if shared {
+                                Sql::TryBigintShared
+                            } else {
+                                Sql::TryBigint
+                            },
+                            &[Param::Int8(*k)],
+                        ),
+                        (_, [c]) => Statement::new(
+                            if shared {
+                                Sql::TryPairShared
+                            } else {
+                                Sql::TryPair
+                            },
+                            &[Param::Int4(*c), Param::Int4(plan.pair_objects()[0])],
+                        ),
+                        _ => unreachable!("a plan of one key has one key"),
+                    });
+                }
+                Wait::Try => {
+                    out.push(Statement::new(Sql::Savepoint, &[]));
+                    if !plan.bigint().is_empty() {
+                        out.push(Statement::new(
+                            Sql::TryBatchBigint,
+                            &[
+                                Param::Int8Array(plan.bigint()),
+                                Param::BoolArray(plan.bigint_shared()),
+                            ],
+                        ));
+                    }
+                    if !plan.pair_classes().is_empty() {
+                        out.push(Statement::new(
+                            Sql::TryBatchPair,
+                            &[
+                                Param::Int4Array(plan.pair_classes()),
+                                Param::Int4Array(plan.pair_objects()),
+                                Param::BoolArray(plan.pair_shared()),
+                            ],
+                        ));
+                    }
+                }
+            },
+        }
+        Some(out)
+    }
+
+    /// The lock statements of the plan: `BigInt` keys first, then `Pair`
+    /// keys; under a timeout, the second re-armed with what is left of it.
+    fn lock_statements<'s>(&'s self, out: &mut Vec<Statement<'s>>) {
+        let plan = &self.plan;
+        let (big, pair) = (plan.bigint(), plan.pair_classes());
+        match big {
+            [] => {}
+            [k] => out.push(Statement::new(
+                if plan.bigint_shared()[0] {
+                    Sql::LockBigintShared
+                } else {
+                    Sql::LockBigint
+                },
+                &[Param::Int8(*k)],
+            )),
+            _ if plan.bigint_shared().contains(&true) => out.push(Statement::new(
+                Sql::BatchBigint,
+                &[
+                    Param::Int8Array(big),
+                    Param::BoolArray(plan.bigint_shared()),
+                ],
+            )),
+            _ => out.push(Statement::new(
+                Sql::BatchBigintExclusive,
+                &[Param::Int8Array(big)],
+            )),
+        }
+        if !big.is_empty() && !pair.is_empty() && matches!(self.wait, Wait::Timeout(_)) {
+            out.push(Statement::new(Sql::ArmTimeouts, &[]));
+        }
+        let (objects, shared) = (plan.pair_objects(), plan.pair_shared());
+        match pair {
+            [] => {}
+            [c] => out.push(Statement::new(
+                if shared[0] {
+                    Sql::LockPairShared
+                } else {
+                    Sql::LockPair
+                },
+                &[Param::Int4(*c), Param::Int4(objects[0])],
+            )),
+            _ if shared.contains(&true) => out.push(Statement::new(
+                Sql::BatchPair,
+                &[
+                    Param::Int4Array(pair),
+                    Param::Int4Array(objects),
+                    Param::BoolArray(shared),
+                ],
+            )),
+            _ => out.push(Statement::new(
+                Sql::BatchPairExclusive,
+                &[Param::Int4Array(pair), Param::Int4Array(objects)],
+            )),
+        }
+    }
+
+    /// Takes the outcome of the round [`Acquisition::round`] listed: a reply
+    /// per statement, in order, or the first error. Decides what comes next.
+    pub fn receive(&mut self, result: Result<Vec<Reply<'_>>, DriverError>) {
+        let Some(sent) = self.round() else {
+            return;
+        };
+        let sent: Vec<Sql> = sent.iter().map(Statement::sql).collect();
+        let stage = std::mem::replace(&mut self.stage, Stage::Main);
+        self.stage = match (stage, result) {
+            (Stage::Main, Ok(replies)) => match self.check(&sent, &replies) {
+                Err(e) => self.cut_off(e),
+                Ok(busy) => match self.wait {
+                    Wait::Try if self.plan.len() > 1 => Stage::Settle(busy),
+                    _ if busy.is_empty() => self.settled(Ok(Granted::Now), false),
+                    _ => self.settled(Ok(Granted::Busy(busy)), false),
+                },
+            },
+            (Stage::Main, Err(e)) => {
+                let timed = match self.wait {
+                    Wait::Timeout(t) => Some((t, self.started.elapsed())),
+                    _ => None,
+                };
+                let error = e.into_error_in(timed, self.plan.len());
+                if self.uses_savepoint() {
+                    Stage::Recover(error)
+                } else {
+                    // The failed statement aborted the transaction; what the
+                    // batch took is released with it (or at the rollback).
+                    self.settled(Err(error), true)
+                }
+            }
+            (Stage::Settle(busy), Ok(replies)) => match self.check(&sent, &replies) {
+                Err(e) => self.cut_off(e),
+                Ok(_) if busy.is_empty() => self.settled(Ok(Granted::Now), false),
+                Ok(_) => self.settled(Ok(Granted::Busy(busy)), false),
+            },
+            (Stage::Settle(_), Err(e)) => self.settled(Err(e.into_error()), true),
+            (Stage::Recover(error), Ok(replies)) => match self.check(&sent, &replies) {
+                Err(e) => self.cut_off(e),
+                // The savepoint rollback released what the call took and
+                // left the transaction usable.
+                Ok(_) => self.settled(Err(error), false),
+            },
+            (Stage::Recover(error), Err(_)) => self.settled(Err(error), true),
+            (finished @ Stage::Finished(_), _) => finished,
+        };
+    }
+
+    fn uses_savepoint(&self) -> bool {
+        match self.wait {
+            Wait::Forever => false,
+            Wait::Timeout(_) => true,
+            Wait::Try => self.plan.len() > 1,
+        }
+    }
+
+    /// Records the outcome in the transaction's bookkeeping.
+    fn settled(&mut self, outcome: Result<Granted, Error>, aborted: bool) -> Stage {
+        let acquired = matches!(outcome, Ok(Granted::Now));
+        self.state
+            .locks()
+            .finish(&self.plan, self.depth, acquired, aborted);
+        self.recorded = true;
+        self.observe(&outcome);
+        Stage::Finished(outcome)
+    }
+
+    /// A reply that is not lockkit's: nothing is known any more.
+    fn cut_off(&mut self, error: Error) -> Stage {
+        let mut locks = self.state.locks();
+        locks.finish(&self.plan, self.depth, false, false);
+        locks.poison();
+        drop(locks);
+        self.recorded = true;
+        let outcome = Err(error);
+        self.observe(&outcome);
+        Stage::Finished(outcome)
+    }
+
+    /// Reports a call that went to the server: its span's outcome and wait,
+    /// and with the `metrics` feature, the wait-time histogram and the
+    /// counters of busy keys, timeouts and deadlocks.
+    fn observe(&self, outcome: &Result<Granted, Error>) {
+        let waited = self.started.elapsed();
+        let label = match outcome {
+            Ok(Granted::Now) => "granted",
+            Ok(Granted::Busy(_)) => "busy",
+            Err(e) => kind_label(e.kind()),
+        };
+        self.span.record("outcome", label);
+        self.span.record("wait_ms", waited.as_secs_f64() * 1000.0);
+        #[cfg(feature = "metrics")]
+        {
+            let key_type = self.request.key_type;
+            metrics::histogram!("lockkit_lock_wait_seconds", "key_type" => key_type, "outcome" => label)
+                .record(waited.as_secs_f64());
+            let counter = match label {
+                "busy" => Some("lockkit_lock_busy_total"),
+                "timeout" => Some("lockkit_lock_timeouts_total"),
+                "deadlock" => Some("lockkit_lock_deadlocks_total"),
+                _ => None,
+            };
+            if let Some(name) = counter {
+                metrics::counter!(name, "key_type" => key_type).increment(1);
+            }
+        }
+    }
+
+    /// The span of this call (`lockkit.lock`, at debug level, with the key
+    /// type, the key count and the wait; the outcome and `wait_ms` are
+    /// recorded when it finishes). An adapter runs its rounds in it.
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// Checks every reply of a round against what was sent; returns the busy
+    /// keys of a try.
+    fn check(&self, sent: &[Sql], replies: &[Reply<'_>]) -> Result<Vec<LockKey>, Error> {
+        if sent.len() != replies.len() {
+            return Err(Error::unexpected(format!(
+                "{} replies to {} statements",
+                replies.len(),
+                sent.len()
+            )));
+        }
+        let mut busy = Vec::new();
+        for (sql, reply) in sent.iter().zip(replies) {
+            let bad = |what: &str| {
+                Err(Error::unexpected(format!(
+                    "the reply to lockkit's {sql:?} statement {what}: {reply:?}"
+                )))
+            };
+            let tag_ok = |tag: &str| Some(tag) == sql.tag();
+            match (sql.reply(), reply) {
+                (ReplyShape::Done, Reply::Done) => {}
+                (ReplyShape::Tagged, Reply::Tagged { tag, n }) if tag_ok(tag) => {
+                    let expected = self.expected_count(*sql);
+                    match (sql, *n) {
+                        (
+                            Sql::TryBigint
+                            | Sql::TryBigintShared
+                            | Sql::TryPair
+                            | Sql::TryPairShared,
+                            1,
+                        ) => {}
+                        (
+                            Sql::TryBigint
+                            | Sql::TryBigintShared
+                            | Sql::TryPair
+                            | Sql::TryPairShared,
+                            0,
+                        ) => busy.extend(self.plan.keys()),
+                        (_, n) if n == expected => {}
+                        _ => return bad(&format!("counts {n}, not {expected}")),
+                    }
+                }
+                (ReplyShape::TriedBigint, Reply::TriedBigint { tag, n, busy: b })
+                    if tag_ok(tag) =>
+                {
+                    if *n != self.plan.bigint().len() as i64 {
+                        return bad("tried another number of keys");
+                    }
+                    for k in b {
+                        if self.plan.bigint().binary_search(k).is_err() {
+                            return bad("names a key that was not requested");
+                        }
+                        busy.push(LockKey::BigInt(*k));
+                    }
+                }
+                (
+                    ReplyShape::TriedPair,
+                    Reply::TriedPair {
+                        tag,
+                        n,
+                        classes,
+                        objects,
+                    },
+                ) if tag_ok(tag) => {
+                    if *n != self.plan.pair_classes().len() as i64 || classes.len() != objects.len()
+                    {
+                        return bad("tried another number of keys");
+                    }
+                    for (c, o) in classes.iter().zip(objects) {
+                        let key = LockKey::Pair(*c, *o);
+                        if !self.plan.keys().any(|k| k == key) {
+                            return bad("names a key that was not requested");
+                        }
+                        busy.push(key);
+                    }
+                }
+                _ => return bad("is not its reply"),
+            }
+        }
+        Ok(busy)
+    }
+
+    /// How many keys a lock statement must report.
+    fn expected_count(&self, sql: Sql) -> i64 {
+        let n = match sql {
+            Sql::LockBigint
+            | Sql::LockBigintShared
+            | Sql::BatchBigint
+            | Sql::BatchBigintExclusive => self.plan.bigint().len(),
+            Sql::LockPair | Sql::LockPairShared | Sql::BatchPair | Sql::BatchPairExclusive => {
+                self.plan.pair_classes().len()
+            }
+            _ => 0,
+        };
+        n as i64
+    }
+
+    /// Whether the outcome is known ([`Acquisition::round`] is `None`).
+    pub fn is_finished(&self) -> bool {
+        matches!(self.stage, Stage::Finished(_))
+    }
+
+    /// How long the call has been running.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The outcome, once [`Acquisition::round`] is `None`: the grant, from
+    /// which the adapter makes its guards, or the busy keys of a try.
+    ///
+    /// # Errors
+    ///
+    /// The error of the call (typed from the driver's error and the call's
+    /// timeout); [`ErrorKind::UnexpectedReply`] for a reply that is not
+    /// lockkit's; [`ErrorKind::Poisoned`] when called before the outcome is
+    /// known (the transaction is then poisoned).
+    pub fn finish(mut self) -> Result<Result<Grant, Busy>, Error> {
+        let stage = std::mem::replace(&mut self.stage, Stage::Main);
+        let outcome = match stage {
+            Stage::Finished(outcome) => outcome,
+            _ => {
+                // Unfinished: `Drop` poisons the transaction.
+                return Err(Error::new(ErrorKind::Poisoned));
+            }
+        };
+        let key = match &self.request.keys {
+            Keys::One(k, m) => Some((*k, self.state.locks().mode(*k).unwrap_or(*m))),
+            Keys::Many(_) => None,
+        };
+        match outcome {
+            Err(e) => Err(e),
+            Ok(Granted::Busy(busy)) => Ok(Err(Busy::new(busy))),
+            Ok(Granted::Now) => Ok(Ok(Grant {
+                key,
+                keys: match std::mem::replace(&mut self.request.keys, Keys::Many(Vec::new())) {
+                    Keys::Many(v) => v,
+                    Keys::One(..) => Vec::new(),
+                },
+            })),
+        }
+    }
+}
+
+impl Drop for Acquisition<'_> {
+    fn drop(&mut self) {
+        if !self.recorded {
+            // Cut off while the server may be granting what was sent.
+            let mut locks = self.state.locks();
+            locks.finish(&self.plan, self.depth, false, false);
+            locks.poison();
+        }
+    }
+}
+
+/// The label of an error kind in spans and metrics.
+fn kind_label(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::Timeout => "timeout",
+        ErrorKind::Cancelled => "cancelled",
+        ErrorKind::Deadlock => "deadlock",
+        ErrorKind::LockTableFull => "lock_table_full",
+        ErrorKind::ConnectionLost => "connection_lost",
+        ErrorKind::UnexpectedReply => "unexpected_reply",
+        _ => "error",
+    }
+}
+
+/// Under [`OrderCheck::Warn`](crate::OrderCheck::Warn): a `tracing`
+/// warning, once per call site (every time when the adapter gave none).
+fn warn_out_of_order(site: Option<&'static Location<'static>>, held: LockKey, requested: LockKey) {
+    /// A call site: file, line, column.
+    type Site = (&'static str, u32, u32);
+    static WARNED: OnceLock<Mutex<HashSet<Site>>> = OnceLock::new();
+    if let Some(site) = site {
+        let warned = WARNED.get_or_init(Default::default);
+        let first = warned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((site.file(), site.line(), site.column()));
+        if !first {
+            return;
+        }
+    }
+    tracing::warn!(
+        %held,
+        %requested,
+        site = site.map(|s| s.to_string()),
+        "lockkit: advisory lock requested below a key already held; this order can deadlock (take keys in one batch); warned once per call site"
+    );
+}
+
+/// The proof that a lock call was granted, from which an adapter makes the
+/// guard it hands out. Only the engine makes one, from checked replies.
+#[derive(Debug)]
+pub struct Grant {
+    key: Option<(LockKey, Mode)>,
+    keys: Vec<(LockKey, Mode)>,
+}
+
+impl Grant {
+    /// The guard of a one-key call for `value`, whose key was the request.
+    /// The lifetime `'t` is the adapter's to tie to its transaction.
+    ///
+    /// # Errors
+    ///
+    /// Gives `value` back when its key is not the one granted.
+    pub fn held<'t, K: AdvisoryKey>(self, value: K) -> Result<Held<'t, K>, K> {
+        match self.key {
+            Some((key, mode)) if key == value.lock_key() => Ok(Held::new(value, key, mode)),
+            _ => Err(value),
+        }
+    }
+
+    /// The guard of a batch call. The lifetime `'t` is the adapter's to tie
+    /// to its transaction.
+    pub fn batch<'t>(self) -> HeldBatch<'t> {
+        let keys = match self.key {
+            Some(one) if self.keys.is_empty() => vec![one],
+            _ => self.keys,
+        };
+        HeldBatch::new(keys)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::config::OrderCheck;
+    use crate::engine::error::ErrorKind;
+    use crate::engine::expected_rows;
+
+    struct K(i64);
+    impl AdvisoryKey for K {
+        const KEY_SPEC: crate::KeySpec<'static> = crate::KeySpec::new("K").raw();
+        fn lock_key(&self) -> LockKey {
+            LockKey::BigInt(self.0)
+        }
+    }
+    struct P(i32);
+    impl AdvisoryKey for P {
+        const KEY_SPEC: crate::KeySpec<'static> = crate::KeySpec::new("P").raw();
+        fn lock_key(&self) -> LockKey {
+            LockKey::Pair(1, self.0)
+        }
+    }
+
+    fn policy() -> Policy {
+        Policy::new(
+            Config::default().order_check(OrderCheck::Off),
+            ServerFacts::assumed(64, 100, 0),
+        )
+    }
+
+    /// What a server answers when every key is free.
+    fn granted(round: &[Statement<'_>]) -> Vec<Reply<'static>> {
+        round
+            .iter()
+            .map(|s| match s.reply() {
+                ReplyShape::Done => Reply::Done,
+                ReplyShape::Tagged => Reply::Tagged {
+                    tag: s.sql().tag().unwrap(),
+                    n: expected_rows(s),
+                },
+                ReplyShape::TriedBigint => Reply::TriedBigint {
+                    tag: s.sql().tag().unwrap(),
+                    n: expected_rows(s),
+                    busy: vec![],
+                },
+                ReplyShape::TriedPair => Reply::TriedPair {
+                    tag: s.sql().tag().unwrap(),
+                    n: expected_rows(s),
+                    classes: vec![],
+                    objects: vec![],
+                },
+            })
+            .collect()
+    }
+
+    fn sqls(call: &Acquisition<'_>) -> Vec<Sql> {
+        call.round().unwrap().iter().map(Statement::sql).collect()
+    }
+
+    #[test]
+    fn a_timed_mixed_batch_re_arms_the_timeout_between_key_spaces() {
+        let state = TxState::new();
+        let batch = Batch::new().with(&K(1)).with(&P(2));
+        let call = state
+            .acquire(
+                &policy(),
+                0,
+                Request::batch(&batch),
+                Wait::Timeout(Duration::from_secs(1)),
+            )
+            .unwrap();
+        assert_eq!(
+            sqls(&call),
+            [
+                Sql::Savepoint,
+                Sql::SetTimeouts,
+                Sql::LockBigint,
+                Sql::ArmTimeouts,
+                Sql::LockPair,
+                Sql::RestoreTimeouts,
+                Sql::Release
+            ]
+        );
+        let round = call.round().unwrap();
+        assert_eq!(round[1].params(), [Param::Int8(1000)]);
+    }
+
+    #[test]
+    fn a_foreign_reply_is_an_error_and_poisons() {
+        let state = TxState::new();
+        let mut call = state
+            .acquire(
+                &policy(),
+                0,
+                Request::one(&K(7), Mode::Exclusive),
+                Wait::Forever,
+            )
+            .unwrap();
+        // A foreign `SELECT $1` under lockkit's statement name.
+        call.receive(Ok(vec![Reply::Tagged { tag: "7", n: 1 }]));
+        let err = call.finish().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::UnexpectedReply, "{err}");
+        assert!(state.is_poisoned());
+        assert!(!state.holds(LockKey::BigInt(7), Mode::Exclusive));
+        // The control: lockkit's own reply is a grant.
+        let state = TxState::new();
+        let mut call = state
+            .acquire(
+                &policy(),
+                0,
+                Request::one(&K(7), Mode::Exclusive),
+                Wait::Forever,
+            )
+            .unwrap();
+        let replies = granted(&call.round().unwrap());
+        call.receive(Ok(replies));
+        assert!(call.finish().unwrap().is_ok());
+        assert!(state.holds(LockKey::BigInt(7), Mode::Exclusive));
+    }
+
+    #[test]
+    fn wrong_counts_shapes_and_tags_are_refused() {
+        let bad: [Reply<'static>; 4] = [
+            Reply::Tagged {
+                tag: "lockkit:batch_bigint_exclusive",
+                n: 1,
+            },
+            Reply::Tagged {
+                tag: "lockkit:lock_bigint",
+                n: 2,
+            },
+            Reply::Done,
+            Reply::Malformed("2 rows".into()),
+        ];
+        for reply in bad {
+            let state = TxState::new();
+            let batch = Batch::new().with(&K(1)).with(&K(2));
+            let mut call = state
+                .acquire(&policy(), 0, Request::batch(&batch), Wait::Forever)
+                .unwrap();
+            call.receive(Ok(vec![reply.clone()]));
+            let err = call.finish().unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::UnexpectedReply, "{reply:?}");
+            assert!(state.is_poisoned());
+        }
+    }
+
+    #[test]
+    fn a_relock_sends_nothing_and_leaves_nothing_in_flight() {
+        let state = TxState::new();
+        for _ in 0..2 {
+            let mut call = state
+                .acquire(
+                    &policy(),
+                    0,
+                    Request::one(&K(1), Mode::Exclusive),
+                    Wait::Forever,
+                )
+                .unwrap();
+            if let Some(round) = call.round() {
+                let replies = granted(&round);
+                drop(round);
+                call.receive(Ok(replies));
+            }
+            assert!(call.finish().unwrap().is_ok());
+        }
+        let call = state
+            .acquire(
+                &policy(),
+                0,
+                Request::one(&K(1), Mode::Shared),
+                Wait::Forever,
+            )
+            .unwrap();
+        assert!(call.round().is_none(), "held in a covering mode");
+        drop(call);
+        assert!(!state.is_poisoned());
+        assert!(state
+            .acquire(
+                &policy(),
+                0,
+                Request::one(&K(2), Mode::Exclusive),
+                Wait::Forever
+            )
+            .is_ok());
+    }
+
+    #[test]
+    fn a_dropped_call_poisons_and_an_error_aborts() {
+        let state = TxState::new();
+        let call = state
+            .acquire(
+                &policy(),
+                0,
+                Request::one(&K(1), Mode::Exclusive),
+                Wait::Forever,
+            )
+            .unwrap();
+        assert!(call.round().is_some());
+        drop(call);
+        assert!(state.is_poisoned());
+
+        let state = TxState::new();
+        let mut call = state
+            .acquire(
+                &policy(),
+                0,
+                Request::one(&K(1), Mode::Exclusive),
+                Wait::Forever,
+            )
+            .unwrap();
+        call.receive(Err(DriverError::new("x")
+            .code(Some("40P01"))
+            .message(Some("deadlock detected"))));
+        assert!(call.finish().unwrap_err().is_deadlock());
+        let again = state.acquire(
+            &policy(),
+            0,
+            Request::one(&K(2), Mode::Exclusive),
+            Wait::Forever,
+        );
+        assert_eq!(again.unwrap_err().kind(), ErrorKind::TransactionAborted);
+    }
+
+    #[test]
+    fn a_timed_out_call_rolls_its_savepoint_back_and_stays_usable() {
+        let state = TxState::new();
+        let mut call = state
+            .acquire(
+                &policy(),
+                0,
+                Request::one(&K(1), Mode::Exclusive),
+                Wait::Timeout(Duration::from_millis(50)),
+            )
+            .unwrap();
+        call.receive(Err(DriverError::new("x")
+            .code(Some("55P03"))
+            .message(Some("canceling statement due to lock timeout"))));
+        assert_eq!(sqls(&call), [Sql::Rollback]);
+        call.receive(Ok(vec![Reply::Done]));
+        let err = call.finish().unwrap_err();
+        assert!(err.is_timeout());
+        assert_eq!(err.timeout(), Some(Duration::from_millis(50)));
+        assert!(!state.is_poisoned());
+        assert!(state
+            .acquire(
+                &policy(),
+                0,
+                Request::one(&K(2), Mode::Exclusive),
+                Wait::Forever
+            )
+            .is_ok());
+    }
+
+    #[test]
+    fn a_try_batch_settles_its_savepoint() {
+        let state = TxState::new();
+        let batch = Batch::new().with(&K(1)).with(&K(2)).with(&P(3));
+        let mut call = state
+            .acquire(&policy(), 0, Request::batch(&batch), Wait::Try)
+            .unwrap();
+        assert_eq!(
+            sqls(&call),
+            [Sql::Savepoint, Sql::TryBatchBigint, Sql::TryBatchPair]
+        );
+        let mut replies = granted(&call.round().unwrap());
+        replies[1] = Reply::TriedBigint {
+            tag: "lockkit:try_batch_bigint",
+            n: 2,
+            busy: vec![2],
+        };
+        call.receive(Ok(replies));
+        assert_eq!(sqls(&call), [Sql::Rollback]);
+        call.receive(Ok(vec![Reply::Done]));
+        let busy = call.finish().unwrap().unwrap_err();
+        assert_eq!(busy.keys(), [LockKey::BigInt(2)]);
+        assert_eq!(state.held_count(), 0);
+
+        // A busy key that was never requested is not lockkit's reply.
+        let mut call = state
+            .acquire(&policy(), 0, Request::batch(&batch), Wait::Try)
+            .unwrap();
+        let mut replies = granted(&call.round().unwrap());
+        replies[1] = Reply::TriedBigint {
+            tag: "lockkit:try_batch_bigint",
+            n: 2,
+            busy: vec![99],
+        };
+        call.receive(Ok(replies));
+        assert_eq!(
+            call.finish().unwrap_err().kind(),
+            ErrorKind::UnexpectedReply
+        );
+    }
+}

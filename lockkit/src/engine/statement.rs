@@ -1,0 +1,305 @@
+//! The statements the engine asks an adapter to send, and the replies the
+//! adapter hands back. These are the only things an adapter interprets.
+
+use std::fmt;
+
+use crate::engine::sql;
+
+/// One of lockkit's statements. Its text, parameter types and reply shape
+/// are fixed; an adapter may prepare each once per connection (see
+/// [`Sql::PREPARABLE`]) and keep it by [`Sql::index`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Sql {
+    /// [`sql::LOCK_BIGINT`].
+    LockBigint,
+    /// [`sql::LOCK_BIGINT_SHARED`].
+    LockBigintShared,
+    /// [`sql::LOCK_PAIR`].
+    LockPair,
+    /// [`sql::LOCK_PAIR_SHARED`].
+    LockPairShared,
+    /// [`sql::TRY_BIGINT`].
+    TryBigint,
+    /// [`sql::TRY_BIGINT_SHARED`].
+    TryBigintShared,
+    /// [`sql::TRY_PAIR`].
+    TryPair,
+    /// [`sql::TRY_PAIR_SHARED`].
+    TryPairShared,
+    /// [`sql::BATCH_BIGINT`].
+    BatchBigint,
+    /// [`sql::BATCH_PAIR`].
+    BatchPair,
+    /// [`sql::BATCH_BIGINT_EXCLUSIVE`].
+    BatchBigintExclusive,
+    /// [`sql::BATCH_PAIR_EXCLUSIVE`].
+    BatchPairExclusive,
+    /// [`sql::TRY_BATCH_BIGINT`].
+    TryBatchBigint,
+    /// [`sql::TRY_BATCH_PAIR`].
+    TryBatchPair,
+    /// [`sql::SET_TIMEOUTS`].
+    SetTimeouts,
+    /// [`sql::ARM_TIMEOUTS`].
+    ArmTimeouts,
+    /// [`sql::RESTORE_TIMEOUTS`].
+    RestoreTimeouts,
+    /// [`sql::SAVEPOINT`] (simple protocol).
+    Savepoint,
+    /// [`sql::RELEASE`] (simple protocol).
+    Release,
+    /// [`sql::ROLLBACK`] (simple protocol, two statements).
+    Rollback,
+}
+
+/// A parameter type of lockkit's statements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ParamType {
+    /// `int8`.
+    Int8,
+    /// `int4`.
+    Int4,
+    /// `int8[]`.
+    Int8Array,
+    /// `int4[]`.
+    Int4Array,
+    /// `bool[]`.
+    BoolArray,
+}
+
+/// What a statement answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReplyShape {
+    /// No row: a utility statement sent with the simple query protocol.
+    /// Reply: [`Reply::Done`].
+    Done,
+    /// One row `(tag text, n int8)`. Reply: [`Reply::Tagged`].
+    Tagged,
+    /// One row `(tag text, n int8, busy int8[])`. Reply:
+    /// [`Reply::TriedBigint`].
+    TriedBigint,
+    /// One row `(tag text, n int8, busy_class int4[], busy_object int4[])`.
+    /// Reply: [`Reply::TriedPair`].
+    TriedPair,
+}
+
+impl Sql {
+    /// Every statement with parameters or a row to answer: those an adapter
+    /// may prepare once per connection. The simple-protocol ones
+    /// ([`ReplyShape::Done`]) are not among them.
+    pub const PREPARABLE: [Sql; 17] = [
+        Sql::LockBigint,
+        Sql::LockBigintShared,
+        Sql::LockPair,
+        Sql::LockPairShared,
+        Sql::TryBigint,
+        Sql::TryBigintShared,
+        Sql::TryPair,
+        Sql::TryPairShared,
+        Sql::BatchBigint,
+        Sql::BatchPair,
+        Sql::BatchBigintExclusive,
+        Sql::BatchPairExclusive,
+        Sql::TryBatchBigint,
+        Sql::TryBatchPair,
+        Sql::SetTimeouts,
+        Sql::ArmTimeouts,
+        Sql::RestoreTimeouts,
+    ];
+
+    /// The SQL text.
+    pub fn text(self) -> &'static str {
+        match self {
+            Sql::LockBigint => sql::LOCK_BIGINT,
+            Sql::LockBigintShared => sql::LOCK_BIGINT_SHARED,
+            Sql::LockPair => sql::LOCK_PAIR,
+            Sql::LockPairShared => sql::LOCK_PAIR_SHARED,
+            Sql::TryBigint => sql::TRY_BIGINT,
+            Sql::TryBigintShared => sql::TRY_BIGINT_SHARED,
+            Sql::TryPair => sql::TRY_PAIR,
+            Sql::TryPairShared => sql::TRY_PAIR_SHARED,
+            Sql::BatchBigint => sql::BATCH_BIGINT,
+            Sql::BatchPair => sql::BATCH_PAIR,
+            Sql::BatchBigintExclusive => sql::BATCH_BIGINT_EXCLUSIVE,
+            Sql::BatchPairExclusive => sql::BATCH_PAIR_EXCLUSIVE,
+            Sql::TryBatchBigint => sql::TRY_BATCH_BIGINT,
+            Sql::TryBatchPair => sql::TRY_BATCH_PAIR,
+            Sql::SetTimeouts => sql::SET_TIMEOUTS,
+            Sql::ArmTimeouts => sql::ARM_TIMEOUTS,
+            Sql::RestoreTimeouts => sql::RESTORE_TIMEOUTS,
+            Sql::Savepoint => sql::SAVEPOINT,
+            Sql::Release => sql::RELEASE,
+            Sql::Rollback => sql::ROLLBACK,
+        }
+    }
+
+    /// The parameter types, in order.
+    pub fn param_types(self) -> &'static [ParamType] {
+        use ParamType::*;
+        match self {
+            Sql::LockBigint | Sql::LockBigintShared | Sql::TryBigint | Sql::TryBigintShared => {
+                &[Int8]
+            }
+            Sql::LockPair | Sql::LockPairShared | Sql::TryPair | Sql::TryPairShared => {
+                &[Int4, Int4]
+            }
+            Sql::BatchBigint | Sql::TryBatchBigint => &[Int8Array, BoolArray],
+            Sql::BatchPair | Sql::TryBatchPair => &[Int4Array, Int4Array, BoolArray],
+            Sql::BatchBigintExclusive => &[Int8Array],
+            Sql::BatchPairExclusive => &[Int4Array, Int4Array],
+            Sql::SetTimeouts => &[Int8],
+            Sql::ArmTimeouts
+            | Sql::RestoreTimeouts
+            | Sql::Savepoint
+            | Sql::Release
+            | Sql::Rollback => &[],
+        }
+    }
+
+    /// What the statement answers.
+    pub fn reply(self) -> ReplyShape {
+        match self {
+            Sql::TryBatchBigint => ReplyShape::TriedBigint,
+            Sql::TryBatchPair => ReplyShape::TriedPair,
+            Sql::Savepoint | Sql::Release | Sql::Rollback => ReplyShape::Done,
+            _ => ReplyShape::Tagged,
+        }
+    }
+
+    /// The tag the statement's row starts with (`None` for the
+    /// simple-protocol ones, which answer no row).
+    pub fn tag(self) -> Option<&'static str> {
+        Some(match self {
+            Sql::LockBigint => "lockkit:lock_bigint",
+            Sql::LockBigintShared => "lockkit:lock_bigint_shared",
+            Sql::LockPair => "lockkit:lock_pair",
+            Sql::LockPairShared => "lockkit:lock_pair_shared",
+            Sql::TryBigint => "lockkit:try_bigint",
+            Sql::TryBigintShared => "lockkit:try_bigint_shared",
+            Sql::TryPair => "lockkit:try_pair",
+            Sql::TryPairShared => "lockkit:try_pair_shared",
+            Sql::BatchBigint => "lockkit:batch_bigint",
+            Sql::BatchPair => "lockkit:batch_pair",
+            Sql::BatchBigintExclusive => "lockkit:batch_bigint_exclusive",
+            Sql::BatchPairExclusive => "lockkit:batch_pair_exclusive",
+            Sql::TryBatchBigint => "lockkit:try_batch_bigint",
+            Sql::TryBatchPair => "lockkit:try_batch_pair",
+            Sql::SetTimeouts => "lockkit:set_timeouts",
+            Sql::ArmTimeouts => "lockkit:arm_timeouts",
+            Sql::RestoreTimeouts => "lockkit:restore_timeouts",
+            Sql::Savepoint | Sql::Release | Sql::Rollback => return None,
+        })
+    }
+
+    /// A dense index, `0..`[`Sql::COUNT`], for an adapter's statement cache.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// How many statements there are ([`Sql::index`] is below this).
+    pub const COUNT: usize = 20;
+}
+
+/// A parameter value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Param<'a> {
+    /// `int8`.
+    Int8(i64),
+    /// `int4`.
+    Int4(i32),
+    /// `int8[]`.
+    Int8Array(&'a [i64]),
+    /// `int4[]`.
+    Int4Array(&'a [i32]),
+    /// `bool[]`.
+    BoolArray(&'a [bool]),
+}
+
+/// One statement to send: which, and its parameter values (as many as
+/// [`Sql::param_types`] says, of those types).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Statement<'a> {
+    sql: Sql,
+    params: [Param<'a>; 3],
+}
+
+impl<'a> Statement<'a> {
+    pub(crate) fn new(sql: Sql, given: &[Param<'a>]) -> Self {
+        debug_assert_eq!(given.len(), sql.param_types().len(), "{sql:?}");
+        let mut params = [Param::Int8(0); 3];
+        params[..given.len()].copy_from_slice(given);
+        Statement { sql, params }
+    }
+
+    /// Which statement.
+    pub fn sql(&self) -> Sql {
+        self.sql
+    }
+
+    /// Its text.
+    pub fn text(&self) -> &'static str {
+        self.sql.text()
+    }
+
+    /// The parameter values.
+    pub fn params(&self) -> &[Param<'a>] {
+        &self.params[..self.sql.param_types().len()]
+    }
+
+    /// What it answers.
+    pub fn reply(&self) -> ReplyShape {
+        self.sql.reply()
+    }
+}
+
+impl fmt::Debug for Statement<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Statement")
+            .field("sql", &self.sql)
+            .field("params", &self.params())
+            .finish()
+    }
+}
+
+/// What an adapter got back for one statement, in the shape of
+/// [`Statement::reply`]. The engine checks every one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reply<'r> {
+    /// A simple-protocol statement completed.
+    Done,
+    /// The row of a [`ReplyShape::Tagged`] statement.
+    Tagged {
+        /// Column `tag`.
+        tag: &'r str,
+        /// Column `n`.
+        n: i64,
+    },
+    /// The row of a [`ReplyShape::TriedBigint`] statement.
+    TriedBigint {
+        /// Column `tag`.
+        tag: &'r str,
+        /// Column `n`: keys tried.
+        n: i64,
+        /// Column `busy`.
+        busy: Vec<i64>,
+    },
+    /// The row of a [`ReplyShape::TriedPair`] statement.
+    TriedPair {
+        /// Column `tag`.
+        tag: &'r str,
+        /// Column `n`: keys tried.
+        n: i64,
+        /// Column `busy_class`.
+        classes: Vec<i32>,
+        /// Column `busy_object`.
+        objects: Vec<i32>,
+    },
+    /// Anything else: no row, several rows, other columns or types. The text
+    /// says what was seen.
+    Malformed(String),
+}

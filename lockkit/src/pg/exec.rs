@@ -1,0 +1,225 @@
+//! Runs the engine's statements on a tokio-postgres connection: the only
+//! thing this adapter does for a lock call.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures_util::future::{join_all, try_join_all};
+use tokio::sync::OnceCell;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{CancelToken, Client, NoTls, Row};
+
+use crate::engine::error::Error;
+use crate::engine::guard::Busy;
+use crate::engine::{
+    Acquisition, DriverError, Grant, Param, ParamType, Reply, ReplyShape, Sql, Statement,
+};
+
+/// lockkit's statements prepared on one connection, prepared all at once
+/// the first time a lock call needs them.
+#[derive(Debug, Default)]
+pub(crate) struct StatementCache {
+    statements: OnceCell<Vec<tokio_postgres::Statement>>,
+}
+
+impl StatementCache {
+    async fn get(
+        &self,
+        client: &Client,
+    ) -> Result<&[tokio_postgres::Statement], tokio_postgres::Error> {
+        let statements = self
+            .statements
+            .get_or_try_init(|| async {
+                let types: Vec<Vec<Type>> = Sql::PREPARABLE
+                    .iter()
+                    .map(|sql| sql.param_types().iter().map(|t| pg_type(*t)).collect())
+                    .collect();
+                try_join_all(
+                    Sql::PREPARABLE
+                        .iter()
+                        .zip(&types)
+                        .map(|(sql, types)| client.prepare_typed(sql.text(), types)),
+                )
+                .await
+            })
+            .await?;
+        Ok(statements)
+    }
+}
+
+fn cached(
+    statements: &[tokio_postgres::Statement],
+    sql: Sql,
+) -> Option<&tokio_postgres::Statement> {
+    Sql::PREPARABLE
+        .iter()
+        .position(|s| *s == sql)
+        .map(|i| &statements[i])
+}
+
+fn pg_type(t: ParamType) -> Type {
+    match t {
+        ParamType::Int8 => Type::INT8,
+        ParamType::Int4 => Type::INT4,
+        ParamType::Int8Array => Type::INT8_ARRAY,
+        ParamType::Int4Array => Type::INT4_ARRAY,
+        ParamType::BoolArray => Type::BOOL_ARRAY,
+    }
+}
+
+fn pg_value<'p>(p: &'p Param<'_>) -> &'p (dyn ToSql + Sync) {
+    match p {
+        Param::Int8(v) => v,
+        Param::Int4(v) => v,
+        Param::Int8Array(v) => v,
+        Param::Int4Array(v) => v,
+        Param::BoolArray(v) => v,
+    }
+}
+
+/// What the server answered one statement.
+enum Answer {
+    Done,
+    Rows(Vec<Row>),
+}
+
+/// Sends one round on `client`, all statements on the first poll (so they
+/// are pipelined, in order), and returns an answer per statement or the
+/// first error in statement order.
+async fn send_round(
+    client: &Client,
+    cache: Option<&StatementCache>,
+    round: &[Statement<'_>],
+) -> Result<Vec<Answer>, tokio_postgres::Error> {
+    // Prepared statements are made before anything of the round is sent, so
+    // that nothing can overtake a statement waiting for its prepare.
+    let prepared = match cache {
+        Some(cache) => Some(cache.get(client).await?),
+        None => None,
+    };
+    let futures = round.iter().map(|stmt| async move {
+        if stmt.reply() == ReplyShape::Done {
+            return client
+                .batch_execute(stmt.text())
+                .await
+                .map(|()| Answer::Done);
+        }
+        let values: Vec<&(dyn ToSql + Sync)> = stmt.params().iter().map(pg_value).collect();
+        let rows = match prepared.and_then(|p| cached(p, stmt.sql())) {
+            Some(statement) => client.query(statement, &values).await?,
+            None => {
+                let typed: Vec<(&(dyn ToSql + Sync), Type)> = values
+                    .iter()
+                    .zip(stmt.sql().param_types())
+                    .map(|(v, t)| (*v, pg_type(*t)))
+                    .collect();
+                client.query_typed(stmt.text(), &typed).await?
+            }
+        };
+        Ok(Answer::Rows(rows))
+    });
+    join_all(futures).await.into_iter().collect()
+}
+
+/// Reads one answer in the shape the statement promises.
+fn reply<'r>(stmt: &Statement<'_>, answer: &'r Answer) -> Reply<'r> {
+    let rows = match (stmt.reply(), answer) {
+        (ReplyShape::Done, Answer::Done) => return Reply::Done,
+        (_, Answer::Rows(rows)) => rows,
+        (_, Answer::Done) => return Reply::Malformed("no rows".into()),
+    };
+    let [row] = &rows[..] else {
+        return Reply::Malformed(format!("{} rows", rows.len()));
+    };
+    let read = || -> Result<Reply<'r>, tokio_postgres::Error> {
+        Ok(match stmt.reply() {
+            ReplyShape::Tagged => Reply::Tagged {
+                tag: row.try_get(0)?,
+                n: row.try_get(1)?,
+            },
+            ReplyShape::TriedBigint => Reply::TriedBigint {
+                tag: row.try_get(0)?,
+                n: row.try_get(1)?,
+                busy: row.try_get(2)?,
+            },
+            ReplyShape::TriedPair => Reply::TriedPair {
+                tag: row.try_get(0)?,
+                n: row.try_get(1)?,
+                classes: row.try_get(2)?,
+                objects: row.try_get(3)?,
+            },
+            _ => Reply::Malformed("a row".into()),
+        })
+    };
+    read().unwrap_or_else(|e| Reply::Malformed(e.to_string()))
+}
+
+/// Sends a cancel request for the statement in flight when dropped armed: a
+/// dropped lock future must not leave the server waiting for the lock.
+struct CancelOnDrop<'a> {
+    token: Option<CancelToken>,
+    cancelled: &'a AtomicBool,
+}
+
+impl CancelOnDrop<'_> {
+    fn disarm(mut self) {
+        self.token = None;
+    }
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(token) = self.token.take() {
+            self.cancelled.store(true, Ordering::SeqCst);
+            cancel(token);
+        }
+    }
+}
+
+/// Sends a cancel request in the background (no TLS: PostgreSQL reads a
+/// cancel request before any TLS negotiation and authentication).
+pub(crate) fn cancel(token: CancelToken) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(async move {
+            if let Err(e) = token.cancel_query(NoTls).await {
+                tracing::warn!(error = %e, "lockkit: could not send the cancel request of a dropped lock call");
+            }
+        });
+    }
+}
+
+/// Drives an acquisition to its outcome on `client`.
+///
+/// If the future is dropped while a round is in flight, the acquisition
+/// poisons the transaction and a cancel request goes to the server;
+/// `cancelled` records that, for the transaction's rollback.
+pub(crate) async fn drive(
+    client: &Client,
+    cache: Option<&StatementCache>,
+    cancelled: &AtomicBool,
+    mut call: Acquisition<'_>,
+) -> Result<Result<Grant, Busy>, Error> {
+    while let Some(round) = call.round() {
+        let guard = CancelOnDrop {
+            token: Some(client.cancel_token()),
+            cancelled,
+        };
+        let result = send_round(client, cache, &round).await;
+        guard.disarm();
+        match result {
+            Ok(answers) => {
+                let replies: Vec<Reply<'_>> = round
+                    .iter()
+                    .zip(&answers)
+                    .map(|(s, a)| reply(s, a))
+                    .collect();
+                drop(round);
+                call.receive(Ok(replies));
+            }
+            Err(e) => {
+                drop(round);
+                call.receive(Err(DriverError::from(e)));
+            }
+        }
+    }
+    call.finish()
+}

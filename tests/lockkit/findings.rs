@@ -1,0 +1,328 @@
+//! Regression tests of the engine issue's findings, each reproduced on a
+//! real server first (finding 1, the dropped lock future, is in
+//! `poison.rs`).
+
+use std::time::{Duration, Instant};
+
+use lockkit::{AdvisoryKey, Batch, Config, ErrorKind, LockClient, LockKey, Locker, Transient};
+use lockkit_tests::{PgBouncer, TestServer};
+use tokio_postgres::{Client, NoTls};
+
+use crate::common::{backend_pid, granted_elsewhere, held_by, locker, wait_until_waiting};
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests.findings")]
+struct Item {
+    id: i64,
+}
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests.findings.seat", pair)]
+struct Seat {
+    row: i32,
+}
+
+fn bigint(key: LockKey) -> i64 {
+    match key {
+        LockKey::BigInt(k) => k,
+        LockKey::Pair(..) => unreachable!("a BigInt key"),
+    }
+}
+
+/// Finding 2: `lock_batch_timeout` on a batch with one `BigInt` and one
+/// `Pair` key gave each key space's statement the whole timeout. With a
+/// 2 s timeout, the `BigInt` key is released after 1.5 s and the `Pair` key
+/// after 3 s: per-statement timeouts would get both (at 3 s, 1.5 s into the
+/// second statement's own 2 s); one deadline for the call times out. The
+/// margins hold on a loaded machine in the safe direction: the `Pair` key is
+/// held until the call has returned or 3 s have passed, whichever is later.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_timeout_bounds_the_whole_mixed_batch() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut holder_big = db.connect().await;
+    let mut holder_pair = db.connect().await;
+    let mut b = db.connect().await;
+    let observer = db.connect().await;
+    let pid = backend_pid(&b).await;
+    let locker = locker(&b, Config::default()).await;
+    let (item, seat) = (Item { id: 1 }, Seat { row: 2 });
+
+    let hb = locker.begin(&mut holder_big).await.unwrap();
+    let _ = hb.lock(item).await.unwrap();
+    let hp = locker.begin(&mut holder_pair).await.unwrap();
+    let _ = hp.lock(seat).await.unwrap();
+
+    let tx = locker.begin(&mut b).await.unwrap();
+    let batch = Batch::new().with(&item).with(&seat);
+    let started = Instant::now();
+    let (result, ()) = tokio::join!(
+        tx.lock_batch_timeout(&batch, Duration::from_secs(2)),
+        async {
+            wait_until_waiting(&observer, pid).await;
+            tokio::time::sleep(Duration::from_millis(1500).saturating_sub(started.elapsed())).await;
+            hb.rollback().await.unwrap();
+        }
+    );
+    let elapsed = started.elapsed();
+    let err = result.expect_err("the whole batch is bounded by one timeout");
+    assert!(err.is_timeout(), "{err}");
+    assert!(
+        elapsed < Duration::from_secs(3),
+        "returned after {elapsed:?}, when the pair key was still held"
+    );
+    println!("mixed batch timed out after {elapsed:?} (timeout 2 s)");
+    // Nothing of the batch is held, and the transaction goes on.
+    assert!(!held_by(&observer, pid, item.lock_key()).await);
+    assert!(!tx.holds(&item, lockkit::Mode::Exclusive));
+    let _ = tx.lock(item).await.unwrap();
+    hp.rollback().await.unwrap();
+    tx.rollback().await.unwrap();
+}
+
+/// Finding 3: behind pgbouncer in transaction mode, a foreign prepared
+/// statement with lockkit's statement name on the pooled server connection
+/// made `lock()` report success without a lock. Now every reply is checked:
+/// the call fails with `UnexpectedReply`, and no `lock()` ever returns Ok
+/// without its row in `pg_locks` (checked from a direct connection after
+/// every call, over many calls from several clients).
+///
+/// The control shows the danger is real: the same foreign statement,
+/// executed through the statement handle that lockkit prepared, answers
+/// without error and takes no lock.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_foreign_statement_behind_a_pooler_is_never_a_lock() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    // One server connection: every client's transactions share it.
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .start();
+    let observer = db.connect().await;
+    let locker = locker(&db.connect().await, Config::default()).await;
+    let (client, conn) = bouncer.config().connect(NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let mut lk = LockClient::new(&locker, client);
+    // The first lock prepares lockkit's statements on the pooled backend.
+    let tx = lk.begin().await.unwrap();
+    let first = tx.lock(Item { id: 10 }).await.unwrap().key();
+    assert!(granted_elsewhere(&observer, first).await);
+    tx.commit().await.unwrap();
+
+    // Another client of the pooler replaces lockkit's statements on that
+    // backend by foreign ones of the same names and parameter types.
+    let (other, conn) = bouncer.config().connect(NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let names: Vec<(String, String)> = other
+        .query(
+            "SELECT name, array_to_string(parameter_types::text[], ',') FROM pg_prepared_statements \
+             WHERE statement LIKE '%lockkit:%' AND statement NOT LIKE '%pg_prepared_statements%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(
+        names.len() >= 4,
+        "lockkit's statements are prepared there: {names:?}"
+    );
+    for (name, types) in &names {
+        let params = if types.is_empty() {
+            String::new()
+        } else {
+            format!("({types})")
+        };
+        other
+            .batch_execute(&format!(
+                "DEALLOCATE {name}; PREPARE {name}{params} AS SELECT 'x'::text AS tag, 1::int8 AS n"
+            ))
+            .await
+            .unwrap();
+    }
+
+    // The control: lockkit's own statement handle now runs the foreign text
+    // without an error, and no lock is taken.
+    let mut oks = 0;
+    for id in 0..12 {
+        let tx = lk.begin().await.unwrap();
+        match tx.lock(Item { id: 100 + id }).await {
+            Ok(held) => {
+                // Never a success without the lock.
+                assert!(
+                    granted_elsewhere(&observer, held.key()).await,
+                    "lock() returned Ok without its row in pg_locks"
+                );
+                oks += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::UnexpectedReply, "{e}");
+                assert!(tx.is_poisoned());
+            }
+        }
+        tx.rollback().await.unwrap();
+    }
+    assert_eq!(
+        oks, 0,
+        "every lock ran the foreign statement and was refused"
+    );
+    let raw = other
+        .query_one(
+            &format!("EXECUTE {}{}", names[0].0, placeholder(&names[0].1)),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        raw.get::<_, &str>(0),
+        "x",
+        "the foreign statement answers silently"
+    );
+
+    // Unnamed statements cannot collide: the same pooler, the same
+    // backend, and every lock is real.
+    let unnamed = Locker::with_facts(
+        Config::default().statements(lockkit::StatementMode::Unnamed),
+        locker.facts().clone(),
+    );
+    let (client, conn) = bouncer.config().connect(NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let mut lk = LockClient::new(&unnamed, client);
+    for id in 0..12 {
+        let tx = lk.begin().await.unwrap();
+        let key = tx.lock(Item { id: 200 + id }).await.unwrap().key();
+        assert!(granted_elsewhere(&observer, key).await);
+        tx.rollback().await.unwrap();
+    }
+}
+
+/// Arguments for `EXECUTE` of a statement with these parameter types.
+fn placeholder(types: &str) -> String {
+    if types.is_empty() {
+        return String::new();
+    }
+    let nulls: Vec<String> = types.split(',').map(|t| format!("NULL::{t}")).collect();
+    format!("({})", nulls.join(","))
+}
+
+/// Finding 4: the session's own `lock_timeout`/`statement_timeout` firing
+/// during `lock()` are timeouts (and transient, for lockkit's error and the
+/// driver's alike), and an administrator's cancel during a timed lock is a
+/// cancel, not a timeout.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sessions_own_timeouts_are_timeouts_and_a_cancel_is_a_cancel() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut holder = db.connect().await;
+    let mut b = db.connect().await;
+    let observer = db.connect().await;
+    let pid = backend_pid(&b).await;
+    let locker = locker(&b, Config::default()).await;
+    let key = Item { id: 30 };
+    let h = locker.begin(&mut holder).await.unwrap();
+    let _ = h.lock(key).await.unwrap();
+
+    for setting in ["lock_timeout", "statement_timeout"] {
+        let tx = locker.begin(&mut b).await.unwrap();
+        tx.batch_execute(&format!("SET LOCAL {setting} = '100ms'"))
+            .await
+            .unwrap();
+        let err = tx.lock(key).await.unwrap_err();
+        assert!(err.is_timeout(), "{setting}: {err}");
+        assert!(err.is_transient(), "{setting}");
+        assert_eq!(err.timeout(), None, "not a lockkit timeout");
+        tx.rollback().await.unwrap();
+
+        // The driver's error of the same statement agrees.
+        let raw = b.transaction().await.unwrap();
+        raw.batch_execute(&format!("SET LOCAL {setting} = '100ms'"))
+            .await
+            .unwrap();
+        let e = raw
+            .execute(
+                "SELECT pg_advisory_xact_lock($1)",
+                &[&bigint(key.lock_key())],
+            )
+            .await
+            .unwrap_err();
+        assert!(Transient::is_transient(&e), "{setting}: {e}");
+        raw.rollback().await.unwrap();
+    }
+
+    // pg_cancel_backend during a 10 s timed lock: a cancel.
+    let tx = locker.begin(&mut b).await.unwrap();
+    let started = Instant::now();
+    let (result, ()) = tokio::join!(tx.lock_timeout(key, Duration::from_secs(10)), async {
+        wait_until_waiting(&observer, pid).await;
+        observer
+            .execute("SELECT pg_cancel_backend($1)", &[&pid])
+            .await
+            .unwrap();
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+    assert!(!err.is_timeout() && !err.is_transient());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The savepoint rollback left the transaction usable.
+    tx.query_one("SELECT 1", &[]).await.unwrap();
+    tx.rollback().await.unwrap();
+    h.rollback().await.unwrap();
+}
+
+/// Finding 5: `retry` runs in a spawned task (its future is `Send`), here
+/// around a real deadlock between two tasks.
+#[tokio::test(flavor = "multi_thread")]
+async fn retry_runs_in_spawned_tasks() {
+    let db = TestServer::builder()
+        .setting("deadlock_timeout", "10ms")
+        .start();
+    let _log = db.guard();
+    let locker = locker(
+        &db.connect().await,
+        Config::default().order_check(lockkit::OrderCheck::Off),
+    )
+    .await;
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+    let mut tasks = Vec::new();
+    for (first, second) in [(1, 2), (2, 1)] {
+        let (locker, config, barrier) = (locker.clone(), db.config(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let policy = lockkit::RetryPolicy::default()
+                .max_attempts(20)
+                .delays(Duration::from_millis(5), Duration::from_millis(50));
+            lockkit::retry(&policy, |attempt| {
+                let (locker, config, barrier) = (locker.clone(), config.clone(), barrier.clone());
+                async move {
+                    let mut client = connect(&config).await;
+                    let tx = locker.begin(&mut client).await?;
+                    let _ = tx.lock(Item { id: 40 + first }).await?;
+                    if attempt == 1 {
+                        barrier.wait().await;
+                    }
+                    let _ = tx.lock(Item { id: 40 + second }).await?;
+                    tx.commit().await?;
+                    Ok::<_, lockkit::Error>(attempt)
+                }
+            })
+            .await
+        }));
+    }
+    let mut attempts = Vec::new();
+    for t in tasks {
+        attempts.push(t.await.unwrap().unwrap());
+    }
+    attempts.sort();
+    assert_eq!(attempts[0], 1, "the winner needs one attempt");
+    assert!(
+        attempts[1] > 1,
+        "the deadlock victim was retried: {attempts:?}"
+    );
+}
+
+async fn connect(config: &tokio_postgres::Config) -> Client {
+    let (client, conn) = config.connect(NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
