@@ -4,6 +4,7 @@ mod budget;
 mod common;
 mod deadlock;
 mod exclusion;
+mod guards_ui;
 mod hashtext;
 mod inspect;
 mod poison;
