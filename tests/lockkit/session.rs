@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockkit::{probe_pooler, AdvisoryKey, Config, Error, LockKey, Mode, SessionGuard, SessionLock};
+use lockkit_tests::waits::WaitCounter;
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio::sync::Barrier;
 use tokio_postgres::Client;
@@ -268,16 +269,20 @@ async fn a_cancelled_lock_leaves_nothing_behind() {
     assert!(again.is_ok(), "the cancelled waiter kept the lock");
 }
 
-/// Many tasks, one key: never two inside. The control (distinct keys)
-/// shows the counter sees overlap when there is no exclusion: all tasks
-/// meet at a barrier inside their critical sections.
+/// Many tasks, one key: never two inside, over hundreds of acquisitions,
+/// many of which the server was seen making wait. The control (distinct
+/// keys) shows the counter sees overlap when there is no exclusion: all
+/// tasks meet at a barrier inside their critical sections.
 #[tokio::test(flavor = "multi_thread")]
 async fn excludes_across_many_sessions() {
     const TASKS: usize = 8;
-    const ROUNDS: usize = 5;
+    const ROUNDS: usize = 40;
+    /// A lower bound on the waits seen (see `lockkit_tests::waits`).
+    const MIN_WAITS: u64 = 50;
     let db = TestServer::shared();
     let _log = db.guard();
     let sessions = SessionLock::new(db.config());
+    let counter = WaitCounter::start(db.config(), [Job { id: 9 }.lock_key()]);
 
     let inside = Arc::new(AtomicUsize::new(0));
     let max = Arc::new(AtomicUsize::new(0));
@@ -299,6 +304,10 @@ async fn excludes_across_many_sessions() {
         task.await.unwrap();
     }
     assert_eq!(max.load(Ordering::SeqCst), 1, "two holders of one key");
+    counter.stop().assert_waited(
+        &format!("{} session acquisitions", TASKS * ROUNDS),
+        MIN_WAITS,
+    );
 
     // Control: distinct keys, so every task can be inside at once.
     let inside = Arc::new(AtomicUsize::new(0));
