@@ -108,7 +108,8 @@ fn batch_try_and_timeout() {
                 (t.lock_timeout.as_str(), t.statement_timeout.as_str()),
                 ("0", "0")
             );
-            let got = tx_b.lock_timeout(Item { id: 14 }, Duration::from_millis(100))?;
+            // Free: the bound (also the statement's) only guards a hang.
+            let got = tx_b.lock_timeout(Item { id: 14 }, Duration::from_secs(30))?;
             assert_eq!(got.mode(), Mode::Exclusive);
             let batch = Batch::new().with(&Cell { id: 20 }).with(&Item { id: 15 });
             assert!(tx_b.try_lock_batch(&batch)?.is_ok());

@@ -42,10 +42,16 @@ async fn dropped_lock_future_poisons_until_the_transaction_ends() {
 
     let mut tx = locker.begin(&mut b).await.unwrap();
     let _ = tx.lock(held).await.unwrap();
-    let cancelled = tokio::time::timeout(Duration::from_millis(50), tx.lock(busy)).await;
-    assert!(cancelled.is_err(), "the lock cannot be granted while held");
-    // The statement was sent and still waits on the server.
-    wait_until_waiting(&observer, pid).await;
+    {
+        // Drop the lock future once the server shows it waiting: the
+        // statement was sent and still waits there.
+        let lock = tx.lock(busy);
+        tokio::pin!(lock);
+        tokio::select! {
+            got = &mut lock => panic!("granted while held: {:?}", got.map(|h| h.key())),
+            () = wait_until_waiting(&observer, pid) => {}
+        }
+    }
 
     assert_poisoned(tx.lock(fresh).await, "lock");
     assert_poisoned(tx.lock(held).await, "relock of a held key");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockkit::{probe_pooler, AdvisoryKey, Config, Error, LockKey, Mode, SessionGuard, SessionLock};
-use lockkit_tests::waits::WaitCounter;
+use lockkit_tests::waits::{wait_until_awaited, WaitCounter};
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio::sync::Barrier;
 use tokio_postgres::Client;
@@ -103,11 +103,13 @@ async fn a_panicking_task_releases_its_lock() {
     let key = Job { id: 2 }.lock_key();
 
     let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+    let (checked_tx, checked_rx) = tokio::sync::oneshot::channel::<()>();
     let task_sessions = sessions.clone();
     let task = tokio::spawn(async move {
         let _guard = task_sessions.lock(Job { id: 2 }).await.unwrap();
         locked_tx.send(()).unwrap();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Panics only once the test has seen the lock held.
+        checked_rx.await.unwrap();
         panic!("the payroll run crashed");
     });
     locked_rx.await.unwrap();
@@ -115,6 +117,7 @@ async fn a_panicking_task_releases_its_lock() {
         granted_elsewhere(&observer, key).await,
         "held before the panic"
     );
+    checked_tx.send(()).unwrap();
     let err = task.await.unwrap_err();
     assert!(err.is_panic());
     until_gone(&observer, key).await;
@@ -257,11 +260,17 @@ async fn a_cancelled_lock_leaves_nothing_behind() {
     let key = Job { id: 8 }.lock_key();
 
     let holder = sessions.lock(Job { id: 8 }).await.unwrap();
-    let waiting = sessions.lock(Job { id: 8 });
-    // Give up while waiting: the future is dropped mid-statement.
-    assert!(tokio::time::timeout(Duration::from_millis(300), waiting)
-        .await
-        .is_err());
+    {
+        let waiting = sessions.lock(Job { id: 8 });
+        tokio::pin!(waiting);
+        // Give up once the server shows the waiter waiting: the future is
+        // dropped (at the end of this block) mid-statement, never before
+        // its lock was sent.
+        tokio::select! {
+            got = &mut waiting => panic!("granted while held: {:?}", got.map(|g| g.key())),
+            _ = wait_until_awaited(&observer, key) => {}
+        }
+    }
     assert!(holder.release().await.unwrap());
     // The cancelled waiter must not end up holding the key.
     until_gone(&observer, key).await;

@@ -80,8 +80,9 @@ async fn batch_try_and_timeout() {
         .await
         .unwrap();
     assert_eq!((row.get::<_, &str>(0), row.get::<_, &str>(1)), ("0", "0"));
+    // Free: the bound (also the statement's) only guards a hang.
     let got = tx_b
-        .lock_timeout(Item { id: 14 }, Duration::from_millis(100))
+        .lock_timeout(Item { id: 14 }, Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(got.mode(), Mode::Exclusive);

@@ -187,3 +187,40 @@ async fn watch(
     }
     waits
 }
+
+/// Waits until some session other than `observer`'s is seen in `pg_locks`
+/// waiting (not granted) for `key`, and returns its backend pid: the event
+/// a test that cancels or releases "while the other one waits" must wait
+/// for, instead of sleeping and assuming. Polls every 10 ms.
+///
+/// # Panics
+///
+/// After 60 s without such a waiter (a bound against a hang, generous for
+/// a loaded machine, not a timing claim), or if `pg_locks` cannot be read.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it only reads.
+pub async fn wait_until_awaited(observer: &tokio_postgres::Client, key: LockKey) -> i32 {
+    let id = key.to_pg_locks();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let row = observer
+            .query_opt(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND classid = $1 AND objid = $2 AND objsubid = $3 \
+                 AND pid <> pg_backend_pid() LIMIT 1",
+                &[&id.classid, &id.objid, &id.objsubid],
+            )
+            .await
+            .expect("pg_locks");
+        if let Some(row) = row {
+            return row.get(0);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nobody was seen waiting for {key} within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
