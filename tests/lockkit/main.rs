@@ -7,6 +7,7 @@ mod exclusion;
 mod guards_ui;
 mod hashtext;
 mod inspect;
+mod pipeline;
 mod poison;
 mod pool;
 mod release;
