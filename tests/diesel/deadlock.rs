@@ -9,7 +9,8 @@ use diesel::sql_types::Integer;
 use diesel::{sql_query, QueryableByName, RunQueryDsl};
 use lockkit::AdvisoryKey;
 use lockkit_diesel::{Batch, Config, Error, LockTx, Locker, Mode, OrderCheck};
-use lockkit_tests::workload::deadlock::{is_big, key_set, Acquire, Holders, Tally};
+use lockkit_tests::waits::{WaitCounter, Waits};
+use lockkit_tests::workload::deadlock::{is_big, key_set, Acquire, Holders, Tally, KEYS};
 use lockkit_tests::workload::{seed, worker_rng};
 use lockkit_tests::TestServer;
 
@@ -101,12 +102,26 @@ fn worker(
     let mut rng = worker_rng(seed, id);
     let mut conn = pool.get().expect("pooled connection");
     for _ in 0..txs {
-        let keys = key_set(&mut rng, holders, tally);
+        let keys = key_set(&mut rng, tally);
         tally.record(locker.transaction(&mut conn, |tx| transaction(tx, &keys, acquire, holders)));
     }
 }
 
-fn workload(db: &TestServer, acquire: Acquire, txs: usize) -> Tally {
+/// The lock keys of the workload's key space.
+fn all_keys() -> impl Iterator<Item = lockkit::LockKey> {
+    (0..KEYS).map(|k| {
+        let id = k as i64;
+        if is_big(k) {
+            Big { id }.lock_key()
+        } else {
+            Pair { id }.lock_key()
+        }
+    })
+}
+
+/// Runs the workload; returns its tally and the waits the server was seen
+/// making on its keys.
+fn workload(db: &TestServer, acquire: Acquire, txs: usize) -> (Tally, Waits) {
     let seed = seed();
     let pool = pool(db, THREADS as u32);
     let config = Config::default().order_check(OrderCheck::Off);
@@ -114,6 +129,7 @@ fn workload(db: &TestServer, acquire: Acquire, txs: usize) -> Tally {
     assert!(locker.recognizes_errors(), "the test server speaks English");
     let holders = Holders::default();
     let tally = Tally::default();
+    let counter = WaitCounter::start(db.config(), all_keys());
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..THREADS)
             .map(|id| {
@@ -125,8 +141,12 @@ fn workload(db: &TestServer, acquire: Acquire, txs: usize) -> Tally {
             w.join().expect("worker panicked");
         }
     });
-    println!("{acquire:?}: {} transactions: {tally:?}", THREADS * txs);
-    tally
+    let waits = counter.stop();
+    println!(
+        "{acquire:?}: {} transactions: {tally:?}, {waits:?}",
+        THREADS * txs
+    );
+    (tally, waits)
 }
 
 /// A private server that reports deadlocks quickly, the same for the test
@@ -141,8 +161,8 @@ fn server() -> TestServer {
 fn sorted_batches_never_deadlock() {
     let db = server();
     let _log = db.guard();
-    let tally = workload(&db, Acquire::SortedBatch, SORTED_TXS_PER_THREAD);
-    tally.assert_never_deadlocked(THREADS * SORTED_TXS_PER_THREAD);
+    let (tally, waits) = workload(&db, Acquire::SortedBatch, SORTED_TXS_PER_THREAD);
+    tally.assert_never_deadlocked(THREADS * SORTED_TXS_PER_THREAD, &waits);
 }
 
 /// Control: the same workload, each key locked on its own in random order,
@@ -151,6 +171,6 @@ fn sorted_batches_never_deadlock() {
 fn control_unsorted_single_locks_deadlock() {
     let db = server();
     let _log = db.guard();
-    let tally = workload(&db, Acquire::OneByOneShuffled, UNSORTED_TXS_PER_THREAD);
+    let (tally, _) = workload(&db, Acquire::OneByOneShuffled, UNSORTED_TXS_PER_THREAD);
     tally.assert_deadlocked(THREADS * UNSORTED_TXS_PER_THREAD);
 }

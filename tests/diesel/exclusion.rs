@@ -10,7 +10,8 @@ use diesel::sql_types::BigInt;
 use diesel::{sql_query, RunQueryDsl};
 use lockkit::{AdvisoryKey, LockKey};
 use lockkit_diesel::{Batch, Config, Error, Locker, Mode};
-use lockkit_tests::workload::exclusion::{private_id, slots, Guard, Room, Tally};
+use lockkit_tests::waits::{WaitCounter, Waits};
+use lockkit_tests::workload::exclusion::{private_id, slots, Guard, Room, Tally, KEYS};
 use lockkit_tests::workload::{seed, worker_rng};
 use lockkit_tests::TestServer;
 
@@ -39,7 +40,7 @@ fn worker(
     let mut rng = worker_rng(seed, id);
     let mut conn = pool.get().expect("pooled connection");
     for i in 0..TXS_PER_THREAD {
-        let ids = slots(&mut rng, room, tally);
+        let ids = slots(&mut rng, tally);
         if guard == Guard::Autocommit {
             for &k in &ids {
                 let LockKey::BigInt(key) = Slot { id: k as i64 }.lock_key() else {
@@ -82,7 +83,9 @@ fn worker(
     Ok(())
 }
 
-fn workload(guard: Guard) -> Tally {
+/// Runs the workload; returns its tally and the waits the server was seen
+/// making on the slots.
+fn workload(guard: Guard) -> (Tally, Waits) {
     let db = TestServer::shared();
     let _log = db.guard();
     let seed = seed();
@@ -90,6 +93,10 @@ fn workload(guard: Guard) -> Tally {
     let locker = locker(&mut pool.get().unwrap(), Config::default());
     let room = Room::default();
     let tally = Tally::default();
+    let counter = WaitCounter::start(
+        db.config(),
+        (0..KEYS).map(|k| Slot { id: k as i64 }.lock_key()),
+    );
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..THREADS)
             .map(|id| {
@@ -101,27 +108,28 @@ fn workload(guard: Guard) -> Tally {
             w.join().expect("worker panicked").expect("worker failed");
         }
     });
-    println!("{guard:?}: {tally:?}");
-    tally
+    let waits = counter.stop();
+    println!("{guard:?}: {tally:?}, {waits:?}");
+    (tally, waits)
 }
 
 #[test]
 fn exclusive_locks_never_overlap() {
-    let tally = workload(Guard::Locked);
-    tally.assert_excluded(THREADS * TXS_PER_THREAD);
+    let (tally, waits) = workload(Guard::Locked);
+    tally.assert_excluded(&waits);
 }
 
 /// Control: each worker locking keys of its own overlaps, so the detector
 /// above can fail.
 #[test]
 fn control_without_shared_keys_overlaps() {
-    let tally = workload(Guard::PrivateKeys);
+    let (tally, _) = workload(Guard::PrivateKeys);
     tally.assert_overlapped("the detector saw no overlap without exclusion");
 }
 
 /// Control: xact locks taken outside a transaction exclude nothing.
 #[test]
 fn control_autocommit_xact_locks_overlap() {
-    let tally = workload(Guard::Autocommit);
+    let (tally, _) = workload(Guard::Autocommit);
     tally.assert_overlapped("autocommit xact locks seemed to exclude");
 }

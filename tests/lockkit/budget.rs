@@ -2,11 +2,13 @@
 //! `53200` it exists to prevent), free relocks, savepoint bookkeeping and the
 //! lock order check.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockkit::ErrorKind;
 use lockkit::{AdvisoryKey, Batch, Config, LockKey, Mode, OrderCheck};
 use lockkit_tests::TestServer;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::common::{advisory_rows, backend_pid, granted_elsewhere, held_by, locker, sorted};
 
@@ -49,7 +51,6 @@ async fn configured_budget_refuses_before_sending() {
         Config::default().order_check(OrderCheck::Warn).budget(3),
     )
     .await;
-    assert_eq!(locker.budget(), 3);
 
     let tx = locker.begin(&mut a).await.unwrap();
     let _ = tx.lock_batch(&batch_of([101, 102])).await.unwrap();
@@ -334,6 +335,35 @@ async fn order_check_error_refuses_before_sending() {
     tx.rollback().await.unwrap();
 }
 
+/// A writer into a shared buffer, for a `tracing` subscriber whose output
+/// the test reads.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// The lines of the warnings captured so far.
+    fn warnings(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains("WARN"))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// `OrderCheck::Warn` (the default) takes a lock below a held key, and
+/// emits a warning saying so; taken in order, no warning (the control).
 #[tokio::test(flavor = "multi_thread")]
 async fn order_check_warn_takes_the_lock() {
     let db = TestServer::shared();
@@ -356,9 +386,34 @@ async fn order_check_warn_takes_the_lock() {
         .try_into()
         .unwrap();
 
+    // The test body runs on this thread (block_on), and so do the lock
+    // calls it awaits: a thread-local subscriber sees their events.
+    let captured = Captured::default();
+    let _subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let captured = captured.clone();
+            move || captured.clone()
+        })
+        .set_default();
+
+    // Control: in order, nothing to warn about.
+    let tx = locker.begin(&mut a).await.unwrap();
+    let _ = tx.lock(k1).await.unwrap();
+    let _ = tx.lock(k2).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(captured.warnings(), Vec::<String>::new());
+
     let tx = locker.begin(&mut a).await.unwrap();
     let _ = tx.lock(k2).await.unwrap();
     let _ = tx.lock(k1).await.unwrap();
+    let warnings = captured.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("requested below a key already held")
+            && warnings[0].contains(&k2.lock_key().to_string())
+            && warnings[0].contains(&k1.lock_key().to_string()),
+        "{warnings:?}"
+    );
     assert!(held_by(&observer, pid, k1.lock_key()).await);
     assert!(held_by(&observer, pid, k2.lock_key()).await);
     tx.rollback().await.unwrap();

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lockkit::{AdvisoryKey, Batch, Config, Error, LockTx, Locker, Mode, OrderCheck};
-use lockkit_tests::workload::deadlock::{is_big, key_set, Acquire, Holders, Tally};
+use lockkit_tests::waits::{WaitCounter, Waits};
+use lockkit_tests::workload::deadlock::{is_big, key_set, Acquire, Holders, Tally, KEYS};
 use lockkit_tests::workload::{seed, worker_rng};
 use lockkit_tests::TestServer;
 use tokio_postgres::Client;
@@ -105,12 +106,26 @@ async fn worker(
 ) {
     let mut rng = worker_rng(seed, worker);
     for _ in 0..txs {
-        let keys = key_set(&mut rng, &holders, &tally);
+        let keys = key_set(&mut rng, &tally);
         tally.record(transaction(&mut client, &locker, &keys, acquire, &holders).await);
     }
 }
 
-async fn workload(db: &TestServer, acquire: Acquire, txs: usize) -> Tally {
+/// The lock keys of the workload's key space.
+fn all_keys() -> impl Iterator<Item = lockkit::LockKey> {
+    (0..KEYS).map(|k| {
+        let id = k as i64;
+        if is_big(k) {
+            Big { id }.lock_key()
+        } else {
+            Pair { id }.lock_key()
+        }
+    })
+}
+
+/// Runs the workload; returns its tally and the waits the server was seen
+/// making on its keys.
+async fn workload(db: &TestServer, acquire: Acquire, txs: usize) -> (Tally, Waits) {
     let seed = seed();
     let mut clients = Vec::with_capacity(CONNECTIONS);
     for _ in 0..CONNECTIONS {
@@ -120,6 +135,7 @@ async fn workload(db: &TestServer, acquire: Acquire, txs: usize) -> Tally {
     let locker = locker(&clients[0], config).await;
     let holders = Arc::new(Holders::default());
     let tally = Arc::new(Tally::default());
+    let counter = WaitCounter::start(db.config(), all_keys());
     let started = Instant::now();
     let workers: Vec<_> = clients
         .into_iter()
@@ -140,22 +156,21 @@ async fn workload(db: &TestServer, acquire: Acquire, txs: usize) -> Tally {
     for w in workers {
         w.await.expect("worker panicked");
     }
+    let waits = counter.stop();
     println!(
-        "{acquire:?}: {} transactions: {tally:?} in {:?}",
+        "{acquire:?}: {} transactions: {tally:?}, {waits:?} in {:?}",
         CONNECTIONS * txs,
         started.elapsed()
     );
-    Arc::into_inner(tally).expect("workers are done")
+    (Arc::into_inner(tally).expect("workers are done"), waits)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sorted_batches_never_deadlock() {
     let db = server();
     let _log = db.guard();
-    let tally = workload(&db, Acquire::SortedBatch, SORTED_TXS_PER_CONNECTION).await;
-    let total = CONNECTIONS * SORTED_TXS_PER_CONNECTION;
-    assert!(total >= 10_000);
-    tally.assert_never_deadlocked(total);
+    let (tally, waits) = workload(&db, Acquire::SortedBatch, SORTED_TXS_PER_CONNECTION).await;
+    tally.assert_never_deadlocked(CONNECTIONS * SORTED_TXS_PER_CONNECTION, &waits);
 }
 
 /// Control: the same workload, each key locked on its own in random order,
@@ -165,6 +180,6 @@ async fn sorted_batches_never_deadlock() {
 async fn control_unsorted_single_locks_deadlock() {
     let db = server();
     let _log = db.guard();
-    let tally = workload(&db, Acquire::OneByOneShuffled, UNSORTED_TXS_PER_CONNECTION).await;
+    let (tally, _) = workload(&db, Acquire::OneByOneShuffled, UNSORTED_TXS_PER_CONNECTION).await;
     tally.assert_deadlocked(CONNECTIONS * UNSORTED_TXS_PER_CONNECTION);
 }

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockkit::{AdvisoryKey, Batch, Config, Error, LockKey, Locker, Mode};
-use lockkit_tests::workload::exclusion::{private_id, slots, Guard, Room, Tally};
+use lockkit_tests::waits::{WaitCounter, Waits};
+use lockkit_tests::workload::exclusion::{private_id, slots, Guard, Room, Tally, KEYS};
 use lockkit_tests::workload::{seed, worker_rng};
 use lockkit_tests::TestServer;
 use tokio::sync::Barrier;
@@ -49,7 +50,7 @@ async fn exclusive_worker(
 ) -> Result<(), Error> {
     let mut rng = worker_rng(seed, worker);
     for i in 0..TXS_PER_CONNECTION {
-        let ids = slots(&mut rng, &room, &tally);
+        let ids = slots(&mut rng, &tally);
         if guard == Guard::Autocommit {
             for &k in &ids {
                 let LockKey::BigInt(key) = Slot { id: k as i64 }.lock_key() else {
@@ -92,13 +93,17 @@ async fn exclusive_worker(
 }
 
 /// Runs the exclusive workload over [`CONNECTIONS`] connections and returns
-/// its tally.
-async fn exclusive_workload(db: &TestServer, guard: Guard) -> Tally {
+/// its tally and the waits the server was seen making on the slots.
+async fn exclusive_workload(db: &TestServer, guard: Guard) -> (Tally, Waits) {
     let seed = seed();
     let clients = connections(db, CONNECTIONS).await;
     let locker = locker(&clients[0], Config::default()).await;
     let room = Arc::new(Room::default());
     let tally = Arc::new(Tally::default());
+    let counter = WaitCounter::start(
+        db.config(),
+        (0..KEYS).map(|k| Slot { id: k as i64 }.lock_key()),
+    );
     let started = Instant::now();
     let workers: Vec<_> = clients
         .into_iter()
@@ -121,19 +126,18 @@ async fn exclusive_workload(db: &TestServer, guard: Guard) -> Tally {
             .expect("worker panicked")
             .expect("worker failed");
     }
-    println!("{guard:?}: {tally:?} in {:?}", started.elapsed());
-    Arc::into_inner(tally).expect("workers are done")
+    let waits = counter.stop();
+    println!("{guard:?}: {tally:?}, {waits:?} in {:?}", started.elapsed());
+    (Arc::into_inner(tally).expect("workers are done"), waits)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn exclusive_locks_never_overlap() {
     let db = TestServer::shared();
     let _log = db.guard();
-    let tally = exclusive_workload(db, Guard::Locked).await;
-    // No overlap; every transaction entered at least one section, and many
-    // of them asked for a key while another worker was inside it: they
-    // waited.
-    tally.assert_excluded(CONNECTIONS * TXS_PER_CONNECTION);
+    let (tally, waits) = exclusive_workload(db, Guard::Locked).await;
+    // No overlap, and the server was seen making many requests wait.
+    tally.assert_excluded(&waits);
 }
 
 /// Control: the same workload with each worker locking keys of its own
@@ -142,7 +146,7 @@ async fn exclusive_locks_never_overlap() {
 async fn control_without_shared_keys_overlaps() {
     let db = TestServer::shared();
     let _log = db.guard();
-    let tally = exclusive_workload(db, Guard::PrivateKeys).await;
+    let (tally, _) = exclusive_workload(db, Guard::PrivateKeys).await;
     tally.assert_overlapped("the detector saw no overlap without locks");
 }
 
@@ -152,12 +156,15 @@ async fn control_without_shared_keys_overlaps() {
 async fn control_autocommit_xact_lock_overlaps() {
     let db = TestServer::shared();
     let _log = db.guard();
-    let tally = exclusive_workload(db, Guard::Autocommit).await;
+    let (tally, _) = exclusive_workload(db, Guard::Autocommit).await;
     tally.assert_overlapped("the detector saw no overlap with autocommit locks");
 }
 
 const RW_KEYS: usize = 2;
 const RW_TXS_PER_CONNECTION: usize = 150;
+/// The fewest writers the server must be seen making wait behind readers (a
+/// lower bound, see [`lockkit_tests::waits`]).
+const RW_MIN_WRITERS_BEHIND_READERS: u64 = 40;
 
 /// Per-key readers and writers inside.
 #[derive(Debug, Default)]
@@ -227,12 +234,18 @@ async fn rw_worker(
     Ok(())
 }
 
-async fn rw_workload(db: &TestServer, writer_mode: Mode) -> RwTally {
+/// Runs the read/write workload; returns its tally and the waits the server
+/// was seen making on its keys.
+async fn rw_workload(db: &TestServer, writer_mode: Mode) -> (RwTally, Waits) {
     let seed = seed();
     let clients = connections(db, CONNECTIONS).await;
     let locker = locker(&clients[0], Config::default()).await;
     let room = Arc::new(RwRoom::default());
     let tally = Arc::new(RwTally::default());
+    let counter = WaitCounter::start(
+        db.config(),
+        (0..RW_KEYS).map(|k| Slot { id: 100 + k as i64 }.lock_key()),
+    );
     let started = Instant::now();
     let workers: Vec<_> = clients
         .into_iter()
@@ -255,23 +268,27 @@ async fn rw_workload(db: &TestServer, writer_mode: Mode) -> RwTally {
             .expect("worker panicked")
             .expect("worker failed");
     }
+    let waits = counter.stop();
     println!(
-        "writers {writer_mode:?}: {tally:?} in {:?}",
+        "writers {writer_mode:?}: {tally:?}, {waits:?} in {:?}",
         started.elapsed()
     );
-    Arc::into_inner(tally).expect("workers are done")
+    (Arc::into_inner(tally).expect("workers are done"), waits)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn shared_readers_share_and_exclude_writers() {
     let db = TestServer::shared();
     let _log = db.guard();
-    let tally = rw_workload(db, Mode::Exclusive).await;
+    let (tally, waits) = rw_workload(db, Mode::Exclusive).await;
     assert_eq!(tally.violations.load(SeqCst), 0, "a writer was not alone");
     assert!(tally.writes.load(SeqCst) > 0);
     assert!(tally.reads.load(SeqCst) > 0);
     let max = tally.max_readers.load(SeqCst);
     assert!(max >= 2, "readers were never inside together (max {max})");
+    // Writers arrived while readers were inside, and the server made them
+    // wait: the exclusion above was exercised, not just never needed.
+    waits.assert_writers_waited_behind_readers("read/write", RW_MIN_WRITERS_BEHIND_READERS);
 }
 
 /// Control: "writers" that take the shared lock are seen overlapping
@@ -280,7 +297,7 @@ async fn shared_readers_share_and_exclude_writers() {
 async fn control_shared_writers_overlap() {
     let db = TestServer::shared();
     let _log = db.guard();
-    let tally = rw_workload(db, Mode::Shared).await;
+    let (tally, _) = rw_workload(db, Mode::Shared).await;
     assert!(
         tally.violations.load(SeqCst) > 0,
         "the detector saw no writer overlap: {tally:?}"

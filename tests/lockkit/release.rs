@@ -10,7 +10,7 @@ use lockkit_tests::TestServer;
 use tokio::sync::oneshot;
 use tokio_postgres::Client;
 
-use crate::common::{granted_elsewhere, locker};
+use crate::common::{advisory_rows, backend_pid, granted_elsewhere, held_by, locker};
 
 /// A key type of this module's own, so no other test holds these keys.
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,4 +240,41 @@ async fn autocommit_xact_lock_is_silently_released() {
     assert!(!free_for(&mut b, key).await, "held inside a transaction");
     tx.rollback().await.unwrap();
     assert!(free_for(&mut b, key).await);
+}
+
+/// The refinement the README states: a statement that fails aborts the
+/// transaction, and its advisory locks are released at that moment, before
+/// the `ROLLBACK`, as another session sees in `pg_locks` while the first is
+/// still in its aborted transaction block.
+#[tokio::test(flavor = "multi_thread")]
+async fn released_when_an_error_aborts_the_transaction_before_rollback() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let (mut a, observer) = (db.connect().await, db.connect().await);
+    let pid = backend_pid(&a).await;
+    let locker = locker(&a, Config::default()).await;
+    let key = Res { id: 10 };
+
+    let tx = locker.begin(&mut a).await.unwrap();
+    let _ = tx.lock(key).await.unwrap();
+    assert!(
+        held_by(&observer, pid, key.lock_key()).await,
+        "held before the error"
+    );
+    let err = tx.execute("SELECT 1 / 0", &[]).await.unwrap_err();
+    assert_eq!(err.code().map(|c| c.code()), Some("22012"), "{err}");
+    // Still inside the (aborted) transaction block: no ROLLBACK was sent…
+    let state: String = observer
+        .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "idle in transaction (aborted)");
+    // …and the lock is gone already.
+    assert!(
+        !held_by(&observer, pid, key.lock_key()).await,
+        "held after the abort"
+    );
+    assert_eq!(advisory_rows(&observer, pid).await, 0);
+    tx.rollback().await.unwrap();
 }

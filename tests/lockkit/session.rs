@@ -12,6 +12,7 @@ use lockkit::{
     probe_pooler, AdvisoryKey, Config, ErrorKind, LockKey, Mode, SessionForm, SessionGuard,
     SessionLock,
 };
+use lockkit_tests::waits::{wait_until_awaited, WaitCounter};
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio::sync::Barrier;
 use tokio_postgres::Client;
@@ -107,11 +108,13 @@ async fn a_panicking_task_releases_its_lock() {
     let key = Job { id: 2 }.lock_key();
 
     let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+    let (checked_tx, checked_rx) = tokio::sync::oneshot::channel::<()>();
     let task_sessions = sessions.clone();
     let task = tokio::spawn(async move {
         let _guard = task_sessions.lock(Job { id: 2 }).await.unwrap();
         locked_tx.send(()).unwrap();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Panics only once the test has seen the lock held.
+        checked_rx.await.unwrap();
         panic!("the payroll run crashed");
     });
     locked_rx.await.unwrap();
@@ -119,6 +122,7 @@ async fn a_panicking_task_releases_its_lock() {
         granted_elsewhere(&observer, key).await,
         "held before the panic"
     );
+    checked_tx.send(()).unwrap();
     let err = task.await.unwrap_err();
     assert!(err.is_panic());
     until_gone(&observer, key).await;
@@ -185,7 +189,10 @@ async fn lost_resolves_when_the_backend_is_terminated() {
         .expect("lost() resolves after pg_terminate_backend");
     assert!(!guard.is_held());
     assert!(!guard.check().await.unwrap());
-    assert!(!granted_elsewhere(&observer, guard.key()).await);
+    // The client can see the socket close before the terminated backend
+    // has exited and released its locks: wait for the release (the server
+    // does it asynchronously), do not assume it happened first.
+    until_gone(&observer, guard.key()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -261,11 +268,17 @@ async fn a_cancelled_lock_leaves_nothing_behind() {
     let key = Job { id: 8 }.lock_key();
 
     let holder = sessions.lock(Job { id: 8 }).await.unwrap();
-    let waiting = sessions.lock(Job { id: 8 });
-    // Give up while waiting: the future is dropped mid-statement.
-    assert!(tokio::time::timeout(Duration::from_millis(300), waiting)
-        .await
-        .is_err());
+    {
+        let waiting = sessions.lock(Job { id: 8 });
+        tokio::pin!(waiting);
+        // Give up once the server shows the waiter waiting: the future is
+        // dropped (at the end of this block) mid-statement, never before
+        // its lock was sent.
+        tokio::select! {
+            got = &mut waiting => panic!("granted while held: {:?}", got.map(|g| g.key())),
+            _ = wait_until_awaited(&observer, key) => {}
+        }
+    }
     assert!(holder.release().await.unwrap());
     // The cancelled waiter must not end up holding the key.
     until_gone(&observer, key).await;
@@ -273,16 +286,20 @@ async fn a_cancelled_lock_leaves_nothing_behind() {
     assert!(again.is_ok(), "the cancelled waiter kept the lock");
 }
 
-/// Many tasks, one key: never two inside. The control (distinct keys)
-/// shows the counter sees overlap when there is no exclusion: all tasks
-/// meet at a barrier inside their critical sections.
+/// Many tasks, one key: never two inside, over hundreds of acquisitions,
+/// many of which the server was seen making wait. The control (distinct
+/// keys) shows the counter sees overlap when there is no exclusion: all
+/// tasks meet at a barrier inside their critical sections.
 #[tokio::test(flavor = "multi_thread")]
 async fn excludes_across_many_sessions() {
     const TASKS: usize = 8;
-    const ROUNDS: usize = 5;
+    const ROUNDS: usize = 40;
+    /// A lower bound on the waits seen (see `lockkit_tests::waits`).
+    const MIN_WAITS: u64 = 50;
     let db = TestServer::shared();
     let _log = db.guard();
     let sessions = SessionLock::new(db.config());
+    let counter = WaitCounter::start(db.config(), [Job { id: 9 }.lock_key()]);
 
     let inside = Arc::new(AtomicUsize::new(0));
     let max = Arc::new(AtomicUsize::new(0));
@@ -304,6 +321,10 @@ async fn excludes_across_many_sessions() {
         task.await.unwrap();
     }
     assert_eq!(max.load(Ordering::SeqCst), 1, "two holders of one key");
+    counter.stop().assert_waited(
+        &format!("{} session acquisitions", TASKS * ROUNDS),
+        MIN_WAITS,
+    );
 
     // Control: distinct keys, so every task can be inside at once.
     let inside = Arc::new(AtomicUsize::new(0));

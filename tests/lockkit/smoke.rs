@@ -6,7 +6,7 @@ use lockkit::OrderCheck;
 use lockkit::{AdvisoryKey, Batch, Config, Mode};
 use lockkit_tests::TestServer;
 
-use crate::common::{granted_elsewhere, locker, Item};
+use crate::common::{advisory_rows, backend_pid, granted_elsewhere, held_by, locker, Item};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn lock_is_held_until_commit() {
@@ -81,8 +81,9 @@ async fn batch_try_and_timeout() {
         .await
         .unwrap();
     assert_eq!((row.get::<_, &str>(0), row.get::<_, &str>(1)), ("0", "0"));
+    // Free: the bound (also the statement's) only guards a hang.
     let got = tx_b
-        .lock_timeout(Item { id: 14 }, Duration::from_millis(100))
+        .lock_timeout(Item { id: 14 }, Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(got.mode(), Mode::Exclusive);
@@ -206,4 +207,46 @@ async fn prepared_statements_take_the_same_locks() {
     assert!(!tx.is_prepared());
     let k = tx.lock(Item { id: 39 }).await.unwrap().key();
     assert!(granted_elsewhere(&observer, k).await);
+}
+
+/// `Locker::wrap`: a transaction the caller opened (here after a statement
+/// of its own) takes locks that are held until it ends, as with `begin`;
+/// committing and rolling back the wrapped transaction both release them.
+#[tokio::test(flavor = "multi_thread")]
+async fn wrap_takes_locks_in_the_callers_transaction() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut a = db.connect().await;
+    let observer = db.connect().await;
+    let pid = backend_pid(&a).await;
+    let locker = locker(&a, Config::default()).await;
+    let (one, two) = (Item { id: 40 }, Item { id: 41 });
+
+    let raw = a.transaction().await.unwrap();
+    raw.execute("SET LOCAL application_name = 'wrapped'", &[])
+        .await
+        .unwrap();
+    let tx = locker.wrap(raw);
+    let batch = Batch::new().with(&one).with(&two);
+    let held = tx.lock_batch(&batch).await.unwrap();
+    assert!(held.contains(&one) && held.contains(&two));
+    drop(held);
+    for key in [one.lock_key(), two.lock_key()] {
+        assert!(held_by(&observer, pid, key).await, "{key} not held");
+    }
+    // The same transaction as the caller's statement.
+    let name: String = tx
+        .query_one("SELECT current_setting('application_name')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(name, "wrapped");
+    tx.commit().await.unwrap();
+    assert_eq!(advisory_rows(&observer, pid).await, 0, "commit releases");
+
+    let tx = locker.wrap(a.transaction().await.unwrap());
+    let _ = tx.lock(one).await.unwrap();
+    assert!(held_by(&observer, pid, one.lock_key()).await);
+    tx.rollback().await.unwrap();
+    assert_eq!(advisory_rows(&observer, pid).await, 0, "rollback releases");
 }

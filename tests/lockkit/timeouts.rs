@@ -17,6 +17,11 @@ struct Key {
     id: i64,
 }
 
+/// The bound given to timeout calls on keys nobody holds, which must
+/// succeed: it also bounds the statement (`statement_timeout`), so it is
+/// far above any scheduling delay.
+const NO_WAIT: Duration = Duration::from_secs(30);
+
 fn keys(ids: std::ops::Range<i64>) -> Vec<Key> {
     sorted(ids.map(|id| Key { id }).collect())
 }
@@ -73,9 +78,11 @@ async fn lock_timeout_keeps_the_transaction_and_the_callers_settings() {
     );
     assert_eq!(tx.held_count(), 1);
 
-    // Usable: a shared timeout call and an ordinary lock both work.
+    // Usable: a shared timeout call and an ordinary lock both work. (A
+    // free key: the timeout is only a bound, generous so that a descheduled
+    // backend on a loaded machine cannot trip it.)
     let got = tx
-        .lock_shared_timeout(Key { id: 3 }, Duration::from_millis(150))
+        .lock_shared_timeout(Key { id: 3 }, NO_WAIT)
         .await
         .unwrap();
     assert_eq!(got.mode(), Mode::Shared);
@@ -85,10 +92,7 @@ async fn lock_timeout_keeps_the_transaction_and_the_callers_settings() {
 
     // And once the holder is gone, the same call succeeds.
     holder.rollback().await.unwrap();
-    let _ = tx
-        .lock_timeout(Key { id: 1 }, Duration::from_millis(150))
-        .await
-        .unwrap();
+    let _ = tx.lock_timeout(Key { id: 1 }, NO_WAIT).await.unwrap();
     assert_eq!(timeouts(&tx).await, caller);
     tx.commit().await.unwrap();
 }
@@ -119,9 +123,12 @@ async fn release_in_turn(observer: &Client, pid: i32, holders: Vec<LockTx<'_>>, 
     }
 }
 
-/// Five keys, each released 300 ms after the previous one: every key waits
-/// less than 800 ms, the batch as a whole more. The batch's timeout bounds
-/// the batch, so it fails; the control shows per-key timeouts would not.
+/// Five keys, each released 400 ms after the previous one, once the batch is
+/// seen waiting: the batch as a whole waits at least 4 × 400 = 1,600 ms,
+/// more than its 1,500 ms timeout whatever the load (delays only lengthen
+/// it), so it fails. The control shows per-key timeouts of the same length
+/// would not: each key waits one gap (400 ms) plus a commit, which leaves
+/// 1,100 ms of margin for scheduling delays on a loaded 2-core machine.
 #[tokio::test(flavor = "multi_thread")]
 async fn batch_timeout_bounds_the_whole_batch() {
     let db = TestServer::shared();
@@ -141,8 +148,8 @@ async fn batch_timeout_bounds_the_whole_batch() {
         keys.iter().map(|k| k.lock_key()).collect::<Vec<_>>(),
         "the holders release in acquisition order"
     );
-    let gap = Duration::from_millis(300);
-    let timeout = Duration::from_millis(800);
+    let gap = Duration::from_millis(400);
+    let timeout = Duration::from_millis(1500);
 
     let holders = hold(&locker, &mut clients, &keys).await;
     let tx = locker.begin(&mut b).await.unwrap();

@@ -74,6 +74,7 @@ pub mod fixtures;
 mod instance;
 mod pgbouncer;
 mod server;
+pub mod waits;
 pub mod workload;
 
 #[cfg(test)]

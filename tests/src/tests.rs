@@ -34,18 +34,6 @@ async fn custom_settings_apply() {
     assert_eq!(show(&server, "max_connections").await, "200");
 }
 
-/// Run with `--nocapture` to see the times; the first start in a process
-/// also makes the template cluster.
-#[test]
-fn startup_times() {
-    for n in 1..=2 {
-        let started = Instant::now();
-        let server = TestServer::builder().start();
-        eprintln!("server {n} started in {:?}", started.elapsed());
-        drop(server);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn later_settings_win() {
     let server = TestServer::builder()
