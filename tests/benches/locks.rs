@@ -48,7 +48,10 @@
 //! criterion, a paired report alternates the two sides of each comparison
 //! transaction by transaction, so drift hits both alike, and prints the
 //! ratio of their medians next to the issue's target. It is what the targets
-//! are checked against; criterion's runs are kept short.
+//! are checked against; criterion's runs are kept short. The last column is
+//! the client's CPU time per transaction (this process's thread, lockkit /
+//! baseline), which tells lockkit's own work from the server's and the
+//! network's.
 
 use std::cell::{Cell, RefCell};
 use std::hint::black_box;
@@ -836,15 +839,34 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
          LockClient::begin)"
     );
     println!(
-        "{:<40} {:>11} {:>12} {:>8} {:>8}  met",
-        "comparison", "lockkit µs", "baseline µs", "ratio", "target"
+        "{:<40} {:>11} {:>12} {:>8} {:>8}  {:<3} {:>10}",
+        "comparison", "lockkit µs", "baseline µs", "ratio", "target", "met", "client CPU µs"
     );
     for pair in &pairs {
         let (mut a, mut b) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+        // This thread's CPU time on each side (the runtime is
+        // current-thread, so the connection task's work is in it too).
+        let (mut cpu_a, mut cpu_b) = (Some(0u64), Some(0u64));
+        let add = |sum: &mut Option<u64>, from: Option<u64>, to: Option<u64>| {
+            *sum = sum.zip(from.zip(to)).map(|(s, (f, t))| s + (t - f));
+        };
         for _ in 0..rounds {
+            let c0 = thread_cpu_ns();
             a.push(pair.lockkit.run(rt, bench, 1));
+            let c1 = thread_cpu_ns();
             b.push(pair.baseline.run(rt, bench, 1));
+            let c2 = thread_cpu_ns();
+            add(&mut cpu_a, c0, c1);
+            add(&mut cpu_b, c1, c2);
         }
+        let cpu = match (cpu_a, cpu_b) {
+            (Some(x), Some(y)) => format!(
+                "{:.1} / {:.1}",
+                x as f64 / 1e3 / rounds as f64,
+                y as f64 / 1e3 / rounds as f64
+            ),
+            _ => String::new(),
+        };
         let (a, b) = (median(a), median(b));
         let ratio = if pair.speedup {
             b.as_secs_f64() / a.as_secs_f64()
@@ -858,15 +880,27 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
             None => (String::new(), ""),
         };
         println!(
-            "{:<40} {:>11.1} {:>12.1} {:>7.2}× {:>8}  {}",
+            "{:<40} {:>11.1} {:>12.1} {:>7.2}× {:>8}  {:<3} {:>13}",
             pair.name,
             a.as_secs_f64() * 1e6,
             b.as_secs_f64() * 1e6,
             ratio,
             target,
-            met
+            met,
+            cpu
         );
     }
+}
+
+/// The CPU time this thread has run, in nanoseconds (Linux's
+/// `/proc/thread-self/schedstat`; `None` elsewhere).
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn yes(met: bool) -> &'static str {

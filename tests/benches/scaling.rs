@@ -17,6 +17,9 @@
 //!   log table (a tiny write) and commits; a share of them (0 %, 10 %, 50 %)
 //!   lock the same hot key, the others a key of their own.
 //!
+//! Each cell runs in four slices, one per pass over the whole grid, so that
+//! the machine's drift spreads over all cells.
+//!
 //! `LOCKKIT_SCALING_SECS` sets the seconds per cell (default 2) and
 //! `LOCKKIT_SCALING_SVG` the chart's path (default `docs/scaling.svg` in the
 //! workspace). Run without `--bench` (`cargo test --benches`), it does a
@@ -151,16 +154,16 @@ struct Tally {
     all_hot: usize,
 }
 
-/// Runs one cell: `conns.len()` connections, each running transactions
-/// until the cell's time is up.
-async fn cell(
+/// Runs one slice of a cell: `connections` of `conns`, each running
+/// transactions until `time` is up.
+async fn slice(
     conns: &mut Vec<LockClient>,
     insert: &str,
     connections: usize,
     hot_percent: u32,
     time: Duration,
     seed: u64,
-) -> (Cell, usize, usize) {
+) -> Tally {
     let barrier = Arc::new(Barrier::new(connections));
     let start = Arc::new(std::sync::OnceLock::<Instant>::new());
     let mut tasks = Vec::new();
@@ -177,11 +180,11 @@ async fn cell(
             let mut i: i64 = 0;
             while start.elapsed() < time {
                 let hot = rng.u32(0..100) < hot_percent;
-                // Cold ids: this connection's own, never reused.
+                // Cold ids: this connection's own in this slice, never reused.
                 let id = if hot {
                     HOT
                 } else {
-                    ((w as i64 + 1) << 40) + (seed as i64 % 1000) * 1_000_000_000 + i
+                    ((w as i64 + 1) << 40) + seed as i64 * 1_000_000_000 + i
                 };
                 i += 1;
                 let t = Instant::now();
@@ -201,31 +204,29 @@ async fn cell(
             (conn, tally)
         }));
     }
-    let mut latencies = Vec::new();
-    let (mut hot, mut all, mut all_hot) = (0, 0, 0);
+    let mut sum = Tally::default();
     for task in tasks {
         let (conn, tally) = task.await.expect("worker");
         conns.push(conn);
-        latencies.extend(tally.latencies);
-        hot += tally.hot;
-        all += tally.all;
-        all_hot += tally.all_hot;
+        sum.add(tally);
     }
-    latencies.sort();
-    let committed = latencies.len();
-    let cell = Cell {
-        connections,
-        hot_percent,
-        committed,
-        hot,
-        tps: committed as f64 / time.as_secs_f64(),
-        p50: quantile(&latencies, 0.5),
-        p99: quantile(&latencies, 0.99),
-    };
-    (cell, all, all_hot)
+    sum
 }
 
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        self.latencies.extend(other.latencies);
+        self.hot += other.hot;
+        self.all += other.all;
+        self.all_hot += other.all_hot;
+    }
+}
+
+/// The throughput grid. Every cell runs in `PASSES` slices, and each pass
+/// goes over the whole grid, so that the machine's drift spreads over all
+/// cells instead of landing on a few.
 async fn throughput(locker: &Locker, plan: &Plan, table: &str) -> Vec<Cell> {
+    const PASSES: u32 = 4;
     let max = plan.connections.iter().copied().max().unwrap_or(1);
     let mut conns = Vec::with_capacity(max);
     for _ in 0..max {
@@ -241,27 +242,31 @@ async fn throughput(locker: &Locker, plan: &Plan, table: &str) -> Vec<Cell> {
         .await
         .expect("create the log table");
     let insert = format!("INSERT INTO {table} (key) VALUES ($1)");
-    let (mut all, mut all_hot) = (0, 0);
-    let mut cells = Vec::new();
+    let grid: Vec<(usize, u32)> = plan
+        .connections
+        .iter()
+        .flat_map(|&n| plan.hot_percent.iter().map(move |&p| (n, p)))
+        .collect();
+    let mut tallies: Vec<Tally> = grid.iter().map(|_| Tally::default()).collect();
     let mut seed = 1;
-    for &connections in &plan.connections {
-        for &hot_percent in &plan.hot_percent {
-            let (c, a, h) = cell(
+    for _ in 0..PASSES {
+        for (&(connections, hot_percent), tally) in grid.iter().zip(&mut tallies) {
+            let t = slice(
                 &mut conns,
                 &insert,
                 connections,
                 hot_percent,
-                plan.cell,
+                plan.cell / PASSES,
                 seed,
             )
             .await;
             seed += 1;
-            all += a;
-            all_hot += h;
-            cells.push(c);
+            tally.add(t);
         }
     }
     // Every committed transaction left its row, the hot ones on the hot key.
+    let all: usize = tallies.iter().map(|t| t.all).sum();
+    let all_hot: usize = tallies.iter().map(|t| t.all_hot).sum();
     let row = conns[0]
         .query_one(
             &format!("SELECT count(*), count(*) FILTER (WHERE key = $1) FROM {table}"),
@@ -279,7 +284,21 @@ async fn throughput(locker: &Locker, plan: &Plan, table: &str) -> Vec<Cell> {
         .batch_execute(&format!("DROP TABLE {table}"))
         .await
         .expect("drop the log table");
-    cells
+    grid.into_iter()
+        .zip(tallies)
+        .map(|((connections, hot_percent), mut t)| {
+            t.latencies.sort();
+            Cell {
+                connections,
+                hot_percent,
+                committed: t.latencies.len(),
+                hot: t.hot,
+                tps: t.latencies.len() as f64 / plan.cell.as_secs_f64(),
+                p50: quantile(&t.latencies, 0.5),
+                p99: quantile(&t.latencies, 0.99),
+            }
+        })
+        .collect()
 }
 
 fn micros(d: Duration) -> f64 {
