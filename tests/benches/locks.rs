@@ -7,7 +7,8 @@
 //! ```
 //!
 //! `LOCKKIT_BENCH_ROUNDS` sets the transactions per side of each paired
-//! comparison (default 2,000).
+//! comparison (default 2,000), and `LOCKKIT_BENCH_ONLY=text` runs only the
+//! comparisons whose name contains `text`.
 //!
 //! Three comparisons for tokio-postgres, one criterion group each, lockkit
 //! through its default API ([`LockClient::begin`]: lockkit's statements
@@ -820,6 +821,20 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
             None,
         ),
         pair(
+            "tp: 64-key batch vs its statement by hand",
+            Async(routine!(batch_lockkit_prepared)),
+            Async(routine!(batch_raw_unnest_prepared)),
+            false,
+            None,
+        ),
+        pair(
+            "tp: 16-key by hand vs no locks",
+            Async(routine!(insert_raw_pipelined_prepared)),
+            Async(routine!(insert_no_locks)),
+            false,
+            None,
+        ),
+        pair(
             "tp: 16-key pipelined, unnamed",
             Async(routine!(insert_lockkit_pipelined_unnamed)),
             Async(routine!(insert_no_locks)),
@@ -833,6 +848,13 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
             false,
             None,
         ),
+        pair(
+            "diesel: 16-key by hand vs INSERT alone",
+            Blocking(diesel_insert_raw_batch),
+            Blocking(diesel_insert_no_locks),
+            false,
+            None,
+        ),
     ];
     println!(
         "\npaired report ({rounds} alternating transactions per side; tp = tokio-postgres, \
@@ -842,7 +864,9 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
         "{:<40} {:>11} {:>12} {:>8} {:>8}  {:<3} {:>10}",
         "comparison", "lockkit µs", "baseline µs", "ratio", "target", "met", "client CPU µs"
     );
-    for pair in &pairs {
+    // `LOCKKIT_BENCH_ONLY=diesel` runs the comparisons whose name has it.
+    let only = std::env::var("LOCKKIT_BENCH_ONLY").unwrap_or_default();
+    for pair in pairs.iter().filter(|p| p.name.contains(only.as_str())) {
         let (mut a, mut b) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
         // This thread's CPU time on each side (the runtime is
         // current-thread, so the connection task's work is in it too).
