@@ -2,10 +2,17 @@
 //! PostgreSQL server (the harness's throwaway server, or `DATABASE_URL`).
 //!
 //! ```text
-//! cargo bench -p lockkit-tests --bench locks
+//! cargo bench -p lockkit-tests --bench locks                                # criterion, then the paired report
+//! LOCKKIT_BENCH_PAIRED_ONLY=1 cargo bench -p lockkit-tests --bench locks    # the paired report alone (a few minutes)
 //! ```
 //!
-//! Three comparisons, one criterion group each:
+//! `LOCKKIT_BENCH_ROUNDS` sets the transactions per side of each paired
+//! comparison (default 2,000), and `LOCKKIT_BENCH_ONLY=text` runs only the
+//! comparisons whose name contains `text`.
+//!
+//! Three comparisons for tokio-postgres, one criterion group each, lockkit
+//! through its default API ([`LockClient::begin`]: lockkit's statements
+//! prepared lazily, once per connection, nothing for the user to prepare):
 //!
 //! - `single_lock`: a transaction that takes one key (`BEGIN`, lock,
 //!   `COMMIT`) through lockkit and through raw tokio-postgres with a
@@ -18,11 +25,19 @@
 //!   `lockkit::LockTx::lock_batch`), against the same transaction without
 //!   locks.
 //!
-//! lockkit runs each twice: `_prepared` with its statements prepared once
-//! per connection (`LockClient::begin`, the default), `_typed` sending them unnamed
-//! (`Locker::begin`), which the server parses every time. `raw_unnest_prepared`
-//! and `raw_pipelined_prepared` send lockkit's batch statement by hand, to
-//! tell lockkit's own cost from the statement's.
+//! The `_unnamed` variants send lockkit's statements unnamed
+//! ([`Locker::begin`] on a plain `Client`, what
+//! `StatementMode::Unnamed` does behind a pooler), which the server parses
+//! every time. `raw_unnest_prepared` and `raw_pipelined_prepared` send
+//! lockkit's batch statement by hand, to tell lockkit's own cost from the
+//! statement's.
+//!
+//! And the same three for Diesel (group `diesel`), `lockkit_diesel::Locker::
+//! transaction` with a `LockTx` against raw Diesel SQL
+//! (`diesel::sql_query("SELECT pg_advisory_xact_lock($1)")` in
+//! `conn.transaction`). Diesel runs `sql_query` unprepared, on both sides,
+//! and cannot pipeline: its "pipelined" comparison is the locked 16-key batch
+//! then the INSERT (one round trip more) against the INSERT alone.
 //!
 //! Every benchmark runs on one connection, so no key is ever contended, and
 //! every iteration ends its transaction.
@@ -33,19 +48,26 @@
 //! machine the round-trip time drifts by tens of percent between them. After
 //! criterion, a paired report alternates the two sides of each comparison
 //! transaction by transaction, so drift hits both alike, and prints the
-//! ratio of their medians next to the issue's target.
+//! ratio of their medians next to the issue's target. It is what the targets
+//! are checked against; criterion's runs are kept short. The last column is
+//! the client's CPU time per transaction (this process's thread, lockkit /
+//! baseline), which tells lockkit's own work from the server's and the
+//! network's.
 
+use std::cell::{Cell, RefCell};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
+use diesel::sql_types::{Array, BigInt};
+use diesel::{sql_query, Connection, PgConnection, RunQueryDsl};
 use lockkit::engine::sql;
 use lockkit::{AdvisoryKey, Batch, Config, Error, LockClient, LockKey, LockTx, Locker};
 use lockkit_tests::TestServer;
 use tokio::runtime::Runtime;
 use tokio::sync::Mutex;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::Statement;
 
 /// The key type locked in every benchmark.
 #[derive(AdvisoryKey, Clone, Copy, Debug)]
@@ -57,6 +79,8 @@ struct Item {
 const RING: usize = 4096;
 /// Batches cycled through by the batch benchmarks.
 const BATCHES: usize = 64;
+/// The baseline's lock statement, as a user would write it.
+const RAW_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 
 /// A connection and what the benchmarks prepare once on it.
 struct Bench {
@@ -64,7 +88,7 @@ struct Bench {
     locker: Locker,
     /// `SELECT pg_advisory_xact_lock($1)`, prepared once.
     lock: Statement,
-    /// lockkit's batch statement, prepared once (diagnostic).
+    /// lockkit's exclusive batch statement, prepared once (diagnostic).
     lock_unnest: Statement,
     /// `INSERT INTO <table> (id) VALUES ($1)`, prepared once.
     insert: Statement,
@@ -77,6 +101,16 @@ struct Bench {
     batch16: Vec<Batch>,
     /// The raw keys of each `batch16` batch, in the global lock order.
     raw16: Vec<Vec<i64>>,
+    /// A Diesel connection to the same server (blocking; used between the
+    /// async benchmarks, never at the same time).
+    diesel: RefCell<PgConnection>,
+    diesel_locker: lockkit_diesel::Locker,
+    /// The INSERT's text, for Diesel's `sql_query`.
+    insert_sql: String,
+    /// The next id for the insert table.
+    next_row: Cell<i64>,
+    /// lockkit's one-key statement, prepared by hand (diagnostic).
+    lock_tagged: Statement,
 }
 
 fn bigint(key: LockKey) -> i64 {
@@ -120,8 +154,12 @@ impl Bench {
             ))
             .await
             .expect("create the bench table");
-        let lock = client.prepare(sql::LOCK_BIGINT).await.expect("prepare");
-        let lock_unnest = client.prepare(sql::BATCH_BIGINT).await.expect("prepare");
+        let lock = client.prepare(RAW_LOCK).await.expect("prepare");
+        let lock_tagged = client.prepare(sql::LOCK_BIGINT).await.expect("prepare");
+        let lock_unnest = client
+            .prepare(sql::BATCH_BIGINT_EXCLUSIVE)
+            .await
+            .expect("prepare");
         let insert = client
             .prepare(&format!("INSERT INTO {table} (id) VALUES ($1)"))
             .await
@@ -131,6 +169,11 @@ impl Bench {
             .collect();
         let (batch64, raw64) = batches(64);
         let (batch16, raw16) = batches(16);
+        let mut diesel =
+            PgConnection::establish(TestServer::shared().url()).expect("diesel connects");
+        let diesel_locker =
+            lockkit_diesel::Locker::new(&mut diesel, Config::default()).expect("diesel locker");
+        let insert_sql = format!("INSERT INTO {table} (id) VALUES ($1)");
         Bench {
             client: Mutex::new(LockClient::new(&locker, client)),
             locker,
@@ -143,10 +186,17 @@ impl Bench {
             raw64,
             batch16,
             raw16,
+            diesel: RefCell::new(diesel),
+            diesel_locker,
+            insert_sql,
+            next_row: Cell::new(0),
+            lock_tagged,
         }
     }
 
-    /// A lockkit transaction, its statements `prepared` or sent typed.
+    /// A lockkit transaction: the default API (`LockClient::begin`,
+    /// statements prepared once per connection) when `prepared`, else
+    /// `Locker::begin` on the plain client (statements sent unnamed).
     async fn begin<'c>(&self, client: &'c mut LockClient, prepared: bool) -> LockTx<'c> {
         let tx = if prepared {
             client.begin().await
@@ -156,12 +206,14 @@ impl Bench {
         tx.expect("begin")
     }
 
-    /// Empties the insert table (untimed, before a sample).
-    async fn truncate(&self, client: &Client) {
-        client
-            .batch_execute(&format!("TRUNCATE {}", self.table))
-            .await
-            .expect("truncate");
+    /// A new id for the insert table, never used before in this run (the
+    /// table is never truncated: a TRUNCATE before a sample made its first
+    /// INSERT pay for the new relation and a re-plan, which swamped what
+    /// the pipelined comparison is about).
+    fn row_id(&self) -> i64 {
+        let id = self.next_row.get();
+        self.next_row.set(id + 1);
+        id
     }
 
     async fn drop_table(&self) {
@@ -196,6 +248,23 @@ async fn single_raw_tx(b: &Bench, iters: u64) -> Duration {
         let key = b.keys[(i % RING as u64) as usize];
         let tx = client.transaction().await.expect("begin");
         tx.execute(&b.lock, &[&key]).await.expect("lock");
+        tx.commit().await.expect("commit");
+    }
+    start.elapsed()
+}
+
+/// lockkit's one-key statement (`SELECT 'lockkit:lock_bigint' AS tag, 1
+/// AS n FROM pg_advisory_xact_lock($1)`), prepared and sent by hand, its row
+/// read: the statement's cost without lockkit's code (diagnostic).
+async fn single_tagged_tx(b: &Bench, iters: u64) -> Duration {
+    let mut client = b.client.lock().await;
+    let start = Instant::now();
+    for i in 0..iters {
+        let key = b.keys[(i % RING as u64) as usize];
+        let tx = client.transaction().await.expect("begin");
+        let row = tx.query_one(&b.lock_tagged, &[&key]).await.expect("lock");
+        let (tag, n): (&str, i64) = (row.get(0), row.get(1));
+        black_box((tag, n));
         tx.commit().await.expect("commit");
     }
     start.elapsed()
@@ -263,14 +332,11 @@ async fn batch_raw_sequential(b: &Bench, iters: u64) -> Duration {
 
 async fn batch_raw_unnest_prepared(b: &Bench, iters: u64) -> Duration {
     let mut client = b.client.lock().await;
-    let shared = vec![false; 64];
     let start = Instant::now();
     for i in 0..iters {
         let keys = &b.raw64[(i % BATCHES as u64) as usize];
         let tx = client.transaction().await.expect("begin");
-        tx.execute(&b.lock_unnest, &[keys, &shared])
-            .await
-            .expect("lock");
+        tx.execute(&b.lock_unnest, &[keys]).await.expect("lock");
         tx.commit().await.expect("commit");
     }
     start.elapsed()
@@ -278,19 +344,12 @@ async fn batch_raw_unnest_prepared(b: &Bench, iters: u64) -> Duration {
 
 // ---- pipelined -----------------------------------------------------------
 
-/// Ids for the insert table: distinct within a sample (the table is
-/// truncated before each).
-fn row_id(i: u64) -> i64 {
-    i as i64
-}
-
 async fn insert_no_locks(b: &Bench, iters: u64) -> Duration {
     let mut client = b.client.lock().await;
-    b.truncate(&client).await;
     let start = Instant::now();
-    for i in 0..iters {
+    for _ in 0..iters {
         let tx = client.transaction().await.expect("begin");
-        tx.execute(&b.insert, &[&row_id(i)]).await.expect("insert");
+        tx.execute(&b.insert, &[&b.row_id()]).await.expect("insert");
         tx.commit().await.expect("commit");
     }
     start.elapsed()
@@ -298,13 +357,12 @@ async fn insert_no_locks(b: &Bench, iters: u64) -> Duration {
 
 async fn insert_lockkit_pipelined(b: &Bench, iters: u64, prepared: bool) -> Duration {
     let mut client = b.client.lock().await;
-    b.truncate(&client).await;
     let start = Instant::now();
     for i in 0..iters {
         let batch = &b.batch16[(i % BATCHES as u64) as usize];
         let tx = b.begin(&mut client, prepared).await;
         let (held, n) = tokio::try_join!(tx.lock_batch(batch), async {
-            Ok::<_, Error>(tx.execute(&b.insert, &[&row_id(i)]).await?)
+            Ok::<_, Error>(tx.execute(&b.insert, &[&b.row_id()]).await?)
         })
         .expect("lock and insert");
         black_box((&held, n));
@@ -318,14 +376,12 @@ async fn insert_lockkit_pipelined(b: &Bench, iters: u64, prepared: bool) -> Dura
 /// statement prepared once.
 async fn insert_raw_pipelined_prepared(b: &Bench, iters: u64) -> Duration {
     let mut client = b.client.lock().await;
-    b.truncate(&client).await;
-    let shared = vec![false; 16];
     let start = Instant::now();
     for i in 0..iters {
         let keys = &b.raw16[(i % BATCHES as u64) as usize];
-        let id = row_id(i);
+        let id = b.row_id();
         let params: [&(dyn ToSql + Sync); 1] = [&id];
-        let lock_params: [&(dyn ToSql + Sync); 2] = [keys, &shared];
+        let lock_params: [&(dyn ToSql + Sync); 1] = [keys];
         let tx = client.transaction().await.expect("begin");
         let n = tokio::try_join!(
             tx.execute(&b.lock_unnest, &lock_params),
@@ -338,11 +394,154 @@ async fn insert_raw_pipelined_prepared(b: &Bench, iters: u64) -> Duration {
     start.elapsed()
 }
 
-/// lockkit's routines with their statements sent typed (`_typed`) or
-/// prepared on the connection (`_prepared`).
+// ---- diesel --------------------------------------------------------------
+
+/// Raw Diesel: `SELECT pg_advisory_xact_lock($1)`, sent unprepared (Diesel
+/// does not cache `sql_query` statements; nor, then, does lockkit-diesel).
+fn diesel_raw_lock(conn: &mut PgConnection, key: i64) -> diesel::QueryResult<usize> {
+    sql_query(RAW_LOCK).bind::<BigInt, _>(key).execute(conn)
+}
+
+fn diesel_insert(b: &Bench, conn: &mut PgConnection, id: i64) -> diesel::QueryResult<usize> {
+    sql_query(&b.insert_sql).bind::<BigInt, _>(id).execute(conn)
+}
+
+fn diesel_single_lockkit(b: &Bench, iters: u64) -> Duration {
+    let conn = &mut *b.diesel.borrow_mut();
+    let start = Instant::now();
+    for i in 0..iters {
+        let id = (i % RING as u64) as i64;
+        b.diesel_locker
+            .transaction(conn, |tx| {
+                let held = tx.lock(Item { id })?;
+                black_box(&held);
+                Ok::<_, Error>(())
+            })
+            .expect("lockkit-diesel transaction");
+    }
+    start.elapsed()
+}
+
+fn diesel_single_raw(b: &Bench, iters: u64) -> Duration {
+    let conn = &mut *b.diesel.borrow_mut();
+    let start = Instant::now();
+    for i in 0..iters {
+        let key = b.keys[(i % RING as u64) as usize];
+        conn.transaction(|c| diesel_raw_lock(c, key))
+            .expect("raw diesel transaction");
+    }
+    start.elapsed()
+}
+
+/// lockkit's one-key statement sent by hand in raw Diesel, its row read
+/// (diagnostic).
+fn diesel_single_tagged(b: &Bench, iters: u64) -> Duration {
+    #[derive(diesel::QueryableByName)]
+    struct Tagged {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        tag: String,
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let conn = &mut *b.diesel.borrow_mut();
+    let start = Instant::now();
+    for i in 0..iters {
+        let key = b.keys[(i % RING as u64) as usize];
+        let row: Tagged = conn
+            .transaction(|c| {
+                sql_query(sql::LOCK_BIGINT)
+                    .bind::<BigInt, _>(key)
+                    .get_result(c)
+            })
+            .expect("raw diesel transaction");
+        black_box((row.tag, row.n));
+    }
+    start.elapsed()
+}
+
+fn diesel_batch_lockkit(b: &Bench, iters: u64) -> Duration {
+    let conn = &mut *b.diesel.borrow_mut();
+    let start = Instant::now();
+    for i in 0..iters {
+        let batch = &b.batch64[(i % BATCHES as u64) as usize];
+        b.diesel_locker
+            .transaction(conn, |tx| {
+                let held = tx.lock_batch(batch)?;
+                black_box(&held);
+                Ok::<_, Error>(())
+            })
+            .expect("lockkit-diesel transaction");
+    }
+    start.elapsed()
+}
+
+fn diesel_batch_raw_sequential(b: &Bench, iters: u64) -> Duration {
+    let conn = &mut *b.diesel.borrow_mut();
+    let start = Instant::now();
+    for i in 0..iters {
+        let keys = &b.raw64[(i % BATCHES as u64) as usize];
+        conn.transaction(|c| {
+            for &key in keys {
+                diesel_raw_lock(c, key)?;
+            }
+            Ok::<_, diesel::result::Error>(())
+        })
+        .expect("raw diesel transaction");
+    }
+    start.elapsed()
+}
+
+fn diesel_insert_no_locks(b: &Bench, iters: u64) -> Duration {
+    let conn = &mut *b.diesel.borrow_mut();
+    let start = Instant::now();
+    for _ in 0..iters {
+        conn.transaction(|c| diesel_insert(b, c, b.row_id()))
+            .expect("raw diesel transaction");
+    }
+    start.elapsed()
+}
+
+/// The 16-key batch, then the INSERT: Diesel cannot pipeline them.
+fn diesel_insert_lockkit(b: &Bench, iters: u64) -> Duration {
+    let conn = &mut *b.diesel.borrow_mut();
+    let start = Instant::now();
+    for i in 0..iters {
+        let batch = &b.batch16[(i % BATCHES as u64) as usize];
+        b.diesel_locker
+            .transaction(conn, |tx| {
+                let held = tx.lock_batch(batch)?;
+                let n = diesel_insert(b, tx.conn(), b.row_id())?;
+                black_box((&held, n));
+                Ok::<_, Error>(())
+            })
+            .expect("lockkit-diesel transaction");
+    }
+    start.elapsed()
+}
+
+/// The same in raw Diesel, lockkit's batch statement sent by hand
+/// (diagnostic: lockkit-diesel's own cost next to the statement's).
+fn diesel_insert_raw_batch(b: &Bench, iters: u64) -> Duration {
+    let conn = &mut *b.diesel.borrow_mut();
+    let start = Instant::now();
+    for i in 0..iters {
+        let keys = &b.raw16[(i % BATCHES as u64) as usize];
+        conn.transaction(|c| {
+            sql_query(sql::BATCH_BIGINT_EXCLUSIVE)
+                .bind::<Array<BigInt>, _>(keys)
+                .execute(c)?;
+            diesel_insert(b, c, b.row_id())
+        })
+        .expect("raw diesel transaction");
+    }
+    start.elapsed()
+}
+
+/// lockkit's routines with their statements sent unnamed (`_unnamed`) or
+/// prepared on the connection (`_prepared`, the default).
 macro_rules! variants {
-    ($($f:ident => $typed:ident, $prepared:ident;)*) => {$(
-        async fn $typed(b: &Bench, iters: u64) -> Duration {
+    ($($f:ident => $unnamed:ident, $prepared:ident;)*) => {$(
+        async fn $unnamed(b: &Bench, iters: u64) -> Duration {
             $f(b, iters, false).await
         }
         async fn $prepared(b: &Bench, iters: u64) -> Duration {
@@ -351,10 +550,10 @@ macro_rules! variants {
     )*};
 }
 variants! {
-    single_lockkit_tx => single_lockkit_tx_typed, single_lockkit_tx_prepared;
-    single_lockkit_call => single_lockkit_call_typed, single_lockkit_call_prepared;
-    batch_lockkit => batch_lockkit_typed, batch_lockkit_prepared;
-    insert_lockkit_pipelined => insert_lockkit_pipelined_typed, insert_lockkit_pipelined_prepared;
+    single_lockkit_tx => single_lockkit_tx_unnamed, single_lockkit_tx_prepared;
+    single_lockkit_call => single_lockkit_call_unnamed, single_lockkit_call_prepared;
+    batch_lockkit => batch_lockkit_unnamed, batch_lockkit_prepared;
+    insert_lockkit_pipelined => insert_lockkit_pipelined_unnamed, insert_lockkit_pipelined_prepared;
 }
 
 // ---- groups --------------------------------------------------------------
@@ -371,36 +570,72 @@ macro_rules! routine {
     }};
 }
 
-fn group(c: &mut Criterion, rt: &Runtime, bench: &Bench, name: &str, cases: &[(&str, Routine)]) {
+/// A blocking (Diesel) routine.
+type Blocking = fn(&Bench, u64) -> Duration;
+
+/// One side of a comparison.
+#[derive(Clone, Copy)]
+enum Side {
+    Async(Routine),
+    Blocking(Blocking),
+}
+
+impl Side {
+    fn run(self, rt: &Runtime, bench: &Bench, iters: u64) -> Duration {
+        match self {
+            Side::Async(r) => rt.block_on(r(bench, iters)),
+            Side::Blocking(f) => f(bench, iters),
+        }
+    }
+}
+
+/// Whether only the paired report runs (`LOCKKIT_BENCH_PAIRED_ONLY=1`).
+fn paired_only() -> bool {
+    std::env::var_os("LOCKKIT_BENCH_PAIRED_ONLY").is_some_and(|v| v != "0")
+}
+
+fn group(c: &mut Criterion, rt: &Runtime, bench: &Bench, name: &str, cases: &[(&str, Side)]) {
     let mut group = c.benchmark_group(name);
+    // Short: the paired report is what the targets are checked against.
     group
-        .sample_size(50)
-        .warm_up_time(Duration::from_secs(2))
-        .measurement_time(Duration::from_secs(5));
-    for &(id, routine) in cases {
-        group.bench_function(id, |b| {
-            b.to_async(rt).iter_custom(|iters| routine(bench, iters));
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    for &(id, side) in cases {
+        group.bench_function(id, |b| match side {
+            Side::Async(routine) => b.to_async(rt).iter_custom(|iters| routine(bench, iters)),
+            Side::Blocking(f) => b.iter_custom(|iters| f(bench, iters)),
         });
     }
     group.finish();
 }
 
 fn locks(c: &mut Criterion, rt: &Runtime, bench: &Bench) {
+    use Side::{Async, Blocking};
     group(
         c,
         rt,
         bench,
         "single_lock",
         &[
-            ("lockkit_tx_prepared", routine!(single_lockkit_tx_prepared)),
-            ("lockkit_tx_typed", routine!(single_lockkit_tx_typed)),
-            ("raw_tx", routine!(single_raw_tx)),
+            (
+                "lockkit_tx_prepared",
+                Async(routine!(single_lockkit_tx_prepared)),
+            ),
+            (
+                "lockkit_tx_unnamed",
+                Async(routine!(single_lockkit_tx_unnamed)),
+            ),
+            ("raw_tx", Async(routine!(single_raw_tx))),
             (
                 "lockkit_call_prepared",
-                routine!(single_lockkit_call_prepared),
+                Async(routine!(single_lockkit_call_prepared)),
             ),
-            ("lockkit_call_typed", routine!(single_lockkit_call_typed)),
-            ("raw_call", routine!(single_raw_call)),
+            (
+                "lockkit_call_unnamed",
+                Async(routine!(single_lockkit_call_unnamed)),
+            ),
+            ("raw_call", Async(routine!(single_raw_call))),
         ],
     );
     group(
@@ -409,10 +644,19 @@ fn locks(c: &mut Criterion, rt: &Runtime, bench: &Bench) {
         bench,
         "batch_64",
         &[
-            ("lockkit_batch_prepared", routine!(batch_lockkit_prepared)),
-            ("lockkit_batch_typed", routine!(batch_lockkit_typed)),
-            ("raw_sequential", routine!(batch_raw_sequential)),
-            ("raw_unnest_prepared", routine!(batch_raw_unnest_prepared)),
+            (
+                "lockkit_batch_prepared",
+                Async(routine!(batch_lockkit_prepared)),
+            ),
+            (
+                "lockkit_batch_unnamed",
+                Async(routine!(batch_lockkit_unnamed)),
+            ),
+            ("raw_sequential", Async(routine!(batch_raw_sequential))),
+            (
+                "raw_unnest_prepared",
+                Async(routine!(batch_raw_unnest_prepared)),
+            ),
         ],
     );
     group(
@@ -421,32 +665,50 @@ fn locks(c: &mut Criterion, rt: &Runtime, bench: &Bench) {
         bench,
         "pipelined",
         &[
-            ("no_locks", routine!(insert_no_locks)),
+            ("no_locks", Async(routine!(insert_no_locks))),
             (
                 "lockkit_pipelined_prepared",
-                routine!(insert_lockkit_pipelined_prepared),
+                Async(routine!(insert_lockkit_pipelined_prepared)),
             ),
             (
-                "lockkit_pipelined_typed",
-                routine!(insert_lockkit_pipelined_typed),
+                "lockkit_pipelined_unnamed",
+                Async(routine!(insert_lockkit_pipelined_unnamed)),
             ),
             (
                 "raw_pipelined_prepared",
-                routine!(insert_raw_pipelined_prepared),
+                Async(routine!(insert_raw_pipelined_prepared)),
             ),
+        ],
+    );
+    group(
+        c,
+        rt,
+        bench,
+        "diesel",
+        &[
+            ("single_lockkit", Blocking(diesel_single_lockkit)),
+            ("single_raw", Blocking(diesel_single_raw)),
+            ("batch_64_lockkit", Blocking(diesel_batch_lockkit)),
+            (
+                "batch_64_raw_sequential",
+                Blocking(diesel_batch_raw_sequential),
+            ),
+            ("insert_lockkit_batch_16", Blocking(diesel_insert_lockkit)),
+            ("insert_raw_batch_16", Blocking(diesel_insert_raw_batch)),
+            ("insert_no_locks", Blocking(diesel_insert_no_locks)),
         ],
     );
 }
 
 /// One comparison of the paired report: `lockkit` against `baseline`, and
 /// the target for `lockkit / baseline` (or `baseline / lockkit` when
-/// `speedup`).
+/// `speedup`); `None` for the diagnostic rows.
 struct Pair {
     name: &'static str,
-    lockkit: Routine,
-    baseline: Routine,
+    lockkit: Side,
+    baseline: Side,
     speedup: bool,
-    target: f64,
+    target: Option<f64>,
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -457,89 +719,219 @@ fn median(mut v: Vec<Duration>) -> Duration {
 /// Alternates the two sides transaction by transaction and prints the ratio
 /// of their medians.
 fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
+    use Side::{Async, Blocking};
+    let pair = |name, lockkit, baseline, speedup, target| Pair {
+        name,
+        lockkit,
+        baseline,
+        speedup,
+        target,
+    };
     let pairs = [
-        Pair {
-            name: "single lock, whole transaction",
-            lockkit: routine!(single_lockkit_tx_prepared),
-            baseline: routine!(single_raw_tx),
-            speedup: false,
-            target: 1.05,
-        },
-        Pair {
-            name: "single lock, the call alone",
-            lockkit: routine!(single_lockkit_call_prepared),
-            baseline: routine!(single_raw_call),
-            speedup: false,
-            target: 1.05,
-        },
-        Pair {
-            name: "single lock, typed (no prepare)",
-            lockkit: routine!(single_lockkit_tx_typed),
-            baseline: routine!(single_raw_tx),
-            speedup: false,
-            target: 1.05,
-        },
-        Pair {
-            name: "64-key batch vs 64 statements",
-            lockkit: routine!(batch_lockkit_prepared),
-            baseline: routine!(batch_raw_sequential),
-            speedup: true,
-            target: 5.0,
-        },
-        Pair {
-            name: "16-key batch pipelined with INSERT",
-            lockkit: routine!(insert_lockkit_pipelined_prepared),
-            baseline: routine!(insert_no_locks),
-            speedup: false,
-            target: 1.2,
-        },
-        Pair {
-            name: "the same, typed (no prepare)",
-            lockkit: routine!(insert_lockkit_pipelined_typed),
-            baseline: routine!(insert_no_locks),
-            speedup: false,
-            target: 1.2,
-        },
+        pair(
+            "tp: one lock, whole transaction",
+            Async(routine!(single_lockkit_tx_prepared)),
+            Async(routine!(single_raw_tx)),
+            false,
+            Some(1.05),
+        ),
+        pair(
+            "tp: 16-key batch pipelined with INSERT",
+            Async(routine!(insert_lockkit_pipelined_prepared)),
+            Async(routine!(insert_no_locks)),
+            false,
+            Some(1.20),
+        ),
+        pair(
+            "tp: 64-key batch vs 64 statements",
+            Async(routine!(batch_lockkit_prepared)),
+            Async(routine!(batch_raw_sequential)),
+            true,
+            Some(10.0),
+        ),
+        pair(
+            "diesel: one lock, whole transaction",
+            Blocking(diesel_single_lockkit),
+            Blocking(diesel_single_raw),
+            false,
+            Some(1.05),
+        ),
+        pair(
+            "diesel: 16-key batch, then INSERT",
+            Blocking(diesel_insert_lockkit),
+            Blocking(diesel_insert_no_locks),
+            false,
+            Some(1.20),
+        ),
+        pair(
+            "diesel: 64-key batch vs 64 statements",
+            Blocking(diesel_batch_lockkit),
+            Blocking(diesel_batch_raw_sequential),
+            true,
+            Some(10.0),
+        ),
+        // Diagnostics: where the time goes.
+        pair(
+            "tp: one lock vs its statement by hand",
+            Async(routine!(single_lockkit_tx_prepared)),
+            Async(routine!(single_tagged_tx)),
+            false,
+            None,
+        ),
+        pair(
+            "tp: lockkit's statement vs the plain one",
+            Async(routine!(single_tagged_tx)),
+            Async(routine!(single_raw_tx)),
+            false,
+            None,
+        ),
+        pair(
+            "diesel: one lock vs its statement by hand",
+            Blocking(diesel_single_lockkit),
+            Blocking(diesel_single_tagged),
+            false,
+            None,
+        ),
+        pair(
+            "diesel: lockkit's statement vs the plain",
+            Blocking(diesel_single_tagged),
+            Blocking(diesel_single_raw),
+            false,
+            None,
+        ),
+        pair(
+            "tp: one lock, the call alone",
+            Async(routine!(single_lockkit_call_prepared)),
+            Async(routine!(single_raw_call)),
+            false,
+            None,
+        ),
+        pair(
+            "tp: one lock, unnamed statements",
+            Async(routine!(single_lockkit_tx_unnamed)),
+            Async(routine!(single_raw_tx)),
+            false,
+            None,
+        ),
+        pair(
+            "tp: 16-key pipelined vs by hand",
+            Async(routine!(insert_lockkit_pipelined_prepared)),
+            Async(routine!(insert_raw_pipelined_prepared)),
+            false,
+            None,
+        ),
+        pair(
+            "tp: 64-key batch vs its statement by hand",
+            Async(routine!(batch_lockkit_prepared)),
+            Async(routine!(batch_raw_unnest_prepared)),
+            false,
+            None,
+        ),
+        pair(
+            "tp: 16-key by hand vs no locks",
+            Async(routine!(insert_raw_pipelined_prepared)),
+            Async(routine!(insert_no_locks)),
+            false,
+            None,
+        ),
+        pair(
+            "tp: 16-key pipelined, unnamed",
+            Async(routine!(insert_lockkit_pipelined_unnamed)),
+            Async(routine!(insert_no_locks)),
+            false,
+            None,
+        ),
+        pair(
+            "diesel: 16-key batch vs by hand",
+            Blocking(diesel_insert_lockkit),
+            Blocking(diesel_insert_raw_batch),
+            false,
+            None,
+        ),
+        pair(
+            "diesel: 16-key by hand vs INSERT alone",
+            Blocking(diesel_insert_raw_batch),
+            Blocking(diesel_insert_no_locks),
+            false,
+            None,
+        ),
     ];
-    println!("\npaired report ({rounds} alternating transactions per side)");
     println!(
-        "{:<38} {:>12} {:>12} {:>8} {:>8}  met",
-        "comparison", "lockkit µs", "baseline µs", "ratio", "target"
+        "\npaired report ({rounds} alternating transactions per side; tp = tokio-postgres, \
+         LockClient::begin)"
     );
-    for pair in &pairs {
+    println!(
+        "{:<40} {:>11} {:>12} {:>8} {:>8}  {:<3} {:>10}",
+        "comparison", "lockkit µs", "baseline µs", "ratio", "target", "met", "client CPU µs"
+    );
+    // `LOCKKIT_BENCH_ONLY=diesel` runs the comparisons whose name has it.
+    let only = std::env::var("LOCKKIT_BENCH_ONLY").unwrap_or_default();
+    for pair in pairs.iter().filter(|p| p.name.contains(only.as_str())) {
         let (mut a, mut b) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
-        rt.block_on(async {
-            for _ in 0..rounds {
-                a.push((pair.lockkit)(bench, 1).await);
-                b.push((pair.baseline)(bench, 1).await);
-            }
-        });
+        // This thread's CPU time on each side (the runtime is
+        // current-thread, so the connection task's work is in it too).
+        let (mut cpu_a, mut cpu_b) = (Some(0u64), Some(0u64));
+        let add = |sum: &mut Option<u64>, from: Option<u64>, to: Option<u64>| {
+            *sum = sum.zip(from.zip(to)).map(|(s, (f, t))| s + (t - f));
+        };
+        for _ in 0..rounds {
+            let c0 = thread_cpu_ns();
+            a.push(pair.lockkit.run(rt, bench, 1));
+            let c1 = thread_cpu_ns();
+            b.push(pair.baseline.run(rt, bench, 1));
+            let c2 = thread_cpu_ns();
+            add(&mut cpu_a, c0, c1);
+            add(&mut cpu_b, c1, c2);
+        }
+        let cpu = match (cpu_a, cpu_b) {
+            (Some(x), Some(y)) => format!(
+                "{:.1} / {:.1}",
+                x as f64 / 1e3 / rounds as f64,
+                y as f64 / 1e3 / rounds as f64
+            ),
+            _ => String::new(),
+        };
         let (a, b) = (median(a), median(b));
         let ratio = if pair.speedup {
             b.as_secs_f64() / a.as_secs_f64()
         } else {
             a.as_secs_f64() / b.as_secs_f64()
         };
-        let met = if pair.speedup {
-            ratio >= pair.target
-        } else {
-            ratio <= pair.target
-        };
-        let (op, target) = if pair.speedup {
-            ("≥", pair.target)
-        } else {
-            ("≤", pair.target)
+        let op = if pair.speedup { "≥" } else { "≤" };
+        let (target, met) = match pair.target {
+            Some(t) if pair.speedup => (format!("{op}{t:>5.2}×"), yes(ratio >= t)),
+            Some(t) => (format!("{op}{t:>5.2}×"), yes(ratio <= t)),
+            None => (String::new(), ""),
         };
         println!(
-            "{:<38} {:>12.1} {:>12.1} {:>7.2}× {:>2}{:>5.2}×  {}",
+            "{:<40} {:>11.1} {:>12.1} {:>7.2}× {:>8}  {:<3} {:>13}",
             pair.name,
             a.as_secs_f64() * 1e6,
             b.as_secs_f64() * 1e6,
             ratio,
-            op,
             target,
-            if met { "yes" } else { "no" }
+            met,
+            cpu
         );
+    }
+}
+
+/// The CPU time this thread has run, in nanoseconds (Linux's
+/// `/proc/thread-self/schedstat`; `None` elsewhere).
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn yes(met: bool) -> &'static str {
+    if met {
+        "yes"
+    } else {
+        "NO"
     }
 }
 
@@ -552,11 +944,18 @@ fn main() {
         .build()
         .expect("tokio runtime");
     let bench = rt.block_on(Bench::new());
-    locks(&mut c, &rt, &bench);
-    c.final_summary();
-    // Only for a real benchmark run, not `cargo test --benches`.
-    if std::env::args().any(|a| a == "--bench") {
-        paired_report(&rt, &bench, 2000);
+    // A real benchmark run (`cargo bench`), not `cargo test --benches`.
+    let bench_run = std::env::args().any(|a| a == "--bench");
+    if !(bench_run && paired_only()) {
+        locks(&mut c, &rt, &bench);
+        c.final_summary();
+    }
+    if bench_run {
+        let rounds = std::env::var("LOCKKIT_BENCH_ROUNDS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(2000);
+        paired_report(&rt, &bench, rounds);
     }
     rt.block_on(bench.drop_table());
 }
