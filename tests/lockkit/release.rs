@@ -264,12 +264,22 @@ async fn released_when_an_error_aborts_the_transaction_before_rollback() {
     let err = tx.execute("SELECT 1 / 0", &[]).await.unwrap_err();
     assert_eq!(err.code().map(|c| c.code()), Some("22012"), "{err}");
     // Still inside the (aborted) transaction block: no ROLLBACK was sent…
-    let state: String = observer
-        .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(state, "idle in transaction (aborted)");
+    // (the error reaches the client before the backend reports its new
+    // state, so wait for the state, up to 30 s)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let state: String = observer
+            .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
+            .await
+            .unwrap()
+            .get(0);
+        if state == "idle in transaction (aborted)" {
+            break;
+        }
+        assert_eq!(state, "active", "the session can only be finishing the failed statement");
+        assert!(std::time::Instant::now() < deadline, "never reached the aborted state");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     // …and the lock is gone already.
     assert!(
         !held_by(&observer, pid, key.lock_key()).await,
