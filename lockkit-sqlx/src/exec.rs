@@ -12,9 +12,10 @@ use lockkit::engine::{Acquisition, DriverError, Grant, Param, Reply, ReplyShape,
 use lockkit::{Busy, Error};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{PgConnection, Postgres, Row};
+use sqlx::{Executor, PgConnection, Postgres, Row};
 
 use crate::error::driver_error;
+use crate::locker::BoxFuture;
 
 /// What the server answered one statement.
 enum Answer {
@@ -41,21 +42,25 @@ fn bind<'q>(
     })
 }
 
-/// Runs one statement.
-async fn run(conn: &mut PgConnection, stmt: &Statement<'_>) -> Result<Answer, DriverError> {
-    if stmt.reply() == ReplyShape::Done {
-        sqlx::raw_sql(stmt.text())
-            .execute(&mut *conn)
-            .await
-            .map_err(driver_error)?;
-        return Ok(Answer::Done);
-    }
-    let mut query = sqlx::query(stmt.text());
-    for param in stmt.params() {
-        query = bind(query, param)?;
-    }
-    let rows = query.fetch_all(&mut *conn).await.map_err(driver_error)?;
-    Ok(Answer::Rows(rows))
+/// Runs one statement (boxed `Send` with one lifetime: see [`drive`]).
+fn run<'a>(
+    conn: &'a mut PgConnection,
+    stmt: Statement<'a>,
+) -> BoxFuture<'a, Result<Answer, DriverError>> {
+    Box::pin(async move {
+        if stmt.reply() == ReplyShape::Done {
+            // No parameters: sqlx sends it with the simple query protocol,
+            // which the two-statement rollback needs.
+            conn.execute(stmt.text()).await.map_err(driver_error)?;
+            return Ok(Answer::Done);
+        }
+        let mut query = sqlx::query(stmt.text());
+        for param in stmt.params() {
+            query = bind(query, param)?;
+        }
+        let rows = conn.fetch_all(query).await.map_err(driver_error)?;
+        Ok(Answer::Rows(rows))
+    })
 }
 
 /// Reads one answer in the shape the statement promises.
@@ -95,15 +100,28 @@ fn reply<'r>(stmt: &Statement<'_>, answer: &'r Answer) -> Reply<'r> {
 ///
 /// Dropped while a statement is in flight, the acquisition poisons the
 /// transaction (the server may grant what was sent).
-pub(crate) async fn drive(
+///
+/// Boxed as a `Send` future here, where its lifetimes are concrete: left to
+/// inference inside the callers' `async fn`s, rustc cannot prove the
+/// borrows it holds across `.await` `Send` for every lifetime, and the lock
+/// futures could not be spawned.
+pub(crate) fn drive<'a>(
+    conn: &'a mut PgConnection,
+    call: Acquisition<'a>,
+) -> BoxFuture<'a, Result<Result<Grant, Busy>, Error>> {
+    Box::pin(drive_inner(conn, call))
+}
+
+async fn drive_inner(
     conn: &mut PgConnection,
     mut call: Acquisition<'_>,
 ) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
         let mut answers = Vec::with_capacity(round.len());
         let mut failure = None;
-        for stmt in &round {
-            match run(conn, stmt).await {
+        for i in 0..round.len() {
+            let stmt = round[i];
+            match run(&mut *conn, stmt).await {
                 Ok(answer) => answers.push(answer),
                 Err(e) => {
                     failure = Some(e);
