@@ -2,8 +2,10 @@
 //!
 //! - `lockkit inspect`: advisory locks held and awaited, wait chains as a
 //!   tree, `--watch` to refresh, `--json` for scripts.
-//! - `lockkit key NAMESPACE VALUE...`: the `BigInt` and `Pair` keys (and
-//!   their `pg_locks` columns) of a key type's field values, per KEYS.md.
+//! - `lockkit key NAMESPACE VALUE...`: the keys (and their `pg_locks`
+//!   columns) of a key type's typed field values (`i:42`, `s:acme`,
+//!   `variant:Account`, …), in every form of the key format,
+//!   [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
 //! - `lockkit check`: the server's lock table capacity, how much advisory
 //!   locks use now, hot standby, and whether the connection is pooled.
 //!
@@ -25,13 +27,19 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lockkit::inspect::{advisory_locks, KeyRegistry};
-use lockkit::{probe_pooler, KeySpec};
+use lockkit::inspect::{advisory_locks, relation_lock_queues, KeyRegistry};
+use lockkit::probe_pooler;
+use lockkit_cli::keyarg::{compute, parse_value, Form, KeyRequest};
+use lockkit_cli::settings;
 use serde_json::json;
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls};
 
-/// Inspect PostgreSQL advisory locks, compute lockkit keys, check capacity.
+/// Inspect PostgreSQL advisory locks, compute lockkit keys, check capacity
+/// and lock settings.
+///
+/// The key format is docs/KEYS.md:
+/// https://example.invalid/lockkit/blob/main/docs/KEYS.md
 #[derive(Debug, Parser)]
 #[command(name = "lockkit", version)]
 struct Cli {
@@ -46,12 +54,34 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Advisory locks held and awaited in the database, with wait chains.
+    ///
+    /// Key types are named from the namespaces registered with -n, the
+    /// LOCKKIT_NAMESPACES variable and a namespaces file (--namespaces-file,
+    /// LOCKKIT_NAMESPACES_FILE, or $XDG_CONFIG_HOME/lockkit/namespaces,
+    /// default ~/.config/lockkit/namespaces): entries NAME or NAME=CLASS,
+    /// separated by newlines, commas or spaces, # for comments. An
+    /// unregistered key shows its top 16 bits (BigInt), the namespace tag
+    /// of a hashed lockkit key (`lockkit key` prints a namespace's tag; raw
+    /// and hashtext keys carry none), or its class (Pair).
+    ///
+    /// SCOPE is `session` for a holder idle outside any transaction (a
+    /// transaction lock cannot outlive its transaction), `transaction` for a
+    /// prepared transaction, `unknown` otherwise: pg_locks does not tell
+    /// them apart. The key format is docs/KEYS.md:
+    /// https://example.invalid/lockkit/blob/main/docs/KEYS.md
     Inspect {
         /// A key namespace of the application, to name the type behind a key
         /// (repeatable). `NAME` covers its BigInt keys and its Pair keys of
         /// the derived class; `NAME=CLASS` its Pair keys of an explicit class.
         #[arg(long = "namespace", short = 'n', value_name = "NAME[=CLASS]")]
         namespaces: Vec<String>,
+        /// A file of namespaces (see above).
+        #[arg(long, value_name = "PATH")]
+        namespaces_file: Option<std::path::PathBuf>,
+        /// Also relation locks on every relation someone waits for (a DDL
+        /// lock queue), in the same wait-chain tree.
+        #[arg(long)]
+        all: bool,
         /// Refresh every SECONDS until interrupted.
         #[arg(long, value_name = "SECONDS")]
         watch: Option<f64>,
@@ -59,21 +89,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The keys of a namespace and field values, to find a lock in pg_locks.
+    /// The key of a key type's value, to find its lock in pg_locks.
     ///
-    /// Values are the key type's fields in declaration order. A value that
-    /// parses as an integer is encoded as an integer (by value, as KEYS.md
-    /// says, so `42` is the same key for an i32 or an i64 field); anything
-    /// else as a string. `--str` encodes every value as a string.
+    /// Give the type's namespace (its name, or its `namespace = "..."`),
+    /// then its fields' values in declaration order, each typed (see below).
+    /// Without --form, both hashed keys (BigInt and Pair) are printed.
+    /// The key format is docs/KEYS.md:
+    /// https://example.invalid/lockkit/blob/main/docs/KEYS.md
+    #[command(after_long_help = key_help())]
     Key {
-        /// The key type's namespace (its name, or `namespace = "..."`).
-        namespace: String,
-        /// The field values, in declaration order.
-        #[arg(required = true, allow_negative_numbers = true)]
-        values: Vec<String>,
-        /// Encode every value as a string, even one that looks like a number.
-        #[arg(long = "str")]
-        strings: bool,
+        /// The namespace (left out for --form raw and --form hashtext), then
+        /// one typed VALUE per field: i:42, s:acme, variant:Account, …
+        #[arg(value_name = "NAMESPACE] [VALUE", allow_negative_numbers = true)]
+        args: Vec<String>,
+        /// The type's key form: its derive attributes.
+        #[arg(long, value_enum, default_value_t = FormArg::Hashed)]
+        form: FormArg,
         /// The explicit Pair class of the type (`class = N`).
         #[arg(long, allow_negative_numbers = true)]
         class: Option<i32>,
@@ -84,13 +115,72 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Lock table capacity and use, hot standby, pooling.
+    /// Lock table capacity and use, hot standby, pooling, and the settings
+    /// that decide how locks behave (log_lock_waits, deadlock_timeout,
+    /// lock_timeout, statement_timeout, idle_in_transaction_session_timeout,
+    /// idle_session_timeout), each with what it means for lockkit and a
+    /// recommendation where one applies.
     Check {
+        /// The keep-alive interval of the application's session locks, to
+        /// compare with the idle timeouts.
+        #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+        session_keepalive: f64,
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
 }
+
+/// `lockkit key --help`'s value syntax and examples.
+fn key_help() -> String {
+    format!(
+        "VALUES\n{}\n\nEXAMPLES\n{}",
+        lockkit_cli::keyarg::SYNTAX,
+        "  lockkit key Order i:42                    struct Order { id: i64 }
+  lockkit key Tenanted s:acme u64:1001      struct Tenanted<'a> { tenant: &'a str, id: u64 }
+  lockkit key Job variant:Account i:7       enum Job { Account(i64), … }
+  lockkit key Job 'variant:Account(i:7)'    the same key
+  lockkit key Batch 'seq:[s:\"a\",s:\"b\"]' none   struct Batch { ids: Vec<String>, parent: Option<u64> }
+  lockkit key --form pair --class 7 Invoice u64:9
+  lockkit key --form exact --class 7 Account i32:5
+  lockkit key --stripes 1024 Event s:a1b2c3d4
+  lockkit key --form raw i64:9
+  lockkit key --form hashtext s:payroll-1405-01"
+    )
+}
+
+/// A key type's form, as its derive attributes say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum FormArg {
+    /// Both hashed keys, BigInt and Pair (for a type whose form you do not know).
+    Hashed,
+    /// The hashed BigInt key (the derive's default).
+    Bigint,
+    /// The hashed Pair key (`pair`; `--class` for `class = N`).
+    Pair,
+    /// `pair = "exact"`: Pair(class, value) of one i32 value.
+    Exact,
+    /// `raw`: one i64 value is BigInt(value), two i32 values Pair(a, b); no namespace.
+    Raw,
+    /// `lockkit::HashText`: BigInt(hashtext(text)) of one s:TEXT; no namespace.
+    Hashtext,
+}
+
+impl From<FormArg> for Form {
+    fn from(form: FormArg) -> Form {
+        match form {
+            FormArg::Hashed => Form::Hashed,
+            FormArg::Bigint => Form::BigInt,
+            FormArg::Pair => Form::Pair,
+            FormArg::Exact => Form::Exact,
+            FormArg::Raw => Form::Raw,
+            FormArg::Hashtext => Form::HashText,
+        }
+    }
+}
+
+/// The `application_name` of the CLI's connections.
+const APPLICATION_NAME: &str = "lockkit-cli";
 
 /// An error for the user: what went wrong and what to do.
 #[derive(Debug)]
@@ -128,22 +218,27 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Key {
-            namespace,
-            values,
-            strings,
+            args,
+            form,
             class,
             stripes,
             json,
-        } => key(&namespace, &values, strings, class, stripes, json),
+        } => key(&args, form.into(), class, stripes, json),
         Command::Inspect {
             namespaces,
+            namespaces_file,
+            all,
             watch,
             json,
         } => {
-            let registry = registry(&namespaces)?;
+            let registry =
+                lockkit_cli::registry::build(&namespaces, namespaces_file.as_deref(), &|k| {
+                    std::env::var(k).ok()
+                })
+                .map_err(|e| e.to_string())?;
             let (client, _) = connect(cli.url.as_deref()).await?;
             loop {
-                let text = inspect(&client, &registry, json).await?;
+                let text = inspect(&client, &registry, all, json).await?;
                 match watch {
                     None => {
                         print!("{text}");
@@ -162,80 +257,83 @@ async fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Check { json } => {
+        Command::Check {
+            session_keepalive,
+            json,
+        } => {
+            let keepalive = Duration::try_from_secs_f64(session_keepalive)
+                .map_err(|e| format!("invalid --session-keepalive: {e}"))?;
             let (client, config) = connect(cli.url.as_deref()).await?;
-            print!("{}", check(&client, &config, json).await?);
+            print!("{}", check(&client, &config, keepalive, json).await?);
             Ok(())
         }
     }
 }
 
 fn key(
-    namespace: &str,
-    values: &[String],
-    strings: bool,
+    args: &[String],
+    form: Form,
     class: Option<i32>,
     stripes: Option<u64>,
     json: bool,
 ) -> Result<()> {
-    let mut spec =
-        KeySpec::try_new(namespace).map_err(|e| format!("invalid namespace {namespace:?}: {e}"))?;
-    if let Some(n) = stripes {
-        if n == 0 {
-            return Err("--stripes must be at least 1".into());
+    let (namespace, values) = match (form.has_namespace(), args) {
+        (true, [namespace, values @ ..]) => (Some(namespace.as_str()), values),
+        (true, []) => {
+            return Err("a namespace is needed: lockkit key NAMESPACE VALUE... (see --help)".into())
         }
-        spec = spec.stripes(n);
-    }
-    let pair_spec = match class {
-        Some(c) => spec.class(c),
-        None => spec.pair(),
+        (false, values) => (None, values),
     };
-    let encode = |p: &mut lockkit::Parts<'_>| {
-        for value in values {
-            match (strings, value.parse::<i128>(), value.parse::<u128>()) {
-                (false, Ok(v), _) => p.int(v),
-                (false, _, Ok(v)) => p.uint(v),
-                _ => p.str(value),
-            };
-        }
-    };
-    let bigint = spec.key_with(encode);
-    let pair = pair_spec.key_with(encode);
-    let kinds: Vec<&str> = values
+    let values = values
         .iter()
         .map(|v| {
-            if !strings && (v.parse::<i128>().is_ok() || v.parse::<u128>().is_ok()) {
-                "integer"
-            } else {
-                "string"
-            }
+            parse_value(v).map_err(|e| {
+                let hint = if form.has_namespace() {
+                    ""
+                } else {
+                    " (raw and hashtext keys take no namespace)"
+                };
+                Failure(format!("{e}{hint}"))
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
+    let mut request = KeyRequest::new(namespace, values);
+    request.form = form;
+    request.class = class;
+    request.stripes = stripes;
+    let keys = compute(&request).map_err(|e| e.to_string())?;
+    let rendered: Vec<String> = request.values.iter().map(ToString::to_string).collect();
     if json {
-        let doc = json!({
+        let mut doc = json!({
             "namespace": namespace,
-            "tag": spec.tag(),
-            "values": values.iter().zip(&kinds).map(|(v, k)| json!({"value": v, "as": k})).collect::<Vec<_>>(),
-            "bigint": render::key_json(bigint),
-            "pair": render::key_json(pair),
+            "form": format!("{form:?}").to_lowercase(),
+            "tag": keys.tag,
+            "pair_class": keys.pair_class,
+            "values": rendered,
         });
+        if let Some(key) = keys.bigint {
+            doc["bigint"] = render::key_json(key);
+        }
+        if let Some(key) = keys.pair {
+            doc["pair"] = render::key_json(key);
+        }
         println!("{doc:#}");
         return Ok(());
     }
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "namespace  {namespace} (tag 0x{:04x}, pair class {})",
-        spec.tag(),
-        pair_spec.pair_class()
-    );
-    let fields: Vec<String> = values
-        .iter()
-        .zip(&kinds)
-        .map(|(v, k)| format!("{v:?} as {k}"))
-        .collect();
-    let _ = writeln!(out, "fields     {}", fields.join(", "));
-    for (name, key) in [("BigInt", bigint), ("Pair", pair)] {
+    if let Some(namespace) = namespace {
+        let mut about = Vec::new();
+        if let Some(tag) = keys.tag {
+            about.push(format!("tag 0x{tag:04x}"));
+        }
+        if let Some(class) = keys.pair_class {
+            about.push(format!("pair class {class}"));
+        }
+        let _ = writeln!(out, "namespace  {namespace} ({})", about.join(", "));
+    }
+    let _ = writeln!(out, "fields     {}", rendered.join(" "));
+    for (name, key) in [("BigInt", keys.bigint), ("Pair", keys.pair)] {
+        let Some(key) = key else { continue };
         let id = key.to_pg_locks();
         let _ = writeln!(
             out,
@@ -250,39 +348,27 @@ fn key(
     Ok(())
 }
 
-fn registry(namespaces: &[String]) -> Result<KeyRegistry> {
-    let mut registry = KeyRegistry::new();
-    for entry in namespaces {
-        let (name, class) = match entry.split_once('=') {
-            Some((name, class)) => {
-                let class: i32 = class
-                    .parse()
-                    .map_err(|e| format!("invalid class in --namespace {entry:?}: {e}"))?;
-                (name, Some(class))
-            }
-            None => (entry.as_str(), None),
-        };
-        let spec = KeySpec::try_new(name)
-            .map_err(|e| format!("invalid namespace in --namespace {entry:?}: {e}"))?;
-        registry = match class {
-            Some(class) => registry.register_spec(name, spec.class(class)),
-            None => registry
-                .register_spec(name, spec)
-                .register_spec(name, spec.pair()),
-        };
-    }
-    Ok(registry)
-}
-
-async fn inspect(client: &Client, registry: &KeyRegistry, json: bool) -> Result<String> {
+async fn inspect(client: &Client, registry: &KeyRegistry, all: bool, json: bool) -> Result<String> {
     let rows = advisory_locks(client, registry)
         .await
         .map_err(|e| query_error("cannot read pg_locks", &e))?;
+    let relations = if all {
+        Some(
+            relation_lock_queues(client)
+                .await
+                .map_err(|e| query_error("cannot read pg_locks", &e))?,
+        )
+    } else {
+        None
+    };
     let collisions = registry.collisions();
     Ok(if json {
-        format!("{}\n", render::inspect_json(&rows, &collisions))
+        format!(
+            "{}\n",
+            render::inspect_json(&rows, relations.as_deref(), &collisions)
+        )
     } else {
-        render::inspect_text(&rows, &collisions)
+        render::inspect_text(&rows, relations.as_deref(), &collisions)
     })
 }
 
@@ -293,7 +379,12 @@ const CHECK_SQL: &str = "SELECT current_setting('max_locks_per_transaction')::in
      (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'), \
      pg_is_in_recovery(), current_setting('server_version'), current_user::text";
 
-async fn check(client: &Client, config: &tokio_postgres::Config, json: bool) -> Result<String> {
+async fn check(
+    client: &Client,
+    config: &tokio_postgres::Config,
+    keepalive: Duration,
+    json: bool,
+) -> Result<String> {
     let row = client
         .query_typed_one(CHECK_SQL, &[])
         .await
@@ -311,6 +402,21 @@ async fn check(client: &Client, config: &tokio_postgres::Config, json: bool) -> 
         .await
         .map_err(|e| query_error("cannot probe for a pooler", &e))?;
     let percent = 100.0 * advisory as f64 / capacity.max(1) as f64;
+    let setting_rows = client
+        .query_typed(settings::SETTINGS_SQL, &[])
+        .await
+        .map_err(|e| query_error("cannot read the lock settings", &lockkit::Error::from(e)))?;
+    let mut assessed = Vec::new();
+    for name in settings::NAMES {
+        let Some(row) = setting_rows.iter().find(|r| r.get::<_, &str>(0) == name) else {
+            continue;
+        };
+        let setting: &str = row.get(1);
+        let unit: Option<&str> = row.get(2);
+        if let Some(a) = settings::assess(name, setting, unit, keepalive) {
+            assessed.push(a);
+        }
+    }
     if json {
         let doc = json!({
             "server_version": version,
@@ -322,6 +428,13 @@ async fn check(client: &Client, config: &tokio_postgres::Config, json: bool) -> 
             "hot_standby": standby,
             "transaction_pooled": probe.is_transaction_pooled(),
             "pooler_evidence": probe.evidence(),
+            "session_keepalive_seconds": keepalive.as_secs_f64(),
+            "settings": assessed.iter().map(|a| json!({
+                "name": a.name,
+                "value": a.value,
+                "meaning": a.meaning,
+                "recommendation": a.recommendation,
+            })).collect::<Vec<_>>(),
         });
         return Ok(format!("{doc:#}\n"));
     }
@@ -356,6 +469,18 @@ async fn check(client: &Client, config: &tokio_postgres::Config, json: bool) -> 
             probe.backend_pid()
         ),
     };
+    let _ = writeln!(
+        out,
+        "\nlock settings (as this connection's role and database see them; \
+         session-lock keep-alive assumed {:.1}s, --session-keepalive):",
+        keepalive.as_secs_f64()
+    );
+    for a in &assessed {
+        let _ = writeln!(out, "  {:<37} {:<9} {}", a.name, a.value, a.meaning);
+        if let Some(r) = &a.recommendation {
+            let _ = writeln!(out, "  {:<37} {:<9} recommendation: {r}", "", "");
+        }
+    }
     Ok(out)
 }
 
@@ -364,9 +489,14 @@ async fn connect(url: Option<&str>) -> Result<(Client, tokio_postgres::Config)> 
     let url = url
         .filter(|u| !u.is_empty())
         .ok_or("no database given: pass --url or set DATABASE_URL")?;
-    let config: tokio_postgres::Config = url
+    let mut config: tokio_postgres::Config = url
         .parse()
         .map_err(|e| format!("invalid connection URL: {}", chain(&e)))?;
+    // So the CLI's own sessions are recognisable in pg_stat_activity (and
+    // in its own `inspect`), unless the URL names another.
+    if config.get_application_name().is_none() {
+        config.application_name(APPLICATION_NAME);
+    }
     let target = target(&config);
     let (client, connection) = config
         .connect(NoTls)
@@ -446,24 +576,15 @@ fn chain(e: &dyn StdError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockkit::LockKey;
-
-    #[test]
-    fn registry_entries() {
-        let known = registry(&["Order".into(), "Slot=7".into()]).unwrap();
-        assert_eq!(known.types().len(), 3);
-        assert_eq!(known.decode(LockKey::Pair(7, 1))[0].namespace(), "Slot");
-        assert!(registry(&["bad name".into()]).is_err());
-        assert!(registry(&["X=notanumber".into()]).is_err());
-    }
 
     #[test]
     fn cli_parses() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
-        let cli = Cli::try_parse_from(["lockkit", "key", "Order", "-5", "--class", "-3"]).unwrap();
+        let cli =
+            Cli::try_parse_from(["lockkit", "key", "Order", "i:-5", "--class", "-3"]).unwrap();
         assert!(
-            matches!(cli.command, Command::Key { class: Some(-3), ref values, .. } if values == &["-5"])
+            matches!(cli.command, Command::Key { class: Some(-3), ref args, .. } if args == &["Order", "i:-5"])
         );
     }
 }

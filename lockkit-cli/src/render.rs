@@ -2,8 +2,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::time::Duration;
 
-use lockkit::inspect::{AdvisoryLockRow, Collision, Marker};
+use lockkit::inspect::{AdvisoryLockRow, Collision, Marker, RelationLockRow};
 use lockkit::{LockKey, Mode};
 use serde_json::{json, Value};
 
@@ -27,9 +28,14 @@ fn mode_name(mode: Mode) -> &'static str {
     }
 }
 
+/// The registered types of the key; when none, what the key itself says:
+/// the namespace tag of a BigInt key, the class of a Pair key.
 fn type_names(row: &AdvisoryLockRow) -> String {
     if row.types.is_empty() {
-        return "?".into();
+        return match row.key {
+            LockKey::BigInt(_) => format!("? tag 0x{:04x}", row.key.tag().unwrap_or(0)),
+            LockKey::Pair(class, _) => format!("? class {class}"),
+        };
     }
     let mut names: Vec<&str> = row.types.iter().map(|t| t.namespace()).collect();
     names.dedup();
@@ -46,8 +52,17 @@ fn collision_text(c: &Collision) -> String {
     format!("{} share the {what}", names.join(", "))
 }
 
-/// The rows and collisions as one JSON document.
-pub(crate) fn inspect_json(rows: &[AdvisoryLockRow], collisions: &[Collision]) -> Value {
+fn secs(d: Option<Duration>) -> Option<f64> {
+    d.map(|d| d.as_secs_f64())
+}
+
+/// The rows and collisions as one JSON document (and the relation-lock
+/// queues with `--all`).
+pub(crate) fn inspect_json(
+    rows: &[AdvisoryLockRow],
+    relations: Option<&[RelationLockRow]>,
+    collisions: &[Collision],
+) -> Value {
     let locks: Vec<Value> = rows
         .iter()
         .map(|r| {
@@ -59,7 +74,10 @@ pub(crate) fn inspect_json(rows: &[AdvisoryLockRow], collisions: &[Collision]) -
                 "application_name": r.application_name,
                 "user": r.user,
                 "state": r.state,
-                "waited_seconds": r.waited.map(|d| d.as_secs_f64()),
+                "scope": r.scope.as_str(),
+                "transaction_age_seconds": secs(r.transaction_age),
+                "tag": r.key.tag(),
+                "waited_seconds": secs(r.waited),
                 "blocked_by": r.blocked_by,
                 "query": r.query,
                 "query_hidden": r.query_hidden,
@@ -67,10 +85,31 @@ pub(crate) fn inspect_json(rows: &[AdvisoryLockRow], collisions: &[Collision]) -
             })
         })
         .collect();
-    json!({
+    let mut doc = json!({
         "locks": locks,
         "collisions": collisions.iter().map(collision_text).collect::<Vec<_>>(),
-    })
+    });
+    if let Some(relations) = relations {
+        doc["relation_locks"] = relations
+            .iter()
+            .map(|r| {
+                json!({
+                    "relation": r.relation,
+                    "mode": r.mode,
+                    "granted": r.granted,
+                    "pid": r.pid,
+                    "application_name": r.application_name,
+                    "user": r.user,
+                    "state": r.state,
+                    "transaction_age_seconds": secs(r.transaction_age),
+                    "waited_seconds": secs(r.waited),
+                    "blocked_by": r.blocked_by,
+                    "query": r.query,
+                })
+            })
+            .collect();
+    }
+    doc
 }
 
 fn one_line(text: &str, max: usize) -> String {
@@ -87,16 +126,35 @@ fn pid_text(pid: Option<i32>) -> String {
     pid.map_or_else(|| "prepared".into(), |p| p.to_string())
 }
 
-/// The table, the wait chains and the notes, for a terminal.
-pub(crate) fn inspect_text(rows: &[AdvisoryLockRow], collisions: &[Collision]) -> String {
+fn age_text(d: Option<Duration>) -> String {
+    d.map_or(String::new(), |d| format!("{:.1}s", d.as_secs_f64()))
+}
+
+/// The table, the wait chains and the notes, for a terminal (and the
+/// relation-lock queues with `--all`).
+pub(crate) fn inspect_text(
+    rows: &[AdvisoryLockRow],
+    relations: Option<&[RelationLockRow]>,
+    collisions: &[Collision],
+) -> String {
     let mut out = String::new();
     if rows.is_empty() {
         out.push_str("no advisory locks held or awaited in this database\n");
     } else {
         let _ = writeln!(
             out,
-            "{:<9} {:<16} {:<9} {:<7} {:>8} {:<12} {:<28} {:<16} QUERY",
-            "PID", "APPLICATION", "MODE", "STATE", "WAITED", "BLOCKED BY", "KEY", "TYPE"
+            "{:<9} {:<16} {:<9} {:<7} {:<11} {:<19} {:>8} {:>8} {:<12} {:<28} {:<16} QUERY",
+            "PID",
+            "APPLICATION",
+            "MODE",
+            "LOCK",
+            "SCOPE",
+            "HOLDER STATE",
+            "XACT AGE",
+            "WAITED",
+            "BLOCKED BY",
+            "KEY",
+            "TYPE"
         );
         for r in rows {
             let blocked: Vec<String> = r.blocked_by.iter().map(i32::to_string).collect();
@@ -107,24 +165,64 @@ pub(crate) fn inspect_text(rows: &[AdvisoryLockRow], collisions: &[Collision]) -
             };
             let _ = writeln!(
                 out,
-                "{:<9} {:<16} {:<9} {:<7} {:>8} {:<12} {:<28} {:<16} {}",
+                "{:<9} {:<16} {:<9} {:<7} {:<11} {:<19} {:>8} {:>8} {:<12} {:<28} {:<16} {}",
                 pid_text(r.pid),
                 one_line(r.application_name.as_deref().unwrap_or(""), 16),
                 mode_name(r.mode),
                 if r.granted { "held" } else { "waiting" },
-                r.waited
-                    .map_or(String::new(), |d| format!("{:.1}s", d.as_secs_f64())),
+                if r.granted { r.scope.as_str() } else { "" },
+                r.state.as_deref().unwrap_or(""),
+                age_text(r.transaction_age),
+                age_text(r.waited),
                 blocked.join(","),
                 r.key.to_string(),
                 type_names(r),
                 query,
             );
         }
-        let chains = wait_chains(rows);
-        if !chains.is_empty() {
-            out.push_str("\nwait chains (a holder, then who waits for it):\n");
-            out.push_str(&chains);
+    }
+    if let Some(relations) = relations.filter(|r| !r.is_empty()) {
+        let _ = writeln!(
+            out,
+            "\nrelation-lock queues (every lock on a relation someone waits for):\n\
+             {:<9} {:<16} {:<20} {:<7} {:<19} {:>8} {:>8} {:<12} {:<24} QUERY",
+            "PID",
+            "APPLICATION",
+            "MODE",
+            "LOCK",
+            "HOLDER STATE",
+            "XACT AGE",
+            "WAITED",
+            "BLOCKED BY",
+            "RELATION"
+        );
+        for r in relations {
+            let blocked: Vec<String> = r.blocked_by.iter().map(i32::to_string).collect();
+            let _ = writeln!(
+                out,
+                "{:<9} {:<16} {:<20} {:<7} {:<19} {:>8} {:>8} {:<12} {:<24} {}",
+                pid_text(r.pid),
+                one_line(r.application_name.as_deref().unwrap_or(""), 16),
+                r.mode,
+                if r.granted { "held" } else { "waiting" },
+                r.state.as_deref().unwrap_or(""),
+                age_text(r.transaction_age),
+                age_text(r.waited),
+                blocked.join(","),
+                r.relation,
+                r.query
+                    .as_deref()
+                    .map(|q| one_line(q, 60))
+                    .unwrap_or_default(),
+            );
         }
+    }
+    let mut entries: Vec<Entry<'_>> = rows.iter().map(Entry::advisory).collect();
+    entries.extend(relations.unwrap_or_default().iter().map(Entry::relation));
+    let chains = wait_chains(&entries);
+    if !chains.is_empty() {
+        out.push_str("\nwait chains (a holder, then who waits for it):\n");
+        out.push_str(&chains);
     }
     let hidden = rows.iter().filter(|r| r.query_hidden).count();
     if hidden > 0 {
@@ -132,6 +230,17 @@ pub(crate) fn inspect_text(rows: &[AdvisoryLockRow], collisions: &[Collision]) -
             out,
             "\nnote: {hidden} lock(s) belong to sessions whose queries this role may not see; \
              grant it pg_read_all_stats to see them"
+        );
+    }
+    if rows
+        .iter()
+        .any(|r| r.granted && r.scope == lockkit::inspect::Scope::Unknown)
+    {
+        let _ = writeln!(
+            out,
+            "\nnote: SCOPE is `session` for a holder idle outside any transaction (only session locks \
+             outlive a transaction), `transaction` for a prepared transaction, and `unknown` otherwise: \
+             pg_locks does not tell session locks from transaction locks"
         );
     }
     for c in collisions {
@@ -144,68 +253,124 @@ pub(crate) fn inspect_text(rows: &[AdvisoryLockRow], collisions: &[Collision]) -
     out
 }
 
+/// One lock, advisory or relation, as the wait-chain tree draws it.
+pub(crate) struct Entry<'a> {
+    pid: Option<i32>,
+    granted: bool,
+    blocked_by: &'a [i32],
+    /// `exclusive 42 (Order)` or `AccessShareLock on accounts`.
+    what: String,
+    app: Option<&'a str>,
+    state: Option<&'a str>,
+    transaction_age: Option<Duration>,
+    waited: Option<Duration>,
+    query: Option<&'a str>,
+}
+
+impl<'a> Entry<'a> {
+    pub(crate) fn advisory(r: &'a AdvisoryLockRow) -> Self {
+        Entry {
+            pid: r.pid,
+            granted: r.granted,
+            blocked_by: &r.blocked_by,
+            what: format!("{} {} ({})", mode_name(r.mode), r.key, type_names(r)),
+            app: r.application_name.as_deref(),
+            state: r.state.as_deref(),
+            transaction_age: r.transaction_age,
+            waited: r.waited,
+            query: r.query.as_deref(),
+        }
+    }
+
+    pub(crate) fn relation(r: &'a RelationLockRow) -> Self {
+        Entry {
+            pid: r.pid,
+            granted: r.granted,
+            blocked_by: &r.blocked_by,
+            what: format!("{} on {}", r.mode, r.relation),
+            app: r.application_name.as_deref(),
+            state: r.state.as_deref(),
+            transaction_age: r.transaction_age,
+            waited: r.waited,
+            query: r.query.as_deref(),
+        }
+    }
+}
+
 /// The wait-for graph drawn as trees: each root is a session others wait
 /// for that waits for nobody; its children wait for it. Sessions caught in
-/// a cycle (a deadlock being detected) are drawn from the smallest pid.
-pub(crate) fn wait_chains(rows: &[AdvisoryLockRow]) -> String {
-    // waiter -> blockers, and blocker -> waiters.
-    let mut waits: BTreeMap<i32, &AdvisoryLockRow> = BTreeMap::new();
+/// a cycle (a deadlock being detected) are drawn from the smallest pid. A
+/// session waits for one lock at a time, advisory or relation.
+pub(crate) fn wait_chains(entries: &[Entry<'_>]) -> String {
+    // waiter -> its awaited lock, and blocker -> waiters.
+    let mut waits: BTreeMap<i32, &Entry<'_>> = BTreeMap::new();
     let mut waiters_of: BTreeMap<i32, BTreeSet<i32>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| !r.granted) {
-        let Some(pid) = r.pid else { continue };
-        waits.insert(pid, r);
-        for &b in &r.blocked_by {
+    for e in entries.iter().filter(|e| !e.granted) {
+        let Some(pid) = e.pid else { continue };
+        waits.insert(pid, e);
+        for &b in e.blocked_by {
             waiters_of.entry(b).or_default().insert(pid);
         }
     }
     if waits.is_empty() {
         return String::new();
     }
-    let mut held: BTreeMap<i32, Vec<&AdvisoryLockRow>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.granted) {
-        if let Some(pid) = r.pid {
-            held.entry(pid).or_default().push(r);
+    let mut held: BTreeMap<i32, Vec<&Entry<'_>>> = BTreeMap::new();
+    for e in entries.iter().filter(|e| e.granted) {
+        if let Some(pid) = e.pid {
+            held.entry(pid).or_default().push(e);
         }
     }
     let label = |pid: i32| -> String {
-        let app = |r: &AdvisoryLockRow| {
-            r.application_name
-                .as_deref()
+        let app = |e: &Entry<'_>| {
+            e.app
                 .filter(|a| !a.is_empty())
                 .map(|a| format!(" [{a}]"))
                 .unwrap_or_default()
         };
-        if let Some(r) = waits.get(&pid) {
-            let waited = r
+        let session = |e: &Entry<'_>| {
+            let mut parts = Vec::new();
+            if let Some(state) = e.state {
+                parts.push(state.to_owned());
+            }
+            if let Some(age) = e.transaction_age {
+                parts.push(format!("transaction {:.1}s", age.as_secs_f64()));
+            }
+            if parts.is_empty() {
+                String::new()
+            } else {
+                format!(" <{}>", parts.join(", "))
+            }
+        };
+        if let Some(e) = waits.get(&pid) {
+            let waited = e
                 .waited
                 .map(|d| format!(" {:.1}s", d.as_secs_f64()))
                 .unwrap_or_default();
-            let query = r
+            let query = e
                 .query
-                .as_deref()
                 .map(|q| format!(": {}", one_line(q, 60)))
                 .unwrap_or_default();
-            format!(
-                "{pid}{} waits{waited} for {} {} ({}){query}",
-                app(r),
-                mode_name(r.mode),
-                r.key,
-                type_names(r)
-            )
-        } else if let Some(rs) = held.get(&pid) {
-            let keys: Vec<String> = rs
-                .iter()
-                .take(3)
-                .map(|r| format!("{} {} ({})", mode_name(r.mode), r.key, type_names(r)))
-                .collect();
-            let more = if rs.len() > 3 {
-                format!(" and {} more", rs.len() - 3)
+            format!("{pid}{} waits{waited} for {}{query}", app(e), e.what)
+        } else if let Some(es) = held.get(&pid) {
+            let what: Vec<&str> = es.iter().take(3).map(|e| e.what.as_str()).collect();
+            let more = if es.len() > 3 {
+                format!(" and {} more", es.len() - 3)
             } else {
                 String::new()
             };
-            format!("{pid}{} holds {}{more}", app(rs[0]), keys.join(", "))
+            let query = es[0]
+                .query
+                .map(|q| format!(": {}", one_line(q, 60)))
+                .unwrap_or_default();
+            format!(
+                "{pid}{} holds {}{more}{}{query}",
+                app(es[0]),
+                what.join(", "),
+                session(es[0]),
+            )
         } else {
-            format!("{pid} (holds no advisory lock here)")
+            format!("{pid} (holds no lock shown here)")
         }
     };
     let mut roots: Vec<i32> = waiters_of
@@ -281,7 +446,8 @@ mod tests {
             row(20, false, &[21], 3),
             row(21, false, &[20], 4),
         ];
-        let text = wait_chains(&rows);
+        let entries: Vec<Entry<'_>> = rows.iter().map(Entry::advisory).collect();
+        let text = wait_chains(&entries);
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("10 holds exclusive 1"), "{text}");
         assert!(lines[1].starts_with("├── 11 waits"), "{text}");
@@ -291,6 +457,6 @@ mod tests {
         assert!(lines[5].starts_with("└── 21 waits"), "{text}");
         assert!(lines[6].contains("20 (cycle"), "{text}");
         assert_eq!(lines.len(), 7, "{text}");
-        assert!(wait_chains(&rows[..1]).is_empty());
+        assert!(wait_chains(&entries[..1]).is_empty());
     }
 }

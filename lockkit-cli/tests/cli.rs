@@ -65,14 +65,14 @@ async fn until_waiting(observer: &Client, pid: i32) {
 
 #[test]
 fn key_prints_the_golden_vectors() {
-    let out = lockkit(&["key", "Order", "42"]);
+    let out = lockkit(&["key", "Order", "i:42"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.contains("-7205368663365046133"), "{text}");
     assert!(text.contains("(-1677652607, 1483026571)"), "{text}");
     assert!(text.contains("tag 0x9c01"), "{text}");
 
-    let out = lockkit(&["key", "Event", "a1b2c3d4", "--stripes", "1024", "--json"]);
+    let out = lockkit(&["key", "Event", "s:a1b2c3d4", "--stripes", "1024", "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["bigint"]["key"], 5974306380683673735_i64);
@@ -82,11 +82,11 @@ fn key_prints_the_golden_vectors() {
     assert_eq!(doc["bigint"]["classid"], id.classid);
     assert_eq!(doc["bigint"]["objid"], id.objid);
 
-    let out = lockkit(&["key", "Tenanted", "acme", "1001", "--json"]);
+    let out = lockkit(&["key", "Tenanted", "s:acme", "u64:1001", "--json"]);
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["bigint"]["key"], -297873912991975939_i64);
-    // `--str` changes the encoding of "1001", so the key.
-    let out = lockkit(&["key", "Tenanted", "acme", "1001", "--str", "--json"]);
+    // A digit-only string field is a string: another key.
+    let out = lockkit(&["key", "Tenanted", "s:acme", "s:1001", "--json"]);
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_ne!(doc["bigint"]["key"], -297873912991975939_i64);
     assert_eq!(
@@ -97,13 +97,70 @@ fn key_prints_the_golden_vectors() {
         }
     );
 
-    let out = lockkit(&["key", "bad namespace", "1"]);
+    let out = lockkit(&["key", "bad namespace", "i:1"]);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("invalid namespace"),
         "{}",
         stderr(&out)
     );
+}
+
+/// Issue 12: `key shop.resource Account 1` printed a string's key for an
+/// enum variant. Untyped values are refused now, and the variant's key is
+/// the derive's.
+#[test]
+fn key_refuses_untyped_values_and_encodes_variants() {
+    let out = lockkit(&["key", "shop.resource", "Account", "1"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("variant:Account") && err.contains("s:Account"),
+        "{err}"
+    );
+    assert!(stdout(&out).is_empty());
+
+    let out = lockkit(&[
+        "key",
+        "shop.resource",
+        "variant:Account",
+        "i:1",
+        "--form",
+        "bigint",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("-6857701621899833428"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(!stdout(&out).contains("Pair"), "{}", stdout(&out));
+
+    for (args, want) in [
+        (&["key", "--form", "raw", "i64:9"][..], "BigInt     9 "),
+        (
+            &["key", "--form", "raw", "i32:1", "i32:-2"][..],
+            "Pair       (1, -2)",
+        ),
+        (
+            &["key", "--form", "hashtext", "s:payroll-1405-01"][..],
+            "-1493109243",
+        ),
+        (
+            &["key", "--form", "exact", "--class", "7", "Account", "i32:5"][..],
+            "(7, 5)",
+        ),
+    ] {
+        let out = lockkit(args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        assert!(stdout(&out).contains(want), "{args:?}: {}", stdout(&out));
+    }
+    let out = lockkit(&["key", "--form", "raw", "Legacy", "i64:9"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("no namespace"), "{}", stderr(&out));
+    let out = lockkit(&["key", "--help"]);
+    assert!(stdout(&out).contains("docs/KEYS.md"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("variant:Name"), "{}", stdout(&out));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -282,4 +339,366 @@ async fn clear_errors_for_url_refusal_and_permissions() {
         .execute("SELECT pg_advisory_unlock($1)", &[&key])
         .await
         .unwrap();
+}
+
+/// Issue 12: scope, holder state, transaction age, application_name and the
+/// namespace tag of an unregistered type, on a real server, with a session
+/// lock held by an idle session and a transaction lock held by a session
+/// idle in transaction. The key types come from a namespaces file and the
+/// environment instead of `-n`.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_shows_scope_state_age_and_tags() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let session_holder = connect_as(db, None, "cli-session-holder").await;
+    let tx_holder = connect_as(db, None, "cli-tx-holder").await;
+    let bigint = |ns: &str, v: i64| match KeySpec::new(ns).key_of(&v) {
+        LockKey::BigInt(v) => v,
+        LockKey::Pair(..) => unreachable!(),
+    };
+    let (session_key, tx_key, unknown_key) = (
+        bigint("CliScopeSession", 1),
+        bigint("CliScopeTx", 2),
+        bigint("CliScopeUnregistered", 3),
+    );
+    session_holder
+        .execute("SELECT pg_advisory_lock($1)", &[&session_key])
+        .await
+        .unwrap();
+    tx_holder.batch_execute("BEGIN").await.unwrap();
+    tx_holder
+        .execute(
+            "SELECT pg_advisory_xact_lock($1), pg_advisory_xact_lock($2)",
+            &[&tx_key, &unknown_key],
+        )
+        .await
+        .unwrap();
+    let (session_pid, tx_pid) = (pid(&session_holder).await, pid(&tx_holder).await);
+
+    let dir = std::env::temp_dir().join(format!("lockkit-cli-ns-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("namespaces");
+    std::fs::write(&file, "# registered once\nCliScopeSession\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lockkit"))
+        .args(["--url", db.url(), "inspect", "--json"])
+        .env("LOCKKIT_NAMESPACES_FILE", &file)
+        .env("LOCKKIT_NAMESPACES", "CliScopeTx")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let locks = doc["locks"].as_array().unwrap();
+    let of = |pid: i32, key: i64| {
+        locks
+            .iter()
+            .find(|l| l["pid"] == pid && l["key"]["key"] == key)
+            .unwrap_or_else(|| panic!("no row of {pid} in {doc:#}"))
+    };
+    let s = of(session_pid, session_key);
+    assert_eq!(s["scope"], "session", "{s:#}");
+    assert_eq!(s["state"], "idle");
+    assert_eq!(s["application_name"], "cli-session-holder");
+    assert!(s["transaction_age_seconds"].is_null(), "{s:#}");
+    assert_eq!(s["types"][0]["namespace"], "CliScopeSession");
+    let t = of(tx_pid, tx_key);
+    // Idle in transaction: it may hold either kind, so it is not guessed.
+    assert_eq!(t["scope"], "unknown", "{t:#}");
+    assert_eq!(t["state"], "idle in transaction");
+    assert_eq!(t["application_name"], "cli-tx-holder");
+    assert!(
+        t["transaction_age_seconds"].as_f64().unwrap() >= 0.0,
+        "{t:#}"
+    );
+    assert_eq!(t["types"][0]["namespace"], "CliScopeTx");
+    let u = of(tx_pid, unknown_key);
+    assert!(u["types"].as_array().unwrap().is_empty());
+    let tag = KeySpec::new("CliScopeUnregistered").tag();
+    assert_eq!(u["tag"], tag);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_lockkit"))
+        .args(["--url", db.url(), "inspect"])
+        .env("LOCKKIT_NAMESPACES_FILE", &file)
+        .env_remove("LOCKKIT_NAMESPACES")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    let line = |pid: i32, key: i64| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{pid} ")) && l.contains(&format!(" {key} ")))
+            .unwrap_or_else(|| panic!("no line of {pid} {key} in\n{text}"))
+            .to_owned()
+    };
+    let s = line(session_pid, session_key);
+    assert!(
+        s.contains(" session ") && s.contains(" idle ") && s.contains("CliScopeSession"),
+        "{s}"
+    );
+    let t = line(tx_pid, tx_key);
+    assert!(
+        t.contains(" unknown ") && t.contains("idle in transaction"),
+        "{t}"
+    );
+    // Not registered this time: the tag names it.
+    assert!(
+        t.contains(&format!("? tag 0x{:04x}", KeySpec::new("CliScopeTx").tag())),
+        "{t}"
+    );
+    assert!(
+        text.contains("SCOPE") && text.contains("XACT AGE"),
+        "{text}"
+    );
+
+    tx_holder.batch_execute("COMMIT").await.unwrap();
+    session_holder
+        .execute("SELECT pg_advisory_unlock($1)", &[&session_key])
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The CLI's own connections carry `application_name = lockkit-cli`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_sets_its_application_name() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockkit"))
+        .args(["--url", db.url(), "inspect", "--watch", "0.2", "--json"])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let seen = loop {
+        let n: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() \
+                 AND application_name = 'lockkit-cli'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            break true;
+        }
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(seen, "no session named lockkit-cli while the CLI ran");
+}
+
+async fn connect_url(url: &str, app: &str) -> Client {
+    let mut config: tokio_postgres::Config = url.parse().unwrap();
+    config.application_name(app);
+    let (client, connection) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
+/// Waits (up to 30 s) until `pid` waits for a relation lock.
+async fn until_waiting_on_relation(observer: &Client, pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted AND pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "backend {pid} never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Issue 14: `inspect --all` shows a stuck DDL lock queue in the wait-chain
+/// tree: a long reader, the ALTER TABLE waiting behind it, and a new reader
+/// queued behind the ALTER TABLE.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_all_shows_a_ddl_lock_queue() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let url = db.create_database("lockkit_cli_ddl").await;
+    let setup = connect_url(&url, "cli-setup").await;
+    setup
+        .batch_execute("CREATE TABLE accounts (id int8 PRIMARY KEY)")
+        .await
+        .unwrap();
+    let reader = connect_url(&url, "cli-long-reader").await;
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM accounts")
+        .await
+        .unwrap();
+    let alter = connect_url(&url, "cli-migration").await;
+    let new_reader = connect_url(&url, "cli-new-reader").await;
+    let (reader_pid, alter_pid, new_pid) = (
+        pid(&reader).await,
+        pid(&alter).await,
+        pid(&new_reader).await,
+    );
+    let altering = tokio::spawn(async move {
+        alter
+            .batch_execute("ALTER TABLE accounts ADD COLUMN note text")
+            .await
+            .unwrap();
+    });
+    until_waiting_on_relation(&setup, alter_pid).await;
+    let reading = tokio::spawn(async move {
+        new_reader
+            .batch_execute("SELECT count(*) FROM accounts")
+            .await
+            .unwrap();
+    });
+    until_waiting_on_relation(&setup, new_pid).await;
+
+    let out = lockkit(&["--url", &url, "inspect", "--all", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rel = doc["relation_locks"].as_array().unwrap();
+    let of = |pid: i32| {
+        rel.iter()
+            .find(|l| l["pid"] == pid && l["relation"] == "accounts")
+            .unwrap_or_else(|| panic!("no relation row of {pid} in {doc:#}"))
+    };
+    let r = of(reader_pid);
+    assert_eq!(
+        (r["granted"].clone(), r["mode"].clone()),
+        (true.into(), "AccessShareLock".into())
+    );
+    assert_eq!(r["state"], "idle in transaction");
+    let a = of(alter_pid);
+    assert_eq!(a["granted"], false);
+    assert_eq!(a["mode"], "AccessExclusiveLock");
+    assert_eq!(a["blocked_by"], serde_json::json!([reader_pid]));
+    let n = of(new_pid);
+    assert_eq!(n["granted"], false);
+    assert_eq!(n["blocked_by"], serde_json::json!([alter_pid]));
+
+    let out = lockkit(&["--url", &url, "inspect", "--all"]);
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    let root = lines
+        .iter()
+        .position(|l| {
+            l.starts_with(&format!(
+                "{reader_pid} [cli-long-reader] holds AccessShareLock on accounts"
+            ))
+        })
+        .unwrap_or_else(|| panic!("no root line in\n{text}"));
+    assert!(lines[root].contains("idle in transaction"), "{text}");
+    assert!(
+        lines[root + 1].starts_with(&format!("└── {alter_pid} [cli-migration] waits"))
+            && lines[root + 1].contains("for AccessExclusiveLock on accounts"),
+        "{text}"
+    );
+    assert!(
+        lines[root + 2].starts_with(&format!("    └── {new_pid} [cli-new-reader] waits"))
+            && lines[root + 2].contains("for AccessShareLock on accounts"),
+        "{text}"
+    );
+    // The control: without --all, relation locks are not shown.
+    let out = lockkit(&["--url", &url, "inspect"]);
+    assert!(
+        !stdout(&out).contains("AccessExclusiveLock"),
+        "{}",
+        stdout(&out)
+    );
+
+    reader.batch_execute("COMMIT").await.unwrap();
+    altering.await.unwrap();
+    reading.await.unwrap();
+}
+
+/// Issue 14: `check` reports the lock settings, their meaning and the
+/// recommendations that apply; the keep-alive is a flag.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_reports_the_lock_settings() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let url = db.create_database("lockkit_cli_settings").await;
+    let admin = db.connect().await;
+    admin
+        .batch_execute(
+            "ALTER DATABASE lockkit_cli_settings SET log_lock_waits = off; \
+             ALTER DATABASE lockkit_cli_settings SET lock_timeout = '250ms'; \
+             ALTER DATABASE lockkit_cli_settings SET idle_in_transaction_session_timeout = '5s'; \
+             ALTER DATABASE lockkit_cli_settings SET idle_session_timeout = '3s'",
+        )
+        .await
+        .unwrap();
+    let settings = |doc: &Value| -> Vec<Value> { doc["settings"].as_array().unwrap().clone() };
+    let find = |list: &[Value], name: &str| {
+        list.iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {list:#?}"))
+            .clone()
+    };
+    let out = lockkit(&["--url", &url, "check", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = settings(&doc);
+    let names: Vec<&str> = list.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "log_lock_waits",
+            "deadlock_timeout",
+            "lock_timeout",
+            "statement_timeout",
+            "idle_in_transaction_session_timeout",
+            "idle_session_timeout"
+        ]
+    );
+    assert_eq!(find(&list, "log_lock_waits")["value"], "off");
+    assert!(find(&list, "log_lock_waits")["recommendation"].is_string());
+    assert_eq!(find(&list, "lock_timeout")["value"], "250ms");
+    assert!(find(&list, "lock_timeout")["meaning"]
+        .as_str()
+        .unwrap()
+        .contains("55P03"));
+    // The server's own deadlock_timeout, as the server shows it.
+    let shown: String = admin
+        .query_one("SHOW deadlock_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(find(&list, "deadlock_timeout")["value"], shown.as_str());
+    assert_eq!(find(&list, "statement_timeout")["value"], "0 (off)");
+    let idle_tx = find(&list, "idle_in_transaction_session_timeout");
+    assert_eq!(idle_tx["value"], "5s");
+    assert!(idle_tx["recommendation"]
+        .as_str()
+        .unwrap()
+        .contains("keep-alive"));
+    assert!(find(&list, "idle_session_timeout")["recommendation"].is_string());
+
+    // With a 2 s keep-alive both idle timeouts are longer: no recommendation.
+    let out = lockkit(&["--url", &url, "check", "--json", "--session-keepalive", "2"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = settings(&doc);
+    assert!(find(&list, "idle_in_transaction_session_timeout")["recommendation"].is_null());
+    assert!(find(&list, "idle_session_timeout")["recommendation"].is_null());
+
+    let out = lockkit(&["--url", &url, "check"]);
+    let text = stdout(&out);
+    assert!(text.contains("lock settings"), "{text}");
+    assert!(
+        text.contains("log_lock_waits") && text.contains("recommendation: turn it on"),
+        "{text}"
+    );
+    assert!(
+        text.contains("idle_in_transaction_session_timeout") && text.contains("5s"),
+        "{text}"
+    );
 }

@@ -66,11 +66,12 @@ pub(crate) struct Container {
 }
 
 impl Container {
-    /// The path generated code names lockkit by.
+    /// The path generated code names lockkit by: `crate = "..."` if given,
+    /// else the one found in the user's Cargo.toml (see `krate.rs`).
     pub(crate) fn krate(&self) -> TokenStream {
         match &self.krate {
             Some(opt) => opt.value.to_token_stream(),
-            None => quote!(::lockkit),
+            None => crate::krate::from_manifest(),
         }
     }
 }

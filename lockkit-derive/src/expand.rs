@@ -24,7 +24,7 @@ pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
             let errors = result.err().map(|e| e.to_compile_error());
             let krate = match &parsed {
                 Some(p) => p.attrs.krate(),
-                None => quote!(::lockkit),
+                None => crate::krate::from_manifest(),
             };
             let stub = stub(&input.ident, &input.generics, &krate);
             quote! { #errors #stub }

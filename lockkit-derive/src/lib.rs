@@ -1,5 +1,6 @@
 //! Implementation detail of `lockkit`: `#[derive(AdvisoryKey)]`. Depend on
-//! `lockkit` (feature `derive`, on by default) instead.
+//! `lockkit` or one of its adapters (`lockkit-diesel`), feature `derive`, on
+//! by default, instead.
 #![warn(
     missing_docs,
     rust_2018_idioms,
@@ -12,12 +13,13 @@ mod ast;
 mod attr;
 mod ctxt;
 mod expand;
+mod krate;
 mod valid;
 
 use proc_macro::TokenStream;
 
 /// Derives `lockkit::AdvisoryKey` (and `lockkit::KeyPart`) following the
-/// normative key format, KEYS.md.
+/// normative key format, [KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
 ///
 /// The key of a value is a hash of its namespace and of its fields, in
 /// declaration order, each in its canonical encoding ([`KeyPart`]). Field
@@ -25,17 +27,9 @@ use proc_macro::TokenStream;
 /// adding one changes them. An enum encodes the variant's name (not its
 /// discriminant), then the variant's fields.
 ///
-/// ```ignore
-/// use lockkit::{AdvisoryKey, LockKey};
-///
-/// #[derive(AdvisoryKey)]
-/// struct Order {
-///     id: i64,
-/// }
-///
-/// // KEYS.md golden vector.
-/// assert_eq!(Order { id: 42 }.lock_key(), LockKey::BigInt(-7205368663365046133));
-/// ```
+/// For example, `Order { id: 42 }` is the KEYS.md golden vector
+/// `LockKey::BigInt(-7205368663365046133)`: see the [examples], which run as
+/// lockkit's doctests (this crate cannot depend on lockkit).
 ///
 /// Structs (named, tuple, unit) and enums derive it; unions do not. An enum
 /// without variants is accepted: it has no values, so it never makes a key.
@@ -50,25 +44,9 @@ use proc_macro::TokenStream;
 /// | `pair = "exact"` | Exact mode: `Pair(class, value)` for a struct with a single `i32` field, the value unhashed, for interoperating with SQL that locks `(class, id)`. `class` may be given; `stripes` may not. |
 /// | `stripes = 1024` | Fold every value of the type onto that many keys (`hash % stripes`), bounding how many locks the type can hold. At least 1. Not with `raw` or exact mode. |
 /// | `raw` | The value is the key, unhashed: only on a newtype over `i64` (`BigInt(self.0)`) or over `(i32, i32)` (`Pair(self.0.0, self.0.1)`). A raw key has no namespace, so `namespace`, `class`, `stripes` and `pair` are errors on it. |
-/// | `crate = "path::to::lockkit"` | Where generated code finds lockkit, if it is not `::lockkit` (a renamed dependency or a re-export). |
+/// | `crate = "path::to::lockkit"` | Where generated code finds lockkit. Default: found in the crate's Cargo.toml: its dependency on `lockkit` (renamed or not), else `lockkit` re-exported by its dependency on an adapter (`::lockkit_diesel::lockkit`), else `::lockkit`. Needed for other re-exports, or where a dependency the derive finds is a dev-dependency only. |
 ///
-/// ```ignore
-/// #[derive(AdvisoryKey)]
-/// #[advisory_key(namespace = "billing.invoice", pair, class = 7)]
-/// struct Invoice { id: u64 }            // LockKey::Pair(7, ..)
-///
-/// #[derive(AdvisoryKey)]
-/// #[advisory_key(pair = "exact", class = 7)]
-/// struct Account(i32);                  // Account(5).lock_key() == LockKey::Pair(7, 5)
-///
-/// #[derive(AdvisoryKey)]
-/// #[advisory_key(raw)]
-/// struct LegacyJobId(i64);              // LegacyJobId(9).lock_key() == LockKey::BigInt(9)
-///
-/// #[derive(AdvisoryKey)]
-/// #[advisory_key(stripes = 1024)]
-/// struct Event { business_key: String } // at most 1024 distinct keys
-/// ```
+/// The [examples] show each option, with the keys it gives.
 ///
 /// # Field attributes: `#[advisory_key(...)]` on a field
 ///
@@ -77,20 +55,8 @@ use proc_macro::TokenStream;
 /// | `skip` | The field is not part of the key. |
 /// | `with = "path::to::fn"` | Encode the field with `fn(&FieldType, &mut lockkit::Parts<'_>)` instead of its `KeyPart` impl. |
 ///
-/// ```ignore
-/// fn cents(amount: &f64, parts: &mut lockkit::Parts<'_>) {
-///     parts.put(&((amount * 100.0).round() as i64));
-/// }
-///
-/// #[derive(AdvisoryKey)]
-/// struct Payment {
-///     order: u64,
-///     #[advisory_key(with = "cents")]
-///     amount: f64,
-///     #[advisory_key(skip)]
-///     note: String,
-/// }
-/// ```
+/// The [examples] show `with` (a `f64` amount locked by whole cents) and
+/// `skip`.
 ///
 /// # Field types
 ///
@@ -109,6 +75,7 @@ use proc_macro::TokenStream;
 /// type's namespace.
 ///
 /// [`KeyPart`]: https://docs.rs/lockkit/latest/lockkit/trait.KeyPart.html
+/// [examples]: https://docs.rs/lockkit/latest/lockkit/derive.AdvisoryKey.html#examples
 #[proc_macro_derive(AdvisoryKey, attributes(advisory_key))]
 pub fn derive_advisory_key(input: TokenStream) -> TokenStream {
     derive(input.into()).into()

@@ -19,7 +19,7 @@
 //!     id: i64,
 //! }
 //!
-//! fn main() -> Result<(), lockkit::Error> {
+//! fn main() -> Result<(), lockkit_diesel::Error> {
 //!     let mut conn = PgConnection::establish("postgres://localhost/bank")
 //!         .expect("connect");
 //!     let locker = Locker::new(&mut conn, Config::default())?;
@@ -32,7 +32,7 @@
 //!             .execute(tx.conn())?; // a diesel::result::Error converts with `?`
 //!         diesel::sql_query("UPDATE accounts SET cents = cents + 500 WHERE id = 3")
 //!             .execute(tx.conn())?;
-//!         Ok::<_, lockkit::Error>(())
+//!         Ok::<_, lockkit_diesel::Error>(())
 //!     })?; // COMMIT releases both locks
 //!     Ok(())
 //! }
@@ -50,10 +50,30 @@
 //!   `conn.transaction(|conn| …)`: the same [`LockTx`] over the open
 //!   transaction.
 //!
-//! With lockkit's `diesel` feature (turned on by this crate),
-//! [`lockkit::Error`] converts `From<diesel::result::Error>`, so one error
-//! type works with `?` for both lock calls and queries:
-//! `conn.transaction::<_, lockkit::Error, _>(|conn| …)`.
+//! With lockkit's `diesel` feature (turned on by this crate), [`Error`]
+//! (lockkit's) converts `From<diesel::result::Error>`, so one error type
+//! works with `?` for both lock calls and queries:
+//! `conn.transaction::<_, lockkit_diesel::Error, _>(|conn| …)`.
+//!
+//! # Depending on this crate alone
+//!
+//! `lockkit-diesel` is the only lockkit dependency a Diesel application
+//! needs. It re-exports what its API takes and returns, and what keys are
+//! made of: [`AdvisoryKey`] and its derive (feature `derive`, on by
+//! default), [`KeyPart`], [`Parts`], [`KeySpec`], [`LockKey`], [`HashText`]
+//! and the `hashtext` functions; [`Batch`], [`Mode`], [`Config`],
+//! [`OrderCheck`], [`StatementMode`]; [`Held`], [`HeldBatch`], [`Busy`];
+//! [`Error`], [`ErrorKind`], [`sqlstate`]; [`RetryPolicy`],
+//! [`retry_blocking`], [`Transient`]; [`ServerFacts`], [`Policy`]. The rest
+//! of lockkit (its `engine`, say) is at [`lockkit`](mod@lockkit).
+//!
+//! `#[derive(AdvisoryKey)]` finds lockkit by itself: through a direct
+//! dependency on `lockkit` if the crate has one (renamed or not), else
+//! through this crate's `lockkit_diesel::lockkit` (renamed or not), read from
+//! the crate's Cargo.toml. `#[advisory_key(crate = "...")]` names the path
+//! explicitly where that guess is wrong: in the library of a crate that
+//! depends on this crate and has lockkit among its dev-dependencies only,
+//! write `#[advisory_key(crate = "::lockkit_diesel::lockkit")]`.
 //!
 //! # Transactions only
 //!
@@ -90,15 +110,28 @@ mod pg;
 mod transaction;
 
 pub use locker::{Locker, PgConnectionExt};
-pub use lockkit::{Busy, Held, HeldBatch};
 pub use transaction::LockTx;
+
+/// The lockkit crate, for what is not re-exported here. Also the path
+/// `#[derive(AdvisoryKey)]` names in a crate that depends on `lockkit-diesel`
+/// and not on `lockkit`: keep it.
+pub use lockkit;
 
 /// lockkit's key trait (and, with the `derive` feature, its derive macro).
 pub use lockkit::AdvisoryKey;
+// Keys: what a key type is made of, and lockkit's key functions.
 pub use lockkit::{
-    retry_blocking, Batch, Config, Error, ErrorKind, LockKey, Mode, OrderCheck, RetryPolicy,
-    StatementMode, Transient,
+    hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, parts_bytes, ByteOrder,
+    HashText, KeyForm, KeyPart, KeySpec, LockKey, NamespaceError, Parts, PgLocksId,
+    MAX_NAMESPACE_LEN,
 };
+// What the lock calls take and return.
+pub use lockkit::{
+    sqlstate, Batch, BoxError, Busy, Config, Error, ErrorKind, Held, HeldBatch, Mode, OrderCheck,
+    Policy, ServerFacts, StatementMode,
+};
+// Retrying transient failures (deadlocks, serialization failures, timeouts).
+pub use lockkit::{retry_blocking, RetryPolicy, Transient};
 
 #[cfg(test)]
 mod tests {

@@ -199,6 +199,7 @@ impl<'c> LockTx<'c> {
     /// [`Error::Deadlock`], [`Error::LockTableFull`],
     /// [`Error::ConnectionLost`] and other server errors after, which abort
     /// the transaction (roll it back, or the enclosing savepoint).
+    #[track_caller]
     pub fn lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'c, K>, Error> {
         self.lock_one(key, Mode::Exclusive, Wait::Forever)
     }
@@ -209,6 +210,7 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::lock`].
+    #[track_caller]
     pub fn lock_shared<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'c, K>, Error> {
         self.lock_one(key, Mode::Shared, Wait::Forever)
     }
@@ -221,6 +223,7 @@ impl<'c> LockTx<'c> {
     ///
     /// [`Error::Timeout`], and as [`LockTx::lock`]; after a deadlock the
     /// savepoint rollback leaves the transaction usable too.
+    #[track_caller]
     pub fn lock_timeout<K: AdvisoryKey>(
         &mut self,
         key: K,
@@ -234,6 +237,7 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::lock_timeout`].
+    #[track_caller]
     pub fn lock_shared_timeout<K: AdvisoryKey>(
         &mut self,
         key: K,
@@ -248,6 +252,7 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::lock`] (a full lock table raises `53200` even here).
+    #[track_caller]
     pub fn try_lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Result<Held<'c, K>, K>, Error> {
         self.try_lock_one(key, Mode::Exclusive)
     }
@@ -258,6 +263,7 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::try_lock`].
+    #[track_caller]
     pub fn try_lock_shared<K: AdvisoryKey>(
         &mut self,
         key: K,
@@ -271,6 +277,7 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::lock`].
+    #[track_caller]
     pub fn lock_batch(&mut self, batch: &Batch) -> Result<HeldBatch<'c>, Error> {
         self.acquire(batch, Wait::Forever)
     }
@@ -282,6 +289,7 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::lock_timeout`].
+    #[track_caller]
     pub fn lock_batch_timeout(
         &mut self,
         batch: &Batch,
@@ -296,12 +304,14 @@ impl<'c> LockTx<'c> {
     /// # Errors
     ///
     /// As [`LockTx::lock`].
+    #[track_caller]
     pub fn try_lock_batch(&mut self, batch: &Batch) -> Result<Result<HeldBatch<'c>, Busy>, Error> {
         Ok(self
             .drive(Request::batch(batch), Wait::Try)?
             .map(Grant::batch))
     }
 
+    #[track_caller]
     fn lock_one<K: AdvisoryKey>(
         &mut self,
         value: K,
@@ -316,6 +326,7 @@ impl<'c> LockTx<'c> {
         }
     }
 
+    #[track_caller]
     fn try_lock_one<K: AdvisoryKey>(
         &mut self,
         value: K,
@@ -327,6 +338,7 @@ impl<'c> LockTx<'c> {
         })
     }
 
+    #[track_caller]
     fn acquire(&mut self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'c>, Error> {
         match self.drive(Request::batch(batch), wait)? {
             Ok(grant) => Ok(grant.batch()),
@@ -335,14 +347,17 @@ impl<'c> LockTx<'c> {
     }
 
     /// Checks Diesel's transaction depth, then lets the engine run the call.
+    #[track_caller]
     fn drive(&mut self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
         if pg::transaction_depth(self.conn)? == 0 {
             return Err(not_in_transaction());
         }
+        let request = request.at(std::panic::Location::caller());
         let call: Acquisition<'_> =
             self.state
                 .get()
                 .acquire(self.locker.policy(), self.depth, request, wait)?;
+        let _span = call.span().clone().entered();
         pg::drive(self.conn, call)
     }
 }

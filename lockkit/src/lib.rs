@@ -1,10 +1,70 @@
 //! Typed PostgreSQL advisory locks, safe by construction.
 //!
-//! lockkit maps domain types to stable advisory-lock keys
-//! (`#[derive(AdvisoryKey)]`, in the key format fixed by KEYS.md) and takes
-//! them inside transactions only, in one global order, within a lock budget.
+//! lockkit lets many workers coordinate on logical entities (an order, a
+//! business key, a pair of accounts) through PostgreSQL's advisory locks.
+//!
+//! # The model
+//!
+//! - **Keys.** `#[derive(AdvisoryKey)]` maps a domain type to a stable
+//!   [`LockKey`], `BigInt(i64)` or `Pair(i32, i32)`, in the key format of
+//!   [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md): the same on every machine, build and version, because
+//!   every process that will ever run must agree on it.
+//! - **A [`Locker`]**, made once at startup, holds the policy ([`Config`]:
+//!   lock budget, order check, statement mode) and what it learned of the
+//!   server in one round trip ([`ServerFacts`]).
+//! - **A [`LockClient`]** per connection prepares lockkit's statements once;
+//!   its [`begin`](LockClient::begin) opens a [`LockTx`], a
+//!   `tokio_postgres::Transaction` that takes locks. ([`Locker::begin`] and
+//!   [`Locker::wrap`] serve plain clients and pooled transactions.)
+//! - **Locks live as long as the transaction** (`pg_advisory_xact_lock`):
+//!   released at `COMMIT` or `ROLLBACK`, never leaked into a pool. A lock
+//!   call returns a guard, [`Held`] or [`HeldBatch`], which borrows the
+//!   transaction: it proves the key is held and cannot outlive it.
+//! - **A [`Batch`]** takes many keys in one round trip, deduplicated and
+//!   sorted in one global order, so two workers never wait on each other in a
+//!   cycle; the **lock budget** refuses a transaction that would fill the
+//!   server's shared lock table before anything is sent.
+//! - **Session locks** ([`SessionLock`]) hold a key for longer than a
+//!   transaction, on a connection of their own; **inspection**
+//!   ([`inspect`], and the `lockkit` command) shows who holds and awaits
+//!   which keys, with the types behind them.
+//! - **One engine** ([`engine`]) owns the whole protocol of taking locks;
+//!   the tokio-postgres adapter here, `lockkit-diesel` and the others only
+//!   run its statements.
 //!
 //! # Example
+//!
+//! ```no_run
+//! use lockkit::{AdvisoryKey, Batch, Config, LockClient, Locker};
+//!
+//! #[derive(AdvisoryKey)]
+//! struct Account {
+//!     id: i64,
+//! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let (client, connection) =
+//!     tokio_postgres::connect("host=localhost user=postgres", tokio_postgres::NoTls).await?;
+//! tokio::spawn(connection);
+//! let locker = Locker::new(&client, Config::default()).await?; // once, at startup
+//! let mut conn = LockClient::new(&locker, client); // once per connection
+//!
+//! let tx = conn.begin().await?;
+//! // Both accounts, in the global order, in one round trip: two opposite
+//! // transfers cannot deadlock.
+//! let held = tx
+//!     .lock_batch(&Batch::new().with(&Account { id: 7 }).with(&Account { id: 3 }))
+//!     .await?;
+//! let from = held.proof(Account { id: 7 }).ok().expect("in the batch");
+//! tx.execute("UPDATE accounts SET cents = cents - 500 WHERE id = $1", &[&from.id]).await?;
+//! tx.execute("UPDATE accounts SET cents = cents + 500 WHERE id = 3", &[]).await?;
+//! drop((from, held));
+//! tx.commit().await?; // both locks are released here, never earlier
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Keys alone need no server:
 //!
 //! ```
 //! use lockkit::{AdvisoryKey, LockKey};
@@ -14,49 +74,71 @@
 //!     id: i64,
 //! }
 //!
-//! // Golden vector of KEYS.md: every process, build and version agrees.
+//! // A golden vector of docs/KEYS.md: every process, build and version agrees.
 //! assert_eq!(Order { id: 42 }.lock_key(), LockKey::BigInt(-7205368663365046133));
 //! ```
 //!
-//! With the `tokio-postgres` feature (default), a [`Locker`] takes the keys
-//! inside a [`LockTx`]; see [`Locker`] for a complete example.
+//! # Observability
+//!
+//! Every lock call that goes to the server runs in a `tracing` span
+//! `lockkit.lock` at debug level, with `key_type`, `keys`, `wait`, and, when
+//! it ends, `outcome` (`granted`, `busy`, `timeout`, `deadlock`, …) and
+//! `wait_ms`. Release builds log out-of-order acquisition as a warning, once
+//! per call site. With the `metrics` feature, the standard `metrics` facade
+//! gets a histogram `lockkit_lock_wait_seconds` (labels `key_type`,
+//! `outcome`) and counters `lockkit_lock_busy_total`,
+//! `lockkit_lock_timeouts_total` and `lockkit_lock_deadlocks_total` (label
+//! `key_type`):
+//!
+//! ```toml
+//! lockkit = { git = "…", features = ["metrics"] }
+//! metrics-exporter-prometheus = "0.16" # or any metrics recorder
+//! ```
+//!
+//! ```no_run
+//! // Spans and warnings: any tracing subscriber, e.g.
+//! // tracing_subscriber::fmt().with_env_filter("lockkit=debug").init();
+//! // Metrics: install a recorder once, e.g.
+//! // metrics_exporter_prometheus::PrometheusBuilder::new().install()?;
+//! ```
+//!
+//! # Features
+//!
+//! - `derive` (default): `#[derive(AdvisoryKey)]`.
+//! - `tokio-postgres` (default): the tokio-postgres adapter, session locks,
+//!   inspection, async [`retry`].
+//! - `uuid`: `uuid::Uuid` as a key part.
+//! - `metrics`: the metrics above.
+//! - `diesel`: `From<diesel::result::Error> for Error`, for `lockkit-diesel`.
 //!
 //! # Facts this crate relies on (PostgreSQL 15)
 //!
-//! - Transaction-scoped locks are released only at `COMMIT`/`ROLLBACK` (or a
-//!   rollback to an enclosing savepoint), never earlier, except that an
-//!   error that aborts the transaction releases them at once; outside an
-//!   explicit transaction they are released at the end of the statement,
-//!   which is why lockkit only takes them inside one.
+//! - Transaction-scoped locks are released at `COMMIT`/`ROLLBACK` (or a
+//!   rollback to an enclosing savepoint), and at once when an error aborts
+//!   the transaction; outside an explicit transaction they are released at
+//!   the end of the statement, which is why lockkit only takes them inside
+//!   one.
 //! - PostgreSQL detects deadlocks among advisory locks (`40P01` after
 //!   `deadlock_timeout`); sorted acquisition avoids the stall and the abort.
 //! - `max_locks_per_transaction` sizes a lock table shared by all sessions:
 //!   one greedy transaction makes other sessions fail with `53200`, even in
 //!   `pg_try_*`. Hence the lock budget.
-#![warn(
-    missing_docs,
-    rust_2018_idioms,
-    unreachable_pub,
-    missing_debug_implementations
-)]
-#![deny(unsafe_code)]
+//! - A pooler in transaction mode hands a server connection to another
+//!   client between transactions: a session-level lock can be stranded there
+//!   and named prepared statements can collide, so lockkit checks every
+//!   reply and offers unnamed statements ([`StatementMode::Unnamed`]).
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod engine;
 mod key;
 #[cfg(feature = "tokio-postgres")]
-mod pg;
+pub mod pg;
 mod retry;
 
 #[cfg(feature = "tokio-postgres")]
 pub use pg::inspect;
 
-pub use engine::config::{Config, OrderCheck, StatementMode};
-pub use engine::error::{sqlstate, BoxError, Error, ErrorKind};
-pub use engine::facts::ServerFacts;
-pub use engine::guard::{Busy, Held, HeldBatch};
-pub use engine::plan::{Batch, Mode};
-pub use engine::Policy;
+// Keys: a domain type's stable key, in the format of docs/KEYS.md.
 pub use key::encoding::{parts_bytes, KeyPart, Parts};
 pub use key::hashtext::{
     hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, ByteOrder, HashText,
@@ -64,17 +146,98 @@ pub use key::hashtext::{
 pub use key::namespace::{NamespaceError, MAX_NAMESPACE_LEN};
 pub use key::{AdvisoryKey, KeyForm, KeySpec, LockKey, PgLocksId};
 
-#[cfg(feature = "tokio-postgres")]
-pub use pg::locker::{LockClient, Locker};
-#[cfg(feature = "tokio-postgres")]
-pub use pg::session::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
-#[cfg(feature = "tokio-postgres")]
-pub use pg::transaction::LockTx;
-#[cfg(feature = "tokio-postgres")]
-pub use retry::retry;
+// Locking, whatever the driver: policy, batches, guards, errors, retry.
+pub use engine::config::{Config, OrderCheck, StatementMode};
+pub use engine::error::{sqlstate, BoxError, Error, ErrorKind};
+pub use engine::facts::ServerFacts;
+pub use engine::guard::{Busy, Held, HeldBatch};
+pub use engine::plan::{Batch, Mode};
+pub use engine::Policy;
 pub use retry::{retry_blocking, RetryPolicy, Transient};
 
-/// `#[derive(AdvisoryKey)]`: see the [`AdvisoryKey`] trait and KEYS.md.
+// The tokio-postgres adapter (module `pg`).
+#[cfg(feature = "tokio-postgres")]
+pub use pg::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
+#[cfg(feature = "tokio-postgres")]
+pub use pg::{run_ddl, DdlOutcome, DdlRetry, LockClient, LockTx, Locker};
+#[cfg(feature = "tokio-postgres")]
+pub use retry::retry;
+
+/// `#[derive(AdvisoryKey)]`: see the [`AdvisoryKey`] trait and
+/// [KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
+///
+/// # Examples
+///
+/// These are the derive's examples, here so that they run as doctests (the
+/// derive crate cannot depend on lockkit).
+///
+/// ```
+/// use lockkit::{AdvisoryKey, LockKey};
+///
+/// #[derive(AdvisoryKey)]
+/// struct Order {
+///     id: i64,
+/// }
+///
+/// // KEYS.md golden vector.
+/// assert_eq!(Order { id: 42 }.lock_key(), LockKey::BigInt(-7205368663365046133));
+/// ```
+///
+/// Type attributes:
+///
+/// ```
+/// use lockkit::{AdvisoryKey, KeySpec, LockKey};
+///
+/// #[derive(AdvisoryKey)]
+/// #[advisory_key(namespace = "billing.invoice", pair, class = 7)]
+/// struct Invoice { id: u64 }
+///
+/// #[derive(AdvisoryKey)]
+/// #[advisory_key(pair = "exact", class = 7)]
+/// struct Account(i32);
+///
+/// #[derive(AdvisoryKey)]
+/// #[advisory_key(raw)]
+/// struct LegacyJobId(i64);
+///
+/// #[derive(AdvisoryKey)]
+/// #[advisory_key(stripes = 1024)]
+/// struct Event { business_key: String } // at most 1024 distinct keys
+///
+/// let invoice = Invoice { id: 9 }.lock_key();
+/// assert!(matches!(invoice, LockKey::Pair(7, _)));
+/// assert_eq!(invoice, KeySpec::new("billing.invoice").class(7).key_of(&9_u64));
+/// assert_eq!(Account(5).lock_key(), LockKey::Pair(7, 5));
+/// assert_eq!(LegacyJobId(9).lock_key(), LockKey::BigInt(9));
+/// // KEYS.md golden vector.
+/// let event = Event { business_key: "a1b2c3d4".into() };
+/// assert_eq!(event.lock_key(), LockKey::BigInt(5974306380683673735));
+/// ```
+///
+/// Field attributes:
+///
+/// ```
+/// use lockkit::AdvisoryKey;
+///
+/// fn cents(amount: &f64, parts: &mut lockkit::Parts<'_>) {
+///     parts.put(&((amount * 100.0).round() as i64));
+/// }
+///
+/// #[derive(AdvisoryKey)]
+/// struct Payment {
+///     order: u64,
+///     #[advisory_key(with = "cents")]
+///     amount: f64,
+///     #[advisory_key(skip)]
+///     note: String,
+/// }
+///
+/// let a = Payment { order: 1, amount: 12.5, note: "first".into() };
+/// let b = Payment { order: 1, amount: 12.5, note: "second".into() };
+/// let c = Payment { order: 1, amount: 12.75, note: "first".into() };
+/// assert_eq!(a.lock_key(), b.lock_key()); // `note` is skipped
+/// assert_ne!(a.lock_key(), c.lock_key());
+/// ```
 #[cfg(feature = "derive")]
 pub use lockkit_derive::AdvisoryKey;
 

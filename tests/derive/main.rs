@@ -4,6 +4,7 @@
 mod forms;
 mod golden;
 mod hash;
+mod keys_doc;
 mod props;
 mod shapes;
 mod ui;

@@ -210,3 +210,185 @@ fn reports_colliding_derived_types() {
         .collisions()
         .is_empty());
 }
+
+/// The statement behind `Scope::Session`, step by step: a holder idle since
+/// before `pg_locks` was read is a session-lock holder; one that ran a
+/// transaction since, or sits in one, is not. Inside an explicit
+/// transaction the inspector's `pg_stat_activity` snapshot is stale; the
+/// control shows that without `CLEAR_ACTIVITY_SNAPSHOT` the stale view
+/// would wrongly name the busy holder.
+#[tokio::test(flavor = "multi_thread")]
+async fn session_holders_are_idle_since_the_read() {
+    use lockkit::inspect::{CLEAR_ACTIVITY_SNAPSHOT, SESSION_HOLDERS};
+    use tokio_postgres::types::Type;
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let idle = connect(db, None, "scope-idle").await;
+    let busy = connect(db, None, "scope-busy").await;
+    let in_tx = connect(db, None, "scope-in-tx").await;
+    let inspector = connect(db, None, "scope-inspector").await;
+    let (idle_pid, busy_pid, in_tx_pid) = (pid(&idle).await, pid(&busy).await, pid(&in_tx).await);
+    let key = Invoice { id: 9001 }.lock_key();
+    let LockKey::BigInt(k) = key else {
+        unreachable!()
+    };
+    idle.execute("SELECT pg_advisory_lock($1)", &[&k])
+        .await
+        .unwrap();
+    in_tx.batch_execute("BEGIN; SELECT 1").await.unwrap();
+
+    // The inspector's transaction takes its activity snapshot now, with
+    // `busy` idle, then notes the moment "pg_locks was read".
+    inspector
+        .batch_execute("BEGIN; SELECT count(*) FROM pg_stat_activity")
+        .await
+        .unwrap();
+    let read_at: String = inspector
+        .query_one("SELECT statement_timestamp()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // After the read, `busy` runs a transaction (with a transaction lock)
+    // and goes idle again.
+    busy.batch_execute("BEGIN; SELECT pg_advisory_xact_lock(9002); COMMIT")
+        .await
+        .unwrap();
+    let holders =
+        |rows: Vec<tokio_postgres::Row>| -> Vec<i32> { rows.iter().map(|r| r.get(0)).collect() };
+
+    // The control: the stale snapshot still shows `busy` idle since before.
+    let stale = holders(
+        inspector
+            .query_typed(SESSION_HOLDERS, &[(&read_at, Type::TEXT)])
+            .await
+            .unwrap(),
+    );
+    assert!(
+        stale.contains(&busy_pid),
+        "the stale view names {busy_pid}: {stale:?}"
+    );
+
+    inspector
+        .query_typed(CLEAR_ACTIVITY_SNAPSHOT, &[])
+        .await
+        .unwrap();
+    let fresh = holders(
+        inspector
+            .query_typed(SESSION_HOLDERS, &[(&read_at, Type::TEXT)])
+            .await
+            .unwrap(),
+    );
+    assert!(fresh.contains(&idle_pid), "{fresh:?}");
+    assert!(!fresh.contains(&busy_pid), "{fresh:?}");
+    assert!(!fresh.contains(&in_tx_pid), "{fresh:?}");
+    inspector.batch_execute("COMMIT").await.unwrap();
+    in_tx.batch_execute("COMMIT").await.unwrap();
+    idle.execute("SELECT pg_advisory_unlock($1)", &[&k])
+        .await
+        .unwrap();
+}
+
+/// Under churn, a transaction lock is never reported as session-level: a
+/// holder runs many short transactions, each taking a transaction lock,
+/// while `advisory_locks` runs again and again; a session lock held by an
+/// idle session alongside is reported as session-level whenever seen.
+#[tokio::test(flavor = "multi_thread")]
+async fn transaction_locks_are_never_reported_as_session_locks() {
+    use lockkit::inspect::Scope;
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let churn = connect(db, None, "scope-churn").await;
+    let idle = connect(db, None, "scope-idle-2").await;
+    let inspector = connect(db, None, "scope-inspector-2").await;
+    let churn_pid = pid(&churn).await;
+    let idle_pid = pid(&idle).await;
+    let tx_key = Invoice { id: 9101 }.lock_key();
+    let session_key = Invoice { id: 9102 }.lock_key();
+    let (LockKey::BigInt(tk), LockKey::BigInt(sk)) = (tx_key, session_key) else {
+        unreachable!()
+    };
+    idle.execute("SELECT pg_advisory_lock($1)", &[&sk])
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let churning = tokio::spawn(async move {
+        let mut n = 0_u64;
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            churn
+                .batch_execute(&format!(
+                    "BEGIN; SELECT pg_advisory_xact_lock({tk}); COMMIT"
+                ))
+                .await
+                .unwrap();
+            n += 1;
+        }
+        n
+    });
+    let registry = KeyRegistry::new().register::<Invoice>();
+    let (mut seen_tx, mut seen_session) = (0, 0);
+    for _ in 0..300 {
+        let rows = advisory_locks(&inspector, &registry).await.unwrap();
+        for r in rows_of(&rows, churn_pid, tx_key) {
+            seen_tx += 1;
+            assert_ne!(
+                r.scope,
+                Scope::Session,
+                "a transaction lock reported as a session lock: {r:?}"
+            );
+        }
+        for r in rows_of(&rows, idle_pid, session_key) {
+            seen_session += 1;
+            assert_eq!(r.scope, Scope::Session, "{r:?}");
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let transactions = churning.await.unwrap();
+    assert_eq!(seen_session, 300);
+    assert!(
+        seen_tx > 0,
+        "the churning holder was never seen holding its lock ({transactions} transactions)"
+    );
+    idle.execute("SELECT pg_advisory_unlock($1)", &[&sk])
+        .await
+        .unwrap();
+}
+
+/// A prepared transaction's advisory lock has no pid and is reported as
+/// transaction-level.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prepared_transactions_lock_is_transaction_level() {
+    use lockkit::inspect::Scope;
+
+    let db = TestServer::builder()
+        .setting("max_prepared_transactions", "2")
+        .start();
+    let _log = db.guard();
+    let client = db.connect().await;
+    let key = Invoice { id: 9201 }.lock_key();
+    let LockKey::BigInt(k) = key else {
+        unreachable!()
+    };
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({k}); PREPARE TRANSACTION 'lockkit-inspect-scope'"
+        ))
+        .await
+        .unwrap();
+    let rows = advisory_locks(&client, &KeyRegistry::new().register::<Invoice>())
+        .await
+        .unwrap();
+    let row = rows
+        .iter()
+        .find(|r| r.key == key)
+        .unwrap_or_else(|| panic!("no row of the prepared lock: {rows:?}"));
+    assert_eq!(row.pid, None);
+    assert!(row.granted);
+    assert_eq!(row.scope, Scope::Transaction);
+    client
+        .batch_execute("ROLLBACK PREPARED 'lockkit-inspect-scope'")
+        .await
+        .unwrap();
+}

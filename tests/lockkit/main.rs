@@ -2,11 +2,13 @@
 
 mod budget;
 mod common;
+mod ddl;
 mod deadlock;
 mod exclusion;
 mod findings;
 mod hashtext;
 mod inspect;
+mod observe;
 mod poison;
 mod pool;
 mod release;

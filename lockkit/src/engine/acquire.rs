@@ -3,7 +3,9 @@
 //! [`Acquisition::round`] lists and hands the replies to
 //! [`Acquisition::receive`].
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::collections::HashSet;
+use std::panic::Location;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::engine::budget::TxLocks;
@@ -125,7 +127,10 @@ impl TxState {
             policy.facts.check_hashtext()?;
         }
         let mut locks = self.locks();
-        let plan = locks.plan(request.keys(), policy.budget(), &policy.config)?;
+        let (plan, out_of_order) = locks.plan(request.keys(), policy.budget(), &policy.config)?;
+        if let Some((held, requested)) = out_of_order {
+            warn_out_of_order(request.site, held, requested);
+        }
         // Nothing to send (every key is held already): the outcome is known
         // and nothing is in flight.
         let empty = plan.is_empty();
@@ -133,7 +138,20 @@ impl TxState {
             locks.start();
         }
         drop(locks);
+        let span = if empty {
+            tracing::Span::none()
+        } else {
+            tracing::debug_span!(
+                "lockkit.lock",
+                key_type = request.key_type,
+                keys = plan.len(),
+                wait = ?wait,
+                outcome = tracing::field::Empty,
+                wait_ms = tracing::field::Empty,
+            )
+        };
         Ok(Acquisition {
+            span,
             state: self,
             depth,
             plan,
@@ -155,6 +173,8 @@ impl TxState {
 pub struct Request {
     keys: Keys,
     hashtext: bool,
+    key_type: &'static str,
+    site: Option<&'static Location<'static>>,
 }
 
 #[derive(Debug)]
@@ -169,6 +189,8 @@ impl Request {
         Request {
             keys: Keys::One(key.lock_key(), mode),
             hashtext: K::KEY_SPEC.form() == KeyForm::HashText,
+            key_type: K::KEY_SPEC.namespace(),
+            site: None,
         }
     }
 
@@ -177,7 +199,17 @@ impl Request {
         Request {
             keys: Keys::Many(batch.planned()),
             hashtext: batch.has_hashtext(),
+            key_type: "batch",
+            site: None,
         }
+    }
+
+    /// The application's call site (`Location::caller()` of the adapter's
+    /// `#[track_caller]` lock method): a lock-order warning is logged once
+    /// per call site.
+    pub fn at(mut self, site: &'static Location<'static>) -> Self {
+        self.site = Some(site);
+        self
     }
 
     fn keys(&self) -> impl Iterator<Item = (LockKey, Mode)> + '_ {
@@ -226,6 +258,7 @@ enum Granted {
 #[derive(Debug)]
 #[must_use = "an acquisition must be driven to its outcome, or it poisons the transaction"]
 pub struct Acquisition<'a> {
+    span: tracing::Span,
     state: &'a TxState,
     depth: u32,
     plan: Plan,
@@ -428,6 +461,7 @@ impl Acquisition<'_> {
             .locks()
             .finish(&self.plan, self.depth, acquired, aborted);
         self.recorded = true;
+        self.observe(&outcome);
         Stage::Finished(outcome)
     }
 
@@ -436,8 +470,47 @@ impl Acquisition<'_> {
         let mut locks = self.state.locks();
         locks.finish(&self.plan, self.depth, false, false);
         locks.poison();
+        drop(locks);
         self.recorded = true;
-        Stage::Finished(Err(error))
+        let outcome = Err(error);
+        self.observe(&outcome);
+        Stage::Finished(outcome)
+    }
+
+    /// Reports a call that went to the server: its span's outcome and wait,
+    /// and with the `metrics` feature, the wait-time histogram and the
+    /// counters of busy keys, timeouts and deadlocks.
+    fn observe(&self, outcome: &Result<Granted, Error>) {
+        let waited = self.started.elapsed();
+        let label = match outcome {
+            Ok(Granted::Now) => "granted",
+            Ok(Granted::Busy(_)) => "busy",
+            Err(e) => kind_label(e.kind()),
+        };
+        self.span.record("outcome", label);
+        self.span.record("wait_ms", waited.as_secs_f64() * 1000.0);
+        #[cfg(feature = "metrics")]
+        {
+            let key_type = self.request.key_type;
+            metrics::histogram!("lockkit_lock_wait_seconds", "key_type" => key_type, "outcome" => label)
+                .record(waited.as_secs_f64());
+            let counter = match label {
+                "busy" => Some("lockkit_lock_busy_total"),
+                "timeout" => Some("lockkit_lock_timeouts_total"),
+                "deadlock" => Some("lockkit_lock_deadlocks_total"),
+                _ => None,
+            };
+            if let Some(name) = counter {
+                metrics::counter!(name, "key_type" => key_type).increment(1);
+            }
+        }
+    }
+
+    /// The span of this call (`lockkit.lock`, at debug level, with the key
+    /// type, the key count and the wait; the outcome and `wait_ms` are
+    /// recorded when it finishes). An adapter runs its rounds in it.
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
     }
 
     /// Checks every reply of a round against what was sent; returns the busy
@@ -591,6 +664,43 @@ impl Drop for Acquisition<'_> {
             locks.poison();
         }
     }
+}
+
+/// The label of an error kind in spans and metrics.
+fn kind_label(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::Timeout => "timeout",
+        ErrorKind::Cancelled => "cancelled",
+        ErrorKind::Deadlock => "deadlock",
+        ErrorKind::LockTableFull => "lock_table_full",
+        ErrorKind::ConnectionLost => "connection_lost",
+        ErrorKind::UnexpectedReply => "unexpected_reply",
+        _ => "error",
+    }
+}
+
+/// Under [`OrderCheck::Warn`](crate::OrderCheck::Warn): a `tracing`
+/// warning, once per call site (every time when the adapter gave none).
+fn warn_out_of_order(site: Option<&'static Location<'static>>, held: LockKey, requested: LockKey) {
+    /// A call site: file, line, column.
+    type Site = (&'static str, u32, u32);
+    static WARNED: OnceLock<Mutex<HashSet<Site>>> = OnceLock::new();
+    if let Some(site) = site {
+        let warned = WARNED.get_or_init(Default::default);
+        let first = warned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((site.file(), site.line(), site.column()));
+        if !first {
+            return;
+        }
+    }
+    tracing::warn!(
+        %held,
+        %requested,
+        site = site.map(|s| s.to_string()),
+        "lockkit: advisory lock requested below a key already held; this order can deadlock (take keys in one batch); warned once per call site"
+    );
 }
 
 /// The proof that a lock call was granted, from which an adapter makes the

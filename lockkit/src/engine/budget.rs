@@ -76,7 +76,8 @@ impl TxLocks {
     }
 
     /// Decides what a request must send: the keys (already in global order)
-    /// not yet held in a covering mode. Checks poisoning, the abort state, the
+    /// not yet held in a covering mode, and, under [`OrderCheck::Warn`], the
+    /// (held, requested) keys of an order violation to warn about. Checks poisoning, the abort state, the
     /// budget and the lock order first; on any error nothing is to be sent and
     /// nothing changes.
     ///
@@ -90,7 +91,7 @@ impl TxLocks {
         request: impl IntoIterator<Item = (LockKey, Mode)>,
         allowed: usize,
         config: &Config,
-    ) -> Result<Plan, Error> {
+    ) -> Result<(Plan, Option<(LockKey, LockKey)>), Error> {
         if self.poisoned {
             return Err(Error::new(ErrorKind::Poisoned));
         }
@@ -109,19 +110,17 @@ impl TxLocks {
         if self.held.len() + new > allowed {
             return Err(Error::budget(self.held.len(), new, allowed));
         }
+        let mut out_of_order = None;
         if let (Some(first), Some((&held, _))) = (plan.keys().next(), self.held.last_key_value()) {
             if first < held {
                 match config.order_check {
                     OrderCheck::Off => {}
-                    OrderCheck::Warn => tracing::warn!(
-                        %held, requested = %first,
-                        "lockkit: advisory lock requested below a key already held; this order can deadlock (take keys in one batch)"
-                    ),
+                    OrderCheck::Warn => out_of_order = Some((held, first)),
                     OrderCheck::Error => return Err(Error::lock_order(held, first)),
                 }
             }
         }
-        Ok(plan)
+        Ok((plan, out_of_order))
     }
 
     /// Marks the start of sending `plan`. Until [`TxLocks::finish`] the
@@ -210,17 +209,19 @@ mod tests {
         let c = cfg(OrderCheck::Error);
         let p = t
             .plan(req(&[(1, Mode::Shared), (2, Mode::Exclusive)]), 10, &c)
-            .unwrap();
+            .unwrap()
+            .0;
         t.start();
         t.finish(&p, 0, true, false);
         assert_eq!(t.len(), 2);
         assert_eq!(
             t.plan(req(&[(1, Mode::Shared), (2, Mode::Shared)]), 10, &c)
                 .unwrap()
+                .0
                 .len(),
             0
         );
-        let up = t.plan(req(&[(2, Mode::Exclusive)]), 10, &c).unwrap();
+        let up = t.plan(req(&[(2, Mode::Exclusive)]), 10, &c).unwrap().0;
         assert_eq!(up.len(), 0);
         // Upgrading 1 sorts below 2, already held: an order violation.
         assert!(matches!(
@@ -229,7 +230,8 @@ mod tests {
         ));
         let up = t
             .plan(req(&[(1, Mode::Exclusive)]), 10, &cfg(OrderCheck::Off))
-            .unwrap();
+            .unwrap()
+            .0;
         assert_eq!(up.len(), 1);
     }
 
@@ -239,7 +241,8 @@ mod tests {
         let c = cfg(OrderCheck::Off);
         let p = t
             .plan(req(&[(1, Mode::Exclusive), (2, Mode::Exclusive)]), 3, &c)
-            .unwrap();
+            .unwrap()
+            .0;
         t.start();
         t.finish(&p, 0, true, false);
         let err = t
@@ -257,6 +260,7 @@ mod tests {
         assert_eq!(
             t.plan(req(&[(2, Mode::Exclusive), (3, Mode::Exclusive)]), 3, &c)
                 .unwrap()
+                .0
                 .len(),
             1
         );
@@ -267,11 +271,11 @@ mod tests {
         let mut t = TxLocks::default();
         let c = cfg(OrderCheck::Off);
         for (key, depth) in [(1, 0), (2, 1), (3, 2)] {
-            let p = t.plan(req(&[(key, Mode::Shared)]), 10, &c).unwrap();
+            let p = t.plan(req(&[(key, Mode::Shared)]), 10, &c).unwrap().0;
             t.start();
             t.finish(&p, depth, true, false);
         }
-        let p = t.plan(req(&[(1, Mode::Exclusive)]), 10, &c).unwrap();
+        let p = t.plan(req(&[(1, Mode::Exclusive)]), 10, &c).unwrap().0;
         t.start();
         t.finish(&p, 2, true, false);
         t.release_savepoint(2);
@@ -286,7 +290,7 @@ mod tests {
     fn unfinished_request_poisons_and_abort_needs_rollback() {
         let mut t = TxLocks::default();
         let c = cfg(OrderCheck::Off);
-        let p = t.plan(req(&[(1, Mode::Exclusive)]), 10, &c).unwrap();
+        let p = t.plan(req(&[(1, Mode::Exclusive)]), 10, &c).unwrap().0;
         t.start();
         assert!(matches!(
             t.plan(req(&[(2, Mode::Exclusive)]), 10, &c),

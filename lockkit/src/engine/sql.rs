@@ -184,15 +184,58 @@ pub fn timeout_millis(timeout: std::time::Duration) -> i64 {
 /// Columns: `classid int8`, `objid int8`, `objsubid int2`, `mode text`,
 /// `granted bool`, `pid int4` (`NULL` for a prepared transaction),
 /// `application_name text`, `usename text`, `state text`, `query text`,
-/// `waited float8` (seconds), `blocked_by int4[]`.
+/// `waited float8` (seconds), `blocked_by int4[]`, `xact_age float8`
+/// (seconds since the holder's transaction began, `NULL` outside one),
+/// `read_at text` (this statement's start, a lower bound of the moment
+/// `pg_locks` was read, for [`SESSION_HOLDERS`]).
 pub const ADVISORY_LOCKS: &str = "SELECT l.classid::int8, l.objid::int8, l.objsubid::int2, \
      l.mode, l.granted, l.pid, a.application_name, a.usename::text, a.state, a.query, \
      extract(epoch FROM clock_timestamp() - (to_jsonb(l) ->> 'waitstart')::timestamptz)::float8, \
-     CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::int4[] ELSE pg_blocking_pids(l.pid) END \
+     CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::int4[] ELSE pg_blocking_pids(l.pid) END, \
+     extract(epoch FROM clock_timestamp() - a.xact_start)::float8, \
+     statement_timestamp()::text \
      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
      WHERE l.locktype = 'advisory' \
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
      ORDER BY l.granted DESC, l.classid, l.objid, l.objsubid, l.pid";
+
+/// `$1 text` (a timestamp, [`ADVISORY_LOCKS`]'s `read_at`): the backends
+/// that have been idle outside any transaction since before `$1`, so hold
+/// only session-level locks, and held them at `$1`. Sent after
+/// [`ADVISORY_LOCKS`] and [`CLEAR_ACTIVITY_SNAPSHOT`], so its
+/// `pg_stat_activity` snapshot is taken after `pg_locks` was read (a
+/// backend that began a transaction in between is not idle, or its
+/// `state_change` is later than `$1`). `backend_start` excludes a new
+/// backend that reused a pid.
+///
+/// Columns: `pid int4`.
+pub const SESSION_HOLDERS: &str = "SELECT pid FROM pg_stat_activity \
+     WHERE state = 'idle' AND xact_start IS NULL \
+     AND state_change <= $1::timestamptz AND backend_start <= $1::timestamptz";
+
+/// Discards this session's `pg_stat_activity` snapshot, which PostgreSQL
+/// otherwise keeps until the end of the transaction, so the next statement
+/// sees a fresh one even inside an explicit transaction.
+pub const CLEAR_ACTIVITY_SNAPSHOT: &str = "SELECT pg_stat_clear_snapshot()";
+
+/// Relation locks of the current database on every relation that someone
+/// waits for, held or awaited: a DDL lock queue (an `ALTER TABLE` waiting
+/// behind a long reader, new readers queued behind it).
+///
+/// Columns: `relation text` (`regclass` name), `mode text`, `granted bool`,
+/// `pid int4`, `application_name text`, `usename text`, `state text`,
+/// `query text`, `waited float8`, `blocked_by int4[]`, `xact_age float8`.
+pub const RELATION_LOCK_QUEUES: &str = "SELECT l.relation::regclass::text, l.mode, l.granted, \
+     l.pid, a.application_name, a.usename::text, a.state, a.query, \
+     extract(epoch FROM clock_timestamp() - (to_jsonb(l) ->> 'waitstart')::timestamptz)::float8, \
+     CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::int4[] ELSE pg_blocking_pids(l.pid) END, \
+     extract(epoch FROM clock_timestamp() - a.xact_start)::float8 \
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'relation' \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     AND l.relation IN (SELECT w.relation FROM pg_locks w \
+         WHERE w.locktype = 'relation' AND NOT w.granted AND w.database = l.database) \
+     ORDER BY l.relation, l.granted DESC, l.pid";
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,7 @@
 //! `pg_blocking_pids` in one query; a [`KeyRegistry`] of the application's
 //! key types names the namespace behind each key, from the namespace tag in
 //! the top 16 bits of a hashed `BigInt` key or the class of a `Pair` key
-//! (KEYS.md).
+//! ([KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md)).
 //!
 //! # Example
 //!
@@ -32,14 +32,17 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::engine::error::Error;
 use crate::engine::plan::Mode;
 use crate::key::{AdvisoryKey, KeyForm, KeySpec, LockKey};
 
-/// The inspection query (see [`sql`](crate::engine::sql)).
-pub use crate::engine::sql::ADVISORY_LOCKS;
+/// The inspection statements (see [`sql`](crate::engine::sql)).
+pub use crate::engine::sql::{
+    ADVISORY_LOCKS, CLEAR_ACTIVITY_SNAPSHOT, RELATION_LOCK_QUEUES, SESSION_HOLDERS,
+};
 
 /// What `pg_stat_activity.query` shows for another role's session when the
 /// inspecting role lacks `pg_read_all_stats`.
@@ -64,6 +67,11 @@ pub struct AdvisoryLockRow {
     /// The session's state (`active`, `idle`, `idle in transaction`, …);
     /// `None` when not visible to the inspecting role.
     pub state: Option<String>,
+    /// Session- or transaction-level, as far as can be known ([`Scope`]).
+    pub scope: Scope,
+    /// How long the session's current transaction has been open; `None`
+    /// outside a transaction or when not visible.
+    pub transaction_age: Option<Duration>,
     /// How long an awaited lock has been waited for (PostgreSQL 14+).
     pub waited: Option<Duration>,
     /// The processes an awaited lock waits for (`pg_blocking_pids`).
@@ -92,6 +100,8 @@ impl AdvisoryLockRow {
             application_name: None,
             user: None,
             state: None,
+            scope: Scope::Unknown,
+            transaction_age: None,
             waited: None,
             blocked_by: Vec::new(),
             query: None,
@@ -101,15 +111,61 @@ impl AdvisoryLockRow {
     }
 }
 
-/// Reads every advisory lock of the current database, held or awaited
-/// ([`ADVISORY_LOCKS`]), and decodes the keys through `registry`.
+/// Whether a lock is held at session level (`pg_advisory_lock`, until
+/// unlocked or the session ends) or transaction level
+/// (`pg_advisory_xact_lock`, until the transaction ends).
 ///
-/// Uses an unnamed statement, so it also works through a transaction-mode
-/// pooler.
+/// `pg_locks` has no column for it, so it is inferred only where that is
+/// sound, and is [`Scope::Unknown`] otherwise:
+/// - a lock of a prepared transaction (no pid) is transaction-level;
+/// - a lock held by a session that has been idle outside any transaction
+///   since before `pg_locks` was read is session-level, since a
+///   transaction-level lock does not outlive its transaction
+///   ([`SESSION_HOLDERS`]);
+/// - a session inside a transaction (active, or idle in transaction) may
+///   hold either kind, and an awaited lock's kind is not shown anywhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Scope {
+    /// Held until unlocked or the session ends.
+    Session,
+    /// Held until the transaction ends.
+    Transaction,
+    /// Either; nothing visible tells them apart.
+    Unknown,
+}
+
+impl Scope {
+    /// `session`, `transaction` or `unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Session => "session",
+            Scope::Transaction => "transaction",
+            Scope::Unknown => "unknown",
+        }
+    }
+}
+
+fn seconds(value: Option<f64>) -> Option<Duration> {
+    value
+        .filter(|s| s.is_finite())
+        .map(|s| Duration::from_secs_f64(s.max(0.0)))
+}
+
+/// Reads every advisory lock of the current database, held or awaited
+/// ([`ADVISORY_LOCKS`]), decodes the keys through `registry`, and infers
+/// each held lock's [`Scope`] ([`SESSION_HOLDERS`], a second statement).
+///
+/// Uses unnamed statements, so it also works through a transaction-mode
+/// pooler. When some holder is idle, two more statements follow: one
+/// discards the session's `pg_stat_activity` snapshot
+/// ([`CLEAR_ACTIVITY_SNAPSHOT`]; PostgreSQL keeps one per transaction),
+/// so that [`SESSION_HOLDERS`] reads a view taken after `pg_locks`, also
+/// inside an explicit transaction.
 ///
 /// # Errors
 ///
-/// When the query fails, e.g. [`Error::Database`] with code `42501` when the
+/// When a query fails, e.g. [`ErrorKind::Database`](crate::ErrorKind::Database) with code `42501` when the
 /// role may not read `pg_locks` or `pg_stat_activity`.
 ///
 /// # Cancel safety
@@ -121,6 +177,7 @@ pub async fn advisory_locks(
 ) -> Result<Vec<AdvisoryLockRow>, Error> {
     let rows = client.query_typed(ADVISORY_LOCKS, &[]).await?;
     let mut out = Vec::with_capacity(rows.len());
+    let mut read_at: Option<String> = None;
     for row in rows {
         let classid: i64 = row.try_get(0)?;
         let objid: i64 = row.try_get(1)?;
@@ -134,22 +191,112 @@ pub async fn advisory_locks(
         };
         let query: Option<String> = row.try_get(9)?;
         let query_hidden = query.as_deref() == Some(HIDDEN_QUERY);
-        let waited: Option<f64> = row.try_get(10)?;
+        let pid: Option<i32> = row.try_get(5)?;
+        let granted: bool = row.try_get(4)?;
+        read_at = row.try_get(13)?;
         out.push(AdvisoryLockRow {
             key,
             mode,
-            granted: row.try_get(4)?,
-            pid: row.try_get(5)?,
+            granted,
+            pid,
             application_name: row.try_get(6)?,
             user: row.try_get(7)?,
             state: row.try_get(8)?,
-            waited: waited
-                .filter(|s| s.is_finite())
-                .map(|s| Duration::from_secs_f64(s.max(0.0))),
+            scope: if pid.is_none() && granted {
+                Scope::Transaction
+            } else {
+                Scope::Unknown
+            },
+            transaction_age: seconds(row.try_get(12)?),
+            waited: seconds(row.try_get(10)?),
             blocked_by: row.try_get(11)?,
             query: if query_hidden { None } else { query },
             query_hidden,
             types: registry.decode(key).into_iter().cloned().collect(),
+        });
+    }
+    let maybe_session = out
+        .iter()
+        .any(|r| r.granted && r.pid.is_some() && r.state.as_deref() == Some("idle"));
+    if let (true, Some(read_at)) = (maybe_session, read_at) {
+        client.query_typed(CLEAR_ACTIVITY_SNAPSHOT, &[]).await?;
+        let idle = client
+            .query_typed(SESSION_HOLDERS, &[(&read_at, Type::TEXT)])
+            .await?;
+        let idle: Vec<i32> = idle
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        for r in out.iter_mut().filter(|r| r.granted) {
+            if r.pid.is_some_and(|p| idle.contains(&p)) {
+                r.scope = Scope::Session;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One relation lock held or awaited on a relation someone waits for, from
+/// [`relation_lock_queues`].
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RelationLockRow {
+    /// The relation's name (as `regclass` prints it).
+    pub relation: String,
+    /// The lock mode (`AccessShareLock`, `AccessExclusiveLock`, …).
+    pub mode: String,
+    /// Held (`true`) or awaited.
+    pub granted: bool,
+    /// The server process; `None` for a prepared transaction.
+    pub pid: Option<i32>,
+    /// The session's `application_name`.
+    pub application_name: Option<String>,
+    /// The session's role.
+    pub user: Option<String>,
+    /// The session's state.
+    pub state: Option<String>,
+    /// How long an awaited lock has been waited for (PostgreSQL 14+).
+    pub waited: Option<Duration>,
+    /// The processes an awaited lock waits for (`pg_blocking_pids`): the
+    /// holders of conflicting locks and the requests queued ahead of it.
+    pub blocked_by: Vec<i32>,
+    /// How long the session's transaction has been open.
+    pub transaction_age: Option<Duration>,
+    /// The session's current or last query; `None` when not visible.
+    pub query: Option<String>,
+}
+
+/// Reads the relation-lock queues of the current database
+/// ([`RELATION_LOCK_QUEUES`]): every relation lock, held or awaited, on a
+/// relation that someone waits for. This shows a stuck DDL lock queue: an
+/// `ALTER TABLE` waiting for `AccessExclusiveLock` behind a long reader, and
+/// the new readers queued behind the `ALTER TABLE`.
+///
+/// # Errors
+///
+/// When the query fails, e.g. [`ErrorKind::Database`](crate::ErrorKind::Database) with code `42501` when the
+/// role may not read `pg_locks` or `pg_stat_activity`.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it only reads.
+pub async fn relation_lock_queues(client: &Client) -> Result<Vec<RelationLockRow>, Error> {
+    let rows = client.query_typed(RELATION_LOCK_QUEUES, &[]).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let query: Option<String> = row.try_get(7)?;
+        out.push(RelationLockRow {
+            relation: row.try_get(0)?,
+            mode: row.try_get(1)?,
+            granted: row.try_get(2)?,
+            pid: row.try_get(3)?,
+            application_name: row.try_get(4)?,
+            user: row.try_get(5)?,
+            state: row.try_get(6)?,
+            waited: seconds(row.try_get(8)?),
+            blocked_by: row.try_get(9)?,
+            transaction_age: seconds(row.try_get(10)?),
+            query: query.filter(|q| q != HIDDEN_QUERY),
         });
     }
     Ok(out)

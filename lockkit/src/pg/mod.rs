@@ -1,8 +1,18 @@
-//! The tokio-postgres adapter: transactions, session locks, inspection and
-//! retry over `tokio_postgres`.
+//! The tokio-postgres adapter: it runs the [engine](crate::engine)'s
+//! statements on a `tokio_postgres` connection, and adds what only a
+//! connection can do: session locks, inspection of `pg_locks`, DDL under a
+//! short lock timeout.
+//!
+//! Everything here is also at the crate root.
 
+pub(crate) mod ddl;
 pub(crate) mod exec;
 pub mod inspect;
 pub(crate) mod locker;
 pub(crate) mod session;
 pub(crate) mod transaction;
+
+pub use ddl::{run_ddl, DdlOutcome, DdlRetry};
+pub use locker::{LockClient, Locker};
+pub use session::{probe_pooler, PoolerProbe, SessionGuard, SessionLock};
+pub use transaction::LockTx;

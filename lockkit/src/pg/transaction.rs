@@ -1,12 +1,15 @@
 //! [`LockTx`]: a tokio-postgres transaction that takes advisory locks.
 
 use std::fmt;
+use std::future::Future;
 use std::ops::Deref;
+use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::Transaction;
+use tracing::Instrument;
 
 use crate::engine::error::Error;
 use crate::engine::guard::{Busy, Held, HeldBatch};
@@ -291,8 +294,12 @@ impl<'c> LockTx<'c> {
     /// [`ErrorKind::Cancelled`]: crate::ErrorKind::Cancelled
     /// [`ErrorKind::ConnectionLost`]: crate::ErrorKind::ConnectionLost
     /// [`ErrorKind::UnexpectedReply`]: crate::ErrorKind::UnexpectedReply
-    pub async fn lock<K: AdvisoryKey>(&self, key: K) -> Result<Held<'_, K>, Error> {
-        self.lock_one(key, Mode::Exclusive, Wait::Forever).await
+    #[track_caller]
+    pub fn lock<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        self.lock_one(key, Mode::Exclusive, Wait::Forever, Location::caller())
     }
 
     /// Takes `key` shared: other shared holders are admitted, exclusive ones
@@ -305,8 +312,12 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn lock_shared<K: AdvisoryKey>(&self, key: K) -> Result<Held<'_, K>, Error> {
-        self.lock_one(key, Mode::Shared, Wait::Forever).await
+    #[track_caller]
+    pub fn lock_shared<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        self.lock_one(key, Mode::Shared, Wait::Forever, Location::caller())
     }
 
     /// Takes `key` exclusive, waiting at most `timeout` (measured by the
@@ -322,13 +333,18 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn lock_timeout<K: AdvisoryKey>(
+    #[track_caller]
+    pub fn lock_timeout<K: AdvisoryKey>(
         &self,
         key: K,
         timeout: Duration,
-    ) -> Result<Held<'_, K>, Error> {
-        self.lock_one(key, Mode::Exclusive, Wait::Timeout(timeout))
-            .await
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        self.lock_one(
+            key,
+            Mode::Exclusive,
+            Wait::Timeout(timeout),
+            Location::caller(),
+        )
     }
 
     /// Takes `key` shared, waiting at most `timeout`.
@@ -340,13 +356,18 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn lock_shared_timeout<K: AdvisoryKey>(
+    #[track_caller]
+    pub fn lock_shared_timeout<K: AdvisoryKey>(
         &self,
         key: K,
         timeout: Duration,
-    ) -> Result<Held<'_, K>, Error> {
-        self.lock_one(key, Mode::Shared, Wait::Timeout(timeout))
-            .await
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        self.lock_one(
+            key,
+            Mode::Shared,
+            Wait::Timeout(timeout),
+            Location::caller(),
+        )
     }
 
     /// Takes `key` exclusive if no other transaction holds it, without
@@ -359,8 +380,12 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn try_lock<K: AdvisoryKey>(&self, key: K) -> Result<Result<Held<'_, K>, K>, Error> {
-        self.try_lock_one(key, Mode::Exclusive).await
+    #[track_caller]
+    pub fn try_lock<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
+        self.try_lock_one(key, Mode::Exclusive, Location::caller())
     }
 
     /// Takes `key` shared if no transaction holds it exclusive, without
@@ -373,11 +398,12 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn try_lock_shared<K: AdvisoryKey>(
+    #[track_caller]
+    pub fn try_lock_shared<K: AdvisoryKey>(
         &self,
         key: K,
-    ) -> Result<Result<Held<'_, K>, K>, Error> {
-        self.try_lock_one(key, Mode::Shared).await
+    ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
+        self.try_lock_one(key, Mode::Shared, Location::caller())
     }
 
     /// Takes every key of `batch` in the global lock order, in one round
@@ -434,8 +460,12 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn lock_batch(&self, batch: &Batch) -> Result<HeldBatch<'_>, Error> {
-        self.acquire_batch(batch, Wait::Forever).await
+    #[track_caller]
+    pub fn lock_batch<'s>(
+        &'s self,
+        batch: &Batch,
+    ) -> impl Future<Output = Result<HeldBatch<'s>, Error>> + 's {
+        self.acquire_batch(Request::batch(batch), Wait::Forever, Location::caller())
     }
 
     /// Takes every key of `batch`, the whole batch waiting at most `timeout`
@@ -449,12 +479,17 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn lock_batch_timeout(
-        &self,
+    #[track_caller]
+    pub fn lock_batch_timeout<'s>(
+        &'s self,
         batch: &Batch,
         timeout: Duration,
-    ) -> Result<HeldBatch<'_>, Error> {
-        self.acquire_batch(batch, Wait::Timeout(timeout)).await
+    ) -> impl Future<Output = Result<HeldBatch<'s>, Error>> + 's {
+        self.acquire_batch(
+            Request::batch(batch),
+            Wait::Timeout(timeout),
+            Location::caller(),
+        )
     }
 
     /// Takes every key of `batch` or none: when any key is busy, nothing of
@@ -467,17 +502,18 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn try_lock_batch(
-        &self,
+    #[track_caller]
+    pub fn try_lock_batch<'s>(
+        &'s self,
         batch: &Batch,
-    ) -> Result<Result<HeldBatch<'_>, Busy>, Error> {
-        let call = self.state.acquire(
-            self.locker.policy(),
-            self.depth,
-            Request::batch(batch),
-            Wait::Try,
-        )?;
-        Ok(self.drive(call).await?.map(|grant| grant.batch()))
+    ) -> impl Future<Output = Result<Result<HeldBatch<'s>, Busy>, Error>> + 's {
+        let request = Request::batch(batch).at(Location::caller());
+        async move {
+            let call = self
+                .state
+                .acquire(self.locker.policy(), self.depth, request, Wait::Try)?;
+            Ok(self.drive(call).await?.map(|grant| grant.batch()))
+        }
     }
 
     async fn lock_one<K: AdvisoryKey>(
@@ -485,11 +521,12 @@ impl<'c> LockTx<'c> {
         value: K,
         mode: Mode,
         wait: Wait,
+        site: &'static Location<'static>,
     ) -> Result<Held<'_, K>, Error> {
         let call = self.state.acquire(
             self.locker.policy(),
             self.depth,
-            Request::one(&value, mode),
+            Request::one(&value, mode).at(site),
             wait,
         )?;
         match self.drive(call).await? {
@@ -504,11 +541,12 @@ impl<'c> LockTx<'c> {
         &self,
         value: K,
         mode: Mode,
+        site: &'static Location<'static>,
     ) -> Result<Result<Held<'_, K>, K>, Error> {
         let call = self.state.acquire(
             self.locker.policy(),
             self.depth,
-            Request::one(&value, mode),
+            Request::one(&value, mode).at(site),
             Wait::Try,
         )?;
         Ok(match self.drive(call).await? {
@@ -517,13 +555,15 @@ impl<'c> LockTx<'c> {
         })
     }
 
-    async fn acquire_batch(&self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'_>, Error> {
-        let call = self.state.acquire(
-            self.locker.policy(),
-            self.depth,
-            Request::batch(batch),
-            wait,
-        )?;
+    async fn acquire_batch(
+        &self,
+        request: Request,
+        wait: Wait,
+        site: &'static Location<'static>,
+    ) -> Result<HeldBatch<'_>, Error> {
+        let call = self
+            .state
+            .acquire(self.locker.policy(), self.depth, request.at(site), wait)?;
         match self.drive(call).await? {
             Ok(grant) => Ok(grant.batch()),
             Err(_) => unreachable!("only a try is busy"),
@@ -534,7 +574,10 @@ impl<'c> LockTx<'c> {
         &self,
         call: crate::engine::Acquisition<'_>,
     ) -> Result<Result<crate::engine::Grant, Busy>, Error> {
-        exec::drive(self.client(), self.cache, &self.cancelled, call).await
+        let span = call.span().clone();
+        exec::drive(self.client(), self.cache, &self.cancelled, call)
+            .instrument(span)
+            .await
     }
 }
 

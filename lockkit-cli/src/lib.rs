@@ -1,0 +1,20 @@
+//! The library behind the `lockkit` command, for tests and tools that want
+//! what the command computes.
+//!
+//! - [`keyarg`]: `lockkit key`'s typed values and key forms.
+//! - [`registry`]: the key types `lockkit inspect` names, from `-n`, the
+//!   `LOCKKIT_NAMESPACES` variable and a namespaces file.
+//! - [`settings`]: the lock settings `lockkit check` reports and assesses.
+//!
+//! The key format is [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
+#![warn(
+    missing_docs,
+    rust_2018_idioms,
+    unreachable_pub,
+    missing_debug_implementations
+)]
+#![deny(unsafe_code)]
+
+pub mod keyarg;
+pub mod registry;
+pub mod settings;

@@ -1,0 +1,145 @@
+//! DDL that never stalls the lock queue (`lockkit::run_ddl`), on a real
+//! server with a long reader and readers arriving behind the DDL.
+
+use std::time::{Duration, Instant};
+
+use lockkit::{run_ddl, DdlRetry, ErrorKind};
+use lockkit_tests::TestServer;
+use tokio_postgres::Client;
+
+use crate::common::backend_pid;
+
+/// Waits (up to 30 s, else panics) until backend `pid` waits for a
+/// relation lock.
+async fn wait_until_relation_wait(observer: &Client, pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted AND pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "backend {pid} never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ddl_gives_way_to_readers_and_succeeds_when_the_long_reader_ends() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let setup = db.connect().await;
+    setup
+        .batch_execute("DROP TABLE IF EXISTS ddl_queue; CREATE TABLE ddl_queue (id int); INSERT INTO ddl_queue VALUES (1)")
+        .await
+        .unwrap();
+    let mut long = db.connect().await;
+    let reader = db.connect().await;
+    let mut migrator = db.connect().await;
+
+    // A long reader holds ACCESS SHARE for the whole test below.
+    let long_tx = long.transaction().await.unwrap();
+    long_tx.query("SELECT * FROM ddl_queue", &[]).await.unwrap();
+
+    // 1. Under a deadline the helper gives up with a typed error, and
+    //    meanwhile readers keep going: every one completes while the long
+    //    reader still holds its lock (each within the helper's lock timeout
+    //    plus a generous margin).
+    let retry = DdlRetry::default()
+        .lock_timeout(Duration::from_millis(50))
+        .deadline(Duration::from_secs(2));
+    let (result, slowest) = tokio::join!(
+        run_ddl(
+            &mut migrator,
+            "ALTER TABLE ddl_queue ADD COLUMN note text",
+            &retry
+        ),
+        async {
+            let mut slowest = Duration::ZERO;
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_millis(1500) {
+                let t = Instant::now();
+                tokio::time::timeout(
+                    Duration::from_secs(10),
+                    reader.query("SELECT * FROM ddl_queue", &[]),
+                )
+                .await
+                .expect("a reader was stuck behind the DDL")
+                .unwrap();
+                slowest = slowest.max(t.elapsed());
+            }
+            slowest
+        }
+    );
+    let err = result.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    println!("readers during the retries: slowest {slowest:?} (lock_timeout 50 ms)");
+
+    // 2. It succeeds once the long reader ends, during its retries.
+    let retry = DdlRetry::default()
+        .lock_timeout(Duration::from_millis(50))
+        .deadline(Duration::from_secs(60));
+    let migrator_pid = backend_pid(&migrator).await;
+    let (done, ()) = tokio::join!(
+        run_ddl(
+            &mut migrator,
+            "ALTER TABLE ddl_queue ADD COLUMN note text",
+            &retry
+        ),
+        async {
+            wait_until_relation_wait(&reader, migrator_pid).await;
+            long_tx.commit().await.unwrap();
+        }
+    );
+    let done = done.unwrap();
+    assert!(done.attempts >= 1);
+    reader
+        .query("SELECT note FROM ddl_queue", &[])
+        .await
+        .unwrap();
+}
+
+/// The control: a plain `ALTER TABLE` behind the long reader blocks a new
+/// reader for as long as the long reader holds its lock.
+#[tokio::test(flavor = "multi_thread")]
+async fn control_plain_ddl_stalls_every_later_reader() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let setup = db.connect().await;
+    setup
+        .batch_execute("DROP TABLE IF EXISTS ddl_stall; CREATE TABLE ddl_stall (id int)")
+        .await
+        .unwrap();
+    let mut long = db.connect().await;
+    let alter = db.connect().await;
+    let reader = db.connect().await;
+    let observer = db.connect().await;
+    let (alter_pid, reader_pid) = (backend_pid(&alter).await, backend_pid(&reader).await);
+
+    let long_tx = long.transaction().await.unwrap();
+    long_tx.query("SELECT * FROM ddl_stall", &[]).await.unwrap();
+    let alter_call = alter.batch_execute("ALTER TABLE ddl_stall ADD COLUMN note text");
+    let read_call = reader.query("SELECT * FROM ddl_stall", &[]);
+    tokio::pin!(alter_call, read_call);
+    tokio::select! {
+        _ = &mut alter_call => panic!("the ALTER cannot finish while the reader holds"),
+        () = wait_until_relation_wait(&observer, alter_pid) => {}
+    }
+    tokio::select! {
+        _ = &mut read_call => panic!("the new reader got past the queued ALTER"),
+        () = wait_until_relation_wait(&observer, reader_pid) => {}
+    }
+    // Still stalled a second later: it waits for the long reader, not for time.
+    assert!(tokio::time::timeout(Duration::from_secs(1), &mut read_call)
+        .await
+        .is_err());
+    long_tx.commit().await.unwrap();
+    alter_call.await.unwrap();
+    read_call.await.unwrap();
+}
