@@ -290,8 +290,8 @@ async fn drive_inner(
         };
         let mut answers = Vec::with_capacity(round.len());
         let mut failure = None;
-        for i in 0..round.len() {
-            match run(&mut *conn, round[i]).await {
+        for stmt in round.iter().copied() {
+            match run(&mut *conn, stmt).await {
                 Ok(answer) => answers.push(answer),
                 Err(e) => {
                     failure = Some(e);

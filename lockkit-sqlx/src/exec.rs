@@ -119,8 +119,7 @@ async fn drive_inner(
     while let Some(round) = call.round() {
         let mut answers = Vec::with_capacity(round.len());
         let mut failure = None;
-        for i in 0..round.len() {
-            let stmt = round[i];
+        for stmt in round.iter().copied() {
             match run(&mut *conn, stmt).await {
                 Ok(answer) => answers.push(answer),
                 Err(e) => {
