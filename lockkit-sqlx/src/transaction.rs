@@ -202,7 +202,7 @@ impl<'t> LockTx<'t> {
         };
         let result = {
             let mut inner = LockTx {
-                conn: &mut *sp,
+                conn: &mut sp,
                 state: Slot::Borrowed(state),
                 locker: self.locker.clone(),
                 depth,

@@ -42,7 +42,7 @@ async fn run(pool: &PgPool, locker: &Locker, id: i64, lock: bool) -> (i64, u64) 
             for _ in 0..ROUNDS {
                 let mut tx = pool.begin().await.unwrap();
                 let mut ltx = locker.lock_tx(&mut tx).unwrap();
-                let guard = if lock {
+                let _guard = if lock {
                     Some(ltx.lock(Counter { id }).await.unwrap())
                 } else {
                     None
@@ -62,8 +62,6 @@ async fn run(pool: &PgPool, locker: &Locker, id: i64, lock: bool) -> (i64, u64) 
                     .await
                     .unwrap();
                 inside.fetch_sub(1, SeqCst);
-                drop(guard);
-                drop(ltx);
                 tx.commit().await.unwrap();
             }
         }));

@@ -58,7 +58,7 @@ async fn transfer(
     let both = Batch::new()
         .with(&Account { id: from })
         .with(&Account { id: to });
-    let held = match locked {
+    let _held = match locked {
         true => Some(ltx.lock_batch(&both).await?),
         false => None,
     };
@@ -86,8 +86,8 @@ async fn transfer(
             .await
             .lock_err()?;
     }
-    // The guards borrow the transaction: they go before it commits.
-    drop((held, ltx));
+    // The guards borrow the transaction: the borrow checker sees that none
+    // is used after the commit.
     tx.commit().await.lock_err()?; // releases both locks
     Ok(true)
 }
