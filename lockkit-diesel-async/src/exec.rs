@@ -1,0 +1,310 @@
+//! Runs the engine's statements through diesel-async, reads the server
+//! facts, and Diesel's transaction state: the only things this adapter does.
+//!
+//! Statements go one at a time, in the engine's order: a diesel-async
+//! pipeline (futures polled together on `&AsyncPgConnection`) prepares each
+//! statement in its own future, and nothing in diesel-async promises that
+//! the statements then reach the server in the order the futures were made;
+//! the engine's order (savepoint, timeouts, `BigInt` keys before `Pair`
+//! keys) is what makes a batch deadlock-free and a timeout bounding.
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::Pin;
+
+use diesel::connection::TransactionManagerStatus;
+use diesel::pg::Pg;
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use diesel::sql_types::{Array, BigInt, Bool, Integer, Text};
+use diesel::{sql_query, QueryResult, QueryableByName};
+use diesel_async::{
+    AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
+    TransactionManager,
+};
+use lockkit::engine::{
+    sql, Acquisition, DriverError, FactsRow, Grant, Param, Reply, ReplyShape, Statement,
+    HASHTEXT_PROBES,
+};
+use lockkit::{Busy, Error};
+use tokio_postgres::{CancelToken, NoTls};
+
+/// The future a closure of [`LockTx::savepoint`](crate::LockTx::savepoint)
+/// returns: boxed, so that it may borrow the `LockTx` it is given.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+#[derive(QueryableByName)]
+struct FactsColumns {
+    #[diesel(sql_type = Integer)]
+    max_locks: i32,
+    #[diesel(sql_type = Integer)]
+    max_connections: i32,
+    #[diesel(sql_type = Bool)]
+    in_recovery: bool,
+    #[diesel(sql_type = Integer)]
+    version_num: i32,
+    #[diesel(sql_type = Array<Integer>)]
+    hashes: Vec<i32>,
+    #[diesel(sql_type = Integer)]
+    backend_pid: i32,
+}
+
+#[derive(QueryableByName)]
+struct MessagesRow {
+    #[diesel(sql_type = Text)]
+    lc_messages: String,
+}
+
+#[derive(QueryableByName)]
+struct Tagged {
+    #[diesel(sql_type = Text)]
+    tag: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[derive(QueryableByName)]
+struct TriedBigint {
+    #[diesel(sql_type = Text)]
+    tag: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+    #[diesel(sql_type = Array<BigInt>)]
+    busy: Vec<i64>,
+}
+
+#[derive(QueryableByName)]
+struct TriedPair {
+    #[diesel(sql_type = Text)]
+    tag: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+    #[diesel(sql_type = Array<Integer>)]
+    busy_class: Vec<i32>,
+    #[diesel(sql_type = Array<Integer>)]
+    busy_object: Vec<i32>,
+}
+
+/// The server facts, learned with [`sql::SERVER_FACTS`].
+pub(crate) async fn server_facts(conn: &mut AsyncPgConnection) -> QueryResult<FactsRow> {
+    let probes: Vec<&str> = HASHTEXT_PROBES.to_vec();
+    let row: FactsColumns = sql_query(sql::SERVER_FACTS)
+        .bind::<Array<Text>, _>(probes)
+        .get_result(conn)
+        .await?;
+    Ok(FactsRow {
+        max_locks: row.max_locks,
+        max_connections: row.max_connections,
+        in_recovery: row.in_recovery,
+        version_num: row.version_num,
+        hashes: row.hashes,
+        backend_pid: row.backend_pid,
+    })
+}
+
+/// Whether the server reports errors in English, which the error mapping
+/// needs (Diesel's errors do not carry the SQLSTATE).
+pub(crate) async fn english_messages(conn: &mut AsyncPgConnection) -> QueryResult<bool> {
+    let row: MessagesRow = sql_query("SELECT current_setting('lc_messages') AS lc_messages")
+        .get_result(conn)
+        .await?;
+    let lc = row.lc_messages.to_ascii_lowercase();
+    Ok(lc.is_empty() || lc == "c" || lc == "posix" || lc.starts_with("c.") || lc.starts_with("en"))
+}
+
+/// diesel-async's transaction depth on `conn`: 0 outside a transaction, 1
+/// in `conn.transaction(…)`, 2 in a nested one (a savepoint), ….
+///
+/// # Errors
+///
+/// Diesel's `BrokenTransactionManager` when the transaction manager is in
+/// error.
+pub(crate) fn transaction_depth(conn: &mut AsyncPgConnection) -> QueryResult<u32> {
+    let status: &mut TransactionManagerStatus = <AnsiTransactionManager as TransactionManager<
+        AsyncPgConnection,
+    >>::transaction_manager_status_mut(conn);
+    Ok(status.transaction_depth()?.map_or(0, NonZeroU32::get))
+}
+
+/// Opens a savepoint (a transaction is open), as diesel-async's nested
+/// `transaction` does.
+pub(crate) fn begin(conn: &mut AsyncPgConnection) -> BoxFuture<'_, QueryResult<()>> {
+    Box::pin(<AnsiTransactionManager as TransactionManager<
+        AsyncPgConnection,
+    >>::begin_transaction(conn))
+}
+
+/// Commits the innermost savepoint.
+pub(crate) fn commit(conn: &mut AsyncPgConnection) -> BoxFuture<'_, QueryResult<()>> {
+    Box::pin(<AnsiTransactionManager as TransactionManager<
+        AsyncPgConnection,
+    >>::commit_transaction(conn))
+}
+
+/// Rolls the innermost savepoint back.
+pub(crate) fn rollback(conn: &mut AsyncPgConnection) -> BoxFuture<'_, QueryResult<()>> {
+    Box::pin(<AnsiTransactionManager as TransactionManager<
+        AsyncPgConnection,
+    >>::rollback_transaction(conn))
+}
+
+/// Diesel's error as the engine sees it (lockkit's `diesel` conversion),
+/// plus what diesel-async reports differently from Diesel: a tokio-postgres
+/// error without a SQLSTATE arrives as `UnableToSendCommand` with
+/// tokio-postgres's message, and "connection closed" or "error
+/// communicating with the server" mean the connection is gone.
+pub(crate) fn driver_error(e: diesel::result::Error) -> DriverError {
+    use diesel::result::{DatabaseErrorKind as Kind, Error as D};
+    let lost = match &e {
+        D::DatabaseError(Kind::UnableToSendCommand, info) => {
+            let message = info.message();
+            message == "connection closed"
+                || message.starts_with("error communicating with the server")
+        }
+        _ => false,
+    };
+    let driver = DriverError::from(e);
+    if lost {
+        driver.closed(true)
+    } else {
+        driver
+    }
+}
+
+/// [`driver_error`] as lockkit's error.
+pub(crate) fn lock_error(e: diesel::result::Error) -> Error {
+    driver_error(e).into_error()
+}
+
+fn bind<'a>(
+    query: BoxedSqlQuery<'a, Pg, SqlQuery>,
+    param: &Param<'a>,
+) -> Result<BoxedSqlQuery<'a, Pg, SqlQuery>, DriverError> {
+    Ok(match *param {
+        Param::Int8(v) => query.bind::<BigInt, _>(v),
+        Param::Int4(v) => query.bind::<Integer, _>(v),
+        Param::Int8Array(v) => query.bind::<Array<BigInt>, _>(v),
+        Param::Int4Array(v) => query.bind::<Array<Integer>, _>(v),
+        Param::BoolArray(v) => query.bind::<Array<Bool>, _>(v),
+        // A parameter type of a newer lockkit: nothing is sent.
+        _ => {
+            return Err(DriverError::new(format!(
+                "lockkit-diesel-async cannot bind the parameter {param:?}"
+            )))
+        }
+    })
+}
+
+/// What the server answered one statement, owned.
+enum Answer {
+    Done,
+    Tagged(Tagged),
+    TriedBigint(TriedBigint),
+    TriedPair(TriedPair),
+}
+
+/// Runs one statement (boxed `Send` with one lifetime, where rustc can see
+/// it is `Send`).
+fn run<'a>(
+    conn: &'a mut AsyncPgConnection,
+    stmt: Statement<'a>,
+) -> BoxFuture<'a, Result<Answer, DriverError>> {
+    Box::pin(async move {
+        if stmt.reply() == ReplyShape::Done {
+            conn.batch_execute(stmt.text())
+                .await
+                .map_err(driver_error)?;
+            return Ok(Answer::Done);
+        }
+        let mut query = sql_query(stmt.text()).into_boxed();
+        for param in stmt.params() {
+            query = bind(query, param)?;
+        }
+        let answer = match stmt.reply() {
+            ReplyShape::TriedBigint => query.get_result(conn).await.map(Answer::TriedBigint),
+            ReplyShape::TriedPair => query.get_result(conn).await.map(Answer::TriedPair),
+            _ => query.get_result(conn).await.map(Answer::Tagged),
+        };
+        answer.map_err(driver_error)
+    })
+}
+
+fn reply(answer: &Answer) -> Reply<'_> {
+    match answer {
+        Answer::Done => Reply::Done,
+        Answer::Tagged(r) => Reply::Tagged {
+            tag: &r.tag,
+            n: r.n,
+        },
+        Answer::TriedBigint(r) => Reply::TriedBigint {
+            tag: &r.tag,
+            n: r.n,
+            busy: r.busy.clone(),
+        },
+        Answer::TriedPair(r) => Reply::TriedPair {
+            tag: &r.tag,
+            n: r.n,
+            classes: r.busy_class.clone(),
+            objects: r.busy_object.clone(),
+        },
+    }
+}
+
+/// Sends a cancel request for the statement in flight when dropped armed: a
+/// dropped lock future must not leave the server waiting for the lock.
+struct CancelOnDrop {
+    token: Option<CancelToken>,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(token) = self.token.take() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    if let Err(e) = token.cancel_query(NoTls).await {
+                        tracing::warn!(error = %e, "lockkit: could not send the cancel request of a dropped lock call");
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Drives an acquisition to its outcome on `conn`, one statement at a time.
+///
+/// Dropped while a statement is in flight, the acquisition poisons the
+/// transaction and a cancel request goes to the server.
+pub(crate) fn drive<'a>(
+    conn: &'a mut AsyncPgConnection,
+    call: Acquisition<'a>,
+) -> BoxFuture<'a, Result<Result<Grant, Busy>, Error>> {
+    Box::pin(drive_inner(conn, call))
+}
+
+async fn drive_inner(
+    conn: &mut AsyncPgConnection,
+    mut call: Acquisition<'_>,
+) -> Result<Result<Grant, Busy>, Error> {
+    while let Some(round) = call.round() {
+        let mut guard = CancelOnDrop {
+            token: Some(conn.cancel_token()),
+        };
+        let mut answers = Vec::with_capacity(round.len());
+        let mut failure = None;
+        for stmt in round.iter().copied() {
+            match run(&mut *conn, stmt).await {
+                Ok(answer) => answers.push(answer),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        guard.token = None;
+        drop(round);
+        match failure {
+            None => call.receive(Ok(answers.iter().map(reply).collect())),
+            Some(e) => call.receive(Err(e)),
+        }
+    }
+    call.finish()
+}

@@ -1,0 +1,116 @@
+//! lockkit's typed, transaction-scoped PostgreSQL advisory locks inside
+//! diesel-async transactions.
+//!
+//! The same keys, sorted batches, lock budget, order check, timeouts and
+//! errors as lockkit's tokio-postgres core and `lockkit-diesel`, from the
+//! same code: planning, checking every reply, bookkeeping and error typing
+//! are lockkit's engine ([`lockkit::engine`]); this crate only runs the
+//! engine's statements through diesel-async, and sends a cancel request for
+//! a dropped lock future. A diesel-async session and a tokio-postgres,
+//! Diesel or sqlx session locking the same typed key exclude each other.
+//!
+//! Depending on this crate alone is enough: it re-exports [`lockkit`] (so
+//! `#[derive(AdvisoryKey)]` finds it), the derive, the key trait, and the
+//! types its API uses.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+//! use lockkit_diesel_async::{AdvisoryKey, AsyncPgConnectionExt, Batch, Config, Locker};
+//!
+//! #[derive(AdvisoryKey)]
+//! struct Account {
+//!     id: i64,
+//! }
+//!
+//! # async fn run() -> Result<(), lockkit::Error> {
+//! let mut conn = AsyncPgConnection::establish("postgres://localhost/bank").await
+//!     .map_err(lockkit::Error::other)?;
+//! let locker = Locker::new(&mut conn, Config::default()).await?;
+//!
+//! conn.transaction::<_, lockkit::Error, _>(async |conn| {
+//!     let mut tx = conn.lock_tx(&locker)?;
+//!     // Both accounts, in the global lock order whatever the direction of
+//!     // the transfer: two concurrent opposite transfers cannot deadlock.
+//!     let batch = Batch::new().with(&Account { id: 7 }).with(&Account { id: 3 });
+//!     let _held = tx.lock_batch(&batch).await?;
+//!     diesel::sql_query("UPDATE accounts SET cents = cents - 500 WHERE id = 7")
+//!         .execute(tx.conn())
+//!         .await?; // a diesel::result::Error converts with `?`
+//!     diesel::sql_query("UPDATE accounts SET cents = cents + 500 WHERE id = 3")
+//!         .execute(tx.conn())
+//!         .await?;
+//!     Ok(())
+//! })
+//! .await // COMMIT releases both locks
+//! # }
+//! ```
+//!
+//! With a pool (features `deadpool` or `bb8`, which turn on diesel-async's),
+//! take the transaction on the pooled connection: `(&mut *pooled)` is an
+//! `&mut AsyncPgConnection`.
+//!
+//! # Panics inside a transaction
+//!
+//! diesel-async cannot roll back in a destructor: when the closure of
+//! `conn.transaction` panics (or its future is dropped), the transaction
+//! stays open on the connection, and so do its locks. A pool discards such
+//! a connection (its transaction manager reports it broken), which closes
+//! it and releases the locks: bb8 when the connection is returned, deadpool
+//! when it is next checked out (deadpool recycles on checkout), so with
+//! deadpool the locks of a panicked transaction stay held until then.
+//! Prefer returning errors to panicking while holding locks.
+//!
+//! # Transactions only
+//!
+//! Every lock call checks diesel-async's transaction depth and fails with
+//! [`ErrorKind::NotInTransaction`] at depth 0: PostgreSQL would release a
+//! transaction-scoped lock at the end of its statement, silently.
+//!
+//! # Errors
+//!
+//! diesel-async reports Diesel's errors, which do not carry the SQLSTATE:
+//! as in `lockkit-diesel`, deadlocks (`40P01`), lock and statement timeouts
+//! (`55P03`, `57014`), cancels, a full lock table (`53200`) and an aborted
+//! transaction (`25P02`) are recognised by the server's English message
+//! (the default `lc_messages`). See [`Locker::recognizes_errors`]. With
+//! lockkit's `diesel` feature (turned on by this crate), [`lockkit::Error`]
+//! converts `From<diesel::result::Error>`, so one error type works with `?`
+//! for both lock calls and queries.
+//!
+//! # Why one statement per round trip
+//!
+//! diesel-async pipelines queries whose futures are polled together on one
+//! `&AsyncPgConnection`, but each of those futures prepares its statement
+//! on its own, and nothing in diesel-async promises that the statements
+//! reach the server in the order the futures were made. lockkit's
+//! guarantees rest on that order (the savepoint and timeouts before the
+//! lock statements, `BigInt` keys before `Pair` keys), so this adapter
+//! sends the engine's statements one at a time: a lock or a one-key-space
+//! batch is one round trip, as with `lockkit-diesel`.
+#![warn(
+    missing_docs,
+    rust_2018_idioms,
+    unreachable_pub,
+    missing_debug_implementations
+)]
+#![deny(unsafe_code)]
+
+mod exec;
+mod locker;
+mod transaction;
+
+pub use exec::BoxFuture;
+pub use locker::{AsyncPgConnectionExt, Locker};
+pub use transaction::LockTx;
+
+/// lockkit itself, so that `#[derive(AdvisoryKey)]` and applications that
+/// depend only on this crate find it.
+pub use lockkit;
+/// lockkit's key trait (and, with the `derive` feature, its derive macro).
+pub use lockkit::AdvisoryKey;
+pub use lockkit::{
+    Batch, Busy, Config, Error, ErrorKind, Held, HeldBatch, KeySpec, LockKey, Mode, OrderCheck,
+    RetryPolicy, ServerFacts, Transient,
+};

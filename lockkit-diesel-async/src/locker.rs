@@ -1,0 +1,163 @@
+//! [`Locker`]: configuration plus the server facts, shared by every
+//! transaction of an application; and the [`AsyncPgConnectionExt`]
+//! extension.
+
+use std::sync::Arc;
+
+use diesel_async::AsyncPgConnection;
+use lockkit::{Config, Error, Policy, ServerFacts};
+
+use crate::exec;
+use crate::transaction::LockTx;
+
+/// Takes transaction-scoped advisory locks over diesel-async's
+/// `AsyncPgConnection`.
+///
+/// A locker holds the [`Config`] and the [`ServerFacts`] it learned when
+/// created, so taking a lock costs no extra round trip. It is cheap to clone
+/// (an `Arc`) and `Send + Sync`: make one at startup and share it among
+/// tasks and pooled connections (deadpool, bb8) of the same server.
+///
+/// See the [crate docs](crate) for an example.
+#[derive(Clone, Debug)]
+pub struct Locker {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    policy: Policy,
+    english: bool,
+}
+
+impl Locker {
+    /// Learns the server's facts through `conn` (two queries) and builds a
+    /// locker with `config`.
+    ///
+    /// Also reads the server's `lc_messages`: diesel-async reports Diesel's
+    /// errors, which do not carry the SQLSTATE, so deadlocks, timeouts and a
+    /// full lock table are recognised by the server's English message. When
+    /// the messages are in another language a `tracing` warning says so, and
+    /// such errors become [`ErrorKind::Database`](lockkit::ErrorKind::Database)
+    /// (see [`Locker::recognizes_errors`]).
+    ///
+    /// # Errors
+    ///
+    /// The query's error, as [`Error`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the queries change nothing on the server.
+    pub async fn new(conn: &mut AsyncPgConnection, config: Config) -> Result<Locker, Error> {
+        let facts = ServerFacts::from(&exec::server_facts(conn).await.map_err(exec::lock_error)?);
+        let english = exec::english_messages(conn)
+            .await
+            .map_err(exec::lock_error)?;
+        if !english {
+            tracing::warn!(
+                "lockkit-diesel-async: the server's lc_messages is not English; deadlocks, lock \
+                 timeouts and a full lock table cannot be told apart from other database errors"
+            );
+        }
+        Ok(Locker {
+            inner: Arc::new(Inner {
+                policy: Policy::new(config, facts),
+                english,
+            }),
+        })
+    }
+
+    /// A locker with facts known in advance (no query). It assumes the
+    /// server's messages are English.
+    pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
+        Locker {
+            inner: Arc::new(Inner {
+                policy: Policy::new(config, facts),
+                english: true,
+            }),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        self.inner.policy.config()
+    }
+
+    /// What the locker learned about the server.
+    pub fn facts(&self) -> &ServerFacts {
+        self.inner.policy.facts()
+    }
+
+    /// The configuration and facts, as the engine sees them.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    /// Whether the server's error messages are English, so that
+    /// [`Error::is_deadlock`], [`Error::is_timeout`] and
+    /// [`Error::is_lock_table_full`] work.
+    pub fn recognizes_errors(&self) -> bool {
+        self.inner.english
+    }
+
+    /// The lock budget per transaction: the configured one, else the
+    /// server's `max_locks_per_transaction`.
+    pub fn budget(&self) -> usize {
+        self.inner.policy.budget()
+    }
+}
+
+mod sealed {
+    #[allow(unreachable_pub)]
+    pub trait Sealed {}
+    impl Sealed for diesel_async::AsyncPgConnection {}
+}
+
+/// Advisory locks inside diesel-async's own
+/// `conn.transaction(async |conn| …)`.
+///
+/// Implemented for `AsyncPgConnection`, and so usable on deadpool's and
+/// bb8's pooled connections (`&mut *pooled`). This trait is sealed: it
+/// cannot be implemented outside this crate, so methods may be added.
+///
+/// ```no_run
+/// use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+/// use lockkit_diesel_async::{AdvisoryKey, AsyncPgConnectionExt, Locker};
+///
+/// #[derive(AdvisoryKey)]
+/// struct Order {
+///     id: i64,
+/// }
+///
+/// # async fn run(conn: &mut AsyncPgConnection, locker: &Locker) -> Result<(), lockkit::Error> {
+/// conn.transaction::<_, lockkit::Error, _>(async |conn| {
+///     let mut tx = conn.lock_tx(locker)?;
+///     let order = tx.lock(Order { id: 42 }).await?; // held until COMMIT/ROLLBACK
+///     diesel::sql_query("UPDATE orders SET state = 'paid' WHERE id = $1")
+///         .bind::<diesel::sql_types::BigInt, _>(order.id)
+///         .execute(tx.conn())
+///         .await?;
+///     Ok(())
+/// })
+/// .await
+/// # }
+/// ```
+pub trait AsyncPgConnectionExt: sealed::Sealed {
+    /// A [`LockTx`] over the transaction open on this connection, with
+    /// bookkeeping (held set, budget, order check) that lasts as long as it
+    /// does: make one per transaction and take every lock through it.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::NotInTransaction`](lockkit::ErrorKind::NotInTransaction)
+    /// when diesel-async has no transaction open on this connection (its
+    /// transaction depth is 0): outside a transaction block an xact lock
+    /// would be released at the end of its statement.
+    fn lock_tx(&mut self, locker: &Locker) -> Result<LockTx<'_>, Error>;
+}
+
+impl AsyncPgConnectionExt for AsyncPgConnection {
+    fn lock_tx(&mut self, locker: &Locker) -> Result<LockTx<'_>, Error> {
+        LockTx::attach(locker, self)
+    }
+}

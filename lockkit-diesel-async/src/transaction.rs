@@ -1,0 +1,448 @@
+//! [`LockTx`]: a diesel-async connection inside a transaction, with the
+//! advisory locks it took.
+
+use std::fmt;
+use std::time::Duration;
+
+use diesel_async::AsyncPgConnection;
+use lockkit::engine::{Grant, Request, TxState, Wait};
+use lockkit::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
+
+use crate::exec::{self, BoxFuture};
+use crate::locker::Locker;
+
+/// A diesel-async connection inside a transaction, taking
+/// transaction-scoped advisory locks.
+///
+/// Made by [`lock_tx`](crate::AsyncPgConnectionExt::lock_tx) inside
+/// diesel-async's `conn.transaction(async |conn| …)`, and by
+/// [`LockTx::savepoint`]. Run queries on [`LockTx::conn`].
+///
+/// Locks are released by the server at `COMMIT` or `ROLLBACK` (or a rollback
+/// of the savepoint that took them), or at once when an error aborts the
+/// transaction; never earlier. Guards borrow the connection (not the
+/// `LockTx`, so queries can run while they live), so none outlives the
+/// transaction's closure. Every lock call first checks diesel-async's
+/// transaction depth and fails with [`ErrorKind::NotInTransaction`] at
+/// depth 0.
+///
+/// It remembers what it holds: locking a held key again costs no round trip,
+/// the budget counts distinct keys, and locks released by a savepoint
+/// rollback are forgotten. Use [`LockTx::savepoint`] rather than a nested
+/// `conn.transaction` (the borrow checker sees to it) or raw `SAVEPOINT`
+/// SQL, which this bookkeeping cannot see.
+///
+/// # Round trips
+///
+/// Statements go one at a time (see the crate docs): a lock or a batch of
+/// one key space takes one round trip; a batch that mixes `BigInt` and
+/// `Pair` keys two; a timed lock five; a try-batch three.
+pub struct LockTx<'t> {
+    conn: &'t mut AsyncPgConnection,
+    state: Slot<'t>,
+    locker: Locker,
+    depth: u32,
+}
+
+/// The bookkeeping: owned by a top-level `LockTx`, borrowed by a savepoint's.
+enum Slot<'t> {
+    Owned(TxState),
+    Borrowed(&'t TxState),
+}
+
+impl Slot<'_> {
+    fn get(&self) -> &TxState {
+        match self {
+            Slot::Owned(s) => s,
+            Slot::Borrowed(s) => s,
+        }
+    }
+}
+
+impl fmt::Debug for LockTx<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockTx")
+            .field("depth", &self.depth)
+            .field("state", self.state.get())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Poisons the bookkeeping when dropped armed: a savepoint whose closure
+/// panicked or whose future was dropped is left open (diesel-async cannot
+/// roll back in a destructor), so what the transaction holds is unknown.
+struct SavepointGuard<'s> {
+    state: &'s TxState,
+    armed: bool,
+}
+
+impl Drop for SavepointGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.state.poison();
+        }
+    }
+}
+
+impl<'t> LockTx<'t> {
+    /// A top-level `LockTx` over the transaction open on `conn`.
+    pub(crate) fn attach(
+        locker: &Locker,
+        conn: &'t mut AsyncPgConnection,
+    ) -> Result<LockTx<'t>, Error> {
+        if exec::transaction_depth(conn).map_err(exec::lock_error)? == 0 {
+            return Err(Error::from(ErrorKind::NotInTransaction));
+        }
+        Ok(LockTx {
+            conn,
+            state: Slot::Owned(TxState::new()),
+            locker: locker.clone(),
+            depth: 0,
+        })
+    }
+
+    /// The connection, for queries inside the transaction.
+    pub fn conn(&mut self) -> &mut AsyncPgConnection {
+        self.conn
+    }
+
+    /// The locker this transaction belongs to.
+    pub fn locker(&self) -> &Locker {
+        &self.locker
+    }
+
+    /// Savepoint depth below this `LockTx`'s transaction: 0 for the
+    /// transaction itself, 1 inside one [`LockTx::savepoint`], ….
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Distinct keys this transaction holds through lockkit.
+    pub fn held_count(&self) -> usize {
+        self.state.get().held_count()
+    }
+
+    /// Whether this transaction holds `key` in at least `mode`, as far as
+    /// lockkit took it.
+    pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
+        self.state.get().holds(key.lock_key(), mode)
+    }
+
+    /// Whether an earlier lock call was cut off (its future dropped, or its
+    /// reply not lockkit's), so that what this transaction holds is unknown
+    /// and every lock call fails: roll it back.
+    pub fn is_poisoned(&self) -> bool {
+        self.state.get().is_poisoned()
+    }
+
+    /// Runs `f` in a savepoint (diesel-async's nested transaction):
+    /// released when `f` returns `Ok`, rolled back when it returns `Err`.
+    /// Locks taken in a rolled-back savepoint are released by the server and
+    /// forgotten here (budget and held set); those of a released one belong
+    /// to this transaction. If `f` panics or this future is dropped, the
+    /// savepoint stays open (diesel-async's transaction manager then counts
+    /// it, and rolls back the whole transaction when its closure ends) and
+    /// this transaction is poisoned.
+    ///
+    /// ```no_run
+    /// # use lockkit_diesel_async::{AdvisoryKey, LockTx};
+    /// # #[derive(AdvisoryKey)] struct Job { id: i64 }
+    /// # async fn run(tx: &mut LockTx<'_>) -> Result<(), lockkit::Error> {
+    /// let outcome = tx
+    ///     .savepoint(|sp| {
+    ///         Box::pin(async move {
+    ///             let _job = sp.lock(Job { id: 1 }).await?;
+    ///             Err::<(), _>(lockkit::Error::other("changed my mind"))
+    ///         })
+    ///     })
+    ///     .await;
+    /// assert!(outcome.is_err());
+    /// assert!(!tx.holds(&Job { id: 1 }, lockkit_diesel_async::Mode::Exclusive)); // released
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `f`'s error, or Diesel's (as [`lockkit::Error`], converted into `E`)
+    /// when `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` fails (after which this
+    /// transaction's lock calls fail with [`ErrorKind::Poisoned`]: roll it
+    /// back).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future poisons this transaction (see above).
+    pub async fn savepoint<R, E, F>(&mut self, f: F) -> Result<R, E>
+    where
+        F: for<'a, 's> FnOnce(&'a mut LockTx<'s>) -> BoxFuture<'a, Result<R, E>>,
+        E: From<Error>,
+    {
+        let depth = self.depth + 1;
+        let state = self.state.get();
+        exec::begin(self.conn)
+            .await
+            .map_err(|e| E::from(exec::lock_error(e)))?;
+        let mut guard = SavepointGuard { state, armed: true };
+        let result = {
+            let mut inner = LockTx {
+                conn: &mut *self.conn,
+                state: Slot::Borrowed(state),
+                locker: self.locker.clone(),
+                depth,
+            };
+            f(&mut inner).await
+        };
+        guard.armed = false;
+        match result {
+            Ok(value) => match exec::commit(self.conn).await {
+                Ok(()) => {
+                    state.savepoint_released(depth);
+                    Ok(value)
+                }
+                Err(e) => {
+                    state.poison();
+                    Err(E::from(exec::lock_error(e)))
+                }
+            },
+            Err(user) => {
+                match exec::rollback(self.conn).await {
+                    Ok(()) => state.savepoint_rolled_back(depth),
+                    Err(_) => state.poison(),
+                }
+                Err(user)
+            }
+        }
+    }
+
+    /// Takes `key` exclusive, waiting as long as it takes.
+    ///
+    /// # Errors
+    ///
+    /// Before anything is sent: [`ErrorKind::NotInTransaction`],
+    /// [`ErrorKind::BudgetExceeded`], [`ErrorKind::LockOrder`] (when
+    /// configured), [`ErrorKind::HotStandby`], [`ErrorKind::Poisoned`],
+    /// [`ErrorKind::TransactionAborted`], [`ErrorKind::HashtextMismatch`].
+    /// After, with the transaction aborted: [`ErrorKind::Deadlock`],
+    /// [`ErrorKind::LockTableFull`], [`ErrorKind::Timeout`] (the session's
+    /// own `lock_timeout`/`statement_timeout`), [`ErrorKind::Cancelled`]
+    /// (`pg_cancel_backend`), [`ErrorKind::ConnectionLost`] and other server
+    /// errors; [`ErrorKind::UnexpectedReply`] (the transaction is poisoned)
+    /// when the server's answer is not the reply of lockkit's statement.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future after its statement was sent sends a cancel
+    /// request for it (diesel-async's `cancel_token`), so the connection is
+    /// free again within about a round trip, and poisons the transaction
+    /// (the server may have granted the lock): every later lock call fails
+    /// with [`ErrorKind::Poisoned`]; roll it back. A cancel request that
+    /// reaches the server before the statement does is ignored by the
+    /// server; the statement then waits as long as its lock takes.
+    pub async fn lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'t, K>, Error> {
+        self.lock_one(key, Mode::Exclusive, Wait::Forever).await
+    }
+
+    /// Takes `key` shared: other shared holders are admitted, exclusive ones
+    /// excluded.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    pub async fn lock_shared<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'t, K>, Error> {
+        self.lock_one(key, Mode::Shared, Wait::Forever).await
+    }
+
+    /// Takes `key` exclusive, waiting at most `timeout` (measured by the
+    /// server). On timeout nothing is held and the transaction is still
+    /// usable.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Timeout`] (with [`Error::timeout`] set), and as
+    /// [`LockTx::lock`]; after a deadlock or a cancel the savepoint rollback
+    /// leaves the transaction usable too.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    pub async fn lock_timeout<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        timeout: Duration,
+    ) -> Result<Held<'t, K>, Error> {
+        self.lock_one(key, Mode::Exclusive, Wait::Timeout(timeout))
+            .await
+    }
+
+    /// Takes `key` shared, waiting at most `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock_timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock_timeout`].
+    pub async fn lock_shared_timeout<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        timeout: Duration,
+    ) -> Result<Held<'t, K>, Error> {
+        self.lock_one(key, Mode::Shared, Wait::Timeout(timeout))
+            .await
+    }
+
+    /// Takes `key` exclusive if no other transaction holds it, without
+    /// waiting. Gives the key back when it is busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`] (a full lock table raises `53200` even here).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future poisons the transaction, as [`LockTx::lock`];
+    /// the statement does not wait, so the connection is free within a
+    /// round trip.
+    pub async fn try_lock<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+    ) -> Result<Result<Held<'t, K>, K>, Error> {
+        self.try_lock_one(key, Mode::Exclusive).await
+    }
+
+    /// Takes `key` shared if no transaction holds it exclusive, without
+    /// waiting. Gives the key back when it is busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::try_lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::try_lock`].
+    pub async fn try_lock_shared<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+    ) -> Result<Result<Held<'t, K>, K>, Error> {
+        self.try_lock_one(key, Mode::Shared).await
+    }
+
+    /// Takes every key of `batch` in the global lock order: one statement,
+    /// or two (`BigInt` keys, then `Pair` keys) when the batch mixes both.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    pub async fn lock_batch(&mut self, batch: &Batch) -> Result<HeldBatch<'t>, Error> {
+        self.acquire(batch, Wait::Forever).await
+    }
+
+    /// Takes every key of `batch`, waiting at most `timeout` for the whole
+    /// batch (both key spaces together). On timeout nothing of the batch is
+    /// held and the transaction is still usable.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock_timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock_timeout`].
+    pub async fn lock_batch_timeout(
+        &mut self,
+        batch: &Batch,
+        timeout: Duration,
+    ) -> Result<HeldBatch<'t>, Error> {
+        self.acquire(batch, Wait::Timeout(timeout)).await
+    }
+
+    /// Takes every key of `batch` or none: when any key is busy, nothing of
+    /// the batch is held and the busy keys are returned.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::try_lock`].
+    pub async fn try_lock_batch(
+        &mut self,
+        batch: &Batch,
+    ) -> Result<Result<HeldBatch<'t>, Busy>, Error> {
+        Ok(self
+            .drive(Request::batch(batch), Wait::Try)
+            .await?
+            .map(Grant::batch))
+    }
+
+    async fn lock_one<K: AdvisoryKey>(
+        &mut self,
+        value: K,
+        mode: Mode,
+        wait: Wait,
+    ) -> Result<Held<'t, K>, Error> {
+        match self.drive(Request::one(&value, mode), wait).await? {
+            Ok(grant) => grant
+                .held(value)
+                .map_err(|_| Error::from(ErrorKind::UnexpectedReply)),
+            Err(_) => Err(Error::from(ErrorKind::UnexpectedReply)),
+        }
+    }
+
+    async fn try_lock_one<K: AdvisoryKey>(
+        &mut self,
+        value: K,
+        mode: Mode,
+    ) -> Result<Result<Held<'t, K>, K>, Error> {
+        Ok(
+            match self.drive(Request::one(&value, mode), Wait::Try).await? {
+                Ok(grant) => grant.held(value),
+                Err(_) => Err(value),
+            },
+        )
+    }
+
+    async fn acquire(&mut self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'t>, Error> {
+        match self.drive(Request::batch(batch), wait).await? {
+            Ok(grant) => Ok(grant.batch()),
+            Err(_) => Err(Error::from(ErrorKind::UnexpectedReply)),
+        }
+    }
+
+    /// Checks diesel-async's transaction depth, then lets the engine run the
+    /// call.
+    async fn drive(&mut self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
+        if exec::transaction_depth(self.conn).map_err(exec::lock_error)? == 0 {
+            return Err(Error::from(ErrorKind::NotInTransaction));
+        }
+        let call = self
+            .state
+            .get()
+            .acquire(self.locker.policy(), self.depth, request, wait)?;
+        exec::drive(self.conn, call).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guards_and_tx_are_send() {
+        fn send<T: Send>() {}
+        send::<LockTx<'static>>();
+        send::<Held<'static, i64>>();
+        send::<HeldBatch<'static>>();
+        send::<Busy>();
+    }
+}

@@ -1,0 +1,72 @@
+//! sqlx's errors as the engine sees them.
+//!
+//! `From<sqlx::Error> for lockkit::Error` cannot live here (both are foreign
+//! to this crate); [`driver_error`] is the one conversion, and
+//! [`SqlxResultExt::lock_err`] applies it with `?`.
+
+use lockkit::engine::DriverError;
+use lockkit::Error;
+
+/// sqlx's error as the engine sees it: the SQLSTATE
+/// ([`DatabaseError::code`](sqlx::error::DatabaseError::code)) and the
+/// server's primary message when the server sent them, and whether the
+/// connection is gone (an I/O error, a closed pool, a crashed worker).
+pub fn driver_error(e: sqlx::Error) -> DriverError {
+    let (code, message) = match e.as_database_error() {
+        Some(db) => (
+            db.code().map(|c| c.into_owned()),
+            Some(db.message().to_owned()),
+        ),
+        None => (None, None),
+    };
+    let closed = matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed
+    );
+    DriverError::new(e)
+        .code(code.as_deref())
+        .message(message.as_deref())
+        .closed(closed)
+}
+
+/// sqlx's error as [`lockkit::Error`], typed by its SQLSTATE: a deadlock is
+/// [`Error::is_deadlock`], the session's own `lock_timeout` is
+/// [`Error::is_timeout`], `pg_terminate_backend` is
+/// [`Error::is_connection_lost`], and so on. The sqlx error is the
+/// [`source`](std::error::Error::source).
+pub fn lock_error(e: sqlx::Error) -> Error {
+    driver_error(e).into_error()
+}
+
+/// `?` on sqlx results in code whose error type is [`lockkit::Error`].
+///
+/// ```no_run
+/// use lockkit_sqlx::SqlxResultExt;
+/// # async fn run(conn: &mut sqlx::PgConnection) -> Result<(), lockkit::Error> {
+/// sqlx::query("UPDATE accounts SET cents = cents - 1 WHERE id = 1")
+///     .execute(conn)
+///     .await
+///     .lock_err()?;
+/// # Ok(())
+/// # }
+/// ```
+pub trait SqlxResultExt<T>: sealed::Sealed {
+    /// The error converted with [`lock_error`].
+    ///
+    /// # Errors
+    ///
+    /// The sqlx error, as [`lockkit::Error`].
+    fn lock_err(self) -> Result<T, Error>;
+}
+
+impl<T> SqlxResultExt<T> for Result<T, sqlx::Error> {
+    fn lock_err(self) -> Result<T, Error> {
+        self.map_err(lock_error)
+    }
+}
+
+mod sealed {
+    #[allow(unreachable_pub)]
+    pub trait Sealed {}
+    impl<T> Sealed for Result<T, sqlx::Error> {}
+}

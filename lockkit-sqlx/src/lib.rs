@@ -1,0 +1,111 @@
+//! lockkit's typed, transaction-scoped PostgreSQL advisory locks inside
+//! sqlx transactions.
+//!
+//! The same keys, sorted batches, lock budget, order check, timeouts and
+//! errors as lockkit's tokio-postgres core, from the same code: planning,
+//! checking every reply, bookkeeping and error typing are lockkit's engine
+//! ([`lockkit::engine`]); this crate only runs the engine's statements
+//! through sqlx. A sqlx session and a tokio-postgres or Diesel session
+//! locking the same typed key exclude each other.
+//!
+//! Depending on this crate alone is enough: it re-exports [`lockkit`] (so
+//! `#[derive(AdvisoryKey)]` finds it), the derive, the key trait, and the
+//! types its API uses.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use lockkit_sqlx::{AdvisoryKey, Batch, Config, Locker, SqlxResultExt};
+//!
+//! #[derive(AdvisoryKey)]
+//! struct Account {
+//!     id: i64,
+//! }
+//!
+//! # async fn run() -> Result<(), lockkit_sqlx::Error> {
+//! let pool = sqlx::PgPool::connect("postgres://localhost/bank").await.lock_err()?;
+//! let locker = Locker::new(&pool, Config::default()).await?;
+//!
+//! // Both accounts, in the global lock order whatever the direction of the
+//! // transfer: two concurrent opposite transfers cannot deadlock.
+//! let mut tx = pool.begin().await.lock_err()?;
+//! {
+//!     let mut ltx = locker.lock_tx(&mut tx)?;
+//!     let _held = ltx
+//!         .lock_batch(&Batch::new().with(&Account { id: 7 }).with(&Account { id: 3 }))
+//!         .await?;
+//!     sqlx::query("UPDATE accounts SET cents = cents - 500 WHERE id = 7")
+//!         .execute(&mut *ltx)
+//!         .await
+//!         .lock_err()?;
+//!     sqlx::query("UPDATE accounts SET cents = cents + 500 WHERE id = 3")
+//!         .execute(&mut *ltx)
+//!         .await
+//!         .lock_err()?;
+//! }
+//! tx.commit().await.lock_err()?; // COMMIT releases both locks
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Forms
+//!
+//! - [`Locker::lock_tx`] over an open `sqlx::Transaction<'_, Postgres>`
+//!   (from `PgPool::begin`, `PgConnection::begin`, or inside sqlx's
+//!   `Connection::transaction`): a [`LockTx`] whose guards borrow the
+//!   transaction, so none outlives its `COMMIT`.
+//! - [`Locker::transaction`] and [`Locker::locked_transaction`]: begin,
+//!   run a closure, commit or roll back, in the style of sqlx's
+//!   `Connection::transaction` (`|tx| Box::pin(async move { … })`).
+//! - [`LockTx::savepoint`] for nested transactions whose locks are released
+//!   if they roll back.
+//!
+//! # Transactions only
+//!
+//! Every lock call checks sqlx's transaction depth and fails with
+//! [`ErrorKind::NotInTransaction`] at depth 0: PostgreSQL would release a
+//! transaction-scoped lock at the end of its statement, silently.
+//!
+//! # Errors
+//!
+//! Lock calls fail with [`lockkit::Error`], typed by the SQLSTATE sqlx
+//! exposes ([`DatabaseError::code`](sqlx::error::DatabaseError::code)).
+//! `From<sqlx::Error> for lockkit::Error` cannot be written outside lockkit
+//! (Rust's orphan rule), so sqlx's own errors convert with [`lock_error`]
+//! or `.lock_err()?` ([`SqlxResultExt`]).
+//!
+//! # Differences from the tokio-postgres core
+//!
+//! - No pipelining: sqlx sends one statement per round trip (see
+//!   [`LockTx`]).
+//! - No cancel request for a dropped lock future (sqlx has no cancel
+//!   token): the transaction is poisoned, and the connection stays busy
+//!   until the server answers the lock statement. See [`LockTx::lock`].
+//! - Lock methods take `&mut self` (sqlx queries need `&mut PgConnection`);
+//!   guards borrow the transaction instead of the `LockTx`.
+#![warn(
+    missing_docs,
+    rust_2018_idioms,
+    unreachable_pub,
+    missing_debug_implementations
+)]
+#![deny(unsafe_code)]
+
+mod error;
+mod exec;
+mod locker;
+mod transaction;
+
+pub use error::{driver_error, lock_error, SqlxResultExt};
+pub use locker::{BoxFuture, Locker};
+pub use transaction::LockTx;
+
+/// lockkit itself, so that `#[derive(AdvisoryKey)]` and applications that
+/// depend only on this crate find it.
+pub use lockkit;
+/// lockkit's key trait (and, with the `derive` feature, its derive macro).
+pub use lockkit::AdvisoryKey;
+pub use lockkit::{
+    Batch, Busy, Config, Error, ErrorKind, Held, HeldBatch, KeySpec, LockKey, Mode, OrderCheck,
+    RetryPolicy, ServerFacts, Transient,
+};

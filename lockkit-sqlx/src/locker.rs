@@ -1,0 +1,252 @@
+//! [`Locker`]: configuration plus the server facts, shared by every
+//! transaction of an application.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use lockkit::engine::{sql, FactsRow, HASHTEXT_PROBES};
+use lockkit::{Batch, Config, Error, ErrorKind, Policy, ServerFacts};
+use sqlx::{Acquire, Connection, Executor, PgConnection, Postgres, Row};
+
+use crate::error::lock_error;
+use crate::transaction::LockTx;
+
+/// The future a closure of [`Locker::transaction`] or [`LockTx::savepoint`]
+/// returns: boxed, as with sqlx's own `Connection::transaction`, so that it
+/// may borrow the [`LockTx`] it is given.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Takes transaction-scoped advisory locks inside sqlx transactions.
+///
+/// A locker holds the [`Config`] and the [`ServerFacts`] it learned in one
+/// query when created, so taking a lock costs no extra round trip. It is
+/// cheap to clone (an `Arc`) and `Send + Sync`: make one at startup and share
+/// it among tasks and pooled connections of the same server.
+///
+/// See the [crate docs](crate) for an example.
+#[derive(Clone, Debug)]
+pub struct Locker {
+    policy: Arc<Policy>,
+}
+
+impl Locker {
+    /// Learns the server's facts in one query
+    /// ([`SERVER_FACTS`](lockkit::engine::sql::SERVER_FACTS)) through
+    /// `executor` (`&PgPool`, `&mut PgConnection`, `&mut *tx`) and builds a
+    /// locker with `config`.
+    ///
+    /// # Errors
+    ///
+    /// The query's error ([`ErrorKind::Database`],
+    /// [`ErrorKind::ConnectionLost`], …).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the query changes nothing on the server.
+    pub async fn new<'c, E>(executor: E, config: Config) -> Result<Locker, Error>
+    where
+        E: Executor<'c, Database = Postgres>,
+    {
+        let probes: &[&str] = &HASHTEXT_PROBES;
+        let row = sqlx::query(sql::SERVER_FACTS)
+            .bind(probes)
+            .fetch_one(executor)
+            .await
+            .map_err(lock_error)?;
+        let read = || -> Result<FactsRow, sqlx::Error> {
+            Ok(FactsRow {
+                max_locks: row.try_get("max_locks")?,
+                max_connections: row.try_get("max_connections")?,
+                in_recovery: row.try_get("in_recovery")?,
+                version_num: row.try_get("version_num")?,
+                hashes: row.try_get("hashes")?,
+                backend_pid: row.try_get("backend_pid")?,
+            })
+        };
+        let facts = ServerFacts::from(&read().map_err(lock_error)?);
+        Ok(Locker::with_facts(config, facts))
+    }
+
+    /// A locker with facts known in advance (no query).
+    pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
+        Locker {
+            policy: Arc::new(Policy::new(config, facts)),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        self.policy.config()
+    }
+
+    /// What the locker learned about the server.
+    pub fn facts(&self) -> &ServerFacts {
+        self.policy.facts()
+    }
+
+    /// The configuration and facts, as the engine sees them.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The lock budget per transaction: the configured one, else the
+    /// server's `max_locks_per_transaction`.
+    pub fn budget(&self) -> usize {
+        self.policy.budget()
+    }
+
+    /// A [`LockTx`] over the transaction open on `conn`: pass `&mut tx` for
+    /// a `sqlx::Transaction<'_, Postgres>` (from `PgPool::begin`,
+    /// `PgConnection::begin`, or inside sqlx's `Connection::transaction`).
+    /// Its bookkeeping (held set, budget, order check) lasts as long as it
+    /// does: make one per transaction and take every lock through it. Its
+    /// guards borrow the transaction, so none outlives the `COMMIT` or
+    /// `ROLLBACK` that releases them.
+    ///
+    /// ```no_run
+    /// use lockkit_sqlx::{AdvisoryKey, Locker, SqlxResultExt};
+    ///
+    /// #[derive(AdvisoryKey)]
+    /// struct Order {
+    ///     id: i64,
+    /// }
+    ///
+    /// # async fn run(pool: &sqlx::PgPool, locker: &Locker) -> Result<(), lockkit::Error> {
+    /// let mut tx = pool.begin().await.lock_err()?;
+    /// {
+    ///     let mut ltx = locker.lock_tx(&mut tx)?;
+    ///     let order = ltx.lock(Order { id: 42 }).await?; // held until COMMIT/ROLLBACK
+    ///     sqlx::query("UPDATE orders SET state = 'paid' WHERE id = $1")
+    ///         .bind(order.id)
+    ///         .execute(ltx.conn())
+    ///         .await
+    ///         .lock_err()?;
+    /// }
+    /// tx.commit().await.lock_err()?; // releases the lock
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::NotInTransaction`] when sqlx has no transaction open on
+    /// `conn` (its transaction depth is 0): outside a transaction block an
+    /// xact lock would be released at the end of its statement.
+    pub fn lock_tx<'t>(&self, conn: &'t mut PgConnection) -> Result<LockTx<'t>, Error> {
+        if !conn.is_in_transaction() {
+            return Err(Error::from(ErrorKind::NotInTransaction));
+        }
+        Ok(LockTx::attach(self.clone(), conn))
+    }
+
+    /// Runs `f` in a new transaction begun on `conn` (`&PgPool`,
+    /// `&mut PgConnection`; a savepoint when a transaction is open there), with
+    /// a [`LockTx`] that takes advisory locks: commits when `f` returns
+    /// `Ok`, rolls back when it returns `Err`. If `f` panics, or this future
+    /// is dropped, sqlx rolls the transaction back before the connection's
+    /// next use (which releases the locks), as with sqlx's own
+    /// `Connection::transaction`.
+    ///
+    /// ```no_run
+    /// use lockkit_sqlx::{AdvisoryKey, Batch, Locker, SqlxResultExt};
+    ///
+    /// #[derive(AdvisoryKey)]
+    /// struct Account {
+    ///     id: i64,
+    /// }
+    ///
+    /// # async fn run(pool: &sqlx::PgPool, locker: &Locker) -> Result<(), lockkit::Error> {
+    /// locker
+    ///     .transaction(pool, |tx| {
+    ///         Box::pin(async move {
+    ///             let batch = Batch::new().with(&Account { id: 7 }).with(&Account { id: 3 });
+    ///             let _held = tx.lock_batch(&batch).await?;
+    ///             sqlx::query("UPDATE accounts SET cents = cents - 500 WHERE id = 7")
+    ///                 .execute(tx.conn())
+    ///                 .await
+    ///                 .lock_err()?;
+    ///             Ok::<_, lockkit::Error>(())
+    ///         })
+    ///     })
+    ///     .await
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `f`'s error, or sqlx's (as [`lockkit::Error`], converted into `E`)
+    /// when `BEGIN`, `COMMIT` or `ROLLBACK` fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future rolls the transaction back (see above); a lock
+    /// call in flight then is handled as [`LockTx::lock`] says.
+    pub async fn transaction<'c, A, R, E, F>(&self, conn: A, f: F) -> Result<R, E>
+    where
+        A: Acquire<'c, Database = Postgres>,
+        F: for<'a, 't> FnOnce(&'a mut LockTx<'t>) -> BoxFuture<'a, Result<R, E>>,
+        E: From<Error>,
+    {
+        let mut tx = conn.begin().await.map_err(|e| E::from(lock_error(e)))?;
+        let result = {
+            let mut ltx = LockTx::attach(self.clone(), &mut tx);
+            f(&mut ltx).await
+        };
+        match result {
+            Ok(value) => {
+                tx.commit().await.map_err(|e| E::from(lock_error(e)))?;
+                Ok(value)
+            }
+            Err(user) => {
+                // The caller's error wins; a failed rollback leaves sqlx to
+                // roll back before the connection's next use.
+                let _ = tx.rollback().await;
+                Err(user)
+            }
+        }
+    }
+
+    /// The common case in one call: a transaction that first takes every key
+    /// of `batch` in the global lock order, then runs `f`, then commits (or
+    /// rolls back, as [`Locker::transaction`]).
+    ///
+    /// # Errors
+    ///
+    /// The lock errors of [`LockTx::lock_batch`] (converted into `E`), `f`'s
+    /// error, or sqlx's.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locker::transaction`].
+    pub async fn locked_transaction<'c, A, R, E, F>(
+        &self,
+        conn: A,
+        batch: &Batch,
+        f: F,
+    ) -> Result<R, E>
+    where
+        A: Acquire<'c, Database = Postgres>,
+        F: for<'a, 't> FnOnce(&'a mut LockTx<'t>) -> BoxFuture<'a, Result<R, E>>,
+        E: From<Error>,
+    {
+        let mut tx = conn.begin().await.map_err(|e| E::from(lock_error(e)))?;
+        let result = {
+            let mut ltx = LockTx::attach(self.clone(), &mut tx);
+            match ltx.lock_batch(batch).await {
+                Ok(_held) => f(&mut ltx).await,
+                Err(e) => Err(E::from(e)),
+            }
+        };
+        match result {
+            Ok(value) => {
+                tx.commit().await.map_err(|e| E::from(lock_error(e)))?;
+                Ok(value)
+            }
+            Err(user) => {
+                let _ = tx.rollback().await;
+                Err(user)
+            }
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! Deadlock freedom of sorted batches through diesel-async: 5,120 random multi-key
+//! transactions in mixed modes and both key spaces, on tasks sharing a
+//! deadpool pool, never deadlock, while the same workload taking its keys one at
+//! a time in random order does (the control; the server's `40P01` reaches
+//! the caller as `is_deadlock()`). The workload, its holder counters and
+//! assertions are the shared ones ([`lockkit_tests::workload::deadlock`]).
+
+use std::sync::Arc;
+
+use diesel::sql_types::Integer;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use lockkit_diesel_async::{AdvisoryKey, AsyncPgConnectionExt, Batch, Error, LockTx, Locker, Mode};
+use lockkit_tests::workload::deadlock::{is_big, key_set, Acquire, Holders, Tally};
+use lockkit_tests::workload::{seed, worker_rng};
+use lockkit_tests::TestServer;
+
+use crate::common::{locker, pool};
+
+#[derive(diesel::QueryableByName)]
+struct One {
+    #[diesel(sql_type = Integer)]
+    one: i32,
+}
+
+/// The `BigInt` half of the key space.
+#[derive(AdvisoryKey, Clone, Copy, Debug)]
+#[advisory_key(namespace = "lockkit-tests/diesel-async-deadlock")]
+struct Big {
+    id: i64,
+}
+
+/// The `Pair` half of the key space.
+#[derive(AdvisoryKey, Clone, Copy, Debug)]
+#[advisory_key(namespace = "lockkit-tests/diesel-async-deadlock-pair", pair)]
+struct Pair {
+    id: i64,
+}
+
+const TASKS: usize = 16;
+/// 16 × 320 = 5,120 transactions.
+const SORTED_TXS_PER_TASK: usize = 320;
+/// 16 × 100 = 1,600 transactions.
+const UNSORTED_TXS_PER_TASK: usize = 100;
+
+async fn lock_one(tx: &mut LockTx<'_>, k: usize, mode: Mode) -> Result<(), Error> {
+    let id = k as i64;
+    match (is_big(k), mode) {
+        (true, Mode::Exclusive) => drop(tx.lock(Big { id }).await?),
+        (true, Mode::Shared) => drop(tx.lock_shared(Big { id }).await?),
+        (false, Mode::Exclusive) => drop(tx.lock(Pair { id }).await?),
+        (false, Mode::Shared) => drop(tx.lock_shared(Pair { id }).await?),
+    }
+    Ok(())
+}
+
+async fn transaction(
+    conn: &mut AsyncPgConnection,
+    locker: &Locker,
+    keys: &[(usize, Mode)],
+    acquire: Acquire,
+    holders: &Holders,
+) -> Result<(), Error> {
+    conn.transaction::<_, Error, _>(async |conn| {
+        let mut ltx = conn.lock_tx(locker)?;
+        match acquire {
+            Acquire::SortedBatch => {
+                let mut batch = Batch::new();
+                for &(k, mode) in keys {
+                    let id = k as i64;
+                    if is_big(k) {
+                        batch.add(&Big { id }, mode);
+                    } else {
+                        batch.add(&Pair { id }, mode);
+                    }
+                }
+                let held = ltx.lock_batch(&batch).await?;
+                assert_eq!(held.keys().len(), keys.len());
+            }
+            Acquire::OneByOneShuffled => {
+                for &(k, mode) in keys {
+                    lock_one(&mut ltx, k, mode).await?;
+                }
+            }
+        }
+        holders.enter(keys);
+        // The tiny bit of work, holding the locks.
+        tokio::task::yield_now().await;
+        let one: Result<One, _> = diesel::sql_query("SELECT 1::int4 AS one")
+            .get_result(ltx.conn())
+            .await;
+        holders.leave(keys);
+        assert_eq!(one?.one, 1);
+        Ok(())
+    })
+    .await
+}
+
+async fn workload(db: &TestServer, acquire: Acquire, txs: usize) -> Arc<Tally> {
+    let seed = seed();
+    let pool = pool(db, TASKS);
+    let locker = locker(&pool).await;
+    assert!(locker.recognizes_errors(), "the test server speaks English");
+    let holders = Arc::new(Holders::default());
+    let tally = Arc::new(Tally::default());
+    let workers: Vec<_> = (0..TASKS)
+        .map(|id| {
+            let (pool, locker) = (pool.clone(), locker.clone());
+            let (holders, tally) = (Arc::clone(&holders), Arc::clone(&tally));
+            tokio::spawn(async move {
+                let mut rng = worker_rng(seed, id);
+                let mut conn = pool.get().await.expect("pooled connection");
+                for _ in 0..txs {
+                    let keys = key_set(&mut rng, &holders, &tally);
+                    tally.record(transaction(&mut conn, &locker, &keys, acquire, &holders).await);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.expect("worker panicked");
+    }
+    println!("{acquire:?}: {} transactions: {tally:?}", TASKS * txs);
+    tally
+}
+
+/// A private server that reports deadlocks quickly, the same for the test
+/// and its control.
+fn server() -> TestServer {
+    TestServer::builder()
+        .setting("deadlock_timeout", "10ms")
+        .start()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sorted_batches_never_deadlock() {
+    let db = server();
+    let _log = db.guard();
+    let tally = workload(&db, Acquire::SortedBatch, SORTED_TXS_PER_TASK).await;
+    tally.assert_never_deadlocked(TASKS * SORTED_TXS_PER_TASK);
+}
+
+/// Control: the same workload, each key locked on its own in random order,
+/// does deadlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn control_unsorted_single_locks_deadlock() {
+    let db = server();
+    let _log = db.guard();
+    let tally = workload(&db, Acquire::OneByOneShuffled, UNSORTED_TXS_PER_TASK).await;
+    tally.assert_deadlocked(TASKS * UNSORTED_TXS_PER_TASK);
+}

@@ -1,0 +1,285 @@
+//! The whole API on a real server: every lock form, timeouts, tries,
+//! batches, savepoints, the not-in-a-transaction refusal, typed errors.
+
+use std::time::{Duration, Instant};
+
+use lockkit_sqlx::{
+    AdvisoryKey, Batch, Config, Error, ErrorKind, LockTx, Mode, OrderCheck, SqlxResultExt,
+};
+use lockkit_tests::TestServer;
+use sqlx::Connection;
+
+use crate::common::{
+    backend_pid, connect, granted_elsewhere, holders_elsewhere, locker, pool, wait_until_waiting,
+};
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests/sqlx-api")]
+struct Item {
+    id: i64,
+}
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests/sqlx-api-pair", pair)]
+struct Slot {
+    id: i64,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn locks_are_held_until_commit_in_every_form() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 4).await;
+    let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+    let observer = db.connect().await;
+
+    let mut tx = pool.begin().await.unwrap();
+    {
+        let mut ltx = locker.lock_tx(&mut tx).unwrap();
+        let a = ltx.lock(Item { id: 1 }).await.unwrap();
+        assert_eq!((a.id, a.mode()), (1, Mode::Exclusive));
+        let b = ltx.lock_shared(Slot { id: 1 }).await.unwrap();
+        assert_eq!(b.mode(), Mode::Shared);
+        let c = ltx
+            .lock_timeout(Item { id: 2 }, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(c.id, 2);
+        let _ = ltx
+            .lock_shared_timeout(Slot { id: 2 }, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(ltx.try_lock(Item { id: 3 }).await.unwrap().is_ok());
+        assert!(ltx.try_lock_shared(Slot { id: 3 }).await.unwrap().is_ok());
+        let batch = Batch::new()
+            .with(&Item { id: 10 })
+            .with(&Item { id: 11 })
+            .with_shared(&Slot { id: 10 });
+        assert_eq!(ltx.lock_batch(&batch).await.unwrap().keys().len(), 3);
+        let batch = Batch::new().with(&Item { id: 12 }).with(&Slot { id: 12 });
+        let _ = ltx
+            .lock_batch_timeout(&batch, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let batch = Batch::new().with(&Item { id: 13 }).with(&Slot { id: 13 });
+        assert!(ltx.try_lock_batch(&batch).await.unwrap().is_ok());
+        assert_eq!(ltx.held_count(), 13);
+        // Queries run while the guards live.
+        let one: i32 = sqlx::query_scalar("SELECT 1")
+            .fetch_one(&mut *ltx)
+            .await
+            .unwrap();
+        assert_eq!(one, 1);
+        assert!(a.id == 1 && c.id == 2);
+    }
+    for key in [
+        Item { id: 1 }.lock_key(),
+        Slot { id: 1 }.lock_key(),
+        Item { id: 2 }.lock_key(),
+        Item { id: 11 }.lock_key(),
+        Slot { id: 13 }.lock_key(),
+    ] {
+        assert!(granted_elsewhere(&observer, key).await, "{key:?}");
+    }
+    tx.commit().await.unwrap();
+    for key in [Item { id: 1 }.lock_key(), Slot { id: 13 }.lock_key()] {
+        assert!(!granted_elsewhere(&observer, key).await, "{key:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_outside_a_transaction_is_refused() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 2).await;
+    let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+    let mut conn = connect(db).await;
+    let err = locker.lock_tx(&mut conn).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotInTransaction, "{err}");
+    // Control: the same connection inside a transaction locks.
+    let mut tx = conn.begin().await.unwrap();
+    let mut ltx = locker.lock_tx(&mut tx).unwrap();
+    assert!(ltx.try_lock(Item { id: 100 }).await.unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn try_and_timeout_against_another_holder() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 4).await;
+    let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+    let mut holder = pool.begin().await.unwrap();
+    let mut h = locker.lock_tx(&mut holder).unwrap();
+    let _ = h
+        .lock_batch(&Batch::new().with(&Item { id: 20 }).with(&Slot { id: 20 }))
+        .await
+        .unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    let mut ltx = locker.lock_tx(&mut tx).unwrap();
+    assert_eq!(
+        ltx.try_lock(Item { id: 20 }).await.unwrap().unwrap_err(),
+        Item { id: 20 }
+    );
+    assert!(ltx.try_lock_shared(Slot { id: 20 }).await.unwrap().is_err());
+    // A try-batch is all or nothing and names the busy keys.
+    let batch = Batch::new()
+        .with(&Item { id: 21 })
+        .with(&Item { id: 20 })
+        .with(&Slot { id: 20 });
+    let busy = ltx.try_lock_batch(&batch).await.unwrap().unwrap_err();
+    assert_eq!(busy.keys().len(), 2);
+    assert_eq!(ltx.held_count(), 0);
+
+    // A timeout bounds the whole batch and leaves the transaction usable.
+    let timeout = Duration::from_millis(300);
+    let started = Instant::now();
+    let batch = Batch::new().with(&Item { id: 22 }).with(&Slot { id: 20 });
+    let err = ltx.lock_batch_timeout(&batch, timeout).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(err.is_timeout(), "{err}");
+    assert_eq!(err.timeout(), Some(timeout));
+    assert!(took >= timeout, "the server waited {took:?}");
+    assert!(took < Duration::from_secs(10), "bounded: {took:?}");
+    assert!(!ltx.holds(&Item { id: 22 }, Mode::Exclusive));
+    let err = ltx
+        .lock_timeout(Item { id: 20 }, timeout)
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout());
+    // Still usable: a free key is taken; the timed-out batch's free key was
+    // released with its savepoint.
+    assert!(ltx.lock(Item { id: 23 }).await.is_ok());
+    let observer = db.connect().await;
+    assert!(!granted_elsewhere(&observer, Item { id: 22 }.lock_key()).await);
+    assert_eq!(
+        holders_elsewhere(&observer, Item { id: 20 }.lock_key()).await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn savepoints_release_on_rollback_and_keep_on_release() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 2).await;
+    let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+    let observer = db.connect().await;
+    let mut tx = pool.begin().await.unwrap();
+    let mut ltx = locker.lock_tx(&mut tx).unwrap();
+    let _ = ltx.lock(Item { id: 30 }).await.unwrap();
+
+    let out: Result<(), Error> = ltx
+        .savepoint(|sp| {
+            Box::pin(async move {
+                assert_eq!(sp.depth(), 1);
+                let _ = sp.lock(Item { id: 31 }).await?;
+                Err(Error::other("roll back"))
+            })
+        })
+        .await;
+    assert!(out.is_err());
+    assert!(!ltx.holds(&Item { id: 31 }, Mode::Exclusive));
+    assert!(!granted_elsewhere(&observer, Item { id: 31 }.lock_key()).await);
+    assert!(granted_elsewhere(&observer, Item { id: 30 }.lock_key()).await);
+
+    ltx.savepoint(|sp| {
+        Box::pin(async move {
+            let _ = sp.lock_shared(Slot { id: 32 }).await?;
+            Ok::<_, Error>(())
+        })
+    })
+    .await
+    .unwrap();
+    assert!(ltx.holds(&Slot { id: 32 }, Mode::Shared));
+    assert!(granted_elsewhere(&observer, Slot { id: 32 }.lock_key()).await);
+    assert_eq!(ltx.held_count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_closure_forms_commit_and_roll_back() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 2).await;
+    let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+    // The closure's future may not borrow its surroundings (as with sqlx's
+    // own `Connection::transaction`): the observer is shared.
+    let observer = std::sync::Arc::new(db.connect().await);
+    let seen = locker
+        .locked_transaction(&pool, &Batch::new().with(&Item { id: 40 }), |tx| {
+            let observer = std::sync::Arc::clone(&observer);
+            Box::pin(async move {
+                assert!(tx.holds(&Item { id: 40 }, Mode::Exclusive));
+                Ok::<_, Error>(granted_elsewhere(&observer, Item { id: 40 }.lock_key()).await)
+            })
+        })
+        .await
+        .unwrap();
+    assert!(seen);
+    assert!(!granted_elsewhere(&observer, Item { id: 40 }.lock_key()).await);
+
+    let out: Result<(), Error> = locker
+        .transaction(&pool, |tx: &mut LockTx<'_>| {
+            Box::pin(async move {
+                let _ = tx.lock(Item { id: 41 }).await?;
+                sqlx::query("SELECT 1/0")
+                    .execute(tx.conn())
+                    .await
+                    .lock_err()?;
+                Ok(())
+            })
+        })
+        .await;
+    let err = out.unwrap_err();
+    assert_eq!(err.code(), Some("22012"), "{err}");
+    assert!(!granted_elsewhere(&observer, Item { id: 41 }.lock_key()).await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_errors_are_typed() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 4).await;
+    let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+    let observer = db.connect().await;
+    let mut holder = pool.begin().await.unwrap();
+    let mut h = locker.lock_tx(&mut holder).unwrap();
+    let _ = h.lock(Item { id: 50 }).await.unwrap();
+
+    // The session's own lock_timeout is a timeout (with no lockkit timeout).
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '50ms'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let mut ltx = locker.lock_tx(&mut tx).unwrap();
+    let err = ltx.lock(Item { id: 50 }).await.unwrap_err();
+    assert!(err.is_timeout() && err.timeout().is_none(), "{err}");
+    assert_eq!(err.code(), Some("55P03"));
+    let err = ltx.lock(Item { id: 51 }).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TransactionAborted, "{err}");
+    drop(ltx);
+    tx.rollback().await.unwrap();
+
+    // pg_cancel_backend is a cancel, not a timeout.
+    let mut conn = pool.acquire().await.unwrap();
+    let pid = backend_pid(&mut conn).await;
+    let mut tx = conn.begin().await.unwrap();
+    let mut ltx = locker.lock_tx(&mut tx).unwrap();
+    let (lock, cancel) = tokio::join!(
+        ltx.lock_timeout(Item { id: 50 }, Duration::from_secs(30)),
+        async {
+            wait_until_waiting(&observer, pid).await;
+            observer
+                .execute("SELECT pg_cancel_backend($1)", &[&pid])
+                .await
+                .unwrap();
+        }
+    );
+    let () = cancel;
+    let err = lock.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+    assert_eq!(err.code(), Some("57014"));
+    // The savepoint rollback left the transaction usable.
+    assert!(ltx.lock(Item { id: 52 }).await.is_ok());
+}
