@@ -276,8 +276,14 @@ async fn released_when_an_error_aborts_the_transaction_before_rollback() {
         if state == "idle in transaction (aborted)" {
             break;
         }
-        assert_eq!(state, "active", "the session can only be finishing the failed statement");
-        assert!(std::time::Instant::now() < deadline, "never reached the aborted state");
+        assert_eq!(
+            state, "active",
+            "the session can only be finishing the failed statement"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never reached the aborted state"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     // …and the lock is gone already.

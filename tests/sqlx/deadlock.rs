@@ -8,6 +8,8 @@
 use std::sync::Arc;
 
 use lockkit_sqlx::{AdvisoryKey, Batch, Config, Error, LockTx, Locker, Mode, OrderCheck};
+use lockkit_tests::waits::{WaitCounter, Waits};
+use lockkit_tests::workload::deadlock::KEYS;
 use lockkit_tests::workload::deadlock::{is_big, key_set, Acquire, Holders, Tally};
 use lockkit_tests::workload::{seed, worker_rng};
 use lockkit_tests::TestServer;
@@ -88,8 +90,9 @@ async fn transaction(
     tx.commit().await.map_err(lockkit_sqlx::lock_error)
 }
 
-async fn workload(db: &TestServer, acquire: Acquire, txs: usize) -> Arc<Tally> {
+async fn workload(db: &TestServer, acquire: Acquire, txs: usize) -> (Arc<Tally>, Waits) {
     let seed = seed();
+    let counter = WaitCounter::start(db.config(), all_keys());
     let pool = pool(db, TASKS as u32).await;
     let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
     let holders = Arc::new(Holders::default());
@@ -101,7 +104,7 @@ async fn workload(db: &TestServer, acquire: Acquire, txs: usize) -> Arc<Tally> {
             tokio::spawn(async move {
                 let mut rng = worker_rng(seed, id);
                 for _ in 0..txs {
-                    let keys = key_set(&mut rng, &holders, &tally);
+                    let keys = key_set(&mut rng, &tally);
                     tally.record(transaction(&pool, &locker, &keys, acquire, &holders).await);
                 }
             })
@@ -110,8 +113,24 @@ async fn workload(db: &TestServer, acquire: Acquire, txs: usize) -> Arc<Tally> {
     for w in workers {
         w.await.expect("worker panicked");
     }
-    println!("{acquire:?}: {} transactions: {tally:?}", TASKS * txs);
-    tally
+    let waits = counter.stop();
+    println!(
+        "{acquire:?}: {} transactions: {tally:?}, {waits:?}",
+        TASKS * txs
+    );
+    (tally, waits)
+}
+
+/// The lock keys of the workload's key space.
+fn all_keys() -> impl Iterator<Item = lockkit::LockKey> {
+    (0..KEYS).map(|k| {
+        let id = k as i64;
+        if is_big(k) {
+            Big { id }.lock_key()
+        } else {
+            Pair { id }.lock_key()
+        }
+    })
 }
 
 /// A private server that reports deadlocks quickly, the same for the test
@@ -126,8 +145,8 @@ fn server() -> TestServer {
 async fn sorted_batches_never_deadlock() {
     let db = server();
     let _log = db.guard();
-    let tally = workload(&db, Acquire::SortedBatch, SORTED_TXS_PER_TASK).await;
-    tally.assert_never_deadlocked(TASKS * SORTED_TXS_PER_TASK);
+    let (tally, waits) = workload(&db, Acquire::SortedBatch, SORTED_TXS_PER_TASK).await;
+    tally.assert_never_deadlocked(TASKS * SORTED_TXS_PER_TASK, &waits);
 }
 
 /// Control: the same workload, each key locked on its own in random order,
@@ -136,6 +155,6 @@ async fn sorted_batches_never_deadlock() {
 async fn control_unsorted_single_locks_deadlock() {
     let db = server();
     let _log = db.guard();
-    let tally = workload(&db, Acquire::OneByOneShuffled, UNSORTED_TXS_PER_TASK).await;
+    let (tally, _) = workload(&db, Acquire::OneByOneShuffled, UNSORTED_TXS_PER_TASK).await;
     tally.assert_deadlocked(TASKS * UNSORTED_TXS_PER_TASK);
 }

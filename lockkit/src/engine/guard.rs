@@ -77,6 +77,22 @@ impl<K> Deref for Held<'_, K> {
 }
 
 /// Proof that the transaction holds every key of a batch.
+///
+/// ```no_run
+/// # use lockkit::{AdvisoryKey, Batch, Held, LockTx};
+/// # #[derive(AdvisoryKey)] struct Account { id: i64 }
+/// # fn debit(_: &Held<'_, Account>) {}
+/// # async fn run(tx: &LockTx<'_>) -> Result<(), lockkit::Error> {
+/// let held = tx
+///     .lock_batch(&Batch::new().with(&Account { id: 1 }).with(&Account { id: 2 }))
+///     .await?;
+/// assert!(held.contains(&Account { id: 2 }));
+/// // A typed proof for one member, for functions that demand one.
+/// let one = held.proof(Account { id: 1 }).ok().expect("in the batch");
+/// debit(&one);
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "the advisory locks stay held until the transaction ends, whatever happens to this guard; keep it as proof the keys are locked"]
 #[derive(Debug)]
 pub struct HeldBatch<'t> {

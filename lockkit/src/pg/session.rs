@@ -762,6 +762,26 @@ async fn take_xact_lock(
 ///
 /// A task on the tokio runtime owns the connection and runs its keepalive;
 /// the guard is `Send + Sync` and dereferences to the key value.
+///
+/// ```no_run
+/// use lockkit::{HashText, SessionLock};
+///
+/// # async fn payroll() -> Result<(), lockkit::Error> { Ok(()) }
+/// # async fn run(config: tokio_postgres::Config) -> Result<(), lockkit::Error> {
+/// let sessions = SessionLock::new(config);
+/// // One payroll run at a time across the fleet; the others skip.
+/// let Ok(guard) = sessions.try_lock(HashText("payroll-1405-01")).await? else {
+///     return Ok(()); // another instance runs it
+/// };
+/// tokio::select! {
+///     result = payroll() => result?,
+///     // The lock is gone (connection lost): stop acting as the leader.
+///     () = guard.lost() => return Ok(()),
+/// }
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "the session lock is released when the guard drops; bind it to a variable for as long as the work needs the lock"]
 pub struct SessionGuard<K> {
     value: K,
