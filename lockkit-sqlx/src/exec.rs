@@ -8,7 +8,9 @@
 //! connection in sqlx's statement cache; the engine checks every reply
 //! either way.
 
-use lockkit::engine::{Acquisition, DriverError, Grant, Param, Reply, ReplyShape, Statement};
+use lockkit::engine::{
+    read_reply, Acquisition, DriverError, Grant, Param, Reply, ReplyRow, ReplyShape, Statement,
+};
 use lockkit::{Busy, Error};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
@@ -20,7 +22,33 @@ use crate::locker::BoxFuture;
 /// What the server answered one statement.
 enum Answer {
     Done,
-    Rows(Vec<PgRow>),
+    Rows(Vec<SqlxRow>),
+}
+
+/// A sqlx row, read by the engine ([`ReplyRow`]: the engine knows the
+/// column layout of lockkit's replies; this adapter only decodes columns).
+pub(crate) struct SqlxRow(pub(crate) PgRow);
+
+impl ReplyRow for SqlxRow {
+    type Error = sqlx::Error;
+    fn text(&self, i: usize) -> Result<&str, Self::Error> {
+        self.0.try_get(i)
+    }
+    fn int8(&self, i: usize) -> Result<i64, Self::Error> {
+        self.0.try_get(i)
+    }
+    fn int4(&self, i: usize) -> Result<i32, Self::Error> {
+        self.0.try_get(i)
+    }
+    fn bool(&self, i: usize) -> Result<bool, Self::Error> {
+        self.0.try_get(i)
+    }
+    fn int8_array(&self, i: usize) -> Result<Vec<i64>, Self::Error> {
+        self.0.try_get(i)
+    }
+    fn int4_array(&self, i: usize) -> Result<Vec<i32>, Self::Error> {
+        self.0.try_get(i)
+    }
 }
 
 fn bind<'q>(
@@ -59,41 +87,16 @@ fn run<'a>(
             query = bind(query, param)?;
         }
         let rows = conn.fetch_all(query).await.map_err(driver_error)?;
-        Ok(Answer::Rows(rows))
+        Ok(Answer::Rows(rows.into_iter().map(SqlxRow).collect()))
     })
 }
 
 /// Reads one answer in the shape the statement promises.
 fn reply<'r>(stmt: &Statement<'_>, answer: &'r Answer) -> Reply<'r> {
-    let rows = match (stmt.reply(), answer) {
-        (ReplyShape::Done, Answer::Done) => return Reply::Done,
-        (_, Answer::Rows(rows)) => rows,
-        (_, Answer::Done) => return Reply::Malformed("no rows".into()),
-    };
-    let [row] = &rows[..] else {
-        return Reply::Malformed(format!("{} rows", rows.len()));
-    };
-    let read = || -> Result<Reply<'r>, sqlx::Error> {
-        Ok(match stmt.reply() {
-            ReplyShape::Tagged => Reply::Tagged {
-                tag: row.try_get(0)?,
-                n: row.try_get(1)?,
-            },
-            ReplyShape::TriedBigint => Reply::TriedBigint {
-                tag: row.try_get(0)?,
-                n: row.try_get(1)?,
-                busy: row.try_get(2)?,
-            },
-            ReplyShape::TriedPair => Reply::TriedPair {
-                tag: row.try_get(0)?,
-                n: row.try_get(1)?,
-                classes: row.try_get(2)?,
-                objects: row.try_get(3)?,
-            },
-            _ => Reply::Malformed("a row".into()),
-        })
-    };
-    read().unwrap_or_else(|e| Reply::Malformed(e.to_string()))
+    match answer {
+        Answer::Done => read_reply::<SqlxRow>(stmt, None),
+        Answer::Rows(rows) => read_reply(stmt, Some(rows)),
+    }
 }
 
 /// Drives an acquisition to its outcome on `conn`, one statement at a time.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use lockkit::engine::{sql, FactsRow, HASHTEXT_PROBES};
 use lockkit::{Batch, Config, Error, ErrorKind, Policy, ServerFacts};
-use sqlx::{Acquire, Connection, Executor, PgConnection, Postgres, Row};
+use sqlx::{Acquire, Connection, Executor, PgConnection, Postgres};
 
 use crate::error::lock_error;
 use crate::transaction::LockTx;
@@ -54,17 +54,8 @@ impl Locker {
             .fetch_one(executor)
             .await
             .map_err(lock_error)?;
-        let read = || -> Result<FactsRow, sqlx::Error> {
-            Ok(FactsRow {
-                max_locks: row.try_get("max_locks")?,
-                max_connections: row.try_get("max_connections")?,
-                in_recovery: row.try_get("in_recovery")?,
-                version_num: row.try_get("version_num")?,
-                hashes: row.try_get("hashes")?,
-                backend_pid: row.try_get("backend_pid")?,
-            })
-        };
-        let facts = ServerFacts::from(&read().map_err(lock_error)?);
+        let row = FactsRow::read(&crate::exec::SqlxRow(row)).map_err(lock_error)?;
+        let facts = ServerFacts::from(&row);
         Ok(Locker::with_facts(config, facts))
     }
 

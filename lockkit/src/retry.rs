@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use crate::engine::error::{DriverError, Error};
+#[cfg(any(feature = "tokio-postgres", feature = "diesel", test))]
+use crate::engine::error::DriverError;
+use crate::engine::error::Error;
 
 /// An error that says whether running the whole transaction again may
 /// succeed. lockkit's [`Error`] and the drivers' errors agree: they are

@@ -43,6 +43,25 @@ pub struct FactsRow {
     pub backend_pid: i32,
 }
 
+impl FactsRow {
+    /// Reads the row of [`SERVER_FACTS`](crate::engine::sql::SERVER_FACTS)
+    /// by its column order.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error when a column does not decode.
+    pub fn read<R: crate::engine::ReplyRow>(row: &R) -> Result<FactsRow, R::Error> {
+        Ok(FactsRow {
+            max_locks: row.int4(0)?,
+            max_connections: row.int4(1)?,
+            in_recovery: row.bool(2)?,
+            version_num: row.int4(3)?,
+            hashes: row.int4_array(4)?,
+            backend_pid: row.int4(5)?,
+        })
+    }
+}
+
 impl From<&FactsRow> for ServerFacts {
     fn from(row: &FactsRow) -> Self {
         let hashtext_mismatch = if row.hashes.len() != HASHTEXT_PROBES.len() {

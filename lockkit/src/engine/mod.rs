@@ -61,7 +61,7 @@ mod statement;
 pub use acquire::{Acquisition, Grant, Policy, Request, TxState, Wait};
 pub use error::DriverError;
 pub use facts::{FactsRow, HASHTEXT_PROBES};
-pub use statement::{Param, ParamType, Reply, ReplyShape, Sql, Statement};
+pub use statement::{read_reply, Param, ParamType, Reply, ReplyRow, ReplyShape, Sql, Statement};
 
 /// The count `n` a [`ReplyShape::Tagged`] statement answers when every key
 /// it locks is granted: the number of keys it carries (0 for the timeout

@@ -303,3 +303,59 @@ pub enum Reply<'r> {
     /// says what was seen.
     Malformed(String),
 }
+
+/// One row as a driver returned it, read by column index: what an adapter
+/// implements (a few lines over its driver's row type) so that the engine,
+/// not each adapter, knows the column layout of lockkit's replies and of
+/// [`SERVER_FACTS`](crate::engine::sql::SERVER_FACTS).
+pub trait ReplyRow {
+    /// The driver's decoding error, kept as text in [`Reply::Malformed`].
+    type Error: fmt::Display;
+    /// Column `i` as `text`.
+    fn text(&self, i: usize) -> Result<&str, Self::Error>;
+    /// Column `i` as `int8`.
+    fn int8(&self, i: usize) -> Result<i64, Self::Error>;
+    /// Column `i` as `int4`.
+    fn int4(&self, i: usize) -> Result<i32, Self::Error>;
+    /// Column `i` as `bool`.
+    fn bool(&self, i: usize) -> Result<bool, Self::Error>;
+    /// Column `i` as `int8[]`.
+    fn int8_array(&self, i: usize) -> Result<Vec<i64>, Self::Error>;
+    /// Column `i` as `int4[]`.
+    fn int4_array(&self, i: usize) -> Result<Vec<i32>, Self::Error>;
+}
+
+/// The reply to `statement` from the rows a driver returned for it (`None`
+/// for a simple-protocol statement that returns none): exactly one row, in
+/// the statement's [`ReplyShape`], else [`Reply::Malformed`].
+pub fn read_reply<'r, R: ReplyRow>(statement: &Statement<'_>, rows: Option<&'r [R]>) -> Reply<'r> {
+    let rows = match (statement.reply(), rows) {
+        (ReplyShape::Done, None) => return Reply::Done,
+        (_, Some(rows)) => rows,
+        (_, None) => return Reply::Malformed("no rows".into()),
+    };
+    let [row] = rows else {
+        return Reply::Malformed(format!("{} rows", rows.len()));
+    };
+    let read = || -> Result<Reply<'r>, R::Error> {
+        Ok(match statement.reply() {
+            ReplyShape::Tagged => Reply::Tagged {
+                tag: row.text(0)?,
+                n: row.int8(1)?,
+            },
+            ReplyShape::TriedBigint => Reply::TriedBigint {
+                tag: row.text(0)?,
+                n: row.int8(1)?,
+                busy: row.int8_array(2)?,
+            },
+            ReplyShape::TriedPair => Reply::TriedPair {
+                tag: row.text(0)?,
+                n: row.int8(1)?,
+                classes: row.int4_array(2)?,
+                objects: row.int4_array(3)?,
+            },
+            ReplyShape::Done => Reply::Malformed("a row".into()),
+        })
+    };
+    read().unwrap_or_else(|e| Reply::Malformed(e.to_string()))
+}

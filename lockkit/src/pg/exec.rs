@@ -11,7 +11,8 @@ use tokio_postgres::{CancelToken, Client, NoTls, Row};
 use crate::engine::error::Error;
 use crate::engine::guard::Busy;
 use crate::engine::{
-    Acquisition, DriverError, Grant, Param, ParamType, Reply, ReplyShape, Sql, Statement,
+    read_reply, Acquisition, DriverError, Grant, Param, ParamType, Reply, ReplyRow, ReplyShape,
+    Sql, Statement,
 };
 
 /// lockkit's statements prepared on one connection, prepared all at once
@@ -120,37 +121,34 @@ async fn send_round(
     join_all(futures).await.into_iter().collect()
 }
 
+impl ReplyRow for Row {
+    type Error = tokio_postgres::Error;
+    fn text(&self, i: usize) -> Result<&str, Self::Error> {
+        self.try_get(i)
+    }
+    fn int8(&self, i: usize) -> Result<i64, Self::Error> {
+        self.try_get(i)
+    }
+    fn int4(&self, i: usize) -> Result<i32, Self::Error> {
+        self.try_get(i)
+    }
+    fn bool(&self, i: usize) -> Result<bool, Self::Error> {
+        self.try_get(i)
+    }
+    fn int8_array(&self, i: usize) -> Result<Vec<i64>, Self::Error> {
+        self.try_get(i)
+    }
+    fn int4_array(&self, i: usize) -> Result<Vec<i32>, Self::Error> {
+        self.try_get(i)
+    }
+}
+
 /// Reads one answer in the shape the statement promises.
 fn reply<'r>(stmt: &Statement<'_>, answer: &'r Answer) -> Reply<'r> {
-    let rows = match (stmt.reply(), answer) {
-        (ReplyShape::Done, Answer::Done) => return Reply::Done,
-        (_, Answer::Rows(rows)) => rows,
-        (_, Answer::Done) => return Reply::Malformed("no rows".into()),
-    };
-    let [row] = &rows[..] else {
-        return Reply::Malformed(format!("{} rows", rows.len()));
-    };
-    let read = || -> Result<Reply<'r>, tokio_postgres::Error> {
-        Ok(match stmt.reply() {
-            ReplyShape::Tagged => Reply::Tagged {
-                tag: row.try_get(0)?,
-                n: row.try_get(1)?,
-            },
-            ReplyShape::TriedBigint => Reply::TriedBigint {
-                tag: row.try_get(0)?,
-                n: row.try_get(1)?,
-                busy: row.try_get(2)?,
-            },
-            ReplyShape::TriedPair => Reply::TriedPair {
-                tag: row.try_get(0)?,
-                n: row.try_get(1)?,
-                classes: row.try_get(2)?,
-                objects: row.try_get(3)?,
-            },
-            _ => Reply::Malformed("a row".into()),
-        })
-    };
-    read().unwrap_or_else(|e| Reply::Malformed(e.to_string()))
+    match answer {
+        Answer::Done => read_reply::<Row>(stmt, None),
+        Answer::Rows(rows) => read_reply(stmt, Some(rows)),
+    }
 }
 
 /// Sends a cancel request for the statement in flight when dropped armed: a

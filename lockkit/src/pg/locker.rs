@@ -210,12 +210,5 @@ pub(crate) async fn server_facts(client: &Client) -> Result<FactsRow, Error> {
     let row = client
         .query_typed_one(sql::SERVER_FACTS, &[(&probes, Type::TEXT_ARRAY)])
         .await?;
-    Ok(FactsRow {
-        max_locks: row.try_get("max_locks")?,
-        max_connections: row.try_get("max_connections")?,
-        in_recovery: row.try_get("in_recovery")?,
-        version_num: row.try_get("version_num")?,
-        hashes: row.try_get("hashes")?,
-        backend_pid: row.try_get("backend_pid")?,
-    })
+    Ok(FactsRow::read(&row)?)
 }
