@@ -395,6 +395,10 @@ async fn order_check_warn_takes_the_lock() {
             move || captured.clone()
         })
         .set_default();
+    // Other tests install thread-local subscribers at the same time; a
+    // callsite whose interest was cached while none of them wanted it would
+    // skip this thread's subscriber.
+    tracing::callsite::rebuild_interest_cache();
 
     // Control: in order, nothing to warn about.
     let tx = locker.begin(&mut a).await.unwrap();

@@ -75,6 +75,9 @@ async fn a_lock_wait_emits_a_span_and_a_metric_with_its_wait() {
     let spans = Spans::default();
     let _subscriber =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    // Other tests install thread-local subscribers at the same time: make
+    // every callsite ask this one again.
+    tracing::callsite::rebuild_interest_cache();
 
     let db = TestServer::shared();
     let _log = db.guard();
@@ -170,6 +173,7 @@ async fn out_of_order_fails_in_debug_and_warns_once_per_call_site() {
     let warnings = Warnings::default();
     let _subscriber =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    tracing::callsite::rebuild_interest_cache();
     let db = TestServer::shared();
     let _log = db.guard();
     let mut a = db.connect().await;
