@@ -46,9 +46,17 @@ async fn activity(observer: &Client, pid: i32) -> (String, Option<String>) {
 /// the batch's session is seen waiting. Returns whether the insert had
 /// drawn its sequence value while the lock waited, and the statement the
 /// session was running then.
-async fn pipelined(lock_first: bool, ids: [i64; 2], name: &str) -> (bool, String) {
+///
+/// With `fresh_client`, the transaction comes from a new `LockClient`,
+/// whose first lock call also prepares lockkit's statements.
+async fn pipelined(
+    lock_first: bool,
+    fresh_client: bool,
+    ids: [i64; 2],
+    name: &str,
+) -> (bool, String) {
     let db = TestServer::shared();
-    let mut a = db.connect().await;
+    let a = db.connect().await;
     let mut holder_client = db.connect().await;
     let observer = db.connect().await;
     let pid = backend_pid(&a).await;
@@ -69,7 +77,13 @@ async fn pipelined(lock_first: bool, ids: [i64; 2], name: &str) -> (bool, String
     let holder = locker.begin(&mut holder_client).await.unwrap();
     let _ = holder.lock(Event { id: ids[1] }).await.unwrap();
 
-    let tx = locker.begin(&mut a).await.unwrap();
+    let mut conn = lockkit::LockClient::new(&locker, a);
+    let tx = if fresh_client {
+        conn.begin().await.unwrap()
+    } else {
+        locker.begin(&mut conn).await.unwrap()
+    };
+    assert_eq!(tx.is_prepared(), fresh_client);
     let lock = async { tx.lock_batch(&batch).await.map(drop) };
     // `execute_typed` sends its statement on its first poll.
     let insert = async { Ok::<_, Error>(tx.execute_typed(&insert, &[]).await?) };
@@ -107,7 +121,7 @@ async fn pipelined(lock_first: bool, ids: [i64; 2], name: &str) -> (bool, String
 #[tokio::test(flavor = "multi_thread")]
 async fn pipelined_statement_runs_after_the_locks() {
     let _log = TestServer::shared().guard();
-    let (drawn, query) = pipelined(true, [1, 2], "lockkit_pipeline_ordered").await;
+    let (drawn, query) = pipelined(true, false, [1, 2], "lockkit_pipeline_ordered").await;
     assert!(
         !drawn,
         "the insert ran while the batch waited for its locks"
@@ -123,6 +137,22 @@ async fn pipelined_statement_runs_after_the_locks() {
 #[tokio::test(flavor = "multi_thread")]
 async fn control_statement_sent_first_runs_before_the_locks() {
     let _log = TestServer::shared().guard();
-    let (drawn, _) = pipelined(false, [3, 4], "lockkit_pipeline_control").await;
+    let (drawn, _) = pipelined(false, false, [3, 4], "lockkit_pipeline_control").await;
     assert!(drawn, "the observation cannot tell the order apart");
+}
+
+/// The same on a new `LockClient`: its first lock call prepares lockkit's
+/// statements, and the statement pipelined behind it still runs after the
+/// locks. (It once ran first: the lock future awaited the prepare before
+/// sending anything, and the ingestion study's lock-only strategy let
+/// duplicates through on each new connection.)
+#[tokio::test(flavor = "multi_thread")]
+async fn pipelined_statement_runs_after_the_locks_on_a_new_lock_client() {
+    let _log = TestServer::shared().guard();
+    let (drawn, query) = pipelined(true, true, [5, 6], "lockkit_pipeline_fresh").await;
+    assert!(
+        !drawn,
+        "the insert ran while the batch waited for its locks"
+    );
+    assert!(query.contains("pg_advisory_xact_lock"), "{query}");
 }

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use futures_util::future::{join_all, try_join_all};
+use futures_util::future::{join, join_all, try_join_all};
 use tokio::sync::OnceCell;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{CancelToken, Client, NoTls, Row};
@@ -23,27 +23,28 @@ pub(crate) struct StatementCache {
 }
 
 impl StatementCache {
-    async fn get(
-        &self,
-        client: &Client,
-    ) -> Result<&[tokio_postgres::Statement], tokio_postgres::Error> {
-        let statements = self
-            .statements
-            .get_or_try_init(|| async {
-                let types: Vec<Vec<Type>> = Sql::PREPARABLE
-                    .iter()
-                    .map(|sql| sql.param_types().iter().map(|t| pg_type(*t)).collect())
-                    .collect();
-                try_join_all(
-                    Sql::PREPARABLE
-                        .iter()
-                        .zip(&types)
-                        .map(|(sql, types)| client.prepare_typed(sql.text(), types)),
-                )
-                .await
-            })
-            .await?;
-        Ok(statements)
+    /// The statements, when they are prepared.
+    fn ready(&self) -> Option<&[tokio_postgres::Statement]> {
+        self.statements.get().map(Vec::as_slice)
+    }
+
+    /// Prepares every statement on `client`: the `Parse` messages go out on
+    /// the first poll, so whatever is polled after this future follows them.
+    async fn prepare(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
+        let types: Vec<Vec<Type>> = Sql::PREPARABLE
+            .iter()
+            .map(|sql| sql.param_types().iter().map(|t| pg_type(*t)).collect())
+            .collect();
+        let statements = try_join_all(
+            Sql::PREPARABLE
+                .iter()
+                .zip(&types)
+                .map(|(sql, types)| client.prepare_typed(sql.text(), types)),
+        )
+        .await?;
+        // Two calls racing to prepare: the first one's statements stay.
+        let _ = self.statements.set(statements);
+        Ok(())
     }
 }
 
@@ -91,12 +92,13 @@ async fn send_round(
     cache: Option<&StatementCache>,
     round: &[Statement<'_>],
 ) -> Result<Vec<Answer>, tokio_postgres::Error> {
-    // Prepared statements are made before anything of the round is sent, so
-    // that nothing can overtake a statement waiting for its prepare.
-    let prepared = match cache {
-        Some(cache) => Some(cache.get(client).await?),
-        None => None,
-    };
+    // Every statement of the round is sent on the first poll, in order, so
+    // that a statement the caller pipelines behind the lock call runs after
+    // the locks. The first time, the statements are not prepared yet: the
+    // `Parse` messages go first, the round itself goes unnamed right behind
+    // them, and the prepared statements serve the next rounds.
+    let prepared = cache.and_then(StatementCache::ready);
+    let to_prepare = cache.filter(|c| c.ready().is_none());
     let futures = round.iter().map(|stmt| async move {
         if stmt.reply() == ReplyShape::Done {
             return client
@@ -118,7 +120,19 @@ async fn send_round(
         };
         Ok(Answer::Rows(rows))
     });
-    join_all(futures).await.into_iter().collect()
+    let answers = match to_prepare {
+        None => join_all(futures).await,
+        Some(cache) => {
+            let (prepared, answers) = join(cache.prepare(client), join_all(futures)).await;
+            if let Err(e) = prepared {
+                // Unnamed statements served this round; the next one tries
+                // again.
+                tracing::debug!(error = %e, "lockkit: could not prepare lockkit's statements");
+            }
+            answers
+        }
+    };
+    answers.into_iter().collect()
 }
 
 impl ReplyRow for Row {

@@ -449,9 +449,10 @@ impl<'c> LockTx<'c> {
     /// The second future must send its statement on its first poll, as
     /// `execute_typed`, `query_typed`, and `execute`/`query` with a prepared
     /// `Statement` do; `execute` with a `&str` first waits for a prepare.
-    /// The first lock call on a new [`LockClient`](crate::LockClient)
-    /// prepares lockkit's statements first (one round trip, once per
-    /// connection) before it sends anything.
+    /// The lock future sends everything on its first poll, on a new
+    /// [`LockClient`](crate::LockClient) too: its first lock call sends the
+    /// `Parse` messages of lockkit's statements and then its own statements
+    /// unnamed, so nothing pipelined behind it can overtake the locks.
     ///
     /// # Errors
     ///
