@@ -2,13 +2,11 @@
 //! `53200` it exists to prevent), free relocks, savepoint bookkeeping and the
 //! lock order check.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockkit::ErrorKind;
 use lockkit::{AdvisoryKey, Batch, Config, LockKey, Mode, OrderCheck};
 use lockkit_tests::TestServer;
-use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::common::{advisory_rows, backend_pid, granted_elsewhere, held_by, locker, sorted};
 
@@ -335,33 +333,6 @@ async fn order_check_error_refuses_before_sending() {
     tx.rollback().await.unwrap();
 }
 
-/// A writer into a shared buffer, for a `tracing` subscriber whose output
-/// the test reads.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    /// The lines of the warnings captured so far.
-    fn warnings(&self) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .filter(|l| l.contains("WARN"))
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
 /// `OrderCheck::Warn` (the default) takes a lock below a held key, and
 /// emits a warning saying so; taken in order, no warning (the control).
 #[tokio::test(flavor = "multi_thread")]
@@ -387,18 +358,8 @@ async fn order_check_warn_takes_the_lock() {
         .unwrap();
 
     // The test body runs on this thread (block_on), and so do the lock
-    // calls it awaits: a thread-local subscriber sees their events.
-    let captured = Captured::default();
-    let _subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let captured = captured.clone();
-            move || captured.clone()
-        })
-        .set_default();
-    // Other tests install thread-local subscribers at the same time; a
-    // callsite whose interest was cached while none of them wanted it would
-    // skip this thread's subscriber.
-    tracing::callsite::rebuild_interest_cache();
+    // calls it awaits: the capture sees their events.
+    let (captured, _capture) = crate::common::capture::capture();
 
     // Control: in order, nothing to warn about.
     let tx = locker.begin(&mut a).await.unwrap();

@@ -2,67 +2,19 @@
 //! outcome and wait, and the `metrics` feature records the wait in a
 //! histogram, on a real wait on the server.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lockkit::{AdvisoryKey, Config};
 use lockkit_tests::TestServer;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::Layer;
 
+use crate::common::capture::capture;
 use crate::common::{backend_pid, locker, wait_until_waiting};
 
 #[derive(AdvisoryKey, Clone, Copy, Debug)]
 #[advisory_key(namespace = "lockkit-tests.observe")]
 struct Observed {
     id: i64,
-}
-
-/// Every field value of every `lockkit.lock` span, as text, by span.
-#[derive(Clone, Default)]
-struct Spans(Arc<Mutex<Vec<(u64, String, String)>>>);
-
-struct Fields<'a>(u64, &'a mut Vec<(u64, String, String)>);
-
-impl Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.1
-            .push((self.0, field.name().to_owned(), format!("{value:?}")));
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.1
-            .push((self.0, field.name().to_owned(), value.to_owned()));
-    }
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        self.1
-            .push((self.0, field.name().to_owned(), value.to_string()));
-    }
-}
-
-impl<S: tracing::Subscriber> Layer<S> for Spans {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _: Context<'_, S>) {
-        if attrs.metadata().name() == "lockkit.lock" {
-            attrs.record(&mut Fields(id.into_u64(), &mut self.0.lock().unwrap()));
-        }
-    }
-    fn on_record(&self, id: &Id, values: &Record<'_>, _: Context<'_, S>) {
-        values.record(&mut Fields(id.into_u64(), &mut self.0.lock().unwrap()));
-    }
-}
-
-impl Spans {
-    /// The values of field `name`, in the order the spans were made.
-    fn get(&self, name: &str) -> Vec<String> {
-        let fields = self.0.lock().unwrap();
-        fields
-            .iter()
-            .filter(|(_, n, _)| n == name)
-            .map(|(_, _, v)| v.clone())
-            .collect()
-    }
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -72,12 +24,7 @@ async fn a_lock_wait_emits_a_span_and_a_metric_with_its_wait() {
     recorder
         .install()
         .expect("the only recorder of this test binary");
-    let spans = Spans::default();
-    let _subscriber =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
-    // Other tests install thread-local subscribers at the same time: make
-    // every callsite ask this one again.
-    tracing::callsite::rebuild_interest_cache();
+    let (spans, _capture) = capture();
 
     let db = TestServer::shared();
     let _log = db.guard();
@@ -107,10 +54,10 @@ async fn a_lock_wait_emits_a_span_and_a_metric_with_its_wait() {
     tx.commit().await.unwrap();
 
     // Two calls went to the server: the holder's, then the waiter's.
-    assert_eq!(spans.get("key_type"), ["lockkit-tests.observe"; 2]);
-    assert_eq!(spans.get("keys"), ["1", "1"]);
-    assert_eq!(spans.get("outcome"), ["granted", "granted"]);
-    let wait_ms: f64 = spans.get("wait_ms")[1].parse().unwrap();
+    assert_eq!(spans.span_field("key_type"), ["lockkit-tests.observe"; 2]);
+    assert_eq!(spans.span_field("keys"), ["1", "1"]);
+    assert_eq!(spans.span_field("outcome"), ["granted", "granted"]);
+    let wait_ms: f64 = spans.span_field("wait_ms")[1].parse().unwrap();
     assert!(
         wait_ms >= at_least.as_secs_f64() * 1000.0,
         "the span's wait {wait_ms} ms covers the {at_least:?} the holder kept the key"
@@ -147,33 +94,11 @@ struct Ordered {
     id: i64,
 }
 
-/// Counts the `tracing` warnings (events at WARN).
-#[derive(Clone, Default)]
-struct Warnings(Arc<Mutex<Vec<String>>>);
-
-impl<S: tracing::Subscriber> Layer<S> for Warnings {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        if *event.metadata().level() == tracing::Level::WARN {
-            let mut fields = Vec::new();
-            event.record(&mut Fields(0, &mut fields));
-            let text = fields
-                .into_iter()
-                .map(|(_, n, v)| format!("{n}={v}"))
-                .collect::<Vec<_>>()
-                .join(" ");
-            self.0.lock().unwrap().push(text);
-        }
-    }
-}
-
 /// Out-of-order acquisition: the default fails in debug builds (lockdep);
 /// `OrderCheck::Warn` warns once per call site, not once per call.
 #[tokio::test(flavor = "current_thread")]
 async fn out_of_order_fails_in_debug_and_warns_once_per_call_site() {
-    let warnings = Warnings::default();
-    let _subscriber =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
-    tracing::callsite::rebuild_interest_cache();
+    let (warnings, _capture) = capture();
     let db = TestServer::shared();
     let _log = db.guard();
     let mut a = db.connect().await;
@@ -192,7 +117,7 @@ async fn out_of_order_fails_in_debug_and_warns_once_per_call_site() {
         drop(result.unwrap());
     }
     tx.rollback().await.unwrap();
-    warnings.0.lock().unwrap().clear(); // release builds warned here
+    warnings.clear_warnings(); // release builds warned here
 
     let lax = locker(&a, Config::default().order_check(lockkit::OrderCheck::Warn)).await;
     for _ in 0..5 {
@@ -201,13 +126,13 @@ async fn out_of_order_fails_in_debug_and_warns_once_per_call_site() {
         let _ = tx.lock(low).await.unwrap(); // one call site, five times
         tx.rollback().await.unwrap();
     }
-    let after_one_site = warnings.0.lock().unwrap().len();
-    assert_eq!(after_one_site, 1, "{:?}", warnings.0.lock().unwrap());
+    let after_one_site = warnings.warnings().len();
+    assert_eq!(after_one_site, 1, "{:?}", warnings.warnings());
     let tx = lax.begin(&mut a).await.unwrap();
     let _ = tx.lock(high).await.unwrap();
     let _ = tx.lock(low).await.unwrap(); // another call site
     tx.rollback().await.unwrap();
-    let all = warnings.0.lock().unwrap().clone();
+    let all = warnings.warnings();
     assert_eq!(all.len(), 2, "{all:?}");
     assert!(
         all[1].contains("observe.rs"),
