@@ -129,45 +129,57 @@ async fn a_foreign_statement_behind_a_pooler_is_never_a_lock() {
         names.len() >= 4,
         "lockkit's statements are prepared there: {names:?}"
     );
-    for (name, types) in &names {
-        let params = if types.is_empty() {
-            String::new()
-        } else {
-            format!("({types})")
-        };
-        other
-            .batch_execute(&format!(
-                "DEALLOCATE {name}; PREPARE {name}{params} AS SELECT 'x'::text AS tag, 1::int8 AS n"
-            ))
-            .await
-            .unwrap();
-    }
-
-    // The control: lockkit's own statement handle now runs the foreign text
-    // without an error, and no lock is taken.
-    let mut oks = 0;
-    for id in 0..12 {
-        let tx = lk.begin().await.unwrap();
-        match tx.lock(Item { id: 100 + id }).await {
-            Ok(held) => {
-                // Never a success without the lock.
-                assert!(
-                    granted_elsewhere(&observer, held.key()).await,
-                    "lock() returned Ok without its row in pg_locks"
-                );
-                oks += 1;
-            }
-            Err(e) => {
-                assert_eq!(e.kind(), ErrorKind::UnexpectedReply, "{e}");
-                assert!(tx.is_poisoned());
-            }
+    // Two foreign statements: one of another shape (two columns, which the
+    // driver cannot read as lockkit's three), and one of the same shape with
+    // another tag.
+    for foreign in [
+        "SELECT 'x'::text AS tag, 1::int8 AS n",
+        "SELECT 'x'::text AS tag, 1::int8 AS n, pg_sleep(0) AS locked",
+    ] {
+        for (name, types) in &names {
+            let params = if types.is_empty() {
+                String::new()
+            } else {
+                format!("({types})")
+            };
+            other
+                .batch_execute(&format!(
+                    "DEALLOCATE {name}; PREPARE {name}{params} AS {foreign}"
+                ))
+                .await
+                .unwrap();
         }
-        tx.rollback().await.unwrap();
+
+        // The control: lockkit's own statement handle now runs the foreign
+        // text without an error, and no lock is taken.
+        let mut oks = 0;
+        for id in 0..12 {
+            let tx = lk.begin().await.unwrap();
+            match tx.lock(Item { id: 100 + id }).await {
+                Ok(held) => {
+                    // Never a success without the lock.
+                    assert!(
+                        granted_elsewhere(&observer, held.key()).await,
+                        "lock() returned Ok without its row in pg_locks"
+                    );
+                    oks += 1;
+                }
+                Err(e) => {
+                    assert_eq!(
+                        e.kind(),
+                        ErrorKind::UnexpectedReply,
+                        "{e} {e:?} ({foreign})"
+                    );
+                    assert!(tx.is_poisoned());
+                }
+            }
+            tx.rollback().await.unwrap();
+        }
+        assert_eq!(
+            oks, 0,
+            "every lock ran the foreign statement ({foreign}) and was refused"
+        );
     }
-    assert_eq!(
-        oks, 0,
-        "every lock ran the foreign statement and was refused"
-    );
     let raw = other
         .query_one(
             &format!("EXECUTE {}{}", names[0].0, placeholder(&names[0].1)),

@@ -426,20 +426,11 @@ impl Acquisition<'_> {
                     _ => self.settled(Ok(Granted::Busy(busy)), false),
                 },
             },
-            (Stage::Main, Err(e)) => {
-                let timed = match self.wait {
-                    Wait::Timeout(t) => Some((t, self.started.elapsed())),
-                    _ => None,
-                };
-                let error = e.into_error_in(timed, self.plan.len());
-                if self.uses_savepoint() {
-                    Stage::Recover(error)
-                } else {
-                    // The failed statement aborted the transaction; what the
-                    // batch took is released with it (or at the rollback).
-                    self.settled(Err(error), true)
-                }
-            }
+            (Stage::Main, Err(e)) => match e.into_unexpected() {
+                // Not lockkit's statement: nothing is known any more.
+                Ok(error) => self.cut_off(error),
+                Err(e) => self.main_failed(e),
+            },
             (Stage::Settle(busy), Ok(replies)) => match self.check(&sent, &replies) {
                 Err(e) => self.cut_off(e),
                 Ok(_) if busy.is_empty() => self.settled(Ok(Granted::Now), false),
@@ -455,6 +446,22 @@ impl Acquisition<'_> {
             (Stage::Recover(error), Err(_)) => self.settled(Err(error), true),
             (finished @ Stage::Finished(_), _) => finished,
         };
+    }
+
+    /// The main round failed with the server's or the driver's error.
+    fn main_failed(&mut self, e: DriverError) -> Stage {
+        let timed = match self.wait {
+            Wait::Timeout(t) => Some((t, self.started.elapsed())),
+            _ => None,
+        };
+        let error = e.into_error_in(timed, self.plan.len());
+        if self.uses_savepoint() {
+            Stage::Recover(error)
+        } else {
+            // The failed statement aborted the transaction; what the batch
+            // took is released with it (or at the rollback).
+            self.settled(Err(error), true)
+        }
     }
 
     fn uses_savepoint(&self) -> bool {
@@ -864,6 +871,45 @@ mod tests {
         call.receive(Ok(replies));
         assert!(call.finish().unwrap().is_ok());
         assert!(state.holds(LockKey::BigInt(7), Mode::Exclusive));
+    }
+
+    /// A statement of lockkit's name that the server will not bind as
+    /// lockkit's (08P01: other columns; 26000: none of that name; Diesel's
+    /// message without a code) is not lockkit's reply either; a deadlock is
+    /// still a deadlock (the control).
+    #[test]
+    fn a_refused_bind_of_a_foreign_statement_is_an_unexpected_reply() {
+        let cases: [(Option<&str>, Option<&str>, ErrorKind); 4] = [
+            (Some("08P01"), None, ErrorKind::UnexpectedReply),
+            (Some("26000"), None, ErrorKind::UnexpectedReply),
+            (
+                None,
+                Some("bind message has 3 result formats but query has 2 columns"),
+                ErrorKind::UnexpectedReply,
+            ),
+            (Some("40P01"), None, ErrorKind::Deadlock),
+        ];
+        for (code, message, kind) in cases {
+            for wait in [Wait::Forever, Wait::Timeout(Duration::from_secs(1))] {
+                let state = TxState::new();
+                let mut call = state
+                    .acquire(&policy(), 0, Request::one(&K(7), Mode::Exclusive), wait)
+                    .unwrap();
+                call.receive(Err(DriverError::new("x").code(code).message(message)));
+                while let Some(round) = call.round() {
+                    let replies = round.iter().map(|_| Reply::Done).collect();
+                    drop(round);
+                    call.receive(Ok(replies));
+                }
+                let err = call.finish().unwrap_err();
+                assert_eq!(err.kind(), kind, "{err} ({wait:?})");
+                if kind == ErrorKind::UnexpectedReply {
+                    assert!(!state.holds(LockKey::BigInt(7), Mode::Exclusive));
+                    assert!(state.is_poisoned(), "{wait:?}");
+                    assert_eq!(err.code(), code.or(Some("08P01")));
+                }
+            }
+        }
     }
 
     #[test]

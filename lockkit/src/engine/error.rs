@@ -33,6 +33,12 @@ pub mod sqlstate {
     pub const CANNOT_CONNECT_NOW: &str = "57P03";
     /// `25P03 idle_in_transaction_session_timeout`.
     pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
+    /// `08P01 protocol_violation`: among others, a `Bind` whose result
+    /// formats or parameters do not fit the prepared statement of that name.
+    pub const PROTOCOL_VIOLATION: &str = "08P01";
+    /// `26000 invalid_sql_statement_name`: no prepared statement of that
+    /// name.
+    pub const INVALID_SQL_STATEMENT_NAME: &str = "26000";
 }
 
 /// What went wrong, to match on. New kinds may be added.
@@ -82,7 +88,10 @@ pub enum ErrorKind {
     PooledConnection,
     /// The server answered a lockkit statement with something that is not
     /// its reply (e.g. a foreign prepared statement of the same name behind
-    /// a pooler). Nothing is known to be held; the transaction is poisoned.
+    /// a pooler, whose row is not lockkit's, or whose columns or parameters
+    /// made the server refuse the `Bind`: `08P01`; or no statement of that
+    /// name: `26000`). Nothing is known to be held; the transaction is
+    /// poisoned.
     UnexpectedReply,
     /// An invalid namespace.
     Namespace,
@@ -481,6 +490,7 @@ pub struct DriverError {
     code: Option<String>,
     message: Option<String>,
     closed: bool,
+    foreign_reply: bool,
     source: BoxError,
 }
 
@@ -491,6 +501,7 @@ impl DriverError {
             code: None,
             message: None,
             closed: false,
+            foreign_reply: false,
             source: source.into(),
         }
     }
@@ -510,6 +521,15 @@ impl DriverError {
     /// Whether the driver reports the connection as closed.
     pub fn closed(mut self, closed: bool) -> Self {
         self.closed = closed;
+        self
+    }
+
+    /// Whether the driver could not read the reply to one of lockkit's
+    /// statements in the statement's own shape (another number of columns,
+    /// a column missing): the statement that answered is not lockkit's, and
+    /// the lock call fails with [`ErrorKind::UnexpectedReply`].
+    pub fn foreign_reply(mut self, foreign: bool) -> Self {
+        self.foreign_reply = foreign;
         self
     }
 
@@ -564,6 +584,45 @@ impl DriverError {
     /// The lockkit error for this driver error outside a lock call.
     pub fn into_error(self) -> Error {
         self.into_error_in(None, 0)
+    }
+
+    /// When the driver could not read the reply in the statement's shape
+    /// ([`DriverError::foreign_reply`]), or the server refused one of
+    /// lockkit's own statements as not the
+    /// statement lockkit prepared under that name: `08P01` at its `Bind`
+    /// (the statement of that name has other columns or parameters) or
+    /// `26000` (no statement of that name). Behind a transaction-mode pooler
+    /// both mean the backend's statement of that name is another client's,
+    /// or none: the reply is not lockkit's ([`ErrorKind::UnexpectedReply`],
+    /// keeping the code), whatever its shape.
+    pub(crate) fn into_unexpected(self) -> Result<Error, Self> {
+        if self.foreign_reply {
+            return Ok(Error::make(
+                ErrorKind::UnexpectedReply,
+                self.code,
+                Detail::None,
+                Some(self.source),
+            ));
+        }
+        let code = self.code.clone().or_else(|| {
+            // Diesel hides the code; its English message names it.
+            let message = self.message.as_deref()?;
+            ["bind message has ", "bind message supplies "]
+                .iter()
+                .any(|p| message.starts_with(p))
+                .then(|| sqlstate::PROTOCOL_VIOLATION.to_owned())
+        });
+        match code.as_deref() {
+            Some(sqlstate::PROTOCOL_VIOLATION | sqlstate::INVALID_SQL_STATEMENT_NAME) => {
+                Ok(Error::make(
+                    ErrorKind::UnexpectedReply,
+                    code,
+                    Detail::None,
+                    Some(self.source),
+                ))
+            }
+            _ => Err(self),
+        }
     }
 
     /// The lockkit error for this driver error in a lock call of `keys` keys
@@ -685,10 +744,14 @@ impl From<diesel::result::Error> for DriverError {
             }
             _ => (None, None, false),
         };
+        // A row without the columns asked for: in a lock call, the reply
+        // of a statement that is not lockkit's.
+        let foreign = matches!(e, D::DeserializationError(_));
         DriverError::new(e)
             .code(code)
             .message(message.as_deref())
             .closed(closed)
+            .foreign_reply(foreign)
     }
 }
 

@@ -98,41 +98,62 @@ async fn send_round(
     // `Parse` messages go first, the round itself goes unnamed right behind
     // them, and the prepared statements serve the next rounds.
     let prepared = cache.and_then(StatementCache::ready);
-    let to_prepare = cache.filter(|c| c.ready().is_none());
-    let futures = round.iter().map(|stmt| async move {
-        if stmt.reply() == ReplyShape::Done {
-            return client
-                .batch_execute(stmt.text())
-                .await
-                .map(|()| Answer::Done);
-        }
-        let values: Vec<&(dyn ToSql + Sync)> = stmt.params().iter().map(pg_value).collect();
-        let rows = match prepared.and_then(|p| cached(p, stmt.sql())) {
-            Some(statement) => client.query(statement, &values).await?,
-            None => {
-                let typed: Vec<(&(dyn ToSql + Sync), Type)> = values
-                    .iter()
-                    .zip(stmt.sql().param_types())
-                    .map(|(v, t)| (*v, pg_type(*t)))
-                    .collect();
-                client.query_typed(stmt.text(), &typed).await?
-            }
-        };
-        Ok(Answer::Rows(rows))
-    });
-    let answers = match to_prepare {
-        None => join_all(futures).await,
-        Some(cache) => {
-            let (prepared, answers) = join(cache.prepare(client), join_all(futures)).await;
+    match (cache.filter(|c| c.ready().is_none()), round) {
+        // The common case, one statement already prepared: no join.
+        (None, [stmt]) => Ok(vec![send(client, prepared, stmt).await?]),
+        (None, _) => join_all(round.iter().map(|stmt| send(client, prepared, stmt)))
+            .await
+            .into_iter()
+            .collect(),
+        (Some(cache), _) => {
+            let (prepared, answers) = join(
+                cache.prepare(client),
+                join_all(round.iter().map(|stmt| send(client, None, stmt))),
+            )
+            .await;
             if let Err(e) = prepared {
                 // Unnamed statements served this round; the next one tries
                 // again.
                 tracing::debug!(error = %e, "lockkit: could not prepare lockkit's statements");
             }
-            answers
+            answers.into_iter().collect()
+        }
+    }
+}
+
+/// Sends one statement: prepared when `prepared` has it, else unnamed
+/// (parsed by the server each time); the simple-protocol ones as they are.
+async fn send(
+    client: &Client,
+    prepared: Option<&[tokio_postgres::Statement]>,
+    stmt: &Statement<'_>,
+) -> Result<Answer, tokio_postgres::Error> {
+    if stmt.reply() == ReplyShape::Done {
+        return client
+            .batch_execute(stmt.text())
+            .await
+            .map(|()| Answer::Done);
+    }
+    // At most three parameters: no allocation for them.
+    const UNUSED: &(dyn ToSql + Sync) = &0i64;
+    let params = stmt.params();
+    let mut values = [UNUSED; 3];
+    for (value, param) in values.iter_mut().zip(params) {
+        *value = pg_value(param);
+    }
+    let values = &values[..params.len()];
+    let rows = match prepared.and_then(|p| cached(p, stmt.sql())) {
+        Some(statement) => client.query(statement, values).await?,
+        None => {
+            let typed: Vec<(&(dyn ToSql + Sync), Type)> = values
+                .iter()
+                .zip(stmt.sql().param_types())
+                .map(|(v, t)| (*v, pg_type(*t)))
+                .collect();
+            client.query_typed(stmt.text(), &typed).await?
         }
     };
-    answers.into_iter().collect()
+    Ok(Answer::Rows(rows))
 }
 
 impl ReplyRow for Row {
@@ -167,22 +188,25 @@ fn reply<'r>(stmt: &Statement<'_>, answer: &'r Answer) -> Reply<'r> {
 
 /// Sends a cancel request for the statement in flight when dropped armed: a
 /// dropped lock future must not leave the server waiting for the lock.
+///
+/// The cancel token is made from the client only when it is needed, at the
+/// drop: a round that completes pays nothing for it.
 struct CancelOnDrop<'a> {
-    token: Option<CancelToken>,
+    client: Option<&'a Client>,
     cancelled: &'a AtomicBool,
 }
 
 impl CancelOnDrop<'_> {
     fn disarm(mut self) {
-        self.token = None;
+        self.client = None;
     }
 }
 
 impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
-        if let Some(token) = self.token.take() {
+        if let Some(client) = self.client.take() {
             self.cancelled.store(true, Ordering::SeqCst);
-            cancel(token);
+            cancel(client.cancel_token());
         }
     }
 }
@@ -199,6 +223,22 @@ pub(crate) fn cancel(token: CancelToken) {
     }
 }
 
+/// Whether tokio-postgres could not read a row as the prepared statement's:
+/// the statement of that name on the server is not the one prepared (a
+/// foreign statement behind a pooler), so the reply is not lockkit's.
+/// tokio-postgres does not expose its error kinds; its `Parse` error keeps
+/// the `io::Error` that names the mismatch.
+fn foreign_row(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_none()
+        && !e.is_closed()
+        && std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| {
+                io.kind() == std::io::ErrorKind::InvalidData
+                    && io.to_string().starts_with("DataRow field count")
+            })
+}
+
 /// Drives an acquisition to its outcome on `client`.
 ///
 /// If the future is dropped while a round is in flight, the acquisition
@@ -212,7 +252,7 @@ pub(crate) async fn drive(
 ) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
         let guard = CancelOnDrop {
-            token: Some(client.cancel_token()),
+            client: Some(client),
             cancelled,
         };
         let result = send_round(client, cache, &round).await;
@@ -229,7 +269,8 @@ pub(crate) async fn drive(
             }
             Err(e) => {
                 drop(round);
-                call.receive(Err(DriverError::from(e)));
+                let foreign = foreign_row(&e);
+                call.receive(Err(DriverError::from(e).foreign_reply(foreign)));
             }
         }
     }
