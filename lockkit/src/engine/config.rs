@@ -45,11 +45,20 @@ pub struct Config {
 }
 
 /// How an adapter sends lockkit's statements.
+///
+/// Either way every reply is checked: behind a pooler that hands a
+/// transaction a backend where lockkit's statement name means another
+/// client's statement, a lock call fails with
+/// [`ErrorKind::UnexpectedReply`](crate::ErrorKind::UnexpectedReply), never
+/// succeeds without its lock; `Unnamed` avoids the failure.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StatementMode {
     /// Prepared once per connection and reused (the default): a lock costs
-    /// the server no parse and plan.
+    /// the server no parse and plan. tokio-postgres: lockkit's own cache per
+    /// [`LockClient`](crate::LockClient); Diesel and diesel-async: the
+    /// connection's statement cache (unnamed if the application disabled
+    /// it); sqlx: its persistent statements.
     #[default]
     Prepared,
     /// Sent unnamed every time (parse, bind and execute in one round trip),
