@@ -13,76 +13,22 @@ use std::num::NonZeroU32;
 use std::pin::Pin;
 
 use diesel::connection::TransactionManagerStatus;
-use diesel::pg::Pg;
-use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{Array, BigInt, Bool, Integer, Text};
-use diesel::{sql_query, QueryResult, QueryableByName};
+use diesel::sql_types::{Array, Text};
+use diesel::{sql_query, QueryResult};
 use diesel_async::{
     AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
     TransactionManager,
 };
 use lockkit::engine::{
-    sql, Acquisition, DriverError, FactsRow, Grant, Param, Reply, ReplyShape, Statement,
-    HASHTEXT_PROBES,
+    sql, Acquisition, DriverError, FactsRow, Grant, ReplyShape, Statement, HASHTEXT_PROBES,
 };
-use lockkit::{Busy, Error};
+use lockkit::for_diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
+use lockkit::{Busy, Error, StatementMode};
 use tokio_postgres::{CancelToken, NoTls};
 
 /// The future a closure of [`LockTx::savepoint`](crate::LockTx::savepoint)
 /// returns: boxed, so that it may borrow the `LockTx` it is given.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-#[derive(QueryableByName)]
-struct FactsColumns {
-    #[diesel(sql_type = Integer)]
-    max_locks: i32,
-    #[diesel(sql_type = Integer)]
-    max_connections: i32,
-    #[diesel(sql_type = Bool)]
-    in_recovery: bool,
-    #[diesel(sql_type = Integer)]
-    version_num: i32,
-    #[diesel(sql_type = Array<Integer>)]
-    hashes: Vec<i32>,
-    #[diesel(sql_type = Integer)]
-    backend_pid: i32,
-}
-
-#[derive(QueryableByName)]
-struct MessagesRow {
-    #[diesel(sql_type = Text)]
-    lc_messages: String,
-}
-
-#[derive(QueryableByName)]
-struct Tagged {
-    #[diesel(sql_type = Text)]
-    tag: String,
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
-#[derive(QueryableByName)]
-struct TriedBigint {
-    #[diesel(sql_type = Text)]
-    tag: String,
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-    #[diesel(sql_type = Array<BigInt>)]
-    busy: Vec<i64>,
-}
-
-#[derive(QueryableByName)]
-struct TriedPair {
-    #[diesel(sql_type = Text)]
-    tag: String,
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-    #[diesel(sql_type = Array<Integer>)]
-    busy_class: Vec<i32>,
-    #[diesel(sql_type = Array<Integer>)]
-    busy_object: Vec<i32>,
-}
 
 /// The server facts, learned with [`sql::SERVER_FACTS`].
 pub(crate) async fn server_facts(conn: &mut AsyncPgConnection) -> QueryResult<FactsRow> {
@@ -91,24 +37,14 @@ pub(crate) async fn server_facts(conn: &mut AsyncPgConnection) -> QueryResult<Fa
         .bind::<Array<Text>, _>(probes)
         .get_result(conn)
         .await?;
-    Ok(FactsRow {
-        max_locks: row.max_locks,
-        max_connections: row.max_connections,
-        in_recovery: row.in_recovery,
-        version_num: row.version_num,
-        hashes: row.hashes,
-        backend_pid: row.backend_pid,
-    })
+    Ok(row.into())
 }
 
 /// Whether the server reports errors in English, which the error mapping
 /// needs (Diesel's errors do not carry the SQLSTATE).
 pub(crate) async fn english_messages(conn: &mut AsyncPgConnection) -> QueryResult<bool> {
-    let row: MessagesRow = sql_query("SELECT current_setting('lc_messages') AS lc_messages")
-        .get_result(conn)
-        .await?;
-    let lc = row.lc_messages.to_ascii_lowercase();
-    Ok(lc.is_empty() || lc == "c" || lc == "posix" || lc.starts_with("c.") || lc.starts_with("en"))
+    let row: MessagesRow = sql_query(MESSAGES).get_result(conn).await?;
+    Ok(row.english())
 }
 
 /// diesel-async's transaction depth on `conn`: 0 outside a transaction, 1
@@ -175,38 +111,13 @@ pub(crate) fn lock_error(e: diesel::result::Error) -> Error {
     driver_error(e).into_error()
 }
 
-fn bind<'a>(
-    query: BoxedSqlQuery<'a, Pg, SqlQuery>,
-    param: &Param<'a>,
-) -> Result<BoxedSqlQuery<'a, Pg, SqlQuery>, DriverError> {
-    Ok(match *param {
-        Param::Int8(v) => query.bind::<BigInt, _>(v),
-        Param::Int4(v) => query.bind::<Integer, _>(v),
-        Param::Int8Array(v) => query.bind::<Array<BigInt>, _>(v),
-        Param::Int4Array(v) => query.bind::<Array<Integer>, _>(v),
-        Param::BoolArray(v) => query.bind::<Array<Bool>, _>(v),
-        // A parameter type of a newer lockkit: nothing is sent.
-        _ => {
-            return Err(DriverError::new(format!(
-                "lockkit-diesel-async cannot bind the parameter {param:?}"
-            )))
-        }
-    })
-}
-
-/// What the server answered one statement, owned.
-enum Answer {
-    Done,
-    Tagged(Tagged),
-    TriedBigint(TriedBigint),
-    TriedPair(TriedPair),
-}
-
 /// Runs one statement (boxed `Send` with one lifetime, where rustc can see
-/// it is `Send`).
+/// it is `Send`), as `mode` says: through diesel-async's statement cache,
+/// or unnamed.
 fn run<'a>(
     conn: &'a mut AsyncPgConnection,
     stmt: Statement<'a>,
+    mode: StatementMode,
 ) -> BoxFuture<'a, Result<Answer, DriverError>> {
     Box::pin(async move {
         if stmt.reply() == ReplyShape::Done {
@@ -215,10 +126,7 @@ fn run<'a>(
                 .map_err(driver_error)?;
             return Ok(Answer::Done);
         }
-        let mut query = sql_query(stmt.text()).into_boxed();
-        for param in stmt.params() {
-            query = bind(query, param)?;
-        }
+        let query = EngineQuery::new(&stmt, mode);
         let answer = match stmt.reply() {
             ReplyShape::TriedBigint => query.get_result(conn).await.map(Answer::TriedBigint),
             ReplyShape::TriedPair => query.get_result(conn).await.map(Answer::TriedPair),
@@ -226,27 +134,6 @@ fn run<'a>(
         };
         answer.map_err(driver_error)
     })
-}
-
-fn reply(answer: &Answer) -> Reply<'_> {
-    match answer {
-        Answer::Done => Reply::Done,
-        Answer::Tagged(r) => Reply::Tagged {
-            tag: &r.tag,
-            n: r.n,
-        },
-        Answer::TriedBigint(r) => Reply::TriedBigint {
-            tag: &r.tag,
-            n: r.n,
-            busy: r.busy.clone(),
-        },
-        Answer::TriedPair(r) => Reply::TriedPair {
-            tag: &r.tag,
-            n: r.n,
-            classes: r.busy_class.clone(),
-            objects: r.busy_object.clone(),
-        },
-    }
 }
 
 /// Sends a cancel request for the statement in flight when dropped armed: a
@@ -275,13 +162,15 @@ impl Drop for CancelOnDrop {
 /// transaction and a cancel request goes to the server.
 pub(crate) fn drive<'a>(
     conn: &'a mut AsyncPgConnection,
+    mode: StatementMode,
     call: Acquisition<'a>,
 ) -> BoxFuture<'a, Result<Result<Grant, Busy>, Error>> {
-    Box::pin(drive_inner(conn, call))
+    Box::pin(drive_inner(conn, mode, call))
 }
 
 async fn drive_inner(
     conn: &mut AsyncPgConnection,
+    mode: StatementMode,
     mut call: Acquisition<'_>,
 ) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
@@ -291,7 +180,7 @@ async fn drive_inner(
         let mut answers = Vec::with_capacity(round.len());
         let mut failure = None;
         for stmt in round.iter().copied() {
-            match run(&mut *conn, stmt).await {
+            match run(&mut *conn, stmt, mode).await {
                 Ok(answer) => answers.push(answer),
                 Err(e) => {
                     failure = Some(e);
@@ -302,7 +191,7 @@ async fn drive_inner(
         guard.token = None;
         drop(round);
         match failure {
-            None => call.receive(Ok(answers.iter().map(reply).collect())),
+            None => call.receive(Ok(answers.iter().map(Answer::reply).collect())),
             Some(e) => call.receive(Err(e)),
         }
     }

@@ -425,11 +425,12 @@ impl<'t> LockTx<'t> {
         if exec::transaction_depth(self.conn).map_err(exec::lock_error)? == 0 {
             return Err(Error::from(ErrorKind::NotInTransaction));
         }
+        let policy = self.locker.policy();
         let call = self
             .state
             .get()
-            .acquire(self.locker.policy(), self.depth, request, wait)?;
-        exec::drive(self.conn, call).await
+            .acquire(policy, self.depth, request, wait)?;
+        exec::drive(self.conn, policy.config().statement_mode(), call).await
     }
 }
 

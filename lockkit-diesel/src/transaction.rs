@@ -353,12 +353,13 @@ impl<'c> LockTx<'c> {
             return Err(not_in_transaction());
         }
         let request = request.at(std::panic::Location::caller());
-        let call: Acquisition<'_> =
-            self.state
-                .get()
-                .acquire(self.locker.policy(), self.depth, request, wait)?;
+        let policy = self.locker.policy();
+        let call: Acquisition<'_> = self
+            .state
+            .get()
+            .acquire(policy, self.depth, request, wait)?;
         let _span = call.span().clone().entered();
-        pg::drive(self.conn, call)
+        pg::drive(self.conn, policy.config().statement_mode(), call)
     }
 }
 

@@ -11,7 +11,7 @@
 use lockkit::engine::{
     read_reply, Acquisition, DriverError, Grant, Param, Reply, ReplyRow, ReplyShape, Statement,
 };
-use lockkit::{Busy, Error};
+use lockkit::{Busy, Error, StatementMode};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{Executor, PgConnection, Postgres, Row};
@@ -74,6 +74,7 @@ fn bind<'q>(
 fn run<'a>(
     conn: &'a mut PgConnection,
     stmt: Statement<'a>,
+    mode: StatementMode,
 ) -> BoxFuture<'a, Result<Answer, DriverError>> {
     Box::pin(async move {
         if stmt.reply() == ReplyShape::Done {
@@ -82,7 +83,10 @@ fn run<'a>(
             conn.execute(stmt.text()).await.map_err(driver_error)?;
             return Ok(Answer::Done);
         }
-        let mut query = sqlx::query(stmt.text());
+        // Prepared: sqlx's statement cache keeps it on the connection.
+        // Unnamed: parsed every time, for poolers that do not keep named
+        // statements.
+        let mut query = sqlx::query(stmt.text()).persistent(mode == StatementMode::Prepared);
         for param in stmt.params() {
             query = bind(query, param)?;
         }
@@ -110,20 +114,22 @@ fn reply<'r>(stmt: &Statement<'_>, answer: &'r Answer) -> Reply<'r> {
 /// futures could not be spawned.
 pub(crate) fn drive<'a>(
     conn: &'a mut PgConnection,
+    mode: StatementMode,
     call: Acquisition<'a>,
 ) -> BoxFuture<'a, Result<Result<Grant, Busy>, Error>> {
-    Box::pin(drive_inner(conn, call))
+    Box::pin(drive_inner(conn, mode, call))
 }
 
 async fn drive_inner(
     conn: &mut PgConnection,
+    mode: StatementMode,
     mut call: Acquisition<'_>,
 ) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
         let mut answers = Vec::with_capacity(round.len());
         let mut failure = None;
         for stmt in round.iter().copied() {
-            match run(&mut *conn, stmt).await {
+            match run(&mut *conn, stmt, mode).await {
                 Ok(answer) => answers.push(answer),
                 Err(e) => {
                     failure = Some(e);

@@ -445,11 +445,12 @@ impl<'t> LockTx<'t> {
         if !self.conn.is_in_transaction() {
             return Err(Error::from(ErrorKind::NotInTransaction));
         }
+        let policy = self.locker.policy();
         let call = self
             .state
             .get()
-            .acquire(self.locker.policy(), self.depth, request, wait)?;
-        exec::drive(self.conn, call).await
+            .acquire(policy, self.depth, request, wait)?;
+        exec::drive(self.conn, policy.config().statement_mode(), call).await
     }
 }
 

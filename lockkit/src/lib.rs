@@ -130,6 +130,8 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod engine;
+#[cfg(feature = "diesel")]
+pub mod for_diesel;
 mod key;
 #[cfg(feature = "tokio-postgres")]
 pub mod pg;

@@ -1,0 +1,249 @@
+//! For the Diesel adapters (`lockkit-diesel` and `lockkit-diesel-async`,
+//! feature `diesel`): the engine's statements as Diesel queries and its
+//! replies as Diesel rows, written once for both. Applications do not need
+//! this module.
+//!
+//! An adapter runs [`EngineQuery`] with its own connection
+//! (`get_result::<`[`TaggedRow`]`>` and the others, as [`ReplyShape`](crate::engine::ReplyShape) says),
+//! keeps the row in an [`Answer`], and hands [`Answer::reply`] to the
+//! engine.
+
+use diesel::pg::Pg;
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::sql_types::{Array, BigInt, Bool, Integer, Text, Untyped};
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+
+use crate::engine::{FactsRow, Param, Reply, Statement};
+use crate::StatementMode;
+
+/// One of the engine's statements (one that answers a row) as a Diesel
+/// query.
+///
+/// With [`StatementMode::Prepared`], Diesel's statement cache keeps it: it is
+/// prepared on the connection the first time, by its SQL text, and only bound
+/// and executed after that (unless the connection's cache is disabled).
+/// `diesel::sql_query`, by contrast, is never cached: the server parses and
+/// plans it every time, which is what [`StatementMode::Unnamed`] does, for
+/// poolers that do not keep named statements. Behind a pooler that mixes up
+/// named statements anyway, the engine's reply check turns a foreign
+/// statement's answer into an error, never a success.
+#[derive(Debug)]
+pub struct EngineQuery<'s, 'a> {
+    stmt: &'s Statement<'a>,
+    cached: bool,
+}
+
+impl<'s, 'a> EngineQuery<'s, 'a> {
+    /// `stmt` as a Diesel query, cached or not as `mode` says.
+    pub fn new(stmt: &'s Statement<'a>, mode: StatementMode) -> Self {
+        EngineQuery {
+            stmt,
+            cached: mode == StatementMode::Prepared,
+        }
+    }
+}
+
+impl QueryId for EngineQuery<'_, '_> {
+    type QueryId = ();
+    // Not static: Diesel caches the query by its SQL text and bind types.
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl Query for EngineQuery<'_, '_> {
+    type SqlType = Untyped;
+}
+
+impl<Conn> RunQueryDsl<Conn> for EngineQuery<'_, '_> {}
+
+/// The placeholders of lockkit's statements, by parameter.
+const PLACEHOLDERS: [&str; 3] = ["$1", "$2", "$3"];
+
+impl QueryFragment<Pg> for EngineQuery<'_, '_> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        if !self.cached {
+            out.unsafe_to_cache_prepared();
+        }
+        // Diesel numbers a query's binds itself, and its public AST cannot
+        // bind a placeholder already in the text; lockkit's statements name
+        // each parameter once, in order (see `engine::sql`), so each
+        // placeholder gives way to Diesel's own, in the same place.
+        let mut rest = self.stmt.text();
+        for (param, placeholder) in self.stmt.params().iter().zip(PLACEHOLDERS) {
+            let Some(at) = rest.find(placeholder) else {
+                return Err(diesel::result::Error::QueryBuilderError(
+                    format!("lockkit's {:?} has no {placeholder}", self.stmt.sql()).into(),
+                ));
+            };
+            out.push_sql(&rest[..at]);
+            rest = &rest[at + placeholder.len()..];
+            match param {
+                Param::Int8(v) => out.push_bind_param::<BigInt, i64>(v)?,
+                Param::Int4(v) => out.push_bind_param::<Integer, i32>(v)?,
+                Param::Int8Array(v) => out.push_bind_param::<Array<BigInt>, [i64]>(v)?,
+                Param::Int4Array(v) => out.push_bind_param::<Array<Integer>, [i32]>(v)?,
+                Param::BoolArray(v) => out.push_bind_param::<Array<Bool>, [bool]>(v)?,
+            }
+        }
+        out.push_sql(rest);
+        Ok(())
+    }
+}
+
+/// The row of a [`ReplyShape::Tagged`](crate::engine::ReplyShape::Tagged) statement.
+#[derive(Debug, QueryableByName)]
+pub struct TaggedRow {
+    #[diesel(sql_type = Text)]
+    tag: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// The row of a [`ReplyShape::TriedBigint`](crate::engine::ReplyShape::TriedBigint) statement.
+#[derive(Debug, QueryableByName)]
+pub struct TriedBigintRow {
+    #[diesel(sql_type = Text)]
+    tag: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+    #[diesel(sql_type = Array<BigInt>)]
+    busy: Vec<i64>,
+}
+
+/// The row of a [`ReplyShape::TriedPair`](crate::engine::ReplyShape::TriedPair) statement.
+#[derive(Debug, QueryableByName)]
+pub struct TriedPairRow {
+    #[diesel(sql_type = Text)]
+    tag: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+    #[diesel(sql_type = Array<Integer>)]
+    busy_class: Vec<i32>,
+    #[diesel(sql_type = Array<Integer>)]
+    busy_object: Vec<i32>,
+}
+
+/// What the server answered one statement, owned.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Answer {
+    /// A simple-protocol statement ([`ReplyShape::Done`](crate::engine::ReplyShape::Done)) completed.
+    Done,
+    /// See [`TaggedRow`].
+    Tagged(TaggedRow),
+    /// See [`TriedBigintRow`].
+    TriedBigint(TriedBigintRow),
+    /// See [`TriedPairRow`].
+    TriedPair(TriedPairRow),
+}
+
+impl Answer {
+    /// The reply the engine checks.
+    pub fn reply(&self) -> Reply<'_> {
+        match self {
+            Answer::Done => Reply::Done,
+            Answer::Tagged(r) => Reply::Tagged {
+                tag: &r.tag,
+                n: r.n,
+            },
+            Answer::TriedBigint(r) => Reply::TriedBigint {
+                tag: &r.tag,
+                n: r.n,
+                busy: r.busy.clone(),
+            },
+            Answer::TriedPair(r) => Reply::TriedPair {
+                tag: &r.tag,
+                n: r.n,
+                classes: r.busy_class.clone(),
+                objects: r.busy_object.clone(),
+            },
+        }
+    }
+}
+
+/// The row of [`SERVER_FACTS`](crate::engine::sql::SERVER_FACTS).
+#[derive(Debug, QueryableByName)]
+pub struct FactsColumns {
+    #[diesel(sql_type = Integer)]
+    max_locks: i32,
+    #[diesel(sql_type = Integer)]
+    max_connections: i32,
+    #[diesel(sql_type = Bool)]
+    in_recovery: bool,
+    #[diesel(sql_type = Integer)]
+    version_num: i32,
+    #[diesel(sql_type = Array<Integer>)]
+    hashes: Vec<i32>,
+    #[diesel(sql_type = Integer)]
+    backend_pid: i32,
+}
+
+impl From<FactsColumns> for FactsRow {
+    fn from(row: FactsColumns) -> Self {
+        FactsRow {
+            max_locks: row.max_locks,
+            max_connections: row.max_connections,
+            in_recovery: row.in_recovery,
+            version_num: row.version_num,
+            hashes: row.hashes,
+            backend_pid: row.backend_pid,
+        }
+    }
+}
+
+/// The row of [`MESSAGES`]: the server's `lc_messages`.
+#[derive(Debug, QueryableByName)]
+pub struct MessagesRow {
+    #[diesel(sql_type = Text)]
+    lc_messages: String,
+}
+
+/// Asks the server's `lc_messages`; its row is a [`MessagesRow`].
+pub const MESSAGES: &str = "SELECT current_setting('lc_messages') AS lc_messages";
+
+impl MessagesRow {
+    /// Whether the server reports errors in English, which reading Diesel's
+    /// errors needs (Diesel hides the SQLSTATE: the English primary message
+    /// names the codes its error kinds do not).
+    pub fn english(&self) -> bool {
+        let lc = self.lc_messages.to_ascii_lowercase();
+        lc.is_empty() || lc == "c" || lc == "posix" || lc.starts_with("c.") || lc.starts_with("en")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Sql;
+
+    /// Every statement names each parameter once, in order: what
+    /// `EngineQuery` relies on.
+    #[test]
+    fn every_statement_binds_in_order() {
+        for sql in Sql::PREPARABLE {
+            let mut rest = sql.text();
+            for placeholder in &PLACEHOLDERS[..sql.param_types().len()] {
+                let at = rest
+                    .find('$')
+                    .unwrap_or_else(|| panic!("{sql:?}: no {placeholder}"));
+                assert!(
+                    rest[at..].starts_with(placeholder),
+                    "{sql:?}: {placeholder} out of order"
+                );
+                rest = &rest[at + placeholder.len()..];
+            }
+            assert!(!rest.contains('$'), "{sql:?} uses a parameter twice");
+        }
+    }
+
+    #[test]
+    fn reads_lc_messages() {
+        let english = |lc: &str| {
+            MessagesRow {
+                lc_messages: lc.into(),
+            }
+            .english()
+        };
+        assert!(english("") && english("C") && english("en_US.UTF-8") && english("C.UTF-8"));
+        assert!(!english("de_DE.UTF-8") && !english("fr_FR"));
+    }
+}
