@@ -39,6 +39,13 @@
 //! and cannot pipeline: its "pipelined" comparison is the locked 16-key batch
 //! then the INSERT (one round trip more) against the INSERT alone.
 //!
+//! And the one lock of a whole transaction for the two other adapters
+//! (group `adapters`), each against what its users write by hand:
+//! lockkit-sqlx in `conn.begin()` against `sqlx::query("SELECT
+//! pg_advisory_xact_lock($1)")` (which sqlx prepares once and caches), and
+//! lockkit-diesel-async in `conn.transaction(async |conn| …)` against
+//! diesel-async's `sql_query`.
+//!
 //! Every benchmark runs on one connection, so no key is ever contended, and
 //! every iteration ends its transaction.
 //!
@@ -112,6 +119,15 @@ struct Bench {
     next_row: Cell<i64>,
     /// lockkit's one-key statement, prepared by hand (diagnostic).
     lock_tagged: Statement,
+    /// `SELECT 1`, prepared once (diagnostic: what any statement pipelined
+    /// with the INSERT costs).
+    noop: Statement,
+    /// A sqlx connection to the same server.
+    sqlx: Mutex<sqlx::PgConnection>,
+    sqlx_locker: lockkit_sqlx::Locker,
+    /// A diesel-async connection to the same server.
+    diesel_async: Mutex<diesel_async::AsyncPgConnection>,
+    diesel_async_locker: lockkit_diesel_async::Locker,
 }
 
 fn bigint(key: LockKey) -> i64 {
@@ -175,6 +191,24 @@ impl Bench {
         let diesel_locker =
             lockkit_diesel::Locker::new(&mut diesel, Config::default()).expect("diesel locker");
         let insert_sql = format!("INSERT INTO {table} (id) VALUES ($1)");
+        let noop = client.prepare("SELECT 1").await.expect("prepare");
+        let mut sqlx =
+            <sqlx::PgConnection as sqlx::Connection>::connect(TestServer::shared().url())
+                .await
+                .expect("sqlx connects");
+        let sqlx_locker = lockkit_sqlx::Locker::new(&mut sqlx, Config::default())
+            .await
+            .expect("sqlx locker");
+        let mut diesel_async =
+            <diesel_async::AsyncPgConnection as diesel_async::AsyncConnection>::establish(
+                TestServer::shared().url(),
+            )
+            .await
+            .expect("diesel-async connects");
+        let diesel_async_locker =
+            lockkit_diesel_async::Locker::new(&mut diesel_async, Config::default())
+                .await
+                .expect("diesel-async locker");
         Bench {
             client: Mutex::new(LockClient::new(&locker, client)),
             locker,
@@ -192,6 +226,11 @@ impl Bench {
             insert_sql,
             next_row: Cell::new(0),
             lock_tagged,
+            noop,
+            sqlx: Mutex::new(sqlx),
+            sqlx_locker,
+            diesel_async: Mutex::new(diesel_async),
+            diesel_async_locker,
         }
     }
 
@@ -301,6 +340,82 @@ async fn single_raw_call(b: &Bench, iters: u64) -> Duration {
     total
 }
 
+// ---- the other adapters: one lock, whole transaction ---------------------
+
+async fn sqlx_single_lockkit(b: &Bench, iters: u64) -> Duration {
+    use sqlx::Connection as _;
+    let mut conn = b.sqlx.lock().await;
+    let start = Instant::now();
+    for i in 0..iters {
+        let id = (i % RING as u64) as i64;
+        let mut tx = conn.begin().await.expect("begin");
+        {
+            let mut ltx = b.sqlx_locker.lock_tx(&mut tx).expect("lock_tx");
+            let held = ltx.lock(Item { id }).await.expect("lock");
+            black_box(&held);
+        }
+        tx.commit().await.expect("commit");
+    }
+    start.elapsed()
+}
+
+/// What a sqlx user writes: `sqlx::query`, which sqlx prepares once per
+/// connection and caches.
+async fn sqlx_single_raw(b: &Bench, iters: u64) -> Duration {
+    use sqlx::Connection as _;
+    let mut conn = b.sqlx.lock().await;
+    let start = Instant::now();
+    for i in 0..iters {
+        let key = b.keys[(i % RING as u64) as usize];
+        let mut tx = conn.begin().await.expect("begin");
+        sqlx::query(RAW_LOCK)
+            .bind(key)
+            .execute(&mut *tx)
+            .await
+            .expect("lock");
+        tx.commit().await.expect("commit");
+    }
+    start.elapsed()
+}
+
+async fn diesel_async_single_lockkit(b: &Bench, iters: u64) -> Duration {
+    use diesel_async::AsyncConnection as _;
+    use lockkit_diesel_async::AsyncPgConnectionExt as _;
+    let mut conn = b.diesel_async.lock().await;
+    // The closure's future must be `Send`: it borrows the locker, not `b`.
+    let locker = &b.diesel_async_locker;
+    let start = Instant::now();
+    for i in 0..iters {
+        let id = (i % RING as u64) as i64;
+        conn.transaction::<_, Error, _>(async |conn| {
+            let mut tx = conn.lock_tx(locker)?;
+            let held = tx.lock(Item { id }).await?;
+            black_box(&held);
+            Ok(())
+        })
+        .await
+        .expect("lockkit-diesel-async transaction");
+    }
+    start.elapsed()
+}
+
+/// What a diesel-async user writes: `sql_query` in `conn.transaction`.
+async fn diesel_async_single_raw(b: &Bench, iters: u64) -> Duration {
+    use diesel_async::AsyncConnection as _;
+    let mut conn = b.diesel_async.lock().await;
+    let start = Instant::now();
+    for i in 0..iters {
+        let key = b.keys[(i % RING as u64) as usize];
+        conn.transaction::<_, diesel::result::Error, _>(async |conn| {
+            diesel_async::RunQueryDsl::execute(sql_query(RAW_LOCK).bind::<BigInt, _>(key), conn)
+                .await
+        })
+        .await
+        .expect("raw diesel-async transaction");
+    }
+    start.elapsed()
+}
+
 // ---- batch_64 ------------------------------------------------------------
 
 async fn batch_lockkit(b: &Bench, iters: u64, prepared: bool) -> Duration {
@@ -395,10 +510,28 @@ async fn insert_raw_pipelined_prepared(b: &Bench, iters: u64) -> Duration {
     start.elapsed()
 }
 
+/// `SELECT 1` pipelined with the INSERT (diagnostic): what any second
+/// statement in the pipeline costs, the floor of the pipelined comparison.
+async fn insert_noop_pipelined(b: &Bench, iters: u64) -> Duration {
+    let mut client = b.client.lock().await;
+    let start = Instant::now();
+    for _ in 0..iters {
+        let id = b.row_id();
+        let params: [&(dyn ToSql + Sync); 1] = [&id];
+        let tx = client.transaction().await.expect("begin");
+        let n = tokio::try_join!(tx.execute(&b.noop, &[]), tx.execute(&b.insert, &params))
+            .expect("select and insert");
+        black_box(n);
+        tx.commit().await.expect("commit");
+    }
+    start.elapsed()
+}
+
 // ---- diesel --------------------------------------------------------------
 
 /// Raw Diesel: `SELECT pg_advisory_xact_lock($1)`, sent unprepared (Diesel
-/// does not cache `sql_query` statements; nor, then, does lockkit-diesel).
+/// never caches `sql_query` statements; lockkit-diesel's own statements go
+/// through Diesel's statement cache).
 fn diesel_raw_lock(conn: &mut PgConnection, key: i64) -> diesel::QueryResult<usize> {
     sql_query(RAW_LOCK).bind::<BigInt, _>(key).execute(conn)
 }
@@ -699,6 +832,24 @@ fn locks(c: &mut Criterion, rt: &Runtime, bench: &Bench) {
             ("insert_no_locks", Blocking(diesel_insert_no_locks)),
         ],
     );
+    group(
+        c,
+        rt,
+        bench,
+        "adapters",
+        &[
+            ("sqlx_single_lockkit", Async(routine!(sqlx_single_lockkit))),
+            ("sqlx_single_raw", Async(routine!(sqlx_single_raw))),
+            (
+                "diesel_async_single_lockkit",
+                Async(routine!(diesel_async_single_lockkit)),
+            ),
+            (
+                "diesel_async_single_raw",
+                Async(routine!(diesel_async_single_raw)),
+            ),
+        ],
+    );
 }
 
 /// One comparison of the paired report: `lockkit` against `baseline`, and
@@ -771,6 +922,20 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
             true,
             Some(10.0),
         ),
+        pair(
+            "sqlx: one lock, whole transaction",
+            Async(routine!(sqlx_single_lockkit)),
+            Async(routine!(sqlx_single_raw)),
+            false,
+            Some(1.05),
+        ),
+        pair(
+            "diesel-async: one lock, whole transaction",
+            Async(routine!(diesel_async_single_lockkit)),
+            Async(routine!(diesel_async_single_raw)),
+            false,
+            Some(1.05),
+        ),
         // Diagnostics: where the time goes.
         pair(
             "tp: control, the raw side against itself",
@@ -838,6 +1003,13 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
         pair(
             "tp: 16-key by hand vs no locks",
             Async(routine!(insert_raw_pipelined_prepared)),
+            Async(routine!(insert_no_locks)),
+            false,
+            None,
+        ),
+        pair(
+            "tp: SELECT 1 pipelined vs no locks",
+            Async(routine!(insert_noop_pipelined)),
             Async(routine!(insert_no_locks)),
             false,
             None,
