@@ -190,8 +190,17 @@ pub(crate) fn rollback_requested() -> Error {
     Error::other("conformance: rollback requested")
 }
 
+/// Whether `e` is (or wraps: a stack may convert the closure's error) the
+/// marker of [`rollback_requested`].
 fn is_rollback_requested(e: &Error) -> bool {
-    e.to_string().contains("conformance: rollback requested")
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.to_string().contains("conformance: rollback requested") {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// The reply to an `End` of a closure-based transaction or savepoint,

@@ -173,6 +173,10 @@ async fn exclusion_run<A: Adapter>(locked: bool) -> ExclusionRun {
                         assert_eq!(s.lock_batch(&keys).await.unwrap(), keys.len());
                     }
                     room.enter(&slots, &tally);
+                    // In one order, so the control's row locks cannot
+                    // deadlock (the locked run's slots exclude anyway).
+                    let mut slots = slots;
+                    slots.sort_unstable();
                     for &k in &slots {
                         s.increment(slot(k)).await.unwrap();
                     }
@@ -371,7 +375,7 @@ async fn release<A: Adapter>(end: End, test: i64) {
     let db = TestServer::shared();
     let _log = db.guard();
     let observer = db.connect().await;
-    let stack = A::open(db, Config::default(), 1).await;
+    let stack = A::open(db, Config::default().order_check(OrderCheck::Off), 1).await;
     let s = stack.session().await;
     let keys = [
         Key::Big(id::<A>(test, 0)),
@@ -443,7 +447,7 @@ pub(crate) async fn release_on_terminate<A: Adapter>() {
     let db = TestServer::shared();
     let _log = db.guard();
     let observer = db.connect().await;
-    let stack = A::open(db, Config::default(), 1).await;
+    let stack = A::open(db, Config::default().order_check(OrderCheck::Off), 1).await;
     let s = stack.session().await;
     let keys = [
         Key::Big(id::<A>(14, 0)),
