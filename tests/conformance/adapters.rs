@@ -14,8 +14,8 @@ use lockkit::{Config, Error};
 use lockkit_tests::TestServer;
 
 use crate::session::{
-    exec_op, lock_dropped, park, unpark, Adapter, Cancel, Cmd, Ctx, End, Fin, Op, Pending,
-    Session, Worker,
+    exec_op, lock_dropped, park, unpark, Adapter, Cancel, Cmd, Ctx, End, Fin, Op, Pending, Session,
+    Worker,
 };
 
 /// The table the exclusion workload increments.
@@ -323,7 +323,10 @@ pub(crate) mod with_diesel_async {
 
     fn pool(url: &str) -> PgPool {
         let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(url);
-        Pool::builder(manager).max_size(1).build().expect("deadpool")
+        Pool::builder(manager)
+            .max_size(1)
+            .build()
+            .expect("deadpool")
     }
 
     impl Adapter for DieselAsync {

@@ -247,7 +247,8 @@ pub(crate) enum Worker {
 pub(crate) type Reclaim = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// A boxed future.
-pub(crate) type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+pub(crate) type BoxFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// A session: one connection of one stack and the worker that drives it.
 /// Dropping it ends the worker (an open transaction is dropped).
@@ -325,7 +326,10 @@ impl Session {
     /// would; updates and returns the pid (a pooled stack may have replaced
     /// the connection).
     pub(crate) async fn ping(&self) -> i32 {
-        let pid = self.call(Cmd::Ping).await.expect("the connection is usable");
+        let pid = self
+            .call(Cmd::Ping)
+            .await
+            .expect("the connection is usable");
         self.pid.store(pid, SeqCst);
         pid
     }
@@ -411,7 +415,10 @@ impl Session {
     /// only then.
     pub(crate) async fn panic(mut self) -> Option<Reclaim> {
         let reply = self.send(|r| Cmd::End(End::Panic, r));
-        assert!(reply.await.is_err(), "the worker replied instead of panicking");
+        assert!(
+            reply.await.is_err(),
+            "the worker replied instead of panicking"
+        );
         let panicked = match self.worker.take().expect("joined once") {
             Worker::Task(task) => task.await.expect_err("the worker panicked").is_panic(),
             Worker::Thread(thread) => tokio::task::spawn_blocking(move || thread.join().is_err())

@@ -153,8 +153,11 @@ async fn exclusion_run<A: Adapter>(locked: bool) -> ExclusionRun {
         .into_iter()
         .enumerate()
         .map(|(worker, s)| {
-            let (room, tally, increments) =
-                (Arc::clone(&room), Arc::clone(&tally), Arc::clone(&increments));
+            let (room, tally, increments) = (
+                Arc::clone(&room),
+                Arc::clone(&tally),
+                Arc::clone(&increments),
+            );
             tokio::spawn(async move {
                 let mut rng = worker_rng(seed, worker);
                 for i in 0..EXCLUSION_TXS {
@@ -233,7 +236,10 @@ pub(crate) async fn exclusion_control<A: Adapter>() {
         .assert_overlapped("the detector saw no overlap without exclusion");
     let lost = run.increments - run.counted;
     println!("{} control: {lost} updates lost", A::NAME);
-    assert!(lost > 0, "the control lost no update, so the test cannot fail");
+    assert!(
+        lost > 0,
+        "the control lost no update, so the test cannot fail"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -389,7 +395,10 @@ async fn release<A: Adapter>(end: End, test: i64) {
             s.end(end).await.unwrap();
             // Synchronous: released by the time COMMIT/ROLLBACK returned.
             for key in keys {
-                assert!(!granted_elsewhere(&observer, key.lock_key()).await, "{end:?}: {key:?}");
+                assert!(
+                    !granted_elsewhere(&observer, key.lock_key()).await,
+                    "{end:?}: {key:?}"
+                );
             }
         }
         End::Drop => {
@@ -417,7 +426,10 @@ async fn release<A: Adapter>(end: End, test: i64) {
     // The session is usable again, and the keys are free.
     s.begin().await;
     for key in keys {
-        assert!(s.try_lock(key, Mode::Exclusive).await.unwrap(), "{key:?} free");
+        assert!(
+            s.try_lock(key, Mode::Exclusive).await.unwrap(),
+            "{key:?} free"
+        );
     }
     s.commit().await.unwrap();
 }
@@ -463,7 +475,10 @@ pub(crate) async fn release_on_terminate<A: Adapter>() {
         .get(0);
     assert!(terminated);
     for key in keys {
-        assert!(released(&observer, key).await, "terminate: {key:?} still held");
+        assert!(
+            released(&observer, key).await,
+            "terminate: {key:?} still held"
+        );
     }
     let err = s
         .lock(Key::Big(id::<A>(14, 3)), Mode::Exclusive)
@@ -490,8 +505,19 @@ pub(crate) async fn budget<A: Adapter>() {
     let keys: Vec<(Key, Mode)> = (0..5)
         .map(|n| {
             let id = id::<A>(20, n);
-            let key = if n % 2 == 0 { Key::Big(id) } else { Key::Pair(id) };
-            (key, if n == 4 { Mode::Shared } else { Mode::Exclusive })
+            let key = if n % 2 == 0 {
+                Key::Big(id)
+            } else {
+                Key::Pair(id)
+            };
+            (
+                key,
+                if n == 4 {
+                    Mode::Shared
+                } else {
+                    Mode::Exclusive
+                },
+            )
         })
         .collect();
     s.begin().await;
@@ -531,7 +557,10 @@ pub(crate) async fn timeout<A: Adapter>() {
         let err = s.lock_timeout(key, mode, asked).await.unwrap_err();
         let took = started.elapsed();
         assert!(err.is_timeout(), "{mode:?}: {err} ({:?})", err.kind());
-        assert!(took >= asked, "{mode:?}: returned after {took:?}, before {asked:?}");
+        assert!(
+            took >= asked,
+            "{mode:?}: returned after {took:?}, before {asked:?}"
+        );
         // A bound against a hang on a loaded machine, not a timing claim.
         assert!(took < Duration::from_secs(60), "{mode:?}: took {took:?}");
         assert!(!held_by(&observer, s.pid(), key).await);
@@ -627,7 +656,10 @@ pub(crate) async fn savepoints<A: Adapter>() {
     s.savepoint().await;
     s.lock(kept, Mode::Shared).await.unwrap();
     s.end(End::Commit).await.unwrap();
-    assert!(held_by(&observer, s.pid(), kept).await, "released savepoint");
+    assert!(
+        held_by(&observer, s.pid(), kept).await,
+        "released savepoint"
+    );
     assert!(s.holds(kept, Mode::Shared).await);
     assert_eq!(advisory_rows(&observer, s.pid()).await, 2);
     s.commit().await.unwrap();
@@ -667,19 +699,34 @@ async fn holds_against(a: &Session, b: &Session, observer: &Client, base: i64) {
     assert_eq!(a.lock_batch(&held).await.unwrap(), 4);
     b.begin().await;
     for key in [Key::Big(x), Key::Pair(x)] {
-        assert!(!b.try_lock(key, Mode::Exclusive).await.unwrap(), "{key:?} X vs X");
-        assert!(!b.try_lock(key, Mode::Shared).await.unwrap(), "{key:?} S vs X");
+        assert!(
+            !b.try_lock(key, Mode::Exclusive).await.unwrap(),
+            "{key:?} X vs X"
+        );
+        assert!(
+            !b.try_lock(key, Mode::Shared).await.unwrap(),
+            "{key:?} S vs X"
+        );
     }
     for key in [Key::Big(s), Key::Pair(s)] {
-        assert!(!b.try_lock(key, Mode::Exclusive).await.unwrap(), "{key:?} X vs S");
-        assert!(b.try_lock(key, Mode::Shared).await.unwrap(), "{key:?} S vs S");
+        assert!(
+            !b.try_lock(key, Mode::Exclusive).await.unwrap(),
+            "{key:?} X vs S"
+        );
+        assert!(
+            b.try_lock(key, Mode::Shared).await.unwrap(),
+            "{key:?} S vs S"
+        );
     }
     // Controls: free keys of both spaces are granted.
     assert!(b.try_lock(Key::Big(free), Mode::Exclusive).await.unwrap());
     assert!(b.try_lock(Key::Pair(free), Mode::Exclusive).await.unwrap());
     // b waits for a key a holds exclusive, and gets it when a commits.
     let lock = b.start(Op::Lock(Key::Pair(x), Mode::Exclusive));
-    assert_eq!(wait_until_awaited(observer, Key::Pair(x).lock_key()).await, b.pid());
+    assert_eq!(
+        wait_until_awaited(observer, Key::Pair(x).lock_key()).await,
+        b.pid()
+    );
     a.commit().await.unwrap();
     assert_eq!(lock.await.unwrap().unwrap(), Out::Locked);
     assert!(held_by(observer, b.pid(), Key::Pair(x)).await);
@@ -693,7 +740,10 @@ pub(crate) async fn cross<A: Adapter, B: Adapter>() {
     let _log = db.guard();
     let observer = db.connect().await;
     let config = Config::default().order_check(OrderCheck::Off);
-    let (a, b) = (A::open(db, config.clone(), 1).await, B::open(db, config, 1).await);
+    let (a, b) = (
+        A::open(db, config.clone(), 1).await,
+        B::open(db, config, 1).await,
+    );
     let (sa, sb) = (a.session().await, b.session().await);
     let base = 200_000 + (A::ID * 4 + B::ID) * 100;
     holds_against(&sa, &sb, &observer, base).await;

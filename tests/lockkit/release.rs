@@ -4,7 +4,6 @@
 //! the PostgreSQL fact the API guards against: an xact lock taken outside a
 //! transaction is not held afterwards.
 
-
 use lockkit::{AdvisoryKey, Config, LockKey};
 use lockkit_tests::TestServer;
 use tokio_postgres::Client;
