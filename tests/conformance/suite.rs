@@ -402,11 +402,22 @@ async fn release<A: Adapter>(end: End, test: i64) {
             }
         }
         End::Drop => {
+            let pid = s.pid();
             s.end(End::Drop).await.unwrap();
-            // The connection's next use (which runs what the drop queued).
-            s.ping().await;
-            for key in keys {
-                assert!(released(&observer, key).await, "drop: {key:?} still held");
+            // The connection's next use, which runs what the drop queued.
+            let next = s.ping().await;
+            println!("{}: after the drop, backend {pid} -> {next}", A::NAME);
+            if next == pid {
+                // The same connection: its ROLLBACK ran before the ping's
+                // statement, so the release is a fact already.
+                assert_eq!(advisory_rows(&observer, pid).await, 0, "drop: still held");
+            } else {
+                // The pool discarded the connection (diesel-async: a
+                // dropped transaction leaves it open); the server releases
+                // the locks when that session ends.
+                for key in keys {
+                    assert!(released(&observer, key).await, "drop: {key:?} still held");
+                }
             }
         }
         End::Panic => {
