@@ -1,11 +1,10 @@
-//! Integration tests of `lockkit-diesel` on a real server: the API, mutual
-//! exclusion and deadlock freedom under concurrency (threads sharing an r2d2
-//! pool), release on every way a transaction ends, and exclusion across
-//! drivers (Diesel against tokio-postgres).
+//! Integration tests of `lockkit-diesel` on a real server: the API, and
+//! what Diesel's own transactions and r2d2 pools do with lockkit's locks
+//! (errors and panics in `Locker::transaction` and in Diesel's
+//! `conn.transaction`). Mutual exclusion, deadlock freedom, release and
+//! exclusion across stacks are the conformance suite's (tests/conformance),
+//! run on every stack.
 
 mod api;
 mod common;
-mod cross_driver;
-mod deadlock;
-mod exclusion;
 mod release;

@@ -47,19 +47,6 @@ pub(crate) async fn granted_elsewhere(observer: &Client, key: LockKey) -> bool {
     n > 0
 }
 
-/// Waits until no other session holds `key` (for releases asynchronous to
-/// the test; the deadline guards a hang and is no timing claim).
-pub(crate) async fn released(observer: &Client, key: LockKey) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if !granted_elsewhere(observer, key).await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    false
-}
-
 /// The backend pid of a diesel-async connection.
 pub(crate) async fn backend_pid(conn: &mut AsyncPgConnection) -> i32 {
     use diesel::sql_types::Integer;

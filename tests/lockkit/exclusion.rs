@@ -1,8 +1,9 @@
-//! Mutual exclusion under contention: many connections, many transactions,
-//! a small key space, and an in-process detector of overlapping critical
-//! sections, with controls that show the detector catches overlaps. The
-//! exclusive workload's generator, detector and assertions are shared with
-//! the Diesel suite ([`lockkit_tests::workload::exclusion`]).
+//! Mutual exclusion beyond the conformance suite (tests/conformance, which
+//! runs the exclusive workload with its control on every stack): the
+//! PostgreSQL fact lockkit's API rules out (xact locks in autocommit
+//! exclude nothing, shown on the same workload), and shared readers against
+//! exclusive writers. The workload's generator, detector and assertions
+//! are [`lockkit_tests::workload::exclusion`].
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
@@ -129,25 +130,6 @@ async fn exclusive_workload(db: &TestServer, guard: Guard) -> (Tally, Waits) {
     let waits = counter.stop();
     println!("{guard:?}: {tally:?}, {waits:?} in {:?}", started.elapsed());
     (Arc::into_inner(tally).expect("workers are done"), waits)
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn exclusive_locks_never_overlap() {
-    let db = TestServer::shared();
-    let _log = db.guard();
-    let (tally, waits) = exclusive_workload(db, Guard::Locked).await;
-    // No overlap, and the server was seen making many requests wait.
-    tally.assert_excluded(&waits);
-}
-
-/// Control: the same workload with each worker locking keys of its own
-/// overlaps, so the detector above can fail.
-#[tokio::test(flavor = "multi_thread")]
-async fn control_without_shared_keys_overlaps() {
-    let db = TestServer::shared();
-    let _log = db.guard();
-    let (tally, _) = exclusive_workload(db, Guard::PrivateKeys).await;
-    tally.assert_overlapped("the detector saw no overlap without locks");
 }
 
 /// Control: taking the xact lock outside a transaction (autocommit)

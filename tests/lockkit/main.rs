@@ -3,7 +3,6 @@
 mod budget;
 mod common;
 mod ddl;
-mod deadlock;
 mod exclusion;
 mod findings;
 mod guards_ui;

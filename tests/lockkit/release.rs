@@ -1,13 +1,11 @@
-//! Every way a `LockTx` ends releases its locks, as seen from another
-//! session: commit, rollback, drop, a panicking task, a terminated backend,
-//! a server restart. And the PostgreSQL fact the API guards against: an
-//! xact lock taken outside a transaction is not held afterwards.
-
-use std::time::{Duration, Instant};
+//! Releases beyond the conformance suite (tests/conformance: commit,
+//! rollback, drop, panic and `pg_terminate_backend` on every stack): a
+//! server restart, and a statement error that aborts the transaction. And
+//! the PostgreSQL fact the API guards against: an xact lock taken outside a
+//! transaction is not held afterwards.
 
 use lockkit::{AdvisoryKey, Config, LockKey};
 use lockkit_tests::TestServer;
-use tokio::sync::oneshot;
 use tokio_postgres::Client;
 
 use crate::common::{advisory_rows, backend_pid, granted_elsewhere, held_by, locker};
@@ -19,20 +17,6 @@ struct Res {
     id: i64,
 }
 
-/// Waits until no other session holds `key`, per `pg_locks`. Used where the
-/// release happens in the server asynchronously to the test (a session that
-/// ends); the deadline guards a hang and is no timing claim.
-async fn released(observer: &Client, key: LockKey) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if !granted_elsewhere(observer, key).await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    false
-}
-
 /// Whether a new transaction on `client` can take `key` without waiting.
 async fn free_for(client: &mut Client, key: Res) -> bool {
     let locker = locker(client, Config::default()).await;
@@ -40,141 +24,6 @@ async fn free_for(client: &mut Client, key: Res) -> bool {
     let free = tx.try_lock(key).await.unwrap().is_ok();
     tx.rollback().await.unwrap();
     free
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn released_on_commit() {
-    let db = TestServer::shared();
-    let _log = db.guard();
-    let (mut a, mut b) = (db.connect().await, db.connect().await);
-    let locker = locker(&a, Config::default()).await;
-    let key = Res { id: 1 };
-
-    let tx = locker.begin(&mut a).await.unwrap();
-    let _ = tx.lock(key).await.unwrap();
-    assert!(granted_elsewhere(&b, key.lock_key()).await);
-    assert!(!free_for(&mut b, key).await, "held before commit");
-    tx.commit().await.unwrap();
-    assert!(!granted_elsewhere(&b, key.lock_key()).await);
-    assert!(free_for(&mut b, key).await, "released by commit");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn released_on_rollback() {
-    let db = TestServer::shared();
-    let _log = db.guard();
-    let (mut a, mut b) = (db.connect().await, db.connect().await);
-    let locker = locker(&a, Config::default()).await;
-    let key = Res { id: 2 };
-
-    let tx = locker.begin(&mut a).await.unwrap();
-    let _ = tx.lock(key).await.unwrap();
-    assert!(!free_for(&mut b, key).await, "held before rollback");
-    tx.rollback().await.unwrap();
-    assert!(!granted_elsewhere(&b, key.lock_key()).await);
-    assert!(free_for(&mut b, key).await, "released by rollback");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn released_when_dropped_and_client_still_usable() {
-    let db = TestServer::shared();
-    let _log = db.guard();
-    let (mut a, mut b) = (db.connect().await, db.connect().await);
-    let locker = locker(&a, Config::default()).await;
-    let key = Res { id: 3 };
-
-    let tx = locker.begin(&mut a).await.unwrap();
-    let _ = tx.lock(key).await.unwrap();
-    assert!(!free_for(&mut b, key).await, "held before the drop");
-    drop(tx);
-    // tokio-postgres queued a ROLLBACK on drop; the client's next statement
-    // runs after it, so from here on the release is a fact.
-    let pid: i32 = a
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .expect("the client is usable after dropping a LockTx")
-        .get(0);
-    let state: String = b
-        .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(state, "idle", "the dropped transaction was rolled back");
-    assert!(!granted_elsewhere(&b, key.lock_key()).await);
-    assert!(free_for(&mut b, key).await, "released by the drop");
-    // And the same client can lock again.
-    let tx = locker.begin(&mut a).await.unwrap();
-    let _ = tx.lock(key).await.unwrap();
-    assert!(granted_elsewhere(&b, key.lock_key()).await);
-    tx.commit().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn released_when_holding_task_panics() {
-    let db = TestServer::shared();
-    let _log = db.guard();
-    let mut b = db.connect().await;
-    let holder = db.connect().await;
-    let locker = locker(&holder, Config::default()).await;
-    let key = Res { id: 4 };
-
-    let (held_tx, held_rx) = oneshot::channel();
-    let (go_tx, go_rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        let mut holder = holder;
-        let tx = locker.begin(&mut holder).await.unwrap();
-        let _held = tx.lock(key).await.unwrap();
-        held_tx.send(()).unwrap();
-        let _ = go_rx.await;
-        // Unwinding drops the guard, the LockTx and the client.
-        panic!("deliberate panic while holding an advisory lock (expected by this test)");
-    });
-    held_rx.await.expect("the holder got the lock");
-    assert!(granted_elsewhere(&b, key.lock_key()).await);
-    assert!(!free_for(&mut b, key).await, "held before the panic");
-    go_tx.send(()).unwrap();
-    let err = task.await.unwrap_err();
-    assert!(err.is_panic(), "{err}");
-    assert!(
-        released(&b, key.lock_key()).await,
-        "still held after the holding task panicked"
-    );
-    assert!(free_for(&mut b, key).await, "released by the panic");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn released_on_terminate_backend() {
-    let db = TestServer::shared();
-    let _log = db.guard();
-    let (mut a, mut b) = (db.connect().await, db.connect().await);
-    let locker = locker(&a, Config::default()).await;
-    let key = Res { id: 5 };
-
-    let tx = locker.begin(&mut a).await.unwrap();
-    let _ = tx.lock(key).await.unwrap();
-    let pid: i32 = tx
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(!free_for(&mut b, key).await, "held before the terminate");
-    let terminated: bool = b
-        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(terminated);
-    assert!(
-        released(&b, key.lock_key()).await,
-        "still held after pg_terminate_backend"
-    );
-    assert!(free_for(&mut b, key).await, "released by the terminate");
-
-    let err = tx.lock(Res { id: 6 }).await.unwrap_err();
-    println!("holder's next call: {err} ({:?}): {:?}", err.code(), err);
-    assert!(err.is_connection_lost(), "{err} ({:?})", err.code());
-    drop(tx);
-    assert!(a.is_closed());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,12 +1,9 @@
-//! Integration tests of `lockkit-sqlx` on a real server: the API, mutual
-//! exclusion with its control, release on every way a transaction ends,
-//! what a dropped lock future does, deadlock freedom of sorted batches with
-//! its control, and exclusion across drivers (sqlx
-//! against tokio-postgres).
+//! Integration tests of `lockkit-sqlx` on a real server: the API, and the
+//! release of `Locker::transaction`'s locks when its closure panics. Mutual
+//! exclusion, deadlock freedom, release, what a dropped lock future does,
+//! and exclusion across stacks are the conformance suite's
+//! (tests/conformance), run on every stack.
 
 mod api;
 mod common;
-mod cross_driver;
-mod deadlock;
-mod exclusion;
 mod release;

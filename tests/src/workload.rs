@@ -1,11 +1,10 @@
-//! The driver-independent half of the concurrency tests that both drivers'
-//! suites run (`tests/lockkit` over tokio-postgres, `tests/diesel` over
-//! Diesel): the seed, the seeded workload generators, the in-process
-//! detectors of overlapping holders, and the tallies with their assertions.
-//!
-//! Each test file keeps what depends on its driver (its key types, how a
-//! transaction is begun, its locks taken and committed, how workers run), so
-//! both drivers are held to the same workloads, counts and controls.
+//! The driver-independent half of the concurrency tests: the seed, the
+//! seeded workload generators, the in-process detectors of overlapping
+//! holders, and the tallies with their assertions. The conformance suite
+//! (`tests/conformance`) runs them on every stack (tokio-postgres, Diesel,
+//! diesel-async, sqlx), so all are held to the same workloads, counts and
+//! controls; `tests/lockkit/exclusion.rs` runs the autocommit control and
+//! the read/write workload on tokio-postgres.
 
 use lockkit::Error;
 

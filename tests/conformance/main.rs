@@ -1,0 +1,95 @@
+//! The conformance suite: one set of tests, written once against an
+//! adapter-neutral [`Session`](session::Session), run on every PostgreSQL
+//! stack lockkit supports (tokio-postgres, blocking Diesel, diesel-async,
+//! sqlx) on a real server, plus exclusion across every pair of stacks.
+//! `cargo test -p lockkit-tests --test conformance sqlx::` runs one stack.
+
+mod adapters;
+mod session;
+mod suite;
+
+/// Instantiates the named test bodies of [`suite`] for one adapter, in a
+/// module named after the stack.
+macro_rules! suite {
+    ($stack:ident: $adapter:ty; $($test:ident),* $(,)?) => {
+        mod $stack {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    crate::suite::$test::<$adapter>().await
+                }
+            )*
+        }
+    };
+}
+
+suite!(tokio_postgres: crate::adapters::with_tokio_postgres::TokioPg;
+    exclusion, exclusion_control, deadlock_freedom, deadlock_control,
+    release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
+    release_on_terminate, budget, timeout, cancel, savepoints,
+    // No lock_outside_transaction_refused: it does not compile
+    // (tests/ui-guards/lock_without_transaction.rs).
+);
+
+suite!(sqlx: crate::adapters::with_sqlx::Sqlx;
+    exclusion, exclusion_control, deadlock_freedom, deadlock_control,
+    release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
+    release_on_terminate, budget, timeout, cancel, savepoints,
+    lock_outside_transaction_refused,
+);
+
+suite!(diesel_async: crate::adapters::with_diesel_async::DieselAsync;
+    exclusion, exclusion_control, deadlock_freedom, deadlock_control,
+    release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
+    release_on_terminate, budget, timeout, cancel, savepoints,
+    lock_outside_transaction_refused,
+);
+
+suite!(diesel: crate::adapters::with_diesel::Diesel;
+    exclusion, exclusion_control, deadlock_freedom, deadlock_control,
+    release_on_commit, release_on_rollback, release_on_panic,
+    release_on_terminate, budget, timeout, savepoints,
+    lock_outside_transaction_refused,
+    // No release_on_drop: a blocking transaction closure cannot be
+    // abandoned half-way, only unwound (release_on_panic). No cancel: no
+    // futures; lock_timeout is the bound (timeout).
+);
+
+/// Exclusion across every pair of stacks, both directions in each test.
+mod cross {
+    use crate::adapters::with_diesel::Diesel;
+    use crate::adapters::with_diesel_async::DieselAsync;
+    use crate::adapters::with_sqlx::Sqlx;
+    use crate::adapters::with_tokio_postgres::TokioPg;
+    use crate::suite::cross;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tokio_postgres_and_sqlx() {
+        cross::<TokioPg, Sqlx>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tokio_postgres_and_diesel_async() {
+        cross::<TokioPg, DieselAsync>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tokio_postgres_and_diesel() {
+        cross::<TokioPg, Diesel>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlx_and_diesel_async() {
+        cross::<Sqlx, DieselAsync>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlx_and_diesel() {
+        cross::<Sqlx, Diesel>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn diesel_async_and_diesel() {
+        cross::<DieselAsync, Diesel>().await;
+    }
+}

@@ -1,0 +1,763 @@
+//! The test bodies, written once, generic over the [`Adapter`]; `main.rs`
+//! instantiates them per stack.
+
+use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockkit::{Config, ErrorKind, LockKey, Mode, OrderCheck};
+use lockkit_tests::waits::{wait_until_awaited, WaitCounter, Waits};
+use lockkit_tests::workload::{deadlock, exclusion, seed, worker_rng};
+use lockkit_tests::TestServer;
+use tokio::sync::OnceCell;
+use tokio_postgres::Client;
+
+use crate::adapters::COUNTERS;
+use crate::session::{Adapter, Cancel, End, Key, Op, Out, Session};
+
+// ---------------------------------------------------------------------------
+// The observer: a tokio-postgres session of its own reading `pg_locks`.
+
+/// Whether backend `pid` holds `key` granted (any mode).
+async fn held_by(observer: &Client, pid: i32, key: Key) -> bool {
+    let id = key.lock_key().to_pg_locks();
+    let n: i64 = observer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND classid = $1 AND objid = $2 AND objsubid = $3 AND pid = $4",
+            &[&id.classid, &id.objid, &id.objsubid, &pid],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0);
+    n > 0
+}
+
+/// Whether any session other than the observer's holds `key` granted.
+async fn granted_elsewhere(observer: &Client, key: LockKey) -> bool {
+    let id = key.to_pg_locks();
+    let n: i64 = observer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND classid = $1 AND objid = $2 AND objsubid = $3 AND pid <> pg_backend_pid()",
+            &[&id.classid, &id.objid, &id.objsubid],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0);
+    n > 0
+}
+
+/// Waits until no other session holds `key`: for releases the server does
+/// asynchronously to the test (a session that ends). The deadline guards a
+/// hang and is no timing claim.
+async fn released(observer: &Client, key: Key) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if !granted_elsewhere(observer, key.lock_key()).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// The advisory-lock rows (granted or waiting) of backend `pid`.
+async fn advisory_rows(observer: &Client, pid: i32) -> i64 {
+    observer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
+            &[&pid],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0)
+}
+
+/// Key ids of test `n` (0..100) of adapter `A`: distinct from every other
+/// test's and adapter's, since they share the server and run in parallel.
+fn id<A: Adapter>(test: i64, n: i64) -> i64 {
+    100_000 + A::ID * 10_000 + test * 100 + n
+}
+
+async fn sessions<A: Adapter>(stack: &A, n: usize) -> Vec<Session> {
+    let mut sessions = Vec::with_capacity(n);
+    for _ in 0..n {
+        sessions.push(stack.session().await);
+    }
+    sessions
+}
+
+// ---------------------------------------------------------------------------
+// Mutual exclusion, with its control.
+
+const EXCLUSION_SESSIONS: usize = 12;
+const EXCLUSION_TXS: usize = 100;
+
+/// The counter table, created once per test process.
+async fn counters(observer: &Client) {
+    static CREATED: OnceCell<()> = OnceCell::const_new();
+    CREATED
+        .get_or_init(|| async {
+            observer
+                .batch_execute(&format!(
+                    "CREATE TABLE IF NOT EXISTS {COUNTERS} (id int8 PRIMARY KEY, n int8 NOT NULL)"
+                ))
+                .await
+                .expect("counter table");
+        })
+        .await;
+}
+
+/// What an exclusion run did.
+struct ExclusionRun {
+    tally: exclusion::Tally,
+    waits: Waits,
+    increments: i64,
+    counted: i64,
+}
+
+/// Sessions of `A` run transactions that each take one to three random
+/// slots (one `lock`, or a `lock_batch`) and read-modify-write each slot's
+/// counter row while inside the slot's critical section. With `locked`
+/// false (the control) each transaction locks a key private to it instead.
+async fn exclusion_run<A: Adapter>(locked: bool) -> ExclusionRun {
+    let db = TestServer::shared();
+    let observer = db.connect().await;
+    counters(&observer).await;
+    let test = if locked { 0 } else { 1 };
+    let slot = move |k: usize| id::<A>(test, k as i64);
+    let rows: Vec<i64> = (0..exclusion::KEYS).map(slot).collect();
+    observer
+        .execute(
+            &format!(
+                "INSERT INTO {COUNTERS} SELECT unnest($1::int8[]), 0 \
+                 ON CONFLICT (id) DO UPDATE SET n = 0"
+            ),
+            &[&rows],
+        )
+        .await
+        .expect("reset the counters");
+    let seed = seed();
+    let stack = A::open(db, Config::default(), EXCLUSION_SESSIONS).await;
+    let sessions = sessions(&stack, EXCLUSION_SESSIONS).await;
+    let room = Arc::new(exclusion::Room::default());
+    let tally = Arc::new(exclusion::Tally::default());
+    let increments = Arc::new(AtomicI64::new(0));
+    let counter = WaitCounter::start(
+        db.config(),
+        (0..exclusion::KEYS).map(|k| Key::Big(slot(k)).lock_key()),
+    );
+    let started = Instant::now();
+    let workers: Vec<_> = sessions
+        .into_iter()
+        .enumerate()
+        .map(|(worker, s)| {
+            let (room, tally, increments) = (
+                Arc::clone(&room),
+                Arc::clone(&tally),
+                Arc::clone(&increments),
+            );
+            tokio::spawn(async move {
+                let mut rng = worker_rng(seed, worker);
+                for i in 0..EXCLUSION_TXS {
+                    let slots = exclusion::slots(&mut rng, &tally);
+                    s.begin().await;
+                    if !locked {
+                        let private = exclusion::private_id(worker, i) + A::ID * 100_000_000;
+                        s.lock(Key::Big(private), Mode::Exclusive).await.unwrap();
+                    } else if let [k] = slots[..] {
+                        s.lock(Key::Big(slot(k)), Mode::Exclusive).await.unwrap();
+                    } else {
+                        let keys: Vec<_> = slots
+                            .iter()
+                            .map(|&k| (Key::Big(slot(k)), Mode::Exclusive))
+                            .collect();
+                        assert_eq!(s.lock_batch(&keys).await.unwrap(), keys.len());
+                    }
+                    room.enter(&slots, &tally);
+                    // In one order, so the control's row locks cannot
+                    // deadlock (the locked run's slots exclude anyway).
+                    let mut slots = slots;
+                    slots.sort_unstable();
+                    for &k in &slots {
+                        s.increment(slot(k)).await.unwrap();
+                    }
+                    room.leave(&slots);
+                    s.commit().await.unwrap();
+                    increments.fetch_add(slots.len() as i64, SeqCst);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.expect("worker panicked");
+    }
+    let waits = counter.stop();
+    let counted: i64 = observer
+        .query_one(
+            &format!("SELECT sum(n)::int8 FROM {COUNTERS} WHERE id = ANY($1)"),
+            &[&rows],
+        )
+        .await
+        .expect("sum")
+        .get(0);
+    let run = ExclusionRun {
+        tally: Arc::into_inner(tally).expect("workers are done"),
+        waits,
+        increments: increments.load(SeqCst),
+        counted,
+    };
+    println!(
+        "{} exclusion (locked: {locked}): {} increments, {} counted, {:?}, {:?} in {:?}",
+        A::NAME,
+        run.increments,
+        run.counted,
+        run.tally,
+        run.waits,
+        started.elapsed()
+    );
+    run
+}
+
+/// Exclusive locks: no two sessions ever inside one slot, no update lost,
+/// and the server was seen making many requests wait.
+pub(crate) async fn exclusion<A: Adapter>() {
+    let run = exclusion_run::<A>(true).await;
+    assert_eq!(run.counted, run.increments, "lost updates under the lock");
+    run.tally.assert_excluded(&run.waits);
+}
+
+/// Control: the same workload, each transaction locking a key of its own,
+/// overlaps and loses updates, so the test above can fail.
+pub(crate) async fn exclusion_control<A: Adapter>() {
+    let run = exclusion_run::<A>(false).await;
+    run.tally
+        .assert_overlapped("the detector saw no overlap without exclusion");
+    let lost = run.increments - run.counted;
+    println!("{} control: {lost} updates lost", A::NAME);
+    assert!(
+        lost > 0,
+        "the control lost no update, so the test cannot fail"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Deadlock freedom, with its control.
+
+const DEADLOCK_SESSIONS: usize = 16;
+/// 16 × 320 = 5,120 transactions.
+const SORTED_TXS: usize = 320;
+/// 16 × 100 = 1,600 transactions.
+const UNSORTED_TXS: usize = 100;
+
+fn deadlock_key(k: usize) -> Key {
+    if deadlock::is_big(k) {
+        Key::Big(k as i64)
+    } else {
+        Key::Pair(k as i64)
+    }
+}
+
+/// One transaction of the deadlock workload; on an error it rolls back and
+/// returns the error.
+async fn deadlock_transaction(
+    s: &Session,
+    keys: &[(usize, Mode)],
+    acquire: deadlock::Acquire,
+    holders: &deadlock::Holders,
+) -> Result<(), lockkit::Error> {
+    s.begin().await;
+    let locked = match acquire {
+        deadlock::Acquire::SortedBatch => {
+            let batch: Vec<_> = keys.iter().map(|&(k, m)| (deadlock_key(k), m)).collect();
+            s.lock_batch(&batch)
+                .await
+                .map(|n| assert_eq!(n, keys.len()))
+        }
+        deadlock::Acquire::OneByOneShuffled => {
+            let mut result = Ok(());
+            for &(k, mode) in keys {
+                result = s.lock(deadlock_key(k), mode).await;
+                if result.is_err() {
+                    break;
+                }
+            }
+            result
+        }
+    };
+    if let Err(e) = locked {
+        s.rollback().await.expect("rollback after a failed lock");
+        return Err(e);
+    }
+    holders.enter(keys);
+    tokio::task::yield_now().await;
+    holders.leave(keys);
+    s.commit().await
+}
+
+async fn deadlock_run<A: Adapter>(acquire: deadlock::Acquire, txs: usize) -> deadlock::Tally {
+    // A private server that reports deadlocks quickly, the same for the
+    // test and its control.
+    let db = TestServer::builder()
+        .setting("deadlock_timeout", "10ms")
+        .start();
+    let _log = db.guard();
+    let seed = seed();
+    let config = Config::default().order_check(OrderCheck::Off);
+    let stack = A::open(&db, config, DEADLOCK_SESSIONS).await;
+    let sessions = sessions(&stack, DEADLOCK_SESSIONS).await;
+    let holders = Arc::new(deadlock::Holders::default());
+    let tally = Arc::new(deadlock::Tally::default());
+    let counter = WaitCounter::start(
+        db.config(),
+        (0..deadlock::KEYS).map(|k| deadlock_key(k).lock_key()),
+    );
+    let started = Instant::now();
+    let workers: Vec<_> = sessions
+        .into_iter()
+        .enumerate()
+        .map(|(worker, s)| {
+            let (holders, tally) = (Arc::clone(&holders), Arc::clone(&tally));
+            tokio::spawn(async move {
+                let mut rng = worker_rng(seed, worker);
+                for _ in 0..txs {
+                    let keys = deadlock::key_set(&mut rng, &tally);
+                    tally.record(deadlock_transaction(&s, &keys, acquire, &holders).await);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.expect("worker panicked");
+    }
+    let waits = counter.stop();
+    let tally = Arc::into_inner(tally).expect("workers are done");
+    println!(
+        "{} {acquire:?}: {} transactions: {tally:?}, {waits:?} in {:?}",
+        A::NAME,
+        DEADLOCK_SESSIONS * txs,
+        started.elapsed()
+    );
+    if acquire == deadlock::Acquire::SortedBatch {
+        tally.assert_never_deadlocked(DEADLOCK_SESSIONS * txs, &waits);
+    }
+    tally
+}
+
+/// 5,120 random multi-key batches in mixed modes over both key spaces on
+/// 16 sessions: no deadlock, no error, no conflicting holders.
+pub(crate) async fn deadlock_freedom<A: Adapter>() {
+    deadlock_run::<A>(deadlock::Acquire::SortedBatch, SORTED_TXS).await;
+}
+
+/// Control: the same workload, each key locked on its own in random order,
+/// deadlocks, and the server's `40P01` reaches the caller through the
+/// stack as `is_deadlock()`.
+pub(crate) async fn deadlock_control<A: Adapter>() {
+    let tally = deadlock_run::<A>(deadlock::Acquire::OneByOneShuffled, UNSORTED_TXS).await;
+    tally.assert_deadlocked(DEADLOCK_SESSIONS * UNSORTED_TXS);
+}
+
+// ---------------------------------------------------------------------------
+// Release.
+
+/// Locks in both key spaces and both modes, and checks in `pg_locks` that
+/// the session holds them although the worker dropped every guard at once
+/// (a guard's drop releases nothing).
+async fn lock_some(s: &Session, observer: &Client, keys: &[Key; 3]) {
+    s.lock(keys[0], Mode::Exclusive).await.unwrap();
+    let n = s
+        .lock_batch(&[(keys[1], Mode::Exclusive), (keys[2], Mode::Shared)])
+        .await
+        .unwrap();
+    assert_eq!(n, 2);
+    for &key in keys {
+        assert!(held_by(observer, s.pid(), key).await, "{key:?} held");
+    }
+}
+
+async fn release<A: Adapter>(end: End, test: i64) {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let stack = A::open(db, Config::default().order_check(OrderCheck::Off), 1).await;
+    let s = stack.session().await;
+    let keys = [
+        Key::Big(id::<A>(test, 0)),
+        Key::Pair(id::<A>(test, 1)),
+        Key::Big(id::<A>(test, 2)),
+    ];
+    s.begin().await;
+    lock_some(&s, &observer, &keys).await;
+    match end {
+        End::Commit | End::Rollback => {
+            s.end(end).await.unwrap();
+            // Synchronous: released by the time COMMIT/ROLLBACK returned.
+            for key in keys {
+                assert!(
+                    !granted_elsewhere(&observer, key.lock_key()).await,
+                    "{end:?}: {key:?}"
+                );
+            }
+        }
+        End::Drop => {
+            let pid = s.pid();
+            s.end(End::Drop).await.unwrap();
+            // The connection's next use, which runs what the drop queued.
+            let next = s.ping().await;
+            println!("{}: after the drop, backend {pid} -> {next}", A::NAME);
+            if next == pid {
+                // The same connection: its ROLLBACK ran before the ping's
+                // statement, so the release is a fact already.
+                assert_eq!(advisory_rows(&observer, pid).await, 0, "drop: still held");
+            } else {
+                // The pool discarded the connection (diesel-async: a
+                // dropped transaction leaves it open); the server releases
+                // the locks when that session ends.
+                for key in keys {
+                    assert!(released(&observer, key).await, "drop: {key:?} still held");
+                }
+            }
+        }
+        End::Panic => {
+            let pid = s.pid();
+            if let Some(reclaim) = s.panic().await {
+                // This stack cannot roll back in a destructor: the pool's
+                // next checkout of the connection does (by closing it).
+                assert!(held_by(&observer, pid, keys[0]).await, "held in the pool");
+                reclaim().await;
+            }
+            for key in keys {
+                assert!(released(&observer, key).await, "panic: {key:?} still held");
+            }
+            return;
+        }
+    }
+    // The session is usable again, and the keys are free.
+    s.begin().await;
+    for key in keys {
+        assert!(
+            s.try_lock(key, Mode::Exclusive).await.unwrap(),
+            "{key:?} free"
+        );
+    }
+    s.commit().await.unwrap();
+}
+
+pub(crate) async fn release_on_commit<A: Adapter>() {
+    release::<A>(End::Commit, 10).await;
+}
+
+pub(crate) async fn release_on_rollback<A: Adapter>() {
+    release::<A>(End::Rollback, 11).await;
+}
+
+/// The transaction dropped unfinished (async stacks: the future that owns
+/// it is dropped).
+pub(crate) async fn release_on_drop<A: Adapter>() {
+    release::<A>(End::Drop, 12).await;
+}
+
+/// A panic inside the transaction (closure).
+pub(crate) async fn release_on_panic<A: Adapter>() {
+    release::<A>(End::Panic, 13).await;
+}
+
+/// `pg_terminate_backend` of the locking backend: released, and the
+/// session's next lock call fails as a lost connection.
+pub(crate) async fn release_on_terminate<A: Adapter>() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let stack = A::open(db, Config::default().order_check(OrderCheck::Off), 1).await;
+    let s = stack.session().await;
+    let keys = [
+        Key::Big(id::<A>(14, 0)),
+        Key::Pair(id::<A>(14, 1)),
+        Key::Big(id::<A>(14, 2)),
+    ];
+    s.begin().await;
+    lock_some(&s, &observer, &keys).await;
+    let terminated: bool = observer
+        .query_one("SELECT pg_terminate_backend($1)", &[&s.pid()])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(terminated);
+    for key in keys {
+        assert!(
+            released(&observer, key).await,
+            "terminate: {key:?} still held"
+        );
+    }
+    let err = s
+        .lock(Key::Big(id::<A>(14, 3)), Mode::Exclusive)
+        .await
+        .unwrap_err();
+    println!("{}: after the terminate: {err} ({:?})", A::NAME, err.kind());
+    assert!(err.is_connection_lost(), "{err} ({:?})", err.kind());
+    // Ends the transaction (closure) as the application would; the
+    // connection is gone, so whether it reports an error does not matter.
+    let _ = s.rollback().await;
+}
+
+// ---------------------------------------------------------------------------
+// Budget, timeout, cancel.
+
+/// A batch over the budget is refused with `BudgetExceeded` before
+/// anything is sent: nothing is taken, and the transaction goes on.
+pub(crate) async fn budget<A: Adapter>() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let stack = A::open(db, Config::default().budget(4), 1).await;
+    let s = stack.session().await;
+    let keys: Vec<(Key, Mode)> = (0..5)
+        .map(|n| {
+            let id = id::<A>(20, n);
+            let key = if n % 2 == 0 {
+                Key::Big(id)
+            } else {
+                Key::Pair(id)
+            };
+            (
+                key,
+                if n == 4 {
+                    Mode::Shared
+                } else {
+                    Mode::Exclusive
+                },
+            )
+        })
+        .collect();
+    s.begin().await;
+    let err = s.lock_batch(&keys).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BudgetExceeded, "{err}");
+    let err = s.try_lock_batch(&keys).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BudgetExceeded, "{err}");
+    assert_eq!(advisory_rows(&observer, s.pid()).await, 0, "nothing taken");
+    for &(key, mode) in &keys {
+        assert!(!s.holds(key, mode).await, "{key:?} not held");
+    }
+    // Control: within the budget the same transaction gets them.
+    assert_eq!(s.lock_batch(&keys[..4]).await.unwrap(), 4);
+    assert_eq!(advisory_rows(&observer, s.pid()).await, 4);
+    let err = s.lock(keys[4].0, Mode::Shared).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BudgetExceeded, "{err}");
+    assert_eq!(advisory_rows(&observer, s.pid()).await, 4);
+    s.commit().await.unwrap();
+}
+
+/// `lock_timeout` on a key held elsewhere returns a timeout no sooner than
+/// asked (the server measures it), holds nothing, and leaves the
+/// transaction usable.
+pub(crate) async fn timeout<A: Adapter>() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let stack = A::open(db, Config::default(), 2).await;
+    let (holder, s) = (stack.session().await, stack.session().await);
+    let (key, other) = (Key::Pair(id::<A>(21, 0)), Key::Big(id::<A>(21, 1)));
+    holder.begin().await;
+    holder.lock(key, Mode::Exclusive).await.unwrap();
+    s.begin().await;
+    for mode in [Mode::Exclusive, Mode::Shared] {
+        let asked = Duration::from_millis(200);
+        let started = Instant::now();
+        let err = s.lock_timeout(key, mode, asked).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(err.is_timeout(), "{mode:?}: {err} ({:?})", err.kind());
+        assert!(
+            took >= asked,
+            "{mode:?}: returned after {took:?}, before {asked:?}"
+        );
+        // A bound against a hang on a loaded machine, not a timing claim.
+        assert!(took < Duration::from_secs(60), "{mode:?}: took {took:?}");
+        assert!(!held_by(&observer, s.pid(), key).await);
+        assert!(!s.holds(key, mode).await);
+    }
+    // Usable afterwards: other locks work, the key is still busy.
+    s.lock(other, Mode::Exclusive).await.unwrap();
+    assert!(held_by(&observer, s.pid(), other).await);
+    assert!(!s.try_lock(key, Mode::Shared).await.unwrap());
+    s.commit().await.unwrap();
+    holder.commit().await.unwrap();
+}
+
+/// A lock future dropped while another session holds the key (once the
+/// server is seen making it wait) poisons the transaction; then, per the
+/// stack: with a cancel request the connection is free at once (the
+/// rollback returns while the other session still holds the key); without
+/// one (sqlx) the rollback waits for the lock statement's reply.
+pub(crate) async fn cancel<A: Adapter>() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let stack = A::open(db, Config::default(), 2).await;
+    let (holder, s) = (stack.session().await, stack.session().await);
+    let (key, other) = (Key::Big(id::<A>(22, 0)), Key::Pair(id::<A>(22, 1)));
+    holder.begin().await;
+    holder.lock(key, Mode::Exclusive).await.unwrap();
+    s.begin().await;
+    let (drop_it, dropped) = tokio::sync::oneshot::channel();
+    let lock = s.start(Op::LockDropped(key, Mode::Exclusive, dropped));
+    assert_eq!(wait_until_awaited(&observer, key.lock_key()).await, s.pid());
+    drop_it.send(()).unwrap();
+    assert_eq!(lock.await.unwrap().unwrap(), Out::Dropped);
+    let err = s.lock(other, Mode::Exclusive).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Poisoned, "{err}");
+    match A::CANCEL.expect("an async stack") {
+        Cancel::Request => {
+            s.rollback().await.unwrap();
+            assert!(
+                held_by(&observer, holder.pid(), key).await,
+                "the rollback returned while the holder still holds the key"
+            );
+            holder.commit().await.unwrap();
+        }
+        Cancel::WaitsForReply => {
+            let mut rollback = s.start_end(End::Rollback);
+            // A window in the safe direction: it fails only if the
+            // rollback returns while the lock statement still waits.
+            tokio::select! {
+                _ = &mut rollback => panic!("the rollback returned while the lock statement waited"),
+                () = tokio::time::sleep(Duration::from_millis(300)) => {}
+            }
+            holder.commit().await.unwrap();
+            rollback.await.unwrap().unwrap();
+        }
+    }
+    assert!(released(&observer, key).await);
+    // The connection is usable and holds nothing.
+    s.begin().await;
+    assert!(s.try_lock(key, Mode::Exclusive).await.unwrap());
+    s.commit().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// Savepoints, and the refusal outside a transaction.
+
+/// A lock taken in a savepoint that is rolled back is released (and
+/// forgotten by the bookkeeping); one taken before it is kept; one taken in
+/// a released savepoint belongs to the transaction.
+pub(crate) async fn savepoints<A: Adapter>() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let stack = A::open(db, Config::default().order_check(OrderCheck::Off), 1).await;
+    let s = stack.session().await;
+    let before = Key::Big(id::<A>(23, 0));
+    let inside = [Key::Pair(id::<A>(23, 1)), Key::Big(id::<A>(23, 2))];
+    let kept = Key::Pair(id::<A>(23, 3));
+    s.begin().await;
+    s.lock(before, Mode::Exclusive).await.unwrap();
+    s.savepoint().await;
+    s.lock(inside[0], Mode::Exclusive).await.unwrap();
+    s.lock_batch(&[(inside[1], Mode::Shared)]).await.unwrap();
+    assert!(held_by(&observer, s.pid(), inside[0]).await);
+    s.end(End::Rollback).await.unwrap();
+    assert!(held_by(&observer, s.pid(), before).await, "kept");
+    assert!(s.holds(before, Mode::Exclusive).await);
+    for key in inside {
+        assert!(!held_by(&observer, s.pid(), key).await, "{key:?} released");
+    }
+    assert!(!s.holds(inside[0], Mode::Exclusive).await);
+    assert!(!s.holds(inside[1], Mode::Shared).await);
+    s.savepoint().await;
+    s.lock(kept, Mode::Shared).await.unwrap();
+    s.end(End::Commit).await.unwrap();
+    assert!(
+        held_by(&observer, s.pid(), kept).await,
+        "released savepoint"
+    );
+    assert!(s.holds(kept, Mode::Shared).await);
+    assert_eq!(advisory_rows(&observer, s.pid()).await, 2);
+    s.commit().await.unwrap();
+    assert_eq!(advisory_rows(&observer, s.pid()).await, 0);
+}
+
+/// Where a lock outside a transaction is expressible at runtime, it is
+/// refused with `NotInTransaction`. (tokio-postgres: it does not compile,
+/// tests/ui-guards/lock_without_transaction.rs, so it is not instantiated
+/// there.)
+pub(crate) async fn lock_outside_transaction_refused<A: Adapter>() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let stack = A::open(db, Config::default(), 1).await;
+    let err = stack
+        .lock_outside_transaction()
+        .await
+        .expect("refused at runtime");
+    assert_eq!(err.kind(), ErrorKind::NotInTransaction, "{err}");
+}
+
+// ---------------------------------------------------------------------------
+// Cross-driver exclusion.
+
+/// `a` holds keys in both spaces and both modes; `b` is refused what
+/// conflicts and granted what does not; then `b` waits for a key `a`
+/// holds and gets it once `a` commits.
+async fn holds_against(a: &Session, b: &Session, observer: &Client, base: i64) {
+    let (x, s, free) = (base, base + 1, base + 2);
+    a.begin().await;
+    let held = [
+        (Key::Big(x), Mode::Exclusive),
+        (Key::Pair(x), Mode::Exclusive),
+        (Key::Big(s), Mode::Shared),
+        (Key::Pair(s), Mode::Shared),
+    ];
+    assert_eq!(a.lock_batch(&held).await.unwrap(), 4);
+    b.begin().await;
+    for key in [Key::Big(x), Key::Pair(x)] {
+        assert!(
+            !b.try_lock(key, Mode::Exclusive).await.unwrap(),
+            "{key:?} X vs X"
+        );
+        assert!(
+            !b.try_lock(key, Mode::Shared).await.unwrap(),
+            "{key:?} S vs X"
+        );
+    }
+    for key in [Key::Big(s), Key::Pair(s)] {
+        assert!(
+            !b.try_lock(key, Mode::Exclusive).await.unwrap(),
+            "{key:?} X vs S"
+        );
+        assert!(
+            b.try_lock(key, Mode::Shared).await.unwrap(),
+            "{key:?} S vs S"
+        );
+    }
+    // Controls: free keys of both spaces are granted.
+    assert!(b.try_lock(Key::Big(free), Mode::Exclusive).await.unwrap());
+    assert!(b.try_lock(Key::Pair(free), Mode::Exclusive).await.unwrap());
+    // b waits for a key a holds exclusive, and gets it when a commits.
+    let lock = b.start(Op::Lock(Key::Pair(x), Mode::Exclusive));
+    assert_eq!(
+        wait_until_awaited(observer, Key::Pair(x).lock_key()).await,
+        b.pid()
+    );
+    a.commit().await.unwrap();
+    assert_eq!(lock.await.unwrap().unwrap(), Out::Locked);
+    assert!(held_by(observer, b.pid(), Key::Pair(x)).await);
+    b.commit().await.unwrap();
+}
+
+/// Sessions of two stacks exclude each other, in both directions, both key
+/// spaces and both modes.
+pub(crate) async fn cross<A: Adapter, B: Adapter>() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let config = Config::default().order_check(OrderCheck::Off);
+    let (a, b) = (
+        A::open(db, config.clone(), 1).await,
+        B::open(db, config, 1).await,
+    );
+    let (sa, sb) = (a.session().await, b.session().await);
+    let base = 200_000 + (A::ID * 4 + B::ID) * 100;
+    holds_against(&sa, &sb, &observer, base).await;
+    holds_against(&sb, &sa, &observer, base + 10).await;
+    println!("{} and {}: exclusion in both directions", A::NAME, B::NAME);
+}
