@@ -62,6 +62,14 @@
 //! deadpool the locks of a panicked transaction stay held until then.
 //! Prefer returning errors to panicking while holding locks.
 //!
+//! # Statements, and transaction-mode poolers
+//!
+//! lockkit's statements go through the connection's own statement cache
+//! ([`StatementMode::Prepared`], the default). Behind a transaction-mode
+//! pooler that does not keep named statements, a lock call may fail with
+//! [`ErrorKind::UnexpectedReply`] (never succeed without its lock): choose
+//! `Config::default().statements(StatementMode::Unnamed)` there.
+//!
 //! # Transactions only
 //!
 //! Every lock call checks diesel-async's transaction depth and fails with
@@ -112,5 +120,5 @@ pub use lockkit;
 pub use lockkit::AdvisoryKey;
 pub use lockkit::{
     Batch, Busy, Config, Error, ErrorKind, Held, HeldBatch, KeySpec, LockKey, Mode, OrderCheck,
-    RetryPolicy, ServerFacts, Transient,
+    RetryPolicy, ServerFacts, StatementMode, Transient,
 };

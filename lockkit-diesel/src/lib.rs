@@ -75,6 +75,19 @@
 //! depends on this crate and has lockkit among its dev-dependencies only,
 //! write `#[advisory_key(crate = "::lockkit_diesel::lockkit")]`.
 //!
+//! # Statements, and transaction-mode poolers
+//!
+//! lockkit's statements go through the connection's own statement cache
+//! ([`StatementMode::Prepared`], the default): prepared once per connection,
+//! then only bound and run. Behind a transaction-mode pooler (pgbouncer
+//! before 1.21, or without `max_prepared_statements`) Diesel's statement
+//! names (`__diesel_stmt_0`, …) may mean another client's statement on the
+//! backend a transaction lands on, or none: a lock call then fails with
+//! [`ErrorKind::UnexpectedReply`], never succeeds without its lock. There,
+//! choose `Config::default().statements(StatementMode::Unnamed)` (and
+//! disable Diesel's statement cache for the application's own queries,
+//! which the pooler breaks the same way).
+//!
 //! # Transactions only
 //!
 //! Every lock call checks Diesel's transaction depth and fails with

@@ -60,6 +60,15 @@
 //! - [`LockTx::savepoint`] for nested transactions whose locks are released
 //!   if they roll back.
 //!
+//! # Statements, and transaction-mode poolers
+//!
+//! lockkit's statements are sqlx's persistent statements
+//! ([`StatementMode::Prepared`], the default): prepared once per connection.
+//! Behind a transaction-mode pooler that does not keep named statements, a
+//! lock call may fail with [`ErrorKind::UnexpectedReply`] (never succeed
+//! without its lock): choose
+//! `Config::default().statements(StatementMode::Unnamed)` there.
+//!
 //! # Transactions only
 //!
 //! Every lock call checks sqlx's transaction depth and fails with
@@ -107,5 +116,5 @@ pub use lockkit;
 pub use lockkit::AdvisoryKey;
 pub use lockkit::{
     Batch, Busy, Config, Error, ErrorKind, Held, HeldBatch, KeySpec, LockKey, Mode, OrderCheck,
-    RetryPolicy, ServerFacts, Transient,
+    RetryPolicy, ServerFacts, StatementMode, Transient,
 };

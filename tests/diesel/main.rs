@@ -7,4 +7,5 @@
 
 mod api;
 mod common;
+mod pooler;
 mod release;

@@ -879,9 +879,15 @@ mod tests {
     /// still a deadlock (the control).
     #[test]
     fn a_refused_bind_of_a_foreign_statement_is_an_unexpected_reply() {
-        let cases: [(Option<&str>, Option<&str>, ErrorKind); 4] = [
+        let cases: [(Option<&str>, Option<&str>, ErrorKind); 6] = [
             (Some("08P01"), None, ErrorKind::UnexpectedReply),
             (Some("26000"), None, ErrorKind::UnexpectedReply),
+            (Some("42P05"), None, ErrorKind::UnexpectedReply),
+            (
+                None,
+                Some("prepared statement \"__diesel_stmt_1\" already exists"),
+                ErrorKind::UnexpectedReply,
+            ),
             (
                 None,
                 Some("bind message has 3 result formats but query has 2 columns"),
@@ -906,7 +912,11 @@ mod tests {
                 if kind == ErrorKind::UnexpectedReply {
                     assert!(!state.holds(LockKey::BigInt(7), Mode::Exclusive));
                     assert!(state.is_poisoned(), "{wait:?}");
-                    assert_eq!(err.code(), code.or(Some("08P01")));
+                    let named = match message {
+                        Some(m) if m.ends_with("already exists") => "42P05",
+                        _ => "08P01",
+                    };
+                    assert_eq!(err.code(), code.or(Some(named)));
                 }
             }
         }

@@ -39,6 +39,9 @@ pub mod sqlstate {
     /// `26000 invalid_sql_statement_name`: no prepared statement of that
     /// name.
     pub const INVALID_SQL_STATEMENT_NAME: &str = "26000";
+    /// `42P05 duplicate_prepared_statement`: a prepared statement of that
+    /// name exists already.
+    pub const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
 }
 
 /// What went wrong, to match on. New kinds may be added.
@@ -89,8 +92,9 @@ pub enum ErrorKind {
     /// The server answered a lockkit statement with something that is not
     /// its reply (e.g. a foreign prepared statement of the same name behind
     /// a pooler, whose row is not lockkit's, or whose columns or parameters
-    /// made the server refuse the `Bind`: `08P01`; or no statement of that
-    /// name: `26000`). Nothing is known to be held; the transaction is
+    /// made the server refuse the `Bind`: `08P01`; no statement of that
+    /// name: `26000`; or, preparing lockkit's statement, another one of that
+    /// name already: `42P05`). Nothing is known to be held; the transaction is
     /// poisoned.
     UnexpectedReply,
     /// An invalid namespace.
@@ -590,10 +594,11 @@ impl DriverError {
     /// ([`DriverError::foreign_reply`]), or the server refused one of
     /// lockkit's own statements as not the
     /// statement lockkit prepared under that name: `08P01` at its `Bind`
-    /// (the statement of that name has other columns or parameters) or
-    /// `26000` (no statement of that name). Behind a transaction-mode pooler
-    /// both mean the backend's statement of that name is another client's,
-    /// or none: the reply is not lockkit's ([`ErrorKind::UnexpectedReply`],
+    /// (the statement of that name has other columns or parameters),
+    /// `26000` (no statement of that name) or `42P05` (preparing it found
+    /// one of that name already). Behind a transaction-mode pooler these
+    /// mean the backend's statement of that name is another client's, or
+    /// none: the reply is not lockkit's ([`ErrorKind::UnexpectedReply`],
     /// keeping the code), whatever its shape.
     pub(crate) fn into_unexpected(self) -> Result<Error, Self> {
         if self.foreign_reply {
@@ -607,20 +612,34 @@ impl DriverError {
         let code = self.code.clone().or_else(|| {
             // Diesel hides the code; its English message names it.
             let message = self.message.as_deref()?;
-            ["bind message has ", "bind message supplies "]
-                .iter()
-                .any(|p| message.starts_with(p))
-                .then(|| sqlstate::PROTOCOL_VIOLATION.to_owned())
+            let code = if message.starts_with("bind message has ")
+                || message.starts_with("bind message supplies ")
+            {
+                sqlstate::PROTOCOL_VIOLATION
+            } else if message.starts_with("prepared statement \"") {
+                if message.ends_with("\" already exists") {
+                    sqlstate::DUPLICATE_PREPARED_STATEMENT
+                } else if message.ends_with("\" does not exist") {
+                    sqlstate::INVALID_SQL_STATEMENT_NAME
+                } else {
+                    return None;
+                }
+            } else {
+                return None;
+            };
+            Some(code.to_owned())
         });
         match code.as_deref() {
-            Some(sqlstate::PROTOCOL_VIOLATION | sqlstate::INVALID_SQL_STATEMENT_NAME) => {
-                Ok(Error::make(
-                    ErrorKind::UnexpectedReply,
-                    code,
-                    Detail::None,
-                    Some(self.source),
-                ))
-            }
+            Some(
+                sqlstate::PROTOCOL_VIOLATION
+                | sqlstate::INVALID_SQL_STATEMENT_NAME
+                | sqlstate::DUPLICATE_PREPARED_STATEMENT,
+            ) => Ok(Error::make(
+                ErrorKind::UnexpectedReply,
+                code,
+                Detail::None,
+                Some(self.source),
+            )),
             _ => Err(self),
         }
     }

@@ -1,0 +1,106 @@
+//! lockkit-diesel behind a transaction-mode pgbouncer, where one Diesel
+//! connection's transactions land on whichever server backend is free.
+//!
+//! Diesel names its cached prepared statements `__diesel_stmt_0`, `_1`, …
+//! on every connection, so behind such a pooler a backend may hold another
+//! client's statement under the name lockkit's lock statement gets, or none.
+//! With the default [`StatementMode::Prepared`] a lock must then fail with
+//! `UnexpectedReply`, never succeed without its lock; with
+//! [`StatementMode::Unnamed`] every lock is real.
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+
+use diesel::{Connection, PgConnection};
+use lockkit::ErrorKind;
+use lockkit_diesel::{AdvisoryKey, Config, Error, StatementMode};
+use lockkit_tests::{PgBouncer, TestServer};
+
+use crate::common::{connect, granted_elsewhere, locker};
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests/diesel-pooler")]
+struct Job {
+    id: i64,
+}
+
+const CLIENTS: usize = 4;
+const ROUNDS: usize = 40;
+
+/// Outcomes of `CLIENTS` Diesel connections through `bouncer`, each taking
+/// `ROUNDS` locks (each client in its own form: lock, try, shared, try
+/// shared) with statements in `mode`, each Ok checked in `pg_locks` from a direct
+/// connection while it is held: (granted, refused as UnexpectedReply).
+fn run(db: &TestServer, bouncer: &PgBouncer, mode: StatementMode, base: i64) -> (usize, usize) {
+    let locker = locker(&mut connect(db), Config::default().statements(mode));
+    let granted = Arc::new(AtomicUsize::new(0));
+    let refused = Arc::new(AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        for client in 0..CLIENTS {
+            let (locker, url) = (locker.clone(), bouncer.url());
+            let (granted, refused) = (Arc::clone(&granted), Arc::clone(&refused));
+            s.spawn(move || {
+                let mut conn = PgConnection::establish(&url).expect("through pgbouncer");
+                let mut observer = connect(db);
+                for round in 0..ROUNDS {
+                    let job = Job {
+                        id: base + (client * ROUNDS + round) as i64,
+                    };
+                    let outcome = locker.transaction(&mut conn, |tx| {
+                        // Each client takes its locks in another form, so
+                        // Diesel's first statement name means another
+                        // lockkit statement on each client.
+                        let held = match client % 4 {
+                            0 => tx.lock(job)?,
+                            1 => tx.try_lock(job)?.expect("distinct keys are free"),
+                            2 => tx.lock_shared(job)?,
+                            _ => tx.try_lock_shared(job)?.expect("distinct keys are free"),
+                        };
+                        // Never a success without the lock.
+                        assert!(
+                            granted_elsewhere(&mut observer, held.key()),
+                            "lock() returned Ok without its row in pg_locks ({mode:?})"
+                        );
+                        Ok::<_, Error>(())
+                    });
+                    match outcome {
+                        Ok(()) => granted.fetch_add(1, SeqCst),
+                        Err(e) => {
+                            assert_eq!(
+                                e.kind(),
+                                ErrorKind::UnexpectedReply,
+                                "{e} {e:?} ({mode:?})"
+                            );
+                            refused.fetch_add(1, SeqCst)
+                        }
+                    };
+                }
+            });
+        }
+    });
+    (granted.load(SeqCst), refused.load(SeqCst))
+}
+
+#[test]
+fn behind_a_transaction_pooler_a_lock_is_real_or_refused() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(2)
+        .start();
+
+    let (granted, refused) = run(db, &bouncer, StatementMode::Unnamed, 0);
+    assert_eq!(
+        (granted, refused),
+        (CLIENTS * ROUNDS, 0),
+        "unnamed statements cannot collide"
+    );
+
+    // Diesel's cached statements: whatever the pooler does, every Ok was
+    // checked in pg_locks and every refusal is typed.
+    let (granted, refused) = run(db, &bouncer, StatementMode::Prepared, 100_000);
+    assert_eq!(granted + refused, CLIENTS * ROUNDS);
+    assert!(granted > 0, "some locks were real");
+    eprintln!("prepared behind pgbouncer: {granted} granted, {refused} refused");
+}
