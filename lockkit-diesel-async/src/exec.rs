@@ -189,7 +189,6 @@ async fn drive_inner(
             }
         }
         guard.token = None;
-        drop(round);
         match failure {
             None => call.receive(Ok(answers.iter().map(Answer::reply).collect())),
             Some(e) => call.receive(Err(e)),

@@ -96,7 +96,6 @@ pub(crate) fn drive(
                 }
             }
         }
-        drop(round);
         match failure {
             None => call.receive(Ok(answers.iter().map(Answer::reply).collect())),
             Some(e) => call.receive(Err(DriverError::from(e))),

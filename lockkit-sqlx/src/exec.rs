@@ -144,11 +144,9 @@ async fn drive_inner(
                     .zip(&answers)
                     .map(|(s, a)| reply(s, a))
                     .collect();
-                drop(round);
                 call.receive(Ok(replies));
             }
             Some(e) => {
-                drop(round);
                 call.receive(Err(e));
             }
         }

@@ -15,7 +15,7 @@ use crate::engine::facts::ServerFacts;
 use crate::engine::guard::{Busy, Held, HeldBatch};
 use crate::engine::plan::{Batch, Mode, Plan};
 use crate::engine::sql::timeout_millis;
-use crate::engine::statement::{Param, Reply, ReplyShape, Sql, Statement};
+use crate::engine::statement::{Param, Reply, ReplyShape, Round, Sql, Statement};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
 
 /// What a locker enforces: its [`Config`] and the [`ServerFacts`] it learned.
@@ -284,9 +284,9 @@ impl Acquisition<'_> {
     /// The statements to send now, in this order (pipelined where the driver
     /// can), or `None` when the outcome is known: call
     /// [`Acquisition::finish`].
-    pub fn round(&self) -> Option<Vec<Statement<'_>>> {
+    pub fn round(&self) -> Option<Round<'_>> {
         let plan = &self.plan;
-        let mut out = Vec::new();
+        let mut out = Round::new();
         match &self.stage {
             Stage::Finished(_) => return None,
             Stage::Recover(_) => out.push(Statement::new(Sql::Rollback, &[])),
@@ -355,7 +355,7 @@ impl Acquisition<'_> {
 
     /// The lock statements of the plan: `BigInt` keys first, then `Pair`
     /// keys; under a timeout, the second re-armed with what is left of it.
-    fn lock_statements<'s>(&'s self, out: &mut Vec<Statement<'s>>) {
+    fn lock_statements<'s>(&'s self, out: &mut Round<'s>) {
         let plan = &self.plan;
         let (big, pair) = (plan.bigint(), plan.pair_classes());
         match big {
@@ -412,13 +412,17 @@ impl Acquisition<'_> {
     /// Takes the outcome of the round [`Acquisition::round`] listed: a reply
     /// per statement, in order, or the first error. Decides what comes next.
     pub fn receive(&mut self, result: Result<Vec<Reply<'_>>, DriverError>) {
-        let Some(sent) = self.round() else {
+        let Some(round) = self.round() else {
             return;
         };
-        let sent: Vec<Sql> = sent.iter().map(Statement::sql).collect();
+        let mut kinds = [Sql::Release; Round::MAX];
+        for (kind, statement) in kinds.iter_mut().zip(round.iter()) {
+            *kind = statement.sql();
+        }
+        let sent = &kinds[..round.len()];
         let stage = std::mem::replace(&mut self.stage, Stage::Main);
         self.stage = match (stage, result) {
-            (Stage::Main, Ok(replies)) => match self.check(&sent, &replies) {
+            (Stage::Main, Ok(replies)) => match self.check(sent, &replies) {
                 Err(e) => self.cut_off(e),
                 Ok(busy) => match self.wait {
                     Wait::Try if self.plan.len() > 1 => Stage::Settle(busy),
@@ -431,13 +435,13 @@ impl Acquisition<'_> {
                 Ok(error) => self.cut_off(error),
                 Err(e) => self.main_failed(e),
             },
-            (Stage::Settle(busy), Ok(replies)) => match self.check(&sent, &replies) {
+            (Stage::Settle(busy), Ok(replies)) => match self.check(sent, &replies) {
                 Err(e) => self.cut_off(e),
                 Ok(_) if busy.is_empty() => self.settled(Ok(Granted::Now), false),
                 Ok(_) => self.settled(Ok(Granted::Busy(busy)), false),
             },
             (Stage::Settle(_), Err(e)) => self.settled(Err(e.into_error()), true),
-            (Stage::Recover(error), Ok(replies)) => match self.check(&sent, &replies) {
+            (Stage::Recover(error), Ok(replies)) => match self.check(sent, &replies) {
                 Err(e) => self.cut_off(e),
                 // The savepoint rollback released what the call took and
                 // left the transaction usable.
@@ -904,7 +908,6 @@ mod tests {
                 call.receive(Err(DriverError::new("x").code(code).message(message)));
                 while let Some(round) = call.round() {
                     let replies = round.iter().map(|_| Reply::Done).collect();
-                    drop(round);
                     call.receive(Ok(replies));
                 }
                 let err = call.finish().unwrap_err();
@@ -963,7 +966,6 @@ mod tests {
                 .unwrap();
             if let Some(round) = call.round() {
                 let replies = granted(&round);
-                drop(round);
                 call.receive(Ok(replies));
             }
             assert!(call.finish().unwrap().is_ok());

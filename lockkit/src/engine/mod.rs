@@ -38,7 +38,6 @@
 //! let mut call = state.acquire(&policy, 0, Request::batch(&batch), Wait::Forever)?;
 //! while let Some(round) = call.round() {
 //!     let replies = send(&round);
-//!     drop(round);
 //!     call.receive(replies);
 //! }
 //! let held: HeldBatch<'_> = call.finish()?.expect("not a try").batch();
@@ -61,7 +60,9 @@ mod statement;
 pub use acquire::{Acquisition, Grant, Policy, Request, TxState, Wait};
 pub use error::DriverError;
 pub use facts::{FactsRow, HASHTEXT_PROBES};
-pub use statement::{read_reply, Param, ParamType, Reply, ReplyRow, ReplyShape, Sql, Statement};
+pub use statement::{
+    read_reply, Param, ParamType, Reply, ReplyRow, ReplyShape, Round, Sql, Statement,
+};
 
 /// The count `n` a [`ReplyShape::Tagged`] statement answers when every key
 /// it locks is granted: the number of keys it carries (0 for the timeout

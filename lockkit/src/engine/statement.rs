@@ -265,6 +265,55 @@ impl fmt::Debug for Statement<'_> {
     }
 }
 
+/// The statements of one round, in the order to send them: at most
+/// [`Round::MAX`], kept inline (a lock call allocates nothing for them).
+/// Dereferences to a slice.
+#[derive(Clone)]
+pub struct Round<'a> {
+    statements: [Statement<'a>; Round::MAX],
+    len: usize,
+}
+
+impl<'a> Round<'a> {
+    /// The most statements a round has (a timed batch over both key spaces:
+    /// savepoint, set timeouts, two lock statements, re-arm, restore,
+    /// release).
+    pub const MAX: usize = 8;
+
+    pub(crate) fn new() -> Self {
+        Round {
+            statements: [Statement::new(Sql::Release, &[]); Round::MAX],
+            len: 0,
+        }
+    }
+
+    pub(crate) fn push(&mut self, statement: Statement<'a>) {
+        self.statements[self.len] = statement;
+        self.len += 1;
+    }
+}
+
+impl<'a> std::ops::Deref for Round<'a> {
+    type Target = [Statement<'a>];
+    fn deref(&self) -> &[Statement<'a>] {
+        &self.statements[..self.len]
+    }
+}
+
+impl<'r, 'a> IntoIterator for &'r Round<'a> {
+    type Item = &'r Statement<'a>;
+    type IntoIter = std::slice::Iter<'r, Statement<'a>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl fmt::Debug for Round<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 /// What an adapter got back for one statement, in the shape of
 /// [`Statement::reply`]. The engine checks every one.
 #[derive(Clone, Debug, PartialEq, Eq)]

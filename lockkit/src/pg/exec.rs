@@ -264,11 +264,9 @@ pub(crate) async fn drive(
                     .zip(&answers)
                     .map(|(s, a)| reply(s, a))
                     .collect();
-                drop(round);
                 call.receive(Ok(replies));
             }
             Err(e) => {
-                drop(round);
                 let foreign = foreign_row(&e);
                 call.receive(Err(DriverError::from(e).foreign_reply(foreign)));
             }
