@@ -35,6 +35,48 @@ fn misplaced(cmd: Cmd) {
 
 const PANIC: &str = "deliberate panic inside the transaction (expected by the conformance test)";
 
+/// The command loop of the stacks whose savepoints run a closure
+/// (`LockTx::savepoint(|sp| …)`: sqlx and diesel-async): `serve`, over the
+/// `LockTx`, `BoxFuture` and `increment` of the module it is expanded in.
+macro_rules! serve_in_closure_savepoints {
+    () => {
+        fn serve<'a>(tx: &'a mut LockTx<'_>, ctx: &'a Ctx) -> BoxFuture<'a, Fin> {
+            Box::pin(async move {
+                while let Some(cmd) = ctx.next().await {
+                    match cmd {
+                        Cmd::Op(Op::LockDropped(key, mode, cancel), reply) => {
+                            let _ = reply.send(lock_dropped!(&mut *tx, key, mode, cancel, increment));
+                        }
+                        Cmd::Op(op, reply) => {
+                            let _ = reply.send(exec_op!(&mut *tx, op, increment, .await));
+                        }
+                        Cmd::Savepoint(reply) => {
+                            let pending = Pending::default();
+                            let (ctx2, pending2) = (ctx.clone(), Arc::clone(&pending));
+                            let result = tx
+                                .savepoint(move |sp| {
+                                    Box::pin(async move {
+                                        let _ = reply.send(Ok(()));
+                                        let fin = serve(sp, &ctx2).await;
+                                        park(fin, &pending2)
+                                    })
+                                })
+                                .await;
+                            unpark(result, &pending);
+                        }
+                        Cmd::End(End::Commit, r) => return Fin::Commit(r),
+                        Cmd::End(End::Rollback, r) => return Fin::Rollback(r),
+                        Cmd::End(End::Drop, r) => return ctx.drop_transaction(r).await,
+                        Cmd::End(End::Panic, _) => panic!("{PANIC}"),
+                        other => misplaced(other),
+                    }
+                }
+                Fin::Closed
+            })
+        }
+    };
+}
+
 /// tokio-postgres: `lockkit::LockClient` and its `LockTx`.
 pub(crate) mod with_tokio_postgres {
     use super::*;
@@ -265,40 +307,7 @@ pub(crate) mod with_sqlx {
         }
     }
 
-    fn serve<'a>(tx: &'a mut LockTx<'_>, ctx: &'a Ctx) -> BoxFuture<'a, Fin> {
-        Box::pin(async move {
-            while let Some(cmd) = ctx.next().await {
-                match cmd {
-                    Cmd::Op(Op::LockDropped(key, mode, cancel), reply) => {
-                        let _ = reply.send(lock_dropped!(&mut *tx, key, mode, cancel, increment));
-                    }
-                    Cmd::Op(op, reply) => {
-                        let _ = reply.send(exec_op!(&mut *tx, op, increment, .await));
-                    }
-                    Cmd::Savepoint(reply) => {
-                        let pending = Pending::default();
-                        let (ctx2, pending2) = (ctx.clone(), Arc::clone(&pending));
-                        let result = tx
-                            .savepoint(move |sp| {
-                                Box::pin(async move {
-                                    let _ = reply.send(Ok(()));
-                                    let fin = serve(sp, &ctx2).await;
-                                    park(fin, &pending2)
-                                })
-                            })
-                            .await;
-                        unpark(result, &pending);
-                    }
-                    Cmd::End(End::Commit, r) => return Fin::Commit(r),
-                    Cmd::End(End::Rollback, r) => return Fin::Rollback(r),
-                    Cmd::End(End::Drop, r) => return ctx.drop_transaction(r).await,
-                    Cmd::End(End::Panic, _) => panic!("{PANIC}"),
-                    other => misplaced(other),
-                }
-            }
-            Fin::Closed
-        })
-    }
+    serve_in_closure_savepoints!();
 }
 
 /// diesel-async: a deadpool pool per session (of one connection, so the
@@ -426,40 +435,7 @@ pub(crate) mod with_diesel_async {
         }
     }
 
-    fn serve<'a>(tx: &'a mut LockTx<'_>, ctx: &'a Ctx) -> BoxFuture<'a, Fin> {
-        Box::pin(async move {
-            while let Some(cmd) = ctx.next().await {
-                match cmd {
-                    Cmd::Op(Op::LockDropped(key, mode, cancel), reply) => {
-                        let _ = reply.send(lock_dropped!(&mut *tx, key, mode, cancel, increment));
-                    }
-                    Cmd::Op(op, reply) => {
-                        let _ = reply.send(exec_op!(&mut *tx, op, increment, .await));
-                    }
-                    Cmd::Savepoint(reply) => {
-                        let pending = Pending::default();
-                        let (ctx2, pending2) = (ctx.clone(), Arc::clone(&pending));
-                        let result = tx
-                            .savepoint(move |sp| {
-                                Box::pin(async move {
-                                    let _ = reply.send(Ok(()));
-                                    let fin = serve(sp, &ctx2).await;
-                                    park(fin, &pending2)
-                                })
-                            })
-                            .await;
-                        unpark(result, &pending);
-                    }
-                    Cmd::End(End::Commit, r) => return Fin::Commit(r),
-                    Cmd::End(End::Rollback, r) => return Fin::Rollback(r),
-                    Cmd::End(End::Drop, r) => return ctx.drop_transaction(r).await,
-                    Cmd::End(End::Panic, _) => panic!("{PANIC}"),
-                    other => misplaced(other),
-                }
-            }
-            Fin::Closed
-        })
-    }
+    serve_in_closure_savepoints!();
 }
 
 /// Blocking Diesel: a `PgConnection` owned by a thread of its own, which

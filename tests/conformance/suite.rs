@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockkit::{Config, ErrorKind, LockKey, Mode, OrderCheck};
+use lockkit::{Config, ErrorKind, Mode, OrderCheck};
+use lockkit_tests::observe::{self, advisory_rows, granted_elsewhere};
 use lockkit_tests::waits::{wait_until_awaited, WaitCounter, Waits};
 use lockkit_tests::workload::{deadlock, exclusion, seed, worker_rng};
 use lockkit_tests::TestServer;
@@ -20,58 +21,14 @@ use crate::session::{Adapter, Cancel, End, Key, Op, Out, Session};
 
 /// Whether backend `pid` holds `key` granted (any mode).
 async fn held_by(observer: &Client, pid: i32, key: Key) -> bool {
-    let id = key.lock_key().to_pg_locks();
-    let n: i64 = observer
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND classid = $1 AND objid = $2 AND objsubid = $3 AND pid = $4",
-            &[&id.classid, &id.objid, &id.objsubid, &pid],
-        )
-        .await
-        .expect("pg_locks")
-        .get(0);
-    n > 0
-}
-
-/// Whether any session other than the observer's holds `key` granted.
-async fn granted_elsewhere(observer: &Client, key: LockKey) -> bool {
-    let id = key.to_pg_locks();
-    let n: i64 = observer
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND classid = $1 AND objid = $2 AND objsubid = $3 AND pid <> pg_backend_pid()",
-            &[&id.classid, &id.objid, &id.objsubid],
-        )
-        .await
-        .expect("pg_locks")
-        .get(0);
-    n > 0
+    observe::held_by(observer, pid, key.lock_key()).await
 }
 
 /// Waits until no other session holds `key`: for releases the server does
 /// asynchronously to the test (a session that ends). The deadline guards a
 /// hang and is no timing claim.
 async fn released(observer: &Client, key: Key) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if !granted_elsewhere(observer, key.lock_key()).await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    false
-}
-
-/// The advisory-lock rows (granted or waiting) of backend `pid`.
-async fn advisory_rows(observer: &Client, pid: i32) -> i64 {
-    observer
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
-            &[&pid],
-        )
-        .await
-        .expect("pg_locks")
-        .get(0)
+    observe::released(observer, key.lock_key()).await
 }
 
 /// Key ids of test `n` (0..100) of adapter `A`: distinct from every other

@@ -1,15 +1,12 @@
 //! Helpers shared by the diesel-async integration tests. The observer of
 //! `pg_locks` is a tokio-postgres client (another session).
 
-use std::time::{Duration, Instant};
-
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::AsyncPgConnection;
-use lockkit::LockKey;
 use lockkit_diesel_async::{Config, Locker, OrderCheck};
+pub(crate) use lockkit_tests::observe::{granted_elsewhere, wait_until_waiting};
 use lockkit_tests::TestServer;
-use tokio_postgres::Client;
 
 /// A deadpool pool of diesel-async connections.
 pub(crate) type PgPool = Pool<AsyncPgConnection>;
@@ -32,21 +29,6 @@ pub(crate) async fn locker(pool: &PgPool) -> Locker {
         .expect("locker")
 }
 
-/// Whether another session than `observer`'s holds `key` granted.
-pub(crate) async fn granted_elsewhere(observer: &Client, key: LockKey) -> bool {
-    let id = key.to_pg_locks();
-    let n: i64 = observer
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND classid = $1 AND objid = $2 AND objsubid = $3 AND pid <> pg_backend_pid()",
-            &[&id.classid, &id.objid, &id.objsubid],
-        )
-        .await
-        .expect("pg_locks")
-        .get(0);
-    n > 0
-}
-
 /// The backend pid of a diesel-async connection.
 pub(crate) async fn backend_pid(conn: &mut AsyncPgConnection) -> i32 {
     use diesel::sql_types::Integer;
@@ -61,26 +43,4 @@ pub(crate) async fn backend_pid(conn: &mut AsyncPgConnection) -> i32 {
         .await
         .expect("pg_backend_pid");
     row.pid
-}
-
-/// Waits (up to 30 s, else panics) until backend `pid` waits for an
-/// advisory lock, per `pg_locks`.
-pub(crate) async fn wait_until_waiting(observer: &Client, pid: i32) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let n: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
-                 AND NOT granted AND pid = $1",
-                &[&pid],
-            )
-            .await
-            .expect("pg_locks")
-            .get(0);
-        if n > 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "backend {pid} never waited");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }

@@ -1,6 +1,7 @@
 //! Helpers shared by the lockkit integration tests.
 
 use lockkit::{AdvisoryKey, Config, LockKey, Locker};
+pub(crate) use lockkit_tests::observe::{advisory_rows, granted_elsewhere, held_by};
 use tokio_postgres::Client;
 
 /// A key type for tests: a plain `i64` id.
@@ -14,55 +15,12 @@ pub(crate) async fn locker(client: &Client, config: Config) -> Locker {
     Locker::new(client, config).await.expect("locker")
 }
 
-/// Whether a second session sees `key` granted to some other backend, per
-/// `pg_locks`.
-pub(crate) async fn granted_elsewhere(observer: &Client, key: LockKey) -> bool {
-    let id = key.to_pg_locks();
-    let row = observer
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND classid = $1 AND objid = $2 AND objsubid = $3 AND pid <> pg_backend_pid()",
-            &[&id.classid, &id.objid, &id.objsubid],
-        )
-        .await
-        .expect("pg_locks");
-    row.get::<_, i64>(0) > 0
-}
-
 /// The backend pid of `client`'s session.
 pub(crate) async fn backend_pid(client: &Client) -> i32 {
     client
         .query_one("SELECT pg_backend_pid()", &[])
         .await
         .expect("pg_backend_pid")
-        .get(0)
-}
-
-/// Whether backend `pid` holds `key` (granted, in any mode), per `pg_locks`
-/// as seen by `observer`.
-pub(crate) async fn held_by(observer: &Client, pid: i32, key: LockKey) -> bool {
-    let id = key.to_pg_locks();
-    let row = observer
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND classid = $1 AND objid = $2 AND objsubid = $3 AND pid = $4",
-            &[&id.classid, &id.objid, &id.objsubid, &pid],
-        )
-        .await
-        .expect("pg_locks");
-    row.get::<_, i64>(0) > 0
-}
-
-/// The advisory-lock rows of backend `pid` in `pg_locks`, granted or
-/// waiting.
-pub(crate) async fn advisory_rows(observer: &Client, pid: i32) -> i64 {
-    observer
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
-            &[&pid],
-        )
-        .await
-        .expect("pg_locks")
         .get(0)
 }
 

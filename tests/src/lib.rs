@@ -72,6 +72,7 @@ mod account;
 mod binaries;
 pub mod fixtures;
 mod instance;
+pub mod observe;
 mod pgbouncer;
 mod server;
 pub mod waits;

@@ -1,0 +1,90 @@
+//! What another session sees in `pg_locks`: the observer's questions that
+//! every test binary asks, from a tokio-postgres connection of its own (a
+//! session, and a driver, apart from the one under test).
+
+use std::time::{Duration, Instant};
+
+use lockkit::LockKey;
+use tokio_postgres::Client;
+
+/// How many sessions other than `observer`'s hold `key` granted.
+pub async fn holders_elsewhere(observer: &Client, key: LockKey) -> i64 {
+    let id = key.to_pg_locks();
+    observer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND classid = $1 AND objid = $2 AND objsubid = $3 AND pid <> pg_backend_pid()",
+            &[&id.classid, &id.objid, &id.objsubid],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0)
+}
+
+/// Whether a session other than `observer`'s holds `key` granted.
+pub async fn granted_elsewhere(observer: &Client, key: LockKey) -> bool {
+    holders_elsewhere(observer, key).await > 0
+}
+
+/// Waits until no other session holds `key`: for releases the server does
+/// asynchronously to the test (a session that ends, a queued rollback).
+/// The 30 s deadline guards a hang and is no timing claim.
+pub async fn released(observer: &Client, key: LockKey) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if !granted_elsewhere(observer, key).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// Whether backend `pid` holds `key` (granted, in any mode).
+pub async fn held_by(observer: &Client, pid: i32, key: LockKey) -> bool {
+    let id = key.to_pg_locks();
+    let n: i64 = observer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND classid = $1 AND objid = $2 AND objsubid = $3 AND pid = $4",
+            &[&id.classid, &id.objid, &id.objsubid, &pid],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0);
+    n > 0
+}
+
+/// The advisory-lock rows (granted or waiting) of backend `pid`.
+pub async fn advisory_rows(observer: &Client, pid: i32) -> i64 {
+    observer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
+            &[&pid],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0)
+}
+
+/// Waits (up to 30 s, else panics) until backend `pid` waits for an
+/// advisory lock: the event a test synchronizes on instead of a sleep.
+pub async fn wait_until_waiting(observer: &Client, pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                 AND NOT granted AND pid = $1",
+                &[&pid],
+            )
+            .await
+            .expect("pg_locks")
+            .get(0);
+        if n > 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "backend {pid} never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
