@@ -58,7 +58,8 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::{join, join5, BoxFuture};
+use futures_util::future::{join, BoxFuture};
+use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
@@ -69,9 +70,8 @@ use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::plan::Mode;
 use crate::engine::sql::{self, timeout_setting, CHECK_CLIENT, HOLDS};
-use crate::engine::{self, Policy, Request, TxState};
+use crate::engine::{self, read_reply, Policy, Reply, ReplyRow, ReplyShape, Request, TxState};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
-use crate::pg::exec;
 use crate::pg::locker::{server_facts, Locker};
 
 /// The keepalive cadence unless [`SessionLock::keepalive`] says otherwise.
@@ -457,9 +457,10 @@ impl SessionLock {
         }
     }
 
-    /// The default form: opens the transaction and takes the lock in one
-    /// round trip (pipelined), then checks the server's facts. Answers
-    /// whether the lock was granted and the backend pid.
+    /// The default form: opens the transaction, sets it up and takes the
+    /// lock in one simple-protocol query (one message, one round trip; see
+    /// [`simple_round`]), then checks the server's facts. Answers whether
+    /// the lock was granted and the backend pid.
     async fn lock_in_transaction(
         &self,
         lease: &Lease,
@@ -470,40 +471,32 @@ impl SessionLock {
         hashtext: bool,
     ) -> Result<(bool, i32), Error> {
         let client = lease.client();
-        // Sent in this order at the first poll. Should BEGIN fail, the
-        // statements after it run in autocommit, where an xact lock ends
-        // with its statement: nothing can be left behind.
-        // The closing keepalive, a simple-protocol statement, drops the
-        // unnamed portal of the extended-protocol statements before it,
-        // which would keep its snapshot, and so the backend's xmin, until
-        // the next statement: without it the held lock would hold back
-        // VACUUM until the first keepalive.
-        let (begun, setup, facts, locked, closed) = join5(
-            client.batch_execute(sql::SESSION_BEGIN),
-            client.query_typed(sql::SESSION_SETUP, &[(&name, Type::TEXT)]),
+        // The facts (HashText keys only) go first, outside the transaction:
+        // they are the server's, not the backend's. Then one query:
+        // `BEGIN; set-up; lock`. Should BEGIN fail, nothing after it runs
+        // (a simple query stops at its first error). It is the last thing
+        // sent, and the simple protocol leaves no portal open, so the held
+        // transaction holds no snapshot (no `backend_xmin`), with no
+        // statement after it.
+        let (facts, taken) = join(
             async {
                 match hashtext {
                     true => Some(server_facts(client).await),
                     false => None,
                 }
             },
-            take_xact_lock(client, key, mode, wait),
-            client.batch_execute(sql::KEEPALIVE),
+            take_xact_lock(client, key, mode, wait, name),
         )
         .await;
-        begun?;
-        let setup = setup?;
-        one_row(&setup, "the session set-up")?;
-        let (in_recovery, backend_pid): (bool, i32) = (setup[0].try_get(0)?, setup[0].try_get(1)?);
+        let (setup, granted) = taken?;
+        let (in_recovery, backend_pid) = setup;
         if in_recovery && !self.allow_standby {
             return Err(Error::new(ErrorKind::HotStandby));
         }
         if let Some(facts) = facts {
             ServerFacts::from(&facts?).check_hashtext()?;
         }
-        let granted = locked?;
-        closed?;
-        Ok((granted, backend_pid))
+        Ok((granted?, backend_pid))
     }
 
     /// The plain session-level form: facts, the pooler probe, then
@@ -720,16 +713,26 @@ fn expect_granted<K>(result: Result<SessionGuard<K>, K>) -> SessionGuard<K> {
     }
 }
 
-/// Takes the transaction-scoped lock inside the transaction open on
-/// `client`, through the lock engine (its statements, reply checks and
-/// timeouts); answers whether it was granted (`false`: a try found it busy).
-/// The standby and `hashtext` checks are the caller's.
+/// Opens the lock's transaction on `client`, sets it up (named `name`) and
+/// takes the transaction-scoped lock inside it through the lock engine (its
+/// statements, reply checks and timeouts), all in one simple-protocol
+/// query; later rounds of the engine (a timeout's savepoint rollback) go
+/// the same way. Answers the set-up row (`in_recovery`, `backend_pid`) and
+/// whether the lock was granted (`false`: a try found it busy), or, as the
+/// inner error, what the engine made of a failed lock statement. The
+/// standby and `hashtext` checks are the caller's.
+///
+/// # Errors
+///
+/// The outer error when `BEGIN` or the set-up failed, or their reply was
+/// not what they answer: then the engine never saw a reply.
 async fn take_xact_lock(
     client: &Client,
     key: LockKey,
     mode: Mode,
     wait: Wait,
-) -> Result<bool, Error> {
+    name: &str,
+) -> Result<((bool, i32), Result<bool, Error>), Error> {
     static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(|| {
         Policy::new(
             crate::Config::default()
@@ -739,15 +742,191 @@ async fn take_xact_lock(
             ServerFacts::assumed(1, 1, 0),
         )
     });
+    /// `BEGIN` and the set-up: one command each.
+    const PREFIX: usize = 2;
     let wait = match wait {
         Wait::Forever => engine::Wait::Forever,
         Wait::Timeout(timeout) => engine::Wait::Timeout(timeout),
         Wait::Try => engine::Wait::Try,
     };
     let state = TxState::new();
-    let call = state.acquire(&POLICY, 0, Request::key(key, mode), wait)?;
-    let cancelled = std::sync::atomic::AtomicBool::new(false);
-    Ok(exec::drive(client, None, &cancelled, call).await?.is_ok())
+    let mut call = state.acquire(&POLICY, 0, Request::key(key, mode), wait)?;
+    let mut query = String::with_capacity(512);
+    let mut setup = None;
+    let mut first = true;
+    while let Some(round) = call.round() {
+        query.clear();
+        let prefix = if std::mem::take(&mut first) {
+            query.push_str(sql::SESSION_BEGIN);
+            query.push_str("; ");
+            sql::write_session_setup(&mut query, name);
+            PREFIX
+        } else {
+            0
+        };
+        for (i, statement) in round.iter().enumerate() {
+            if i > 0 || prefix > 0 {
+                query.push_str("; ");
+            }
+            statement.write_simple(&mut query);
+        }
+        let (completed, failed) = simple_round(client, &query).await;
+        let expected = prefix
+            + round
+                .iter()
+                .map(|s| s.sql().simple_commands())
+                .sum::<usize>();
+        match &failed {
+            Some(_) if completed.len() < prefix => {
+                return Err(Error::from(failed.expect("matched Some")));
+            }
+            None if completed.len() != expected => {
+                return Err(Error::unexpected(format!(
+                    "the session lock's query answered {} commands, not {expected}",
+                    completed.len()
+                )));
+            }
+            _ => {}
+        }
+        let mut commands = completed.into_iter();
+        if prefix > 0 {
+            // BEGIN answers no row; the set-up exactly one.
+            let begun = commands.next().unwrap_or_default();
+            let set_up = commands.next().unwrap_or_default();
+            if !begun.is_empty() {
+                return Err(Error::unexpected("BEGIN returned a row".into()));
+            }
+            one_row(&set_up, "the session set-up")?;
+            let row = &set_up[0];
+            setup = Some((
+                row.bool(0).map_err(|e| Error::unexpected(e.0))?,
+                row.int4(1).map_err(|e| Error::unexpected(e.0))?,
+            ));
+        }
+        if let Some(e) = failed {
+            drop(round);
+            call.receive(Err(DriverError::from(e)));
+            continue;
+        }
+        // Each statement's rows; a statement of several commands (a
+        // savepoint rollback) answers rows of none of them.
+        let mut answers: Vec<Vec<SimpleRow>> = Vec::with_capacity(round.len());
+        for statement in &round {
+            let mut rows = Vec::new();
+            for _ in 0..statement.sql().simple_commands() {
+                rows.extend(commands.next().unwrap_or_default());
+            }
+            answers.push(rows);
+        }
+        let replies: Vec<Reply<'_>> = round
+            .iter()
+            .zip(&answers)
+            .map(|(statement, rows)| match statement.reply() {
+                ReplyShape::Done if rows.is_empty() => read_reply::<SimpleRow>(statement, None),
+                _ => read_reply(statement, Some(rows)),
+            })
+            .collect();
+        drop(round);
+        call.receive(Ok(replies));
+    }
+    let setup = setup.ok_or_else(|| Error::unexpected("the lock engine sent nothing".into()))?;
+    Ok((setup, call.finish().map(|outcome| outcome.is_ok())))
+}
+
+/// Sends `query` (statements joined by `;`) with the simple query
+/// protocol: one `Query` message, sent at the first poll. Answers the rows
+/// of each command that completed, in order, and the error that stopped
+/// the query, if any (the server runs no command after a failed one, so
+/// the failed one is the next after those completed).
+async fn simple_round(
+    client: &Client,
+    query: &str,
+) -> (Vec<Vec<SimpleRow>>, Option<tokio_postgres::Error>) {
+    let mut commands = Vec::with_capacity(4);
+    let mut rows = Vec::new();
+    let stream = match client.simple_query_raw(query).await {
+        Ok(stream) => stream,
+        Err(e) => return (commands, Some(e)),
+    };
+    let mut stream = std::pin::pin!(stream);
+    while let Some(message) = stream.next().await {
+        match message {
+            Ok(SimpleQueryMessage::Row(row)) => rows.push(SimpleRow(row)),
+            Ok(SimpleQueryMessage::CommandComplete(_)) => {
+                commands.push(std::mem::take(&mut rows));
+            }
+            Ok(_) => {}
+            Err(e) => return (commands, Some(e)),
+        }
+    }
+    (commands, None)
+}
+
+/// A simple-protocol row: every column as text, decoded here for the
+/// engine's reply checks (and the set-up row).
+struct SimpleRow(tokio_postgres::SimpleQueryRow);
+
+/// Why a [`SimpleRow`] column could not be read.
+struct BadColumn(String);
+
+impl fmt::Display for BadColumn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl SimpleRow {
+    fn parse<T: std::str::FromStr>(&self, i: usize, ty: &str) -> Result<T, BadColumn> {
+        let text = self.text(i)?;
+        text.parse()
+            .map_err(|_| BadColumn(format!("column {i}: {text:?} is not {ty}")))
+    }
+
+    fn array<T: std::str::FromStr>(&self, i: usize, ty: &str) -> Result<Vec<T>, BadColumn> {
+        let text = self.text(i)?;
+        let bad = || BadColumn(format!("column {i}: {text:?} is not {ty}[]"));
+        let inner = text
+            .strip_prefix('{')
+            .and_then(|t| t.strip_suffix('}'))
+            .ok_or_else(bad)?;
+        if inner.is_empty() {
+            return Ok(Vec::new());
+        }
+        inner
+            .split(',')
+            .map(|v| v.parse().map_err(|_| bad()))
+            .collect()
+    }
+}
+
+impl ReplyRow for SimpleRow {
+    type Error = BadColumn;
+    fn text(&self, i: usize) -> Result<&str, BadColumn> {
+        match self.0.try_get(i) {
+            Ok(Some(text)) => Ok(text),
+            Ok(None) => Err(BadColumn(format!("column {i} is NULL"))),
+            Err(e) => Err(BadColumn(e.to_string())),
+        }
+    }
+    fn int8(&self, i: usize) -> Result<i64, BadColumn> {
+        self.parse(i, "int8")
+    }
+    fn int4(&self, i: usize) -> Result<i32, BadColumn> {
+        self.parse(i, "int4")
+    }
+    fn bool(&self, i: usize) -> Result<bool, BadColumn> {
+        match self.text(i)? {
+            "t" => Ok(true),
+            "f" => Ok(false),
+            text => Err(BadColumn(format!("column {i}: {text:?} is not bool"))),
+        }
+    }
+    fn int8_array(&self, i: usize) -> Result<Vec<i64>, BadColumn> {
+        self.array(i, "int8")
+    }
+    fn int4_array(&self, i: usize) -> Result<Vec<i32>, BadColumn> {
+        self.array(i, "int4")
+    }
 }
 
 /// A session-duration advisory lock, held by a connection of its own.
@@ -1320,7 +1499,7 @@ async fn key_query(
 }
 
 /// Exactly one row, or an error naming `what`.
-fn one_row(rows: &[Row], what: &str) -> Result<(), Error> {
+fn one_row<T>(rows: &[T], what: &str) -> Result<(), Error> {
     if rows.len() == 1 {
         Ok(())
     } else {
