@@ -614,21 +614,28 @@ impl SessionLock {
     ) -> SessionGuard<K> {
         let (lost_tx, lost) = watch::channel(false);
         let (commands, inbox) = mpsc::unbounded_channel();
+        let ended = lease.ended.clone();
+        let shared = Arc::new(Shared {
+            lease: tokio::sync::Mutex::new(Some(lease)),
+            lost: lost_tx,
+        });
         let holder = Holder {
-            lease,
+            shared: shared.clone(),
+            ended,
             key,
             mode,
             form: self.form,
             cadence: self.keepalive,
             backend_pid,
         };
-        tokio::spawn(holder.run(inbox, lost_tx));
+        tokio::spawn(holder.run(inbox));
         SessionGuard {
             value,
             key,
             mode,
             form: self.form,
             backend_pid,
+            shared,
             commands,
             lost,
         }
@@ -968,6 +975,7 @@ pub struct SessionGuard<K> {
     mode: Mode,
     form: SessionForm,
     backend_pid: i32,
+    shared: Arc<Shared>,
     commands: mpsc::UnboundedSender<Command>,
     lost: watch::Receiver<bool>,
 }
@@ -1064,10 +1072,15 @@ impl<K> SessionGuard<K> {
     /// Releases the lock: rolls its transaction back (default form) or
     /// unlocks (session-level form), then closes the connection or returns
     /// it to its pool. Answers whether the server really held the lock
-    /// until then: in the default form, the rollback's success (the task
-    /// that owns the connection gives the lock up at the first failed
-    /// statement, so the transaction, and its lock, lived until the
-    /// rollback); `pg_advisory_unlock`'s result in the session-level form.
+    /// until then: in the default form, the rollback's success (every
+    /// statement on the lock's connection runs while it is in the guard's
+    /// hands, and the first failed one gives the connection up, so the
+    /// transaction, and its lock, lived until the rollback);
+    /// `pg_advisory_unlock`'s result in the session-level form.
+    ///
+    /// The release runs on the caller's task, on the connection it takes
+    /// from the guard's keepalive task (waiting for a keepalive in flight):
+    /// no hop to the keepalive task and back.
     ///
     /// # Errors
     ///
@@ -1078,14 +1091,23 @@ impl<K> SessionGuard<K> {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: once asked, the guard's task finishes the release
-    /// whether or not the answer is awaited.
+    /// Cancel safe: dropped before the answer, the connection is closed (a
+    /// pooled one detached from its pool, never returned), which ends the
+    /// session's transaction and the lock on the server.
     pub async fn release(self) -> Result<bool, Error> {
-        let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(Command::Release(reply))
-            .map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
+        let lease = self.shared.lease.lock().await.take();
+        let Some(lease) = lease else {
+            // The keepalive task gave the connection up: the lock is gone.
+            return Err(gone());
+        };
+        let mut ending = Ending {
+            lease: Some(lease),
+            lost: &self.shared.lost,
+        };
+        let lease = ending.lease.as_mut().expect("just put");
+        end_lock(lease, self.form, self.key, self.mode).await
+        // `ending` drops the lease (closed, or back to its pool if clean),
+        // then flips `lost`; the guard's drop stops the keepalive task.
     }
 }
 
@@ -1099,12 +1121,38 @@ fn gone() -> Error {
 /// What a guard asks its task.
 enum Command {
     Check(oneshot::Sender<Result<bool, Error>>),
-    Release(oneshot::Sender<Result<bool, Error>>),
 }
 
-/// The task that owns a held lock's connection.
+/// What a held lock's guard and its keepalive task share.
+struct Shared {
+    /// The lock's connection, while the lock is held: every statement on
+    /// it runs under this mutex. Whoever ends the lock (the release, or the
+    /// task after a drop, a failed statement or a lost connection) takes
+    /// it out, in an [`Ending`]; an empty slot means the lock is gone.
+    lease: tokio::sync::Mutex<Option<Lease>>,
+    /// Flipped to `true` once the lock is gone.
+    lost: watch::Sender<bool>,
+}
+
+/// A lease taken out of [`Shared::lease`] to end the lock: dropping it
+/// (after the rollback, or when a release is cancelled or fails) closes the
+/// connection or returns it to its pool if clean, then flips `lost`.
+struct Ending<'a> {
+    lease: Option<Lease>,
+    lost: &'a watch::Sender<bool>,
+}
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        drop(self.lease.take());
+        self.lost.send_replace(true);
+    }
+}
+
+/// The task that keeps a held lock's connection alive and watches it.
 struct Holder {
-    lease: Lease,
+    shared: Arc<Shared>,
+    ended: Option<watch::Receiver<bool>>,
     key: LockKey,
     mode: Mode,
     form: SessionForm,
@@ -1113,10 +1161,14 @@ struct Holder {
 }
 
 impl Holder {
-    async fn run(mut self, mut inbox: mpsc::UnboundedReceiver<Command>, lost: watch::Sender<bool>) {
+    async fn run(mut self, mut inbox: mpsc::UnboundedReceiver<Command>) {
         let mut ticks = tokio::time::interval_at(Instant::now() + self.cadence, self.cadence);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut ended = self.lease.ended.clone();
+        let mut ended = self.ended.take();
+        // The connection, taken out of the slot under the same lock as the
+        // statement that failed on it, so that no release can run a
+        // ROLLBACK (and report the lock held) after a failure.
+        let mut given_up = None;
         loop {
             tokio::select! {
                 biased;
@@ -1127,32 +1179,58 @@ impl Holder {
                 }
                 command = inbox.recv() => match command {
                     Some(Command::Check(reply)) => {
-                        let answer = self.holds().await;
+                        let mut slot = self.shared.lease.lock().await;
+                        let answer = match slot.as_ref() {
+                            Some(lease) => holds_now(lease, self.key).await,
+                            None => Ok(false),
+                        };
                         // A failed statement aborts the lock's transaction,
                         // and with it the lock.
                         let failed = !matches!(answer, Ok(true));
+                        if failed {
+                            given_up = slot.take();
+                        }
+                        drop(slot);
                         let _ = reply.send(answer);
                         if failed {
                             break;
                         }
                     }
-                    Some(Command::Release(reply)) => {
-                        let _ = reply.send(self.release().await);
-                        break;
-                    }
                     None => {
+                        // The guard is gone. Released: the slot is empty.
                         // Dropped without release: end the lock now; a
                         // pooled connection goes back only if this completes.
-                        let _ = tokio::time::timeout(self.cadence, self.release()).await;
-                        break;
+                        let mut slot = self.shared.lease.lock().await;
+                        if let Some(lease) = slot.take() {
+                            drop(slot);
+                            let mut ending = Ending {
+                                lease: Some(lease),
+                                lost: &self.shared.lost,
+                            };
+                            let lease = ending.lease.as_mut().expect("just put");
+                            let _ = tokio::time::timeout(
+                                self.cadence,
+                                end_lock(lease, self.form, self.key, self.mode),
+                            )
+                            .await;
+                        }
+                        return;
                     }
                 },
                 _ = ticks.tick() => {
+                    let mut slot = self.shared.lease.lock().await;
+                    let Some(lease) = slot.as_ref() else {
+                        return; // released meanwhile
+                    };
                     let reply = tokio::time::timeout(
                         self.cadence,
-                        self.lease.client().batch_execute(sql::KEEPALIVE),
+                        lease.client().batch_execute(sql::KEEPALIVE),
                     )
                     .await;
+                    if !matches!(reply, Ok(Ok(()))) {
+                        given_up = slot.take();
+                    }
+                    drop(slot);
                     match reply {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => {
@@ -1170,48 +1248,60 @@ impl Holder {
                 }
             }
         }
-        // Closes the connection, or returns it to its pool if clean.
-        drop(self.lease);
-        let _ = lost.send(true);
-    }
-
-    async fn holds(&self) -> Result<bool, Error> {
-        let client = self.lease.client();
-        // The keepalive after it drops its portal (and snapshot), as after
-        // the lock.
-        let (held, closed) = join(
-            holds(client, self.key),
-            client.batch_execute(sql::KEEPALIVE),
-        )
-        .await;
-        match held.and_then(|held| closed.map(|()| held).map_err(Error::from)) {
-            Err(e) if e.is_connection_lost() => Ok(false),
-            result => result,
+        // The lock is gone: close the connection (never back to a pool
+        // unclean), unless a release took it first.
+        let lease = match given_up {
+            Some(lease) => Some(lease),
+            None => self.shared.lease.lock().await.take(),
+        };
+        if lease.is_some() {
+            drop(Ending {
+                lease,
+                lost: &self.shared.lost,
+            });
         }
     }
+}
 
-    async fn release(&mut self) -> Result<bool, Error> {
-        let client = self.lease.client();
-        match self.form {
-            SessionForm::Transaction => {
-                // An xact lock ends only with its transaction, or when an
-                // error aborts the transaction. This task runs every
-                // statement on the connection and gives the lock up at the
-                // first failure, so a successful ROLLBACK proves the
-                // transaction, and its lock, lived until now. (Reading
-                // pg_locks, as `check()` does, costs ten round trips here.)
-                client.batch_execute(sql::SESSION_ROLLBACK).await?;
-                self.lease.clean = true;
-                Ok(true)
-            }
-            SessionForm::SessionLevel => {
-                let rows =
-                    key_query(client, sql::session_unlock(self.key, self.mode), self.key).await?;
-                let was_held = one_bool(&rows)?;
-                // Unlocked what it took: nothing of this lock is left.
-                self.lease.clean = was_held;
-                Ok(was_held)
-            }
+/// Whether the lock's backend holds `key`, then the keepalive, which drops
+/// the check's portal (and snapshot); a lost connection answers `false`.
+async fn holds_now(lease: &Lease, key: LockKey) -> Result<bool, Error> {
+    let client = lease.client();
+    let (held, closed) = join(holds(client, key), client.batch_execute(sql::KEEPALIVE)).await;
+    match held.and_then(|held| closed.map(|()| held).map_err(Error::from)) {
+        Err(e) if e.is_connection_lost() => Ok(false),
+        result => result,
+    }
+}
+
+/// Ends a held lock on its connection: the rollback (default form) or the
+/// unlock (session-level form). Marks the lease clean, so that a pooled
+/// connection may go back, only when nothing of the lock is left on it.
+async fn end_lock(
+    lease: &mut Lease,
+    form: SessionForm,
+    key: LockKey,
+    mode: Mode,
+) -> Result<bool, Error> {
+    let client = lease.client();
+    match form {
+        SessionForm::Transaction => {
+            // An xact lock ends only with its transaction, or when an error
+            // aborts the transaction. Every statement on the connection
+            // runs under the guard's mutex, and the first failure takes
+            // the connection out of it, so a successful ROLLBACK proves the
+            // transaction, and its lock, lived until now. (Reading
+            // pg_locks, as `check()` does, costs ten round trips here.)
+            client.batch_execute(sql::SESSION_ROLLBACK).await?;
+            lease.clean = true;
+            Ok(true)
+        }
+        SessionForm::SessionLevel => {
+            let rows = key_query(client, sql::session_unlock(key, mode), key).await?;
+            let was_held = one_bool(&rows)?;
+            // Unlocked what it took: nothing of this lock is left.
+            lease.clean = was_held;
+            Ok(was_held)
         }
     }
 }
