@@ -55,6 +55,7 @@
 use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +63,7 @@ use futures_util::future::{join, BoxFuture};
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{CancelToken, Client, NoTls, Row, SimpleQueryMessage, Socket};
@@ -162,6 +164,12 @@ pub struct SessionLock {
     pooler_check: bool,
     keepalive: Duration,
     probe_timeout: Duration,
+    /// Whether a lock's set-up saw that the server has
+    /// `client_connection_check_interval` (PostgreSQL 14+): the next
+    /// set-ups set it with the cheaper `SET LOCAL` form
+    /// ([`sql::write_session_setup`]). Shared by clones; cleared when that
+    /// form fails because the server has no such setting.
+    check_interval_known: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for SessionLock {
@@ -225,6 +233,7 @@ impl SessionLock {
             pooler_check: true,
             keepalive: DEFAULT_KEEPALIVE,
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
+            check_interval_known: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -485,7 +494,7 @@ impl SessionLock {
                     false => None,
                 }
             },
-            take_xact_lock(client, key, mode, wait, name),
+            take_xact_lock(client, key, mode, wait, name, &self.check_interval_known),
         )
         .await;
         let (setup, granted) = taken?;
@@ -739,6 +748,7 @@ async fn take_xact_lock(
     mode: Mode,
     wait: Wait,
     name: &str,
+    check_interval_known: &AtomicBool,
 ) -> Result<((bool, i32), Result<bool, Error>), Error> {
     static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(|| {
         Policy::new(
@@ -749,8 +759,6 @@ async fn take_xact_lock(
             ServerFacts::assumed(1, 1, 0),
         )
     });
-    /// `BEGIN` and the set-up: one command each.
-    const PREFIX: usize = 2;
     let wait = match wait {
         Wait::Forever => engine::Wait::Forever,
         Wait::Timeout(timeout) => engine::Wait::Timeout(timeout),
@@ -763,11 +771,11 @@ async fn take_xact_lock(
     let mut first = true;
     while let Some(round) = call.round() {
         query.clear();
+        let known = check_interval_known.load(Ordering::Relaxed);
         let prefix = if std::mem::take(&mut first) {
             query.push_str(sql::SESSION_BEGIN);
             query.push_str("; ");
-            sql::write_session_setup(&mut query, name);
-            PREFIX
+            1 + sql::write_session_setup(&mut query, name, known)
         } else {
             0
         };
@@ -784,7 +792,13 @@ async fn take_xact_lock(
                 .map(|s| s.sql().simple_commands())
                 .sum::<usize>();
         match &failed {
-            Some(_) if completed.len() < prefix => {
+            Some(e) if completed.len() < prefix => {
+                if e.code() == Some(&SqlState::UNDEFINED_OBJECT) {
+                    // No `client_connection_check_interval` (the server
+                    // is older than the one seen before): the next set-up
+                    // asks again.
+                    check_interval_known.store(false, Ordering::Relaxed);
+                }
                 return Err(Error::from(failed.expect("matched Some")));
             }
             None if completed.len() != expected => {
@@ -797,18 +811,25 @@ async fn take_xact_lock(
         }
         let mut commands = completed.into_iter();
         if prefix > 0 {
-            // BEGIN answers no row; the set-up exactly one.
+            // BEGIN answers no row; the set-up one row in its first command
+            // and none in the others.
             let begun = commands.next().unwrap_or_default();
             let set_up = commands.next().unwrap_or_default();
-            if !begun.is_empty() {
-                return Err(Error::unexpected("BEGIN returned a row".into()));
+            let settings = commands.by_ref().take(prefix - 2);
+            if !begun.is_empty() || settings.into_iter().any(|rows| !rows.is_empty()) {
+                return Err(Error::unexpected(
+                    "BEGIN or a SET of the session set-up returned a row".into(),
+                ));
             }
             one_row(&set_up, "the session set-up")?;
             let row = &set_up[0];
-            setup = Some((
-                row.bool(0).map_err(|e| Error::unexpected(e.0))?,
-                row.int4(1).map_err(|e| Error::unexpected(e.0))?,
-            ));
+            let bad = |e: BadColumn| Error::unexpected(format!("the session set-up: {e}"));
+            setup = Some((row.bool(0).map_err(bad)?, row.int4(1).map_err(bad)?));
+            // The other form's last column: NULL when the server has no
+            // `client_connection_check_interval`.
+            if !known && row.text(3).is_ok() {
+                check_interval_known.store(true, Ordering::Relaxed);
+            }
         }
         if let Some(e) = failed {
             drop(round);
