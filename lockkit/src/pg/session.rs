@@ -967,7 +967,7 @@ impl ReplyRow for SimpleRow {
 /// must therefore stop acting as one as soon as [`lost`](Self::lost)
 /// resolves, and can ask [`is_held`](Self::is_held) at any time.
 ///
-/// A task on the tokio runtime owns the connection and runs its keepalive;
+/// A task on the tokio runtime runs the keepalive on the connection;
 /// the guard is `Send + Sync` and dereferences to the key value.
 ///
 /// ```no_run
