@@ -13,10 +13,13 @@
 //! of the medians next to the target (≤ 1.5×).
 //!
 //! - `default`: `SessionLock::from_pool(pool).lock(key)` then
-//!   `guard.release()`: a lease, `BEGIN` + set-up (standby check, backend
-//!   pid, `application_name`) + the xact lock + a keepalive pipelined in one
-//!   round trip, a task for the keepalive, and the `ROLLBACK` in a second
-//!   round trip: five statements, where `plain` sends two.
+//!   `guard.release()`: a lease, then one simple-protocol query, `BEGIN;`
+//!   the set-up (`SELECT` standby check and backend pid; `SET LOCAL`
+//!   `application_name` and `client_connection_check_interval`, once the
+//!   first lock saw the server has it) `;` the engine's xact lock statement
+//!   with its key as a literal, a task for the keepalive, and `ROLLBACK` in
+//!   a second round trip: six commands parsed by the server each time,
+//!   where `plain` sends two prepared statements.
 //! - `plain`: a lease, then `SELECT pg_advisory_lock($1)` and
 //!   `SELECT pg_advisory_unlock($1)`, statements prepared once per
 //!   connection (deadpool's statement cache): two round trips, the least a

@@ -418,3 +418,55 @@ async fn refused_on_a_hot_standby_unless_allowed() {
     assert!(guard.check().await.unwrap());
     assert!(guard.release().await.unwrap());
 }
+
+/// A raw key, so the test picks the exact `LockKey`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Raw(LockKey);
+
+impl AdvisoryKey for Raw {
+    const KEY_SPEC: lockkit::KeySpec<'static> = lockkit::KeySpec::new("lockkit-tests/raw").raw();
+    fn lock_key(&self) -> LockKey {
+        self.0
+    }
+}
+
+/// The default form sends its lock statement with the key as a literal
+/// (the engine's `Statement::write_simple`): the extreme keys of both key
+/// spaces lock exactly that key in `pg_locks`, are busy for a second
+/// holder (try, and a timeout, whose savepoint rounds go the same way) and
+/// are gone after the release. The control: a neighbouring key is not the
+/// one locked.
+#[tokio::test(flavor = "multi_thread")]
+async fn extreme_keys_lock_exactly_their_key() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let sessions = SessionLock::new(db.config());
+    let other = SessionLock::new(db.config());
+    for key in [
+        LockKey::BigInt(i64::MIN),
+        LockKey::BigInt(i64::MAX),
+        LockKey::BigInt(-1),
+        LockKey::Pair(i32::MIN, i32::MAX),
+        LockKey::Pair(i32::MAX, i32::MIN),
+        LockKey::Pair(-1, 0),
+    ] {
+        let neighbour = match key {
+            LockKey::BigInt(v) => LockKey::BigInt(v.wrapping_add(1)),
+            LockKey::Pair(c, o) => LockKey::Pair(c, o.wrapping_add(1)),
+        };
+        let guard = sessions.lock(Raw(key)).await.unwrap();
+        assert_eq!(rows_of(&observer, key).await, 1, "{key}");
+        assert_eq!(rows_of(&observer, neighbour).await, 0, "{neighbour}");
+        assert!(other.try_lock(Raw(key)).await.unwrap().is_err(), "{key}");
+        let err = other
+            .lock_timeout(Raw(key), Duration::from_millis(50))
+            .await
+            .unwrap_err();
+        assert!(err.is_timeout(), "{key}: {err}");
+        let free = other.try_lock(Raw(neighbour)).await.unwrap().unwrap();
+        assert!(free.release().await.unwrap());
+        assert!(guard.release().await.unwrap());
+        until_gone(&observer, key).await;
+    }
+}

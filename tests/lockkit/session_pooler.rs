@@ -317,11 +317,16 @@ async fn a_pool_of_one_never_gets_a_locked_connection_back() {
         let row = client
             .query_one(
                 "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
-                 AND pid = pg_backend_pid()), current_setting('application_name')",
+                 AND pid = pg_backend_pid()), current_setting('application_name'), \
+                 current_setting('client_connection_check_interval')",
                 &[],
             )
             .await
             .unwrap();
+        // The lock's settings are transaction-local, in both set-up forms
+        // (the first lock's, and the `SET LOCAL` one of the next locks).
+        let interval: String = row.get(2);
+        assert_eq!(interval, "0", "a lease came back with lockkit's setting");
         (row.get(0), row.get(1))
     }
 
@@ -395,13 +400,17 @@ async fn a_held_lock_does_not_hold_back_vacuum() {
     ] {
         // A long cadence: no keepalive runs while the row is read.
         let sessions = sessions.keepalive(Duration::from_secs(600));
-        let guard = sessions.lock(key).await.unwrap();
-        let (state, name, no_xmin, no_xid) = activity(&observer, guard.backend_pid()).await;
-        assert_eq!(state, "idle in transaction");
-        assert_eq!(name, format!("lockkit session lock {}", key.lock_key()));
-        assert!(no_xmin, "the lock's backend holds back VACUUM");
-        assert!(no_xid);
-        assert!(guard.release().await.unwrap());
+        // Twice: the first lock's set-up, then the `SET LOCAL` one of a
+        // lock whose server is known.
+        for _ in 0..2 {
+            let guard = sessions.lock(key).await.unwrap();
+            let (state, name, no_xmin, no_xid) = activity(&observer, guard.backend_pid()).await;
+            assert_eq!(state, "idle in transaction");
+            assert_eq!(name, format!("lockkit session lock {}", key.lock_key()));
+            assert!(no_xmin, "the lock's backend holds back VACUUM");
+            assert!(no_xid);
+            assert!(guard.release().await.unwrap());
+        }
     }
 
     // Control: the same default isolation, a raw transaction.

@@ -141,20 +141,71 @@ pub const SERVER_FACTS: &str = "SELECT current_setting('max_locks_per_transactio
 /// `backend_xmin` and does not hold back VACUUM while the lock is held.
 pub const SESSION_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
-/// `$1 text`: what a default session lock checks and sets in its
-/// transaction, in one cheap row: `pg_is_in_recovery() bool`,
-/// `pg_backend_pid() int4`; it names the lock's transaction in
-/// `pg_stat_activity` (`application_name`, transaction-local so a leased
-/// pool connection gets its own name back at the rollback) and, on
-/// PostgreSQL 14+, makes a waiting backend notice within a second that its
-/// client went away (`client_connection_check_interval`; skipped on older
-/// servers, where the setting does not exist). Not `pg_settings`, and not
+/// What a default session lock checks and sets in its transaction,
+/// `application_name` given as a literal: appends it to `out` for the
+/// simple query protocol, sent in one query with [`SESSION_BEGIN`] before it
+/// and the lock statement after it
+/// ([`Statement::write_simple`](crate::engine::Statement::write_simple)),
+/// and answers how many commands it wrote. Its first command answers one
+/// row: `pg_is_in_recovery() bool`, `pg_backend_pid() int4`, and, only when
+/// `check_interval_known` is false, two more columns, the last one `NULL`
+/// exactly when the server has no `client_connection_check_interval`
+/// (before PostgreSQL 14).
+///
+/// It names the lock's transaction in `pg_stat_activity`
+/// (`application_name`, transaction-local so a leased pool connection gets
+/// its own name back at the rollback) and, on PostgreSQL 14+, makes a
+/// waiting backend notice within a second that its client went away
+/// (`client_connection_check_interval`, transaction-local). With
+/// `check_interval_known` (the caller saw the server has the setting), both
+/// are `SET LOCAL` commands after a two-column `SELECT`: three commands,
+/// about half the server's work of the other form (measured with callgrind,
+/// BENCHMARKS.md), whose one `SELECT` asks the version in a `CASE` and sets
+/// both with `set_config`. On a server without the setting, the `SET LOCAL`
+/// form fails (`42704`, nothing is locked). Not `pg_settings`, and not
 /// [`SERVER_FACTS`] (run only for `HashText` keys): both cost several times
 /// a round trip.
-pub const SESSION_SETUP: &str = "SELECT pg_is_in_recovery(), pg_backend_pid(), \
-     set_config('application_name', $1, true), \
-     CASE WHEN current_setting('server_version_num')::int4 >= 140000 \
-     THEN set_config('client_connection_check_interval', '1000', true) END";
+///
+/// `application_name` is quoted as an escape string literal (`E'…'`,
+/// backslashes and quotes doubled), which reads the same whatever
+/// `standard_conforming_strings` says; a NUL, which no PostgreSQL string
+/// can hold, is dropped.
+pub fn write_session_setup(
+    out: &mut String,
+    application_name: &str,
+    check_interval_known: bool,
+) -> usize {
+    if check_interval_known {
+        out.push_str("SELECT pg_is_in_recovery(), pg_backend_pid(); SET LOCAL application_name = ");
+        write_escaped(out, application_name);
+        out.push_str("; SET LOCAL client_connection_check_interval = 1000");
+        3
+    } else {
+        out.push_str(
+            "SELECT pg_is_in_recovery(), pg_backend_pid(), set_config('application_name', ",
+        );
+        write_escaped(out, application_name);
+        out.push_str(
+            ", true), CASE WHEN current_setting('server_version_num')::int4 >= 140000 \
+             THEN set_config('client_connection_check_interval', '1000', true) END",
+        );
+        1
+    }
+}
+
+/// `text` as an escape string literal, `E'…'`.
+fn write_escaped(out: &mut String, text: &str) {
+    out.push_str("E'");
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\'' => out.push_str("''"),
+            '\0' => {}
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+}
 
 /// The keepalive a session lock's connection runs at its cadence: inside
 /// the lock's transaction it resets `idle_in_transaction_session_timeout`,
@@ -291,5 +342,28 @@ mod tests {
         assert_eq!(timeout_setting(Duration::from_micros(1500)), "1ms");
         assert_eq!(timeout_setting(Duration::from_secs(2)), "2000ms");
         assert_eq!(timeout_setting(Duration::MAX), format!("{}ms", i32::MAX));
+    }
+
+    #[test]
+    fn session_setup_quotes_the_name() {
+        let mut out = String::new();
+        assert_eq!(
+            write_session_setup(&mut out, "lockkit session lock (1, -2)", false),
+            1
+        );
+        assert!(
+            out.contains("set_config('application_name', E'lockkit session lock (1, -2)', true)"),
+            "{out}"
+        );
+        out.clear();
+        assert_eq!(write_session_setup(&mut out, "a'b\\c\0d", false), 1);
+        assert!(out.contains("E'a''b\\\\cd'"), "{out}");
+        out.clear();
+        assert_eq!(write_session_setup(&mut out, "a'b", true), 3);
+        assert_eq!(out.split("; ").count(), 3, "{out}");
+        assert!(
+            out.contains("SET LOCAL application_name = E'a''b'"),
+            "{out}"
+        );
     }
 }

@@ -201,6 +201,18 @@ impl Sql {
 
     /// How many statements there are ([`Sql::index`] is below this).
     pub const COUNT: usize = 20;
+
+    /// How many commands the text holds: the number of `CommandComplete`
+    /// messages it answers with the simple query protocol (2 for
+    /// [`Sql::Rollback`], 1 for the others). For an adapter that sends a
+    /// round as one simple-protocol query ([`Statement::write_simple`]) and
+    /// must tell which reply belongs to which statement.
+    pub fn simple_commands(self) -> usize {
+        match self {
+            Sql::Rollback => 2,
+            _ => 1,
+        }
+    }
 }
 
 /// A parameter value.
@@ -254,6 +266,72 @@ impl<'a> Statement<'a> {
     pub fn reply(&self) -> ReplyShape {
         self.sql.reply()
     }
+
+    /// Appends the statement to `out` for the simple query protocol: its
+    /// text with each parameter `$n` replaced by its value as a typed
+    /// literal in parentheses (`('42'::int8)`, `('{1,2}'::int4[])`,
+    /// `('{t,f}'::bool[])`), so it answers the same row as the statement
+    /// sent with bound parameters. The values are integers and booleans
+    /// only, so a literal never needs escaping; quoting them keeps the type
+    /// exact (`i64::MIN` included, which a bare `-9223372036854775808`
+    /// would not parse as).
+    ///
+    /// For an adapter that sends a whole round, and whatever it prepends,
+    /// as one query: one message, no statement to parse by name, and no
+    /// unnamed portal left open afterwards (an open portal keeps its
+    /// snapshot, and the backend's `backend_xmin`, until the next
+    /// statement). Join statements with `;`; each answers
+    /// [`Sql::simple_commands`] commands. Every value reaches the server as
+    /// text and comes back as text: the reply checks are the same
+    /// ([`read_reply`]).
+    pub fn write_simple(&self, out: &mut String) {
+        use fmt::Write as _;
+        let text = self.text();
+        let params = self.params();
+        let mut rest = text;
+        while let Some(at) = rest.find('$') {
+            out.push_str(&rest[..at]);
+            let digits = rest[at + 1..]
+                .find(|c: char| !c.is_ascii_digit())
+                .map_or(rest.len() - at - 1, |n| n);
+            let index: usize = rest[at + 1..at + 1 + digits].parse().unwrap_or(0);
+            match index.checked_sub(1).and_then(|i| params.get(i)) {
+                Some(param) => {
+                    out.push_str("('");
+                    let _ = match param {
+                        Param::Int8(v) => write!(out, "{v}'::int8"),
+                        Param::Int4(v) => write!(out, "{v}'::int4"),
+                        Param::Int8Array(vs) => write_array(out, vs, "int8"),
+                        Param::Int4Array(vs) => write_array(out, vs, "int4"),
+                        Param::BoolArray(vs) => {
+                            let bits: Vec<char> =
+                                vs.iter().map(|b| if *b { 't' } else { 'f' }).collect();
+                            write_array(out, &bits, "bool")
+                        }
+                    };
+                    out.push(')');
+                }
+                // Not a parameter of this statement (no text of lockkit's
+                // has one): left as it is, so the server rejects it.
+                None => out.push_str(&rest[at..at + 1 + digits]),
+            }
+            rest = &rest[at + 1 + digits..];
+        }
+        out.push_str(rest);
+    }
+}
+
+/// `{a,b,…}'::ty[]`: the rest of an array literal after its opening quote.
+fn write_array<T: fmt::Display>(out: &mut String, values: &[T], ty: &str) -> fmt::Result {
+    use fmt::Write as _;
+    out.push('{');
+    for (i, v) in values.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write!(out, "{v}")?;
+    }
+    write!(out, "}}'::{ty}[]")
 }
 
 impl fmt::Debug for Statement<'_> {
@@ -407,4 +485,90 @@ pub fn read_reply<'r, R: ReplyRow>(statement: &Statement<'_>, rows: Option<&'r [
         })
     };
     read().unwrap_or_else(|e| Reply::Malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn simple(sql: Sql, params: &[Param<'_>]) -> String {
+        let mut out = String::new();
+        Statement::new(sql, params).write_simple(&mut out);
+        out
+    }
+
+    #[test]
+    fn simple_text_has_typed_literals() {
+        assert_eq!(
+            simple(Sql::LockBigint, &[Param::Int8(i64::MIN)]),
+            "SELECT 'lockkit:lock_bigint'::text AS tag, 1::int8 AS n \
+             FROM pg_advisory_xact_lock(('-9223372036854775808'::int8))"
+        );
+        assert_eq!(
+            simple(
+                Sql::TryPairShared,
+                &[Param::Int4(-1), Param::Int4(i32::MAX)]
+            ),
+            "SELECT 'lockkit:try_pair_shared'::text AS tag, \
+             pg_try_advisory_xact_lock_shared(('-1'::int4), ('2147483647'::int4))::int::int8 AS n"
+        );
+        let pairs = simple(
+            Sql::BatchPair,
+            &[
+                Param::Int4Array(&[1, -2]),
+                Param::Int4Array(&[3, 4]),
+                Param::BoolArray(&[true, false]),
+            ],
+        );
+        assert!(
+            pairs.contains("unnest(('{1,-2}'::int4[])::int4[], ('{3,4}'::int4[])::int4[], ('{t,f}'::bool[])::bool[])"),
+            "{pairs}"
+        );
+        assert!(
+            simple(Sql::BatchBigintExclusive, &[Param::Int8Array(&[])]).contains("('{}'::int8[])")
+        );
+        // Ten-plus milliseconds: `$1` is replaced whole, every time.
+        let timeouts = simple(Sql::SetTimeouts, &[Param::Int8(1500)]);
+        assert_eq!(timeouts.matches("('1500'::int8)").count(), 3, "{timeouts}");
+        // Texts without parameters are sent as they are.
+        assert_eq!(simple(Sql::Rollback, &[]), sql::ROLLBACK);
+        assert_eq!(simple(Sql::RestoreTimeouts, &[]), sql::RESTORE_TIMEOUTS);
+    }
+
+    #[test]
+    fn every_parameter_of_every_statement_is_replaced() {
+        for sql in Sql::PREPARABLE {
+            let params: Vec<Param<'_>> = sql
+                .param_types()
+                .iter()
+                .map(|t| match t {
+                    ParamType::Int8 => Param::Int8(7),
+                    ParamType::Int4 => Param::Int4(7),
+                    ParamType::Int8Array => Param::Int8Array(&[7]),
+                    ParamType::Int4Array => Param::Int4Array(&[7]),
+                    ParamType::BoolArray => Param::BoolArray(&[false]),
+                })
+                .collect();
+            let text = simple(sql, &params);
+            assert!(!text.contains('$'), "{sql:?}: {text}");
+            assert_eq!(
+                text.matches('(').count(),
+                text.matches(')').count(),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn commands_per_text() {
+        for sql in Sql::PREPARABLE {
+            assert_eq!(sql.simple_commands(), 1, "{sql:?}");
+        }
+        assert_eq!(Sql::Savepoint.simple_commands(), 1);
+        assert_eq!(Sql::Release.simple_commands(), 1);
+        assert_eq!(
+            Sql::Rollback.simple_commands(),
+            sql::ROLLBACK.split(';').count()
+        );
+    }
 }

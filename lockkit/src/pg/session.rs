@@ -55,12 +55,15 @@
 use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::{join, join5, BoxFuture};
+use futures_util::future::{join, BoxFuture};
+use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{CancelToken, Client, NoTls, Row, SimpleQueryMessage, Socket};
@@ -69,9 +72,8 @@ use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::plan::Mode;
 use crate::engine::sql::{self, timeout_setting, CHECK_CLIENT, HOLDS};
-use crate::engine::{self, Policy, Request, TxState};
+use crate::engine::{self, read_reply, Policy, Reply, ReplyRow, ReplyShape, Request, TxState};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
-use crate::pg::exec;
 use crate::pg::locker::{server_facts, Locker};
 
 /// The keepalive cadence unless [`SessionLock::keepalive`] says otherwise.
@@ -162,6 +164,12 @@ pub struct SessionLock {
     pooler_check: bool,
     keepalive: Duration,
     probe_timeout: Duration,
+    /// Whether a lock's set-up saw that the server has
+    /// `client_connection_check_interval` (PostgreSQL 14+): the next
+    /// set-ups set it with the cheaper `SET LOCAL` form
+    /// ([`sql::write_session_setup`]). Shared by clones; cleared when that
+    /// form fails because the server has no such setting.
+    check_interval_known: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for SessionLock {
@@ -225,6 +233,7 @@ impl SessionLock {
             pooler_check: true,
             keepalive: DEFAULT_KEEPALIVE,
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
+            check_interval_known: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -457,9 +466,10 @@ impl SessionLock {
         }
     }
 
-    /// The default form: opens the transaction and takes the lock in one
-    /// round trip (pipelined), then checks the server's facts. Answers
-    /// whether the lock was granted and the backend pid.
+    /// The default form: opens the transaction, sets it up and takes the
+    /// lock in one simple-protocol query (one message, one round trip; see
+    /// [`simple_round`]), then checks the server's facts. Answers whether
+    /// the lock was granted and the backend pid.
     async fn lock_in_transaction(
         &self,
         lease: &Lease,
@@ -470,40 +480,32 @@ impl SessionLock {
         hashtext: bool,
     ) -> Result<(bool, i32), Error> {
         let client = lease.client();
-        // Sent in this order at the first poll. Should BEGIN fail, the
-        // statements after it run in autocommit, where an xact lock ends
-        // with its statement: nothing can be left behind.
-        // The closing keepalive, a simple-protocol statement, drops the
-        // unnamed portal of the extended-protocol statements before it,
-        // which would keep its snapshot, and so the backend's xmin, until
-        // the next statement: without it the held lock would hold back
-        // VACUUM until the first keepalive.
-        let (begun, setup, facts, locked, closed) = join5(
-            client.batch_execute(sql::SESSION_BEGIN),
-            client.query_typed(sql::SESSION_SETUP, &[(&name, Type::TEXT)]),
+        // The facts (HashText keys only) go first, outside the transaction:
+        // they are the server's, not the backend's. Then one query:
+        // `BEGIN; set-up; lock`. Should BEGIN fail, nothing after it runs
+        // (a simple query stops at its first error). It is the last thing
+        // sent, and the simple protocol leaves no portal open, so the held
+        // transaction holds no snapshot (no `backend_xmin`), with no
+        // statement after it.
+        let (facts, taken) = join(
             async {
                 match hashtext {
                     true => Some(server_facts(client).await),
                     false => None,
                 }
             },
-            take_xact_lock(client, key, mode, wait),
-            client.batch_execute(sql::KEEPALIVE),
+            take_xact_lock(client, key, mode, wait, name, &self.check_interval_known),
         )
         .await;
-        begun?;
-        let setup = setup?;
-        one_row(&setup, "the session set-up")?;
-        let (in_recovery, backend_pid): (bool, i32) = (setup[0].try_get(0)?, setup[0].try_get(1)?);
+        let (setup, granted) = taken?;
+        let (in_recovery, backend_pid) = setup;
         if in_recovery && !self.allow_standby {
             return Err(Error::new(ErrorKind::HotStandby));
         }
         if let Some(facts) = facts {
             ServerFacts::from(&facts?).check_hashtext()?;
         }
-        let granted = locked?;
-        closed?;
-        Ok((granted, backend_pid))
+        Ok((granted?, backend_pid))
     }
 
     /// The plain session-level form: facts, the pooler probe, then
@@ -621,21 +623,28 @@ impl SessionLock {
     ) -> SessionGuard<K> {
         let (lost_tx, lost) = watch::channel(false);
         let (commands, inbox) = mpsc::unbounded_channel();
+        let ended = lease.ended.clone();
+        let shared = Arc::new(Shared {
+            lease: tokio::sync::Mutex::new(Some(lease)),
+            lost: lost_tx,
+        });
         let holder = Holder {
-            lease,
+            shared: shared.clone(),
+            ended,
             key,
             mode,
             form: self.form,
             cadence: self.keepalive,
             backend_pid,
         };
-        tokio::spawn(holder.run(inbox, lost_tx));
+        tokio::spawn(holder.run(inbox));
         SessionGuard {
             value,
             key,
             mode,
             form: self.form,
             backend_pid,
+            shared,
             commands,
             lost,
         }
@@ -720,16 +729,27 @@ fn expect_granted<K>(result: Result<SessionGuard<K>, K>) -> SessionGuard<K> {
     }
 }
 
-/// Takes the transaction-scoped lock inside the transaction open on
-/// `client`, through the lock engine (its statements, reply checks and
-/// timeouts); answers whether it was granted (`false`: a try found it busy).
-/// The standby and `hashtext` checks are the caller's.
+/// Opens the lock's transaction on `client`, sets it up (named `name`) and
+/// takes the transaction-scoped lock inside it through the lock engine (its
+/// statements, reply checks and timeouts), all in one simple-protocol
+/// query; later rounds of the engine (a timeout's savepoint rollback) go
+/// the same way. Answers the set-up row (`in_recovery`, `backend_pid`) and
+/// whether the lock was granted (`false`: a try found it busy), or, as the
+/// inner error, what the engine made of a failed lock statement. The
+/// standby and `hashtext` checks are the caller's.
+///
+/// # Errors
+///
+/// The outer error when `BEGIN` or the set-up failed, or their reply was
+/// not what they answer: then the engine never saw a reply.
 async fn take_xact_lock(
     client: &Client,
     key: LockKey,
     mode: Mode,
     wait: Wait,
-) -> Result<bool, Error> {
+    name: &str,
+    check_interval_known: &AtomicBool,
+) -> Result<((bool, i32), Result<bool, Error>), Error> {
     static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(|| {
         Policy::new(
             crate::Config::default()
@@ -745,9 +765,196 @@ async fn take_xact_lock(
         Wait::Try => engine::Wait::Try,
     };
     let state = TxState::new();
-    let call = state.acquire(&POLICY, 0, Request::key(key, mode), wait)?;
-    let cancelled = std::sync::atomic::AtomicBool::new(false);
-    Ok(exec::drive(client, None, &cancelled, call).await?.is_ok())
+    let mut call = state.acquire(&POLICY, 0, Request::key(key, mode), wait)?;
+    let mut query = String::with_capacity(512);
+    let mut setup = None;
+    let mut first = true;
+    while let Some(round) = call.round() {
+        query.clear();
+        let known = check_interval_known.load(Ordering::Relaxed);
+        let prefix = if std::mem::take(&mut first) {
+            query.push_str(sql::SESSION_BEGIN);
+            query.push_str("; ");
+            1 + sql::write_session_setup(&mut query, name, known)
+        } else {
+            0
+        };
+        for (i, statement) in round.iter().enumerate() {
+            if i > 0 || prefix > 0 {
+                query.push_str("; ");
+            }
+            statement.write_simple(&mut query);
+        }
+        let (completed, failed) = simple_round(client, &query).await;
+        let expected = prefix
+            + round
+                .iter()
+                .map(|s| s.sql().simple_commands())
+                .sum::<usize>();
+        match &failed {
+            Some(e) if completed.len() < prefix => {
+                if e.code() == Some(&SqlState::UNDEFINED_OBJECT) {
+                    // No `client_connection_check_interval` (the server
+                    // is older than the one seen before): the next set-up
+                    // asks again.
+                    check_interval_known.store(false, Ordering::Relaxed);
+                }
+                return Err(Error::from(failed.expect("matched Some")));
+            }
+            None if completed.len() != expected => {
+                return Err(Error::unexpected(format!(
+                    "the session lock's query answered {} commands, not {expected}",
+                    completed.len()
+                )));
+            }
+            _ => {}
+        }
+        let mut commands = completed.into_iter();
+        if prefix > 0 {
+            // BEGIN answers no row; the set-up one row in its first command
+            // and none in the others.
+            let begun = commands.next().unwrap_or_default();
+            let set_up = commands.next().unwrap_or_default();
+            let settings = commands.by_ref().take(prefix - 2);
+            if !begun.is_empty() || settings.into_iter().any(|rows| !rows.is_empty()) {
+                return Err(Error::unexpected(
+                    "BEGIN or a SET of the session set-up returned a row".into(),
+                ));
+            }
+            one_row(&set_up, "the session set-up")?;
+            let row = &set_up[0];
+            let bad = |e: BadColumn| Error::unexpected(format!("the session set-up: {e}"));
+            setup = Some((row.bool(0).map_err(bad)?, row.int4(1).map_err(bad)?));
+            // The other form's last column: NULL when the server has no
+            // `client_connection_check_interval`.
+            if !known && row.text(3).is_ok() {
+                check_interval_known.store(true, Ordering::Relaxed);
+            }
+        }
+        if let Some(e) = failed {
+            drop(round);
+            call.receive(Err(DriverError::from(e)));
+            continue;
+        }
+        // Each statement's rows; a statement of several commands (a
+        // savepoint rollback) answers rows of none of them.
+        let mut answers: Vec<Vec<SimpleRow>> = Vec::with_capacity(round.len());
+        for statement in &round {
+            let mut rows = Vec::new();
+            for _ in 0..statement.sql().simple_commands() {
+                rows.extend(commands.next().unwrap_or_default());
+            }
+            answers.push(rows);
+        }
+        let replies: Vec<Reply<'_>> = round
+            .iter()
+            .zip(&answers)
+            .map(|(statement, rows)| match statement.reply() {
+                ReplyShape::Done if rows.is_empty() => read_reply::<SimpleRow>(statement, None),
+                _ => read_reply(statement, Some(rows)),
+            })
+            .collect();
+        drop(round);
+        call.receive(Ok(replies));
+    }
+    let setup = setup.ok_or_else(|| Error::unexpected("the lock engine sent nothing".into()))?;
+    Ok((setup, call.finish().map(|outcome| outcome.is_ok())))
+}
+
+/// Sends `query` (statements joined by `;`) with the simple query
+/// protocol: one `Query` message, sent at the first poll. Answers the rows
+/// of each command that completed, in order, and the error that stopped
+/// the query, if any (the server runs no command after a failed one, so
+/// the failed one is the next after those completed).
+async fn simple_round(
+    client: &Client,
+    query: &str,
+) -> (Vec<Vec<SimpleRow>>, Option<tokio_postgres::Error>) {
+    let mut commands = Vec::with_capacity(4);
+    let mut rows = Vec::new();
+    let stream = match client.simple_query_raw(query).await {
+        Ok(stream) => stream,
+        Err(e) => return (commands, Some(e)),
+    };
+    let mut stream = std::pin::pin!(stream);
+    while let Some(message) = stream.next().await {
+        match message {
+            Ok(SimpleQueryMessage::Row(row)) => rows.push(SimpleRow(row)),
+            Ok(SimpleQueryMessage::CommandComplete(_)) => {
+                commands.push(std::mem::take(&mut rows));
+            }
+            Ok(_) => {}
+            Err(e) => return (commands, Some(e)),
+        }
+    }
+    (commands, None)
+}
+
+/// A simple-protocol row: every column as text, decoded here for the
+/// engine's reply checks (and the set-up row).
+struct SimpleRow(tokio_postgres::SimpleQueryRow);
+
+/// Why a [`SimpleRow`] column could not be read.
+struct BadColumn(String);
+
+impl fmt::Display for BadColumn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl SimpleRow {
+    fn parse<T: std::str::FromStr>(&self, i: usize, ty: &str) -> Result<T, BadColumn> {
+        let text = self.text(i)?;
+        text.parse()
+            .map_err(|_| BadColumn(format!("column {i}: {text:?} is not {ty}")))
+    }
+
+    fn array<T: std::str::FromStr>(&self, i: usize, ty: &str) -> Result<Vec<T>, BadColumn> {
+        let text = self.text(i)?;
+        let bad = || BadColumn(format!("column {i}: {text:?} is not {ty}[]"));
+        let inner = text
+            .strip_prefix('{')
+            .and_then(|t| t.strip_suffix('}'))
+            .ok_or_else(bad)?;
+        if inner.is_empty() {
+            return Ok(Vec::new());
+        }
+        inner
+            .split(',')
+            .map(|v| v.parse().map_err(|_| bad()))
+            .collect()
+    }
+}
+
+impl ReplyRow for SimpleRow {
+    type Error = BadColumn;
+    fn text(&self, i: usize) -> Result<&str, BadColumn> {
+        match self.0.try_get(i) {
+            Ok(Some(text)) => Ok(text),
+            Ok(None) => Err(BadColumn(format!("column {i} is NULL"))),
+            Err(e) => Err(BadColumn(e.to_string())),
+        }
+    }
+    fn int8(&self, i: usize) -> Result<i64, BadColumn> {
+        self.parse(i, "int8")
+    }
+    fn int4(&self, i: usize) -> Result<i32, BadColumn> {
+        self.parse(i, "int4")
+    }
+    fn bool(&self, i: usize) -> Result<bool, BadColumn> {
+        match self.text(i)? {
+            "t" => Ok(true),
+            "f" => Ok(false),
+            text => Err(BadColumn(format!("column {i}: {text:?} is not bool"))),
+        }
+    }
+    fn int8_array(&self, i: usize) -> Result<Vec<i64>, BadColumn> {
+        self.array(i, "int8")
+    }
+    fn int4_array(&self, i: usize) -> Result<Vec<i32>, BadColumn> {
+        self.array(i, "int4")
+    }
 }
 
 /// A session-duration advisory lock, held by a connection of its own.
@@ -760,7 +967,7 @@ async fn take_xact_lock(
 /// must therefore stop acting as one as soon as [`lost`](Self::lost)
 /// resolves, and can ask [`is_held`](Self::is_held) at any time.
 ///
-/// A task on the tokio runtime owns the connection and runs its keepalive;
+/// A task on the tokio runtime runs the keepalive on the connection;
 /// the guard is `Send + Sync` and dereferences to the key value.
 ///
 /// ```no_run
@@ -789,6 +996,7 @@ pub struct SessionGuard<K> {
     mode: Mode,
     form: SessionForm,
     backend_pid: i32,
+    shared: Arc<Shared>,
     commands: mpsc::UnboundedSender<Command>,
     lost: watch::Receiver<bool>,
 }
@@ -885,10 +1093,15 @@ impl<K> SessionGuard<K> {
     /// Releases the lock: rolls its transaction back (default form) or
     /// unlocks (session-level form), then closes the connection or returns
     /// it to its pool. Answers whether the server really held the lock
-    /// until then: in the default form, the rollback's success (the task
-    /// that owns the connection gives the lock up at the first failed
-    /// statement, so the transaction, and its lock, lived until the
-    /// rollback); `pg_advisory_unlock`'s result in the session-level form.
+    /// until then: in the default form, the rollback's success (every
+    /// statement on the lock's connection runs while it is in the guard's
+    /// hands, and the first failed one gives the connection up, so the
+    /// transaction, and its lock, lived until the rollback);
+    /// `pg_advisory_unlock`'s result in the session-level form.
+    ///
+    /// The release runs on the caller's task, on the connection it takes
+    /// from the guard's keepalive task (waiting for a keepalive in flight):
+    /// no hop to the keepalive task and back.
     ///
     /// # Errors
     ///
@@ -899,14 +1112,23 @@ impl<K> SessionGuard<K> {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: once asked, the guard's task finishes the release
-    /// whether or not the answer is awaited.
+    /// Cancel safe: dropped before the answer, the connection is closed (a
+    /// pooled one detached from its pool, never returned), which ends the
+    /// session's transaction and the lock on the server.
     pub async fn release(self) -> Result<bool, Error> {
-        let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(Command::Release(reply))
-            .map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
+        let lease = self.shared.lease.lock().await.take();
+        let Some(lease) = lease else {
+            // The keepalive task gave the connection up: the lock is gone.
+            return Err(gone());
+        };
+        let mut ending = Ending {
+            lease: Some(lease),
+            lost: &self.shared.lost,
+        };
+        let lease = ending.lease.as_mut().expect("just put");
+        end_lock(lease, self.form, self.key, self.mode).await
+        // `ending` drops the lease (closed, or back to its pool if clean),
+        // then flips `lost`; the guard's drop stops the keepalive task.
     }
 }
 
@@ -920,12 +1142,38 @@ fn gone() -> Error {
 /// What a guard asks its task.
 enum Command {
     Check(oneshot::Sender<Result<bool, Error>>),
-    Release(oneshot::Sender<Result<bool, Error>>),
 }
 
-/// The task that owns a held lock's connection.
+/// What a held lock's guard and its keepalive task share.
+struct Shared {
+    /// The lock's connection, while the lock is held: every statement on
+    /// it runs under this mutex. Whoever ends the lock (the release, or the
+    /// task after a drop, a failed statement or a lost connection) takes
+    /// it out, in an [`Ending`]; an empty slot means the lock is gone.
+    lease: tokio::sync::Mutex<Option<Lease>>,
+    /// Flipped to `true` once the lock is gone.
+    lost: watch::Sender<bool>,
+}
+
+/// A lease taken out of [`Shared::lease`] to end the lock: dropping it
+/// (after the rollback, or when a release is cancelled or fails) closes the
+/// connection or returns it to its pool if clean, then flips `lost`.
+struct Ending<'a> {
+    lease: Option<Lease>,
+    lost: &'a watch::Sender<bool>,
+}
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        drop(self.lease.take());
+        self.lost.send_replace(true);
+    }
+}
+
+/// The task that keeps a held lock's connection alive and watches it.
 struct Holder {
-    lease: Lease,
+    shared: Arc<Shared>,
+    ended: Option<watch::Receiver<bool>>,
     key: LockKey,
     mode: Mode,
     form: SessionForm,
@@ -934,10 +1182,14 @@ struct Holder {
 }
 
 impl Holder {
-    async fn run(mut self, mut inbox: mpsc::UnboundedReceiver<Command>, lost: watch::Sender<bool>) {
+    async fn run(mut self, mut inbox: mpsc::UnboundedReceiver<Command>) {
         let mut ticks = tokio::time::interval_at(Instant::now() + self.cadence, self.cadence);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut ended = self.lease.ended.clone();
+        let mut ended = self.ended.take();
+        // The connection, taken out of the slot under the same lock as the
+        // statement that failed on it, so that no release can run a
+        // ROLLBACK (and report the lock held) after a failure.
+        let mut given_up = None;
         loop {
             tokio::select! {
                 biased;
@@ -948,32 +1200,58 @@ impl Holder {
                 }
                 command = inbox.recv() => match command {
                     Some(Command::Check(reply)) => {
-                        let answer = self.holds().await;
+                        let mut slot = self.shared.lease.lock().await;
+                        let answer = match slot.as_ref() {
+                            Some(lease) => holds_now(lease, self.key).await,
+                            None => Ok(false),
+                        };
                         // A failed statement aborts the lock's transaction,
                         // and with it the lock.
                         let failed = !matches!(answer, Ok(true));
+                        if failed {
+                            given_up = slot.take();
+                        }
+                        drop(slot);
                         let _ = reply.send(answer);
                         if failed {
                             break;
                         }
                     }
-                    Some(Command::Release(reply)) => {
-                        let _ = reply.send(self.release().await);
-                        break;
-                    }
                     None => {
+                        // The guard is gone. Released: the slot is empty.
                         // Dropped without release: end the lock now; a
                         // pooled connection goes back only if this completes.
-                        let _ = tokio::time::timeout(self.cadence, self.release()).await;
-                        break;
+                        let mut slot = self.shared.lease.lock().await;
+                        if let Some(lease) = slot.take() {
+                            drop(slot);
+                            let mut ending = Ending {
+                                lease: Some(lease),
+                                lost: &self.shared.lost,
+                            };
+                            let lease = ending.lease.as_mut().expect("just put");
+                            let _ = tokio::time::timeout(
+                                self.cadence,
+                                end_lock(lease, self.form, self.key, self.mode),
+                            )
+                            .await;
+                        }
+                        return;
                     }
                 },
                 _ = ticks.tick() => {
+                    let mut slot = self.shared.lease.lock().await;
+                    let Some(lease) = slot.as_ref() else {
+                        return; // released meanwhile
+                    };
                     let reply = tokio::time::timeout(
                         self.cadence,
-                        self.lease.client().batch_execute(sql::KEEPALIVE),
+                        lease.client().batch_execute(sql::KEEPALIVE),
                     )
                     .await;
+                    if !matches!(reply, Ok(Ok(()))) {
+                        given_up = slot.take();
+                    }
+                    drop(slot);
                     match reply {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => {
@@ -991,48 +1269,60 @@ impl Holder {
                 }
             }
         }
-        // Closes the connection, or returns it to its pool if clean.
-        drop(self.lease);
-        let _ = lost.send(true);
-    }
-
-    async fn holds(&self) -> Result<bool, Error> {
-        let client = self.lease.client();
-        // The keepalive after it drops its portal (and snapshot), as after
-        // the lock.
-        let (held, closed) = join(
-            holds(client, self.key),
-            client.batch_execute(sql::KEEPALIVE),
-        )
-        .await;
-        match held.and_then(|held| closed.map(|()| held).map_err(Error::from)) {
-            Err(e) if e.is_connection_lost() => Ok(false),
-            result => result,
+        // The lock is gone: close the connection (never back to a pool
+        // unclean), unless a release took it first.
+        let lease = match given_up {
+            Some(lease) => Some(lease),
+            None => self.shared.lease.lock().await.take(),
+        };
+        if lease.is_some() {
+            drop(Ending {
+                lease,
+                lost: &self.shared.lost,
+            });
         }
     }
+}
 
-    async fn release(&mut self) -> Result<bool, Error> {
-        let client = self.lease.client();
-        match self.form {
-            SessionForm::Transaction => {
-                // An xact lock ends only with its transaction, or when an
-                // error aborts the transaction. This task runs every
-                // statement on the connection and gives the lock up at the
-                // first failure, so a successful ROLLBACK proves the
-                // transaction, and its lock, lived until now. (Reading
-                // pg_locks, as `check()` does, costs ten round trips here.)
-                client.batch_execute(sql::SESSION_ROLLBACK).await?;
-                self.lease.clean = true;
-                Ok(true)
-            }
-            SessionForm::SessionLevel => {
-                let rows =
-                    key_query(client, sql::session_unlock(self.key, self.mode), self.key).await?;
-                let was_held = one_bool(&rows)?;
-                // Unlocked what it took: nothing of this lock is left.
-                self.lease.clean = was_held;
-                Ok(was_held)
-            }
+/// Whether the lock's backend holds `key`, then the keepalive, which drops
+/// the check's portal (and snapshot); a lost connection answers `false`.
+async fn holds_now(lease: &Lease, key: LockKey) -> Result<bool, Error> {
+    let client = lease.client();
+    let (held, closed) = join(holds(client, key), client.batch_execute(sql::KEEPALIVE)).await;
+    match held.and_then(|held| closed.map(|()| held).map_err(Error::from)) {
+        Err(e) if e.is_connection_lost() => Ok(false),
+        result => result,
+    }
+}
+
+/// Ends a held lock on its connection: the rollback (default form) or the
+/// unlock (session-level form). Marks the lease clean, so that a pooled
+/// connection may go back, only when nothing of the lock is left on it.
+async fn end_lock(
+    lease: &mut Lease,
+    form: SessionForm,
+    key: LockKey,
+    mode: Mode,
+) -> Result<bool, Error> {
+    let client = lease.client();
+    match form {
+        SessionForm::Transaction => {
+            // An xact lock ends only with its transaction, or when an error
+            // aborts the transaction. Every statement on the connection
+            // runs under the guard's mutex, and the first failure takes
+            // the connection out of it, so a successful ROLLBACK proves the
+            // transaction, and its lock, lived until now. (Reading
+            // pg_locks, as `check()` does, costs ten round trips here.)
+            client.batch_execute(sql::SESSION_ROLLBACK).await?;
+            lease.clean = true;
+            Ok(true)
+        }
+        SessionForm::SessionLevel => {
+            let rows = key_query(client, sql::session_unlock(key, mode), key).await?;
+            let was_held = one_bool(&rows)?;
+            // Unlocked what it took: nothing of this lock is left.
+            lease.clean = was_held;
+            Ok(was_held)
         }
     }
 }
@@ -1320,7 +1610,7 @@ async fn key_query(
 }
 
 /// Exactly one row, or an error naming `what`.
-fn one_row(rows: &[Row], what: &str) -> Result<(), Error> {
+fn one_row<T>(rows: &[T], what: &str) -> Result<(), Error> {
     if rows.len() == 1 {
         Ok(())
     } else {
