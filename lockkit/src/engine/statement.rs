@@ -501,8 +501,8 @@ mod tests {
     fn simple_text_has_typed_literals() {
         assert_eq!(
             simple(Sql::LockBigint, &[Param::Int8(i64::MIN)]),
-            "SELECT 'lockkit:lock_bigint'::text AS tag, 1::int8 AS n \
-             FROM pg_advisory_xact_lock(('-9223372036854775808'::int8))"
+            "SELECT 'lockkit:lock_bigint'::text AS tag, 1::int8 AS n, \
+             pg_advisory_xact_lock(('-9223372036854775808'::int8)) AS locked"
         );
         assert_eq!(
             simple(
@@ -527,9 +527,11 @@ mod tests {
         assert!(
             simple(Sql::BatchBigintExclusive, &[Param::Int8Array(&[])]).contains("('{}'::int8[])")
         );
-        // Ten-plus milliseconds: `$1` is replaced whole, every time.
+        // Ten-plus milliseconds: `$1` is replaced whole (and `$10` would
+        // not be read as `$1` followed by a zero).
         let timeouts = simple(Sql::SetTimeouts, &[Param::Int8(1500)]);
-        assert_eq!(timeouts.matches("('1500'::int8)").count(), 3, "{timeouts}");
+        assert_eq!(timeouts.matches("('1500'::int8)").count(), 1, "{timeouts}");
+        assert!(!timeouts.contains('$'), "{timeouts}");
         // Texts without parameters are sent as they are.
         assert_eq!(simple(Sql::Rollback, &[]), sql::ROLLBACK);
         assert_eq!(simple(Sql::RestoreTimeouts, &[]), sql::RESTORE_TIMEOUTS);

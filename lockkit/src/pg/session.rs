@@ -832,7 +832,6 @@ async fn take_xact_lock(
             }
         }
         if let Some(e) = failed {
-            drop(round);
             call.receive(Err(DriverError::from(e)));
             continue;
         }
@@ -854,7 +853,6 @@ async fn take_xact_lock(
                 _ => read_reply(statement, Some(rows)),
             })
             .collect();
-        drop(round);
         call.receive(Ok(replies));
     }
     let setup = setup.ok_or_else(|| Error::unexpected("the lock engine sent nothing".into()))?;
