@@ -38,11 +38,11 @@ impl Locker {
     /// deadlocks, timeouts and a full lock table are recognised by the
     /// server's English message. When the messages are in another language a
     /// `tracing` warning says so, and such errors become
-    /// [`Error::Database`] (see [`Locker::recognizes_errors`]).
+    /// [`ErrorKind::Database`](lockkit::ErrorKind::Database) (see [`Locker::recognizes_errors`]).
     ///
     /// # Errors
     ///
-    /// [`Error::Database`] or [`Error::ConnectionLost`] when a query fails.
+    /// [`ErrorKind::Database`](lockkit::ErrorKind::Database) or [`ErrorKind::ConnectionLost`](lockkit::ErrorKind::ConnectionLost) when a query fails.
     pub fn new(conn: &mut PgConnection, config: Config) -> Result<Locker, Error> {
         let facts = ServerFacts::from(&pg::server_facts(conn)?);
         let english = pg::english_messages(conn)?;
@@ -189,7 +189,7 @@ pub trait PgConnectionExt: sealed::Sealed {
     ///
     /// # Errors
     ///
-    /// [`Error::NotInTransaction`] when Diesel has no transaction open on
+    /// [`ErrorKind::NotInTransaction`](lockkit::ErrorKind::NotInTransaction) when Diesel has no transaction open on
     /// this connection (its transaction depth is 0): outside a transaction
     /// block an xact lock would be released at the end of its statement.
     fn lock_tx(&mut self, locker: &Locker) -> Result<LockTx<'_>, Error>;

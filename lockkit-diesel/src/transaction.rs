@@ -24,7 +24,7 @@ use crate::pg;
 /// Locks are released by the server at `COMMIT` or `ROLLBACK` (or a
 /// rollback of the savepoint that took them), never earlier. Every lock call
 /// first checks Diesel's transaction depth and fails with
-/// [`Error::NotInTransaction`] at depth 0, so the silent lock-and-release of
+/// [`ErrorKind::NotInTransaction`] at depth 0, so the silent lock-and-release of
 /// an xact lock outside a transaction cannot happen through this API.
 ///
 /// It remembers what it holds for as long as it lives (the whole closure):
@@ -178,7 +178,7 @@ impl<'c> LockTx<'c> {
     ///
     /// `f`'s error, or Diesel's when `SAVEPOINT`, `RELEASE` or `ROLLBACK TO`
     /// fails (after which this transaction's lock calls fail with
-    /// [`Error::Poisoned`]: roll it back).
+    /// [`ErrorKind::Poisoned`]: roll it back).
     pub fn savepoint<R, E, F>(&mut self, f: F) -> Result<R, E>
     where
         F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
@@ -192,12 +192,12 @@ impl<'c> LockTx<'c> {
     ///
     /// # Errors
     ///
-    /// [`Error::NotInTransaction`], [`Error::BudgetExceeded`],
-    /// [`Error::LockOrder`] (when configured), [`Error::HotStandby`],
-    /// [`Error::Poisoned`], [`Error::TransactionAborted`] and
-    /// [`Error::HashtextMismatch`] before anything is sent;
-    /// [`Error::Deadlock`], [`Error::LockTableFull`],
-    /// [`Error::ConnectionLost`] and other server errors after, which abort
+    /// [`ErrorKind::NotInTransaction`], [`ErrorKind::BudgetExceeded`],
+    /// [`ErrorKind::LockOrder`] (when configured), [`ErrorKind::HotStandby`],
+    /// [`ErrorKind::Poisoned`], [`ErrorKind::TransactionAborted`] and
+    /// [`ErrorKind::HashtextMismatch`] before anything is sent;
+    /// [`ErrorKind::Deadlock`], [`ErrorKind::LockTableFull`],
+    /// [`ErrorKind::ConnectionLost`] and other server errors after, which abort
     /// the transaction (roll it back, or the enclosing savepoint).
     #[track_caller]
     pub fn lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'c, K>, Error> {
@@ -221,7 +221,7 @@ impl<'c> LockTx<'c> {
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`], and as [`LockTx::lock`]; after a deadlock the
+    /// [`ErrorKind::Timeout`], and as [`LockTx::lock`]; after a deadlock the
     /// savepoint rollback leaves the transaction usable too.
     #[track_caller]
     pub fn lock_timeout<K: AdvisoryKey>(

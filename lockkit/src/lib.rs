@@ -95,7 +95,7 @@
 //! metrics-exporter-prometheus = "0.16" # or any metrics recorder
 //! ```
 //!
-//! ```no_run
+//! ```text
 //! // Spans and warnings: any tracing subscriber, e.g.
 //! // tracing_subscriber::fmt().with_env_filter("lockkit=debug").init();
 //! // Metrics: install a recorder once, e.g.

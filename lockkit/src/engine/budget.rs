@@ -83,8 +83,8 @@ impl TxLocks {
     ///
     /// # Errors
     ///
-    /// [`Error::Poisoned`], [`Error::LockInFlight`], [`Error::TransactionAborted`],
-    /// [`Error::BudgetExceeded`], and [`Error::LockOrder`] when `config` says
+    /// [`ErrorKind::Poisoned`], [`ErrorKind::LockInFlight`], [`ErrorKind::TransactionAborted`],
+    /// [`ErrorKind::BudgetExceeded`], and [`ErrorKind::LockOrder`] when `config` says
     /// order violations are errors.
     pub(crate) fn plan(
         &self,

@@ -5,7 +5,7 @@
 //! it as it is.
 //!
 //! The batch statements take their keys as arrays already in the global lock
-//! order ([`Plan`](crate::engine::Plan)) and lock them row by row as
+//! order (the engine's plan) and lock them row by row as
 //! `unnest` yields them: a function scan returns its rows in array order, and
 //! nothing here sorts, so the order cannot be lost to a query plan (the
 //! `ORDER BY` in a hand-rolled lock query may be applied *after* the lock

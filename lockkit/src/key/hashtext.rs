@@ -443,7 +443,7 @@ mod tests {
 /// It sorts and batches like any other key. A [`Locker`](crate::Locker)
 /// checks once, when it connects, that [`hashtext`] agrees with the server
 /// (which differs on big-endian servers and non-UTF8 databases) and refuses
-/// `HashText` keys with [`Error::HashtextMismatch`](crate::Error::HashtextMismatch)
+/// `HashText` keys with [`ErrorKind::HashtextMismatch`](crate::ErrorKind::HashtextMismatch)
 /// otherwise.
 ///
 /// ```

@@ -10,7 +10,7 @@ pub(crate) mod exec;
 pub mod inspect;
 pub(crate) mod locker;
 pub(crate) mod migrate;
-pub(crate) mod session;
+pub mod session;
 pub(crate) mod transaction;
 
 pub use ddl::{run_ddl, DdlOutcome, DdlRetry};

@@ -30,7 +30,7 @@
 //!
 //! # Keepalive and `idle_in_transaction_session_timeout`
 //!
-//! A task runs [`KEEPALIVE`](crate::driver::sql::KEEPALIVE) (`SELECT 1`)
+//! A task runs [`KEEPALIVE`](crate::engine::sql::KEEPALIVE) (`SELECT 1`)
 //! inside the lock's transaction at the guard's cadence
 //! ([`SessionLock::keepalive`], 5 s by default). Each keepalive resets the
 //! server's `idle_in_transaction_session_timeout`, so a cadence below it
@@ -113,21 +113,21 @@ pub enum SessionForm {
 ///
 /// Every lock opens its own connection from a `tokio_postgres::Config`
 /// ([`new`](Self::new), or [`with_tls`](Self::with_tls)), or leases one
-/// from the application's deadpool-postgres pool ([`from_pool`](Self::from_pool),
-/// feature `deadpool`), for the life of the lock. In the default
+/// from the application's deadpool-postgres pool (`from_pool`, feature
+/// `deadpool`), for the life of the lock. In the default
 /// [`SessionForm::Transaction`] it opens a transaction there and takes
 /// `pg_advisory_xact_lock` inside (see the [module docs](self)); the
 /// [`SessionGuard`] it hands back keeps the transaction open, with a
 /// keepalive, until it is released, dropped or lost.
 ///
 /// Before handing out a lock it refuses:
-/// - a hot standby ([`Error::HotStandby`]; see
+/// - a hot standby ([`ErrorKind::HotStandby`]; see
 ///   [`allow_standby`](Self::allow_standby)): locks there exclude nothing on
 ///   the primary;
 /// - `HashText` keys when the server's `hashtext` differs from lockkit's
-///   ([`Error::HashtextMismatch`]);
+///   ([`ErrorKind::HashtextMismatch`]);
 /// - in the [`SessionForm::SessionLevel`] form only, a transaction-mode
-///   pooler ([`Error::PooledConnection`]; see [`probe_pooler`]).
+///   pooler ([`ErrorKind::PooledConnection`]; see [`probe_pooler`]).
 ///
 /// # Example
 ///
@@ -296,9 +296,9 @@ impl SessionLock {
     ///
     /// # Errors
     ///
-    /// [`Error::HotStandby`], [`Error::HashtextMismatch`] and (session-level
-    /// form) [`Error::PooledConnection`] or a [`ProbeTimeout`] before the
-    /// lock is handed out; [`Error::Deadlock`], [`Error::ConnectionLost`]
+    /// [`ErrorKind::HotStandby`], [`ErrorKind::HashtextMismatch`] and (session-level
+    /// form) [`ErrorKind::PooledConnection`] or a [`ProbeTimeout`] before the
+    /// lock is handed out; [`ErrorKind::Deadlock`], [`ErrorKind::ConnectionLost`]
     /// and other connection, pool or server errors. Nothing is held after
     /// an error.
     ///
@@ -368,7 +368,7 @@ impl SessionLock {
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`] when the timeout expired; otherwise as
+    /// [`ErrorKind::Timeout`] when the timeout expired; otherwise as
     /// [`lock`](Self::lock).
     ///
     /// # Cancel safety
@@ -410,7 +410,7 @@ impl SessionLock {
     ///
     /// # Errors
     ///
-    /// [`ProbeTimeout`] (inside [`Error::Database`]) when the probe did not
+    /// [`ProbeTimeout`] (inside [`ErrorKind::Database`]) when the probe did not
     /// finish in time, e.g. on a pool with no second connection free;
     /// connection, pool and server errors.
     ///
@@ -1103,7 +1103,7 @@ impl<K> SessionGuard<K> {
     ///
     /// # Errors
     ///
-    /// [`Error::ConnectionLost`] when the connection was already gone: the
+    /// [`ErrorKind::ConnectionLost`] when the connection was already gone: the
     /// server released the lock when the session ended, possibly long ago.
     /// Other server errors; the lock is gone either way (a connection that
     /// could not be cleaned is closed).
@@ -1514,7 +1514,7 @@ fn no_tls_canceller() -> Canceller {
 /// ([`SessionLock::probe_timeout`]): typically a pool or pooler with no
 /// second connection free. Nothing was locked, and the probe's connections
 /// were closed (or returned to the pool), so it holds none of them longer
-/// than the timeout. The source of an [`Error::Database`] without a
+/// than the timeout. The source of an [`ErrorKind::Database`] without a
 /// SQLSTATE; find it with `std::error::Error::source` and `downcast_ref`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("the pooler probe did not finish within {timeout:?} (no second connection free in the pool?); nothing was locked")]
@@ -1567,7 +1567,7 @@ impl PoolerProbe {
 ///
 /// # Errors
 ///
-/// [`ProbeTimeout`] (inside [`Error::Database`]) when the probe did not
+/// [`ProbeTimeout`] (inside [`ErrorKind::Database`]) when the probe did not
 /// finish within the bound, e.g. because the pool had no second connection
 /// free; when a connection or a query fails.
 ///
