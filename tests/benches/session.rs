@@ -30,16 +30,13 @@
 
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use lockkit::{AdvisoryKey, LockKey, SessionLock};
+use deadpool_postgres::Pool;
+use lockkit::SessionLock;
 use lockkit_tests::TestServer;
-use tokio_postgres::NoTls;
 
-#[derive(AdvisoryKey, Clone, Copy, Debug)]
-#[advisory_key(namespace = "lockkit-bench/session")]
-struct Job {
-    id: i64,
-}
+#[path = "support/session.rs"]
+mod support;
+use support::{plain_lock_unlock, warm_pool, Job};
 
 const WARMUP: usize = 300;
 const PAIRS: usize = 3000;
@@ -64,29 +61,11 @@ async fn default_side(sessions: &SessionLock, id: i64) -> Duration {
 }
 
 async fn plain_side(pool: &Pool, id: i64) -> Duration {
-    let LockKey::BigInt(key) = Job { id }.lock_key() else {
-        unreachable!("Job is a BigInt key")
-    };
     let started = Instant::now();
     let conn = pool.get().await.expect("lease");
-    let lock = conn
-        .prepare_cached("SELECT pg_advisory_lock($1)")
-        .await
-        .expect("prepare");
-    let unlock = conn
-        .prepare_cached("SELECT pg_advisory_unlock($1)")
-        .await
-        .expect("prepare");
-    conn.query_one(&lock, &[&key]).await.expect("lock");
-    let unlocked: bool = conn
-        .query_one(&unlock, &[&key])
-        .await
-        .expect("unlock")
-        .get(0);
+    plain_lock_unlock(&conn, Job { id }).await;
     drop(conn);
-    let elapsed = started.elapsed();
-    assert!(unlocked);
-    elapsed
+    started.elapsed()
 }
 
 fn median_and_p90(samples: &mut [Duration]) -> (Duration, Duration) {
@@ -96,17 +75,7 @@ fn median_and_p90(samples: &mut [Duration]) -> (Duration, Duration) {
 
 async fn run() {
     let db = TestServer::shared();
-    let manager = Manager::from_config(
-        db.config(),
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager).max_size(4).build().expect("pool");
-    // Warm: open every connection of the pool once.
-    let warm: Vec<_> = lease_all(&pool).await;
-    drop(warm);
+    let pool = warm_pool(db).await;
     let sessions = SessionLock::from_pool(pool.clone());
 
     for i in 0..WARMUP as i64 {
@@ -136,13 +105,4 @@ async fn run() {
         "  ratio of medians default/plain: {:.2}x (target <= 1.5x)",
         d50.as_secs_f64() / p50.as_secs_f64()
     );
-}
-
-/// Leases every connection of `pool` at once, so all are open.
-async fn lease_all(pool: &Pool) -> Vec<deadpool_postgres::Object> {
-    let mut all = Vec::new();
-    for _ in 0..pool.status().max_size {
-        all.push(pool.get().await.expect("lease"));
-    }
-    all
 }

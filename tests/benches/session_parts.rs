@@ -25,16 +25,13 @@
 
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
-use lockkit::{AdvisoryKey, LockKey, SessionLock};
+use deadpool_postgres::{Object, Pool};
+use lockkit::SessionLock;
 use lockkit_tests::TestServer;
-use tokio_postgres::NoTls;
 
-#[derive(AdvisoryKey, Clone, Copy, Debug)]
-#[advisory_key(namespace = "lockkit-bench/session")]
-struct Job {
-    id: i64,
-}
+#[path = "support/session.rs"]
+mod support;
+use support::{plain_lock_unlock, warm_pool, Job};
 
 const WARMUP: usize = 300;
 const ROUNDS: usize = 2000;
@@ -48,10 +45,11 @@ const SIDES: [&str; 5] = [
 ];
 
 fn lock_text(id: i64) -> String {
-    let LockKey::BigInt(key) = Job { id }.lock_key() else {
-        unreachable!("Job is a BigInt key")
-    };
-    format!("SELECT 'lockkit:lock_bigint'::text AS tag, 1::int8 AS n FROM pg_advisory_xact_lock(('{key}'::int8))")
+    let key = Job { id }.raw();
+    format!(
+        "SELECT 'lockkit:lock_bigint'::text AS tag, 1::int8 AS n, \
+         pg_advisory_xact_lock(('{key}'::int8)) AS locked"
+    )
 }
 
 async fn statements(conn: &Object, id: i64, setup: bool) {
@@ -70,28 +68,11 @@ async fn statements(conn: &Object, id: i64, setup: bool) {
 }
 
 async fn side(pool: &Pool, sessions: &SessionLock, which: usize, id: i64) -> Duration {
-    let LockKey::BigInt(key) = Job { id }.lock_key() else {
-        unreachable!("Job is a BigInt key")
-    };
     let started = Instant::now();
     match which {
         0 => {
             let conn = pool.get().await.expect("lease");
-            let lock = conn
-                .prepare_cached("SELECT pg_advisory_lock($1)")
-                .await
-                .expect("prepare");
-            let unlock = conn
-                .prepare_cached("SELECT pg_advisory_unlock($1)")
-                .await
-                .expect("prepare");
-            conn.query_one(&lock, &[&key]).await.expect("lock");
-            let unlocked: bool = conn
-                .query_one(&unlock, &[&key])
-                .await
-                .expect("unlock")
-                .get(0);
-            assert!(unlocked);
+            plain_lock_unlock(&conn, Job { id }).await;
         }
         1 | 2 => {
             let conn = pool.get().await.expect("lease");
@@ -128,19 +109,7 @@ fn main() {
         .expect("runtime");
     runtime.block_on(async {
         let db = TestServer::shared();
-        let manager = Manager::from_config(
-            db.config(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager).max_size(4).build().expect("pool");
-        let mut warm = Vec::new();
-        for _ in 0..4 {
-            warm.push(pool.get().await.expect("lease"));
-        }
-        drop(warm);
+        let pool = warm_pool(db).await;
         let sessions = SessionLock::from_pool(pool.clone());
         let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(ROUNDS); SIDES.len()];
         for i in 0..WARMUP + ROUNDS {

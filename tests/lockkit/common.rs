@@ -1,7 +1,9 @@
 //! Helpers shared by the lockkit integration tests.
 
-use lockkit::{AdvisoryKey, Config, LockKey, Locker};
-pub(crate) use lockkit_tests::observe::{advisory_rows, granted_elsewhere, held_by};
+use lockkit::{AdvisoryKey, Config, Locker};
+pub(crate) use lockkit_tests::observe::{
+    advisory_rows, granted_elsewhere, held_by, wait_until_waiting,
+};
 use tokio_postgres::Client;
 
 /// A key type for tests: a plain `i64` id.
@@ -22,41 +24,6 @@ pub(crate) async fn backend_pid(client: &Client) -> i32 {
         .await
         .expect("pg_backend_pid")
         .get(0)
-}
-
-/// Waits (up to 30 s, else panics) until backend `pid` waits for an
-/// advisory lock.
-pub(crate) async fn wait_until_waiting(observer: &Client, pid: i32) {
-    wait_for(observer, pid, None).await;
-}
-
-async fn wait_for(observer: &Client, pid: i32, key: Option<LockKey>) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let done = match key {
-            Some(key) => held_by(observer, pid, key).await,
-            None => {
-                observer
-                    .query_one(
-                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
-                     AND NOT granted AND pid = $1",
-                        &[&pid],
-                    )
-                    .await
-                    .expect("pg_locks")
-                    .get::<_, i64>(0)
-                    > 0
-            }
-        };
-        if done {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "backend {pid} never reached the expected lock state ({key:?})"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
 }
 
 /// `keys` sorted by their lock keys (the global lock order).
