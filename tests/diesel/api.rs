@@ -385,3 +385,61 @@ fn diesel_errors_convert_with_question_mark() {
     assert!(err.kind() == ErrorKind::TransactionAborted, "{err}");
     assert_eq!(err.code(), Some("25P02"));
 }
+
+#[derive(QueryableByName)]
+struct Prepared {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+/// How many of lockkit's statements are prepared (named) on `conn`'s
+/// backend.
+fn lockkit_statements(conn: &mut diesel::PgConnection) -> i64 {
+    sql_query(
+        "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '%''lockkit:%' \
+         AND statement NOT LIKE '%pg_prepared_statements%'",
+    )
+    .get_result::<Prepared>(conn)
+    .expect("pg_prepared_statements")
+    .n
+}
+
+/// `StatementMode::Prepared` (the default) puts lockkit's statements in
+/// Diesel's statement cache; `Unnamed`, for transaction-mode poolers,
+/// prepares none of them.
+#[test]
+fn statement_mode_decides_what_is_prepared() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    for (mode, prepared) in [
+        (lockkit_diesel::StatementMode::Unnamed, false),
+        (lockkit_diesel::StatementMode::Prepared, true),
+    ] {
+        let mut conn = connect(db);
+        let locker = locker(
+            &mut conn,
+            Config::default()
+                .statements(mode)
+                .order_check(OrderCheck::Off),
+        );
+        for id in 0..3 {
+            locker
+                .transaction(&mut conn, |tx| {
+                    let _ = tx.lock(Item { id: 900 + id })?;
+                    let _ = tx.lock_batch(
+                        &Batch::new()
+                            .with(&Item { id: 910 + id })
+                            .with(&Item { id: 920 + id }),
+                    )?;
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
+        }
+        let n = lockkit_statements(&mut conn);
+        assert_eq!(
+            n > 0,
+            prepared,
+            "{mode:?}: {n} of lockkit's statements prepared"
+        );
+    }
+}

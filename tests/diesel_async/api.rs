@@ -192,3 +192,57 @@ async fn try_timeout_savepoint_and_errors_against_another_holder() {
     go_tx.send(()).unwrap();
     hold.await.unwrap().unwrap();
 }
+
+#[derive(diesel::QueryableByName)]
+struct Prepared {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// `StatementMode::Prepared` (the default) puts lockkit's statements in
+/// diesel-async's statement cache; `Unnamed`, for transaction-mode
+/// poolers, prepares none of them.
+#[tokio::test(flavor = "multi_thread")]
+async fn statement_mode_decides_what_is_prepared() {
+    use lockkit_diesel_async::{Config, Locker, OrderCheck, StatementMode};
+    let db = TestServer::shared();
+    let _log = db.guard();
+    for (mode, prepared) in [
+        (StatementMode::Unnamed, false),
+        (StatementMode::Prepared, true),
+    ] {
+        let mut conn = diesel_async::AsyncPgConnection::establish(db.url())
+            .await
+            .unwrap();
+        let config = Config::default()
+            .statements(mode)
+            .order_check(OrderCheck::Off);
+        let locker = Locker::new(&mut conn, config).await.unwrap();
+        for id in 0..3 {
+            conn.transaction::<_, Error, _>(async |conn| {
+                let mut tx = conn.lock_tx(&locker)?;
+                let _ = tx.lock(Item { id: 900 + id }).await?;
+                let batch = Batch::new()
+                    .with(&Item { id: 910 + id })
+                    .with(&Item { id: 920 + id });
+                let _ = tx.lock_batch(&batch).await?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        }
+        let n = diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '%''lockkit:%' \
+             AND statement NOT LIKE '%pg_prepared_statements%'",
+        )
+        .get_result::<Prepared>(&mut conn)
+        .await
+        .unwrap()
+        .n;
+        assert_eq!(
+            n > 0,
+            prepared,
+            "{mode:?}: {n} of lockkit's statements prepared"
+        );
+    }
+}

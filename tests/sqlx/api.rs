@@ -283,3 +283,59 @@ async fn server_errors_are_typed() {
     // The savepoint rollback left the transaction usable.
     assert!(ltx.lock(Item { id: 52 }).await.is_ok());
 }
+
+/// How many of lockkit's statements are prepared (named) on `conn`'s
+/// backend.
+async fn lockkit_statements(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%''lockkit:%' \
+         AND statement NOT LIKE '%pg_prepared_statements%'",
+    )
+    .fetch_one(conn)
+    .await
+    .expect("pg_prepared_statements")
+}
+
+/// `StatementMode::Prepared` (the default) keeps lockkit's statements on
+/// the connection; `Unnamed`, for transaction-mode poolers, leaves none
+/// (the control that the count can be seen at all is the prepared case).
+#[tokio::test(flavor = "multi_thread")]
+async fn statement_mode_decides_what_is_prepared() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    for (mode, prepared) in [
+        (lockkit_sqlx::StatementMode::Unnamed, false),
+        (lockkit_sqlx::StatementMode::Prepared, true),
+    ] {
+        let mut conn = connect(db).await;
+        let locker = lockkit_sqlx::Locker::new(
+            &mut conn,
+            Config::default()
+                .statements(mode)
+                .order_check(OrderCheck::Off),
+        )
+        .await
+        .unwrap();
+        for id in 0..3 {
+            let mut tx = conn.begin().await.unwrap();
+            let mut ltx = locker.lock_tx(&mut tx).unwrap();
+            let _ = ltx.lock(Item { id: 900 + id }).await.unwrap();
+            let _ = ltx
+                .lock_batch(
+                    &Batch::new()
+                        .with(&Item { id: 910 + id })
+                        .with(&Item { id: 920 + id }),
+                )
+                .await
+                .unwrap();
+            drop(ltx);
+            tx.commit().await.unwrap();
+        }
+        let n = lockkit_statements(&mut conn).await;
+        assert_eq!(
+            n > 0,
+            prepared,
+            "{mode:?}: {n} of lockkit's statements prepared"
+        );
+    }
+}
