@@ -40,11 +40,9 @@ pub(crate) async fn server_facts(conn: &mut AsyncPgConnection) -> QueryResult<Fa
     Ok(row.into())
 }
 
-/// Whether the server reports errors in English, which the error mapping
-/// needs (Diesel's errors do not carry the SQLSTATE).
-pub(crate) async fn english_messages(conn: &mut AsyncPgConnection) -> QueryResult<bool> {
-    let row: MessagesRow = sql_query(MESSAGES).get_result(conn).await?;
-    Ok(row.english())
+/// The server's `lc_messages` ([`MESSAGES`]).
+pub(crate) async fn messages(conn: &mut AsyncPgConnection) -> QueryResult<MessagesRow> {
+    sql_query(MESSAGES).get_result(conn).await
 }
 
 /// diesel-async's transaction depth on `conn`: 0 outside a transaction, 1
@@ -177,22 +175,19 @@ async fn drive_inner(
         let mut guard = CancelOnDrop {
             token: Some(conn.cancel_token()),
         };
-        let mut answers = Vec::with_capacity(round.len());
-        let mut failure = None;
+        // One at a time, stopping at the first error.
+        let (mut answers, mut failed) = (Vec::with_capacity(round.len()), None);
         for stmt in round.iter().copied() {
             match run(&mut *conn, stmt, mode).await {
                 Ok(answer) => answers.push(answer),
                 Err(e) => {
-                    failure = Some(e);
+                    failed = Some(e);
                     break;
                 }
             }
         }
         guard.token = None;
-        match failure {
-            None => call.receive(Ok(answers.iter().map(Answer::reply).collect())),
-            Some(e) => call.receive(Err(e)),
-        }
+        call.receive_answers(failed.map_or(Ok(answers), Err), |_, a| a.reply());
     }
     call.finish()
 }

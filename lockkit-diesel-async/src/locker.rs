@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use diesel_async::AsyncPgConnection;
+use lockkit::for_diesel::DieselPolicy;
 use lockkit::{Config, Error, Policy, ServerFacts};
 
 use crate::exec;
@@ -21,13 +22,7 @@ use crate::transaction::LockTx;
 /// See the [crate docs](crate) for an example.
 #[derive(Clone, Debug)]
 pub struct Locker {
-    inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-struct Inner {
-    policy: Policy,
-    english: bool,
+    inner: Arc<DieselPolicy>,
 }
 
 impl Locker {
@@ -49,21 +44,15 @@ impl Locker {
     ///
     /// Cancel safe: the queries change nothing on the server.
     pub async fn new(conn: &mut AsyncPgConnection, config: Config) -> Result<Locker, Error> {
-        let facts = ServerFacts::from(&exec::server_facts(conn).await.map_err(exec::lock_error)?);
-        let english = exec::english_messages(conn)
-            .await
-            .map_err(exec::lock_error)?;
-        if !english {
-            tracing::warn!(
-                "lockkit-diesel-async: the server's lc_messages is not English; deadlocks, lock \
-                 timeouts and a full lock table cannot be told apart from other database errors"
-            );
-        }
+        let facts = exec::server_facts(conn).await.map_err(exec::lock_error)?;
+        let messages = exec::messages(conn).await.map_err(exec::lock_error)?;
         Ok(Locker {
-            inner: Arc::new(Inner {
-                policy: Policy::new(config, facts),
-                english,
-            }),
+            inner: Arc::new(DieselPolicy::learned(
+                config,
+                &facts,
+                &messages,
+                "lockkit-diesel-async",
+            )),
         })
     }
 
@@ -71,39 +60,36 @@ impl Locker {
     /// server's messages are English.
     pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
         Locker {
-            inner: Arc::new(Inner {
-                policy: Policy::new(config, facts),
-                english: true,
-            }),
+            inner: Arc::new(DieselPolicy::assumed(config, facts)),
         }
     }
 
     /// The configuration.
     pub fn config(&self) -> &Config {
-        self.inner.policy.config()
+        self.inner.policy().config()
     }
 
     /// What the locker learned about the server.
     pub fn facts(&self) -> &ServerFacts {
-        self.inner.policy.facts()
+        self.inner.policy().facts()
     }
 
     /// The configuration and facts, as the engine sees them.
     pub fn policy(&self) -> &Policy {
-        &self.inner.policy
+        self.inner.policy()
     }
 
     /// Whether the server's error messages are English, so that
     /// [`Error::is_deadlock`], [`Error::is_timeout`] and
     /// [`Error::is_lock_table_full`] work.
     pub fn recognizes_errors(&self) -> bool {
-        self.inner.english
+        self.inner.recognizes_errors()
     }
 
     /// The lock budget per transaction: the configured one, else the
     /// server's `max_locks_per_transaction`.
     pub fn budget(&self) -> usize {
-        self.inner.policy.budget()
+        self.inner.policy().budget()
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use diesel::result::Error as DieselError;
 use diesel::PgConnection;
 use lockkit::engine::TxState;
+use lockkit::for_diesel::DieselPolicy;
 use lockkit::{Batch, Config, Error, Policy, ServerFacts};
 
 use crate::pg;
@@ -21,13 +22,7 @@ use crate::transaction::{run, LockTx};
 /// See the [crate docs](crate) for an example.
 #[derive(Clone, Debug)]
 pub struct Locker {
-    inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-struct Inner {
-    policy: Policy,
-    english: bool,
+    inner: Arc<DieselPolicy>,
 }
 
 impl Locker {
@@ -44,19 +39,15 @@ impl Locker {
     ///
     /// [`ErrorKind::Database`](lockkit::ErrorKind::Database) or [`ErrorKind::ConnectionLost`](lockkit::ErrorKind::ConnectionLost) when a query fails.
     pub fn new(conn: &mut PgConnection, config: Config) -> Result<Locker, Error> {
-        let facts = ServerFacts::from(&pg::server_facts(conn)?);
-        let english = pg::english_messages(conn)?;
-        if !english {
-            tracing::warn!(
-                "lockkit-diesel: the server's lc_messages is not English; deadlocks, lock \
-                 timeouts and a full lock table cannot be told apart from other database errors"
-            );
-        }
+        let facts = pg::server_facts(conn)?;
+        let messages = pg::messages(conn)?;
         Ok(Locker {
-            inner: Arc::new(Inner {
-                policy: Policy::new(config, facts),
-                english,
-            }),
+            inner: Arc::new(DieselPolicy::learned(
+                config,
+                &facts,
+                &messages,
+                "lockkit-diesel",
+            )),
         })
     }
 
@@ -64,39 +55,36 @@ impl Locker {
     /// server's messages are English.
     pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
         Locker {
-            inner: Arc::new(Inner {
-                policy: Policy::new(config, facts),
-                english: true,
-            }),
+            inner: Arc::new(DieselPolicy::assumed(config, facts)),
         }
     }
 
     /// The policy.
     pub fn config(&self) -> &Config {
-        self.inner.policy.config()
+        self.inner.policy().config()
     }
 
     /// What the locker learned about the server.
     pub fn facts(&self) -> &ServerFacts {
-        self.inner.policy.facts()
+        self.inner.policy().facts()
     }
 
     /// The configuration and facts, as the engine sees them.
     pub fn policy(&self) -> &Policy {
-        &self.inner.policy
+        self.inner.policy()
     }
 
     /// Whether the server's error messages are English, so that
     /// [`Error::is_deadlock`], [`Error::is_timeout`] and
     /// [`Error::is_lock_table_full`] work (Diesel hides the SQLSTATE).
     pub fn recognizes_errors(&self) -> bool {
-        self.inner.english
+        self.inner.recognizes_errors()
     }
 
     /// The lock budget per transaction: the configured one, else the
     /// server's `max_locks_per_transaction`.
     pub fn budget(&self) -> usize {
-        self.inner.policy.budget()
+        self.inner.policy().budget()
     }
 
     /// Runs `f` in a transaction on `conn`, like Diesel's

@@ -21,11 +21,9 @@ pub(crate) fn server_facts(conn: &mut PgConnection) -> QueryResult<FactsRow> {
     Ok(row.into())
 }
 
-/// Whether the server reports errors in English, which the error mapping
-/// needs (Diesel hides the SQLSTATE).
-pub(crate) fn english_messages(conn: &mut PgConnection) -> QueryResult<bool> {
-    let row: MessagesRow = sql_query(MESSAGES).get_result(conn)?;
-    Ok(row.english())
+/// The server's `lc_messages` ([`MESSAGES`]).
+pub(crate) fn messages(conn: &mut PgConnection) -> QueryResult<MessagesRow> {
+    sql_query(MESSAGES).get_result(conn)
 }
 
 /// Diesel's transaction depth on `conn`: 0 outside a transaction, 1 in
@@ -85,21 +83,10 @@ pub(crate) fn drive(
     mut call: Acquisition<'_>,
 ) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
-        let mut answers = Vec::with_capacity(round.len());
-        let mut failure = None;
-        for stmt in &round {
-            match run(conn, stmt, mode) {
-                Ok(answer) => answers.push(answer),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
-        match failure {
-            None => call.receive(Ok(answers.iter().map(Answer::reply).collect())),
-            Some(e) => call.receive(Err(DriverError::from(e))),
-        }
+        // One at a time; `collect` stops at the first error.
+        let answers: QueryResult<Vec<Answer>> =
+            round.iter().map(|stmt| run(conn, stmt, mode)).collect();
+        call.receive_answers(answers.map_err(DriverError::from), |_, a| a.reply());
     }
     call.finish()
 }

@@ -126,30 +126,18 @@ async fn drive_inner(
     mut call: Acquisition<'_>,
 ) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
-        let mut answers = Vec::with_capacity(round.len());
-        let mut failure = None;
+        // One at a time, stopping at the first error.
+        let (mut answers, mut failed) = (Vec::with_capacity(round.len()), None);
         for stmt in round.iter().copied() {
             match run(&mut *conn, stmt, mode).await {
                 Ok(answer) => answers.push(answer),
                 Err(e) => {
-                    failure = Some(e);
+                    failed = Some(e);
                     break;
                 }
             }
         }
-        match failure {
-            None => {
-                let replies: Vec<Reply<'_>> = round
-                    .iter()
-                    .zip(&answers)
-                    .map(|(s, a)| reply(s, a))
-                    .collect();
-                call.receive(Ok(replies));
-            }
-            Some(e) => {
-                call.receive(Err(e));
-            }
-        }
+        call.receive_answers(failed.map_or(Ok(answers), Err), reply);
     }
     call.finish()
 }

@@ -14,7 +14,7 @@ use diesel::sql_types::{Array, BigInt, Bool, Integer, Text, Untyped};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use crate::engine::{FactsRow, Param, Reply, Statement};
-use crate::StatementMode;
+use crate::{Config, Policy, ServerFacts, StatementMode};
 
 /// One of the engine's statements (one that answers a row) as a Diesel
 /// query.
@@ -207,6 +207,60 @@ impl MessagesRow {
     pub fn english(&self) -> bool {
         let lc = self.lc_messages.to_ascii_lowercase();
         lc.is_empty() || lc == "c" || lc == "posix" || lc.starts_with("c.") || lc.starts_with("en")
+    }
+}
+
+/// What a Diesel adapter's locker holds: the engine's [`Policy`], and
+/// whether the server's messages are English, which reading Diesel's errors
+/// needs (see [`MessagesRow::english`]).
+#[derive(Debug)]
+pub struct DieselPolicy {
+    policy: Policy,
+    english: bool,
+}
+
+impl DieselPolicy {
+    /// From what a locker learned on connecting (the rows of
+    /// [`SERVER_FACTS`](crate::engine::sql::SERVER_FACTS) and [`MESSAGES`]).
+    /// When the messages are not English a `tracing` warning, naming
+    /// `adapter`, says that deadlocks, timeouts and a full lock table will
+    /// be plain database errors.
+    pub fn learned(
+        config: Config,
+        facts: &FactsRow,
+        messages: &MessagesRow,
+        adapter: &str,
+    ) -> Self {
+        let english = messages.english();
+        if !english {
+            tracing::warn!(
+                "{adapter}: the server's lc_messages is not English; deadlocks, lock \
+                 timeouts and a full lock table cannot be told apart from other database errors"
+            );
+        }
+        DieselPolicy {
+            policy: Policy::new(config, ServerFacts::from(facts)),
+            english,
+        }
+    }
+
+    /// With facts known in advance; the messages are assumed English.
+    pub fn assumed(config: Config, facts: ServerFacts) -> Self {
+        DieselPolicy {
+            policy: Policy::new(config, facts),
+            english: true,
+        }
+    }
+
+    /// The configuration and facts, as the engine sees them.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Whether the server's messages are English, so that lockkit's error
+    /// kinds recognise deadlocks, timeouts and a full lock table.
+    pub fn recognizes_errors(&self) -> bool {
+        self.english
     }
 }
 

@@ -409,6 +409,32 @@ impl Acquisition<'_> {
         }
     }
 
+    /// [`Acquisition::receive`] from what the driver returned: an answer
+    /// per statement of the round, in order, each read into its reply by
+    /// `read` (the adapter's reading of its driver's rows; see
+    /// [`read_reply`](crate::engine::read_reply)), or the first error. An
+    /// adapter then keeps only its driver's answers; pairing them with the
+    /// round's statements is the engine's.
+    pub fn receive_answers<A>(
+        &mut self,
+        answers: Result<Vec<A>, DriverError>,
+        read: impl for<'r> Fn(&Statement<'_>, &'r A) -> Reply<'r>,
+    ) {
+        let answers = match answers {
+            Ok(answers) => answers,
+            Err(e) => return self.receive(Err(e)),
+        };
+        let replies = match self.round() {
+            Some(round) => round
+                .iter()
+                .zip(&answers)
+                .map(|(statement, answer)| read(statement, answer))
+                .collect(),
+            None => Vec::new(),
+        };
+        self.receive(Ok(replies));
+    }
+
     /// Takes the outcome of the round [`Acquisition::round`] listed: a reply
     /// per statement, in order, or the first error. Decides what comes next.
     pub fn receive(&mut self, result: Result<Vec<Reply<'_>>, DriverError>) {

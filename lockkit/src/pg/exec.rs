@@ -257,20 +257,11 @@ pub(crate) async fn drive(
         };
         let result = send_round(client, cache, &round).await;
         guard.disarm();
-        match result {
-            Ok(answers) => {
-                let replies: Vec<Reply<'_>> = round
-                    .iter()
-                    .zip(&answers)
-                    .map(|(s, a)| reply(s, a))
-                    .collect();
-                call.receive(Ok(replies));
-            }
-            Err(e) => {
-                let foreign = foreign_row(&e);
-                call.receive(Err(DriverError::from(e).foreign_reply(foreign)));
-            }
-        }
+        let result = result.map_err(|e| {
+            let foreign = foreign_row(&e);
+            DriverError::from(e).foreign_reply(foreign)
+        });
+        call.receive_answers(result, reply);
     }
     call.finish()
 }

@@ -72,7 +72,7 @@ use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::plan::Mode;
 use crate::engine::sql::{self, timeout_setting, CHECK_CLIENT, HOLDS};
-use crate::engine::{self, read_reply, Policy, Reply, ReplyRow, ReplyShape, Request, TxState};
+use crate::engine::{self, read_reply, Policy, ReplyRow, ReplyShape, Request, TxState};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
 use crate::pg::locker::{server_facts, Locker};
 
@@ -845,15 +845,10 @@ async fn take_xact_lock(
             }
             answers.push(rows);
         }
-        let replies: Vec<Reply<'_>> = round
-            .iter()
-            .zip(&answers)
-            .map(|(statement, rows)| match statement.reply() {
-                ReplyShape::Done if rows.is_empty() => read_reply::<SimpleRow>(statement, None),
-                _ => read_reply(statement, Some(rows)),
-            })
-            .collect();
-        call.receive(Ok(replies));
+        call.receive_answers(Ok(answers), |statement, rows| match statement.reply() {
+            ReplyShape::Done if rows.is_empty() => read_reply::<SimpleRow>(statement, None),
+            _ => read_reply(statement, Some(rows)),
+        });
     }
     let setup = setup.ok_or_else(|| Error::unexpected("the lock engine sent nothing".into()))?;
     Ok((setup, call.finish().map(|outcome| outcome.is_ok())))
