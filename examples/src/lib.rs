@@ -22,5 +22,6 @@
 
 pub mod db;
 pub mod ingest;
+pub mod transfer;
 
 pub use db::Database;

@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use diesel_async::AsyncPgConnection;
-use lockkit::engine::{Grant, Request, TxState, Wait};
+use lockkit::engine::{Grant, Request, TxSlot, TxState, Wait};
 use lockkit::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 
 use crate::exec::{self, BoxFuture};
@@ -39,31 +39,16 @@ use crate::locker::Locker;
 /// `Pair` keys two; a timed lock five; a try-batch three.
 pub struct LockTx<'t> {
     conn: &'t mut AsyncPgConnection,
-    state: Slot<'t>,
+    state: TxSlot<'t>,
     locker: Locker,
     depth: u32,
-}
-
-/// The bookkeeping: owned by a top-level `LockTx`, borrowed by a savepoint's.
-enum Slot<'t> {
-    Owned(TxState),
-    Borrowed(&'t TxState),
-}
-
-impl Slot<'_> {
-    fn get(&self) -> &TxState {
-        match self {
-            Slot::Owned(s) => s,
-            Slot::Borrowed(s) => s,
-        }
-    }
 }
 
 impl fmt::Debug for LockTx<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockTx")
             .field("depth", &self.depth)
-            .field("state", self.state.get())
+            .field("state", &*self.state)
             .finish_non_exhaustive()
     }
 }
@@ -95,7 +80,7 @@ impl<'t> LockTx<'t> {
         }
         Ok(LockTx {
             conn,
-            state: Slot::Owned(TxState::new()),
+            state: TxSlot::Owned(TxState::new()),
             locker: locker.clone(),
             depth: 0,
         })
@@ -119,20 +104,20 @@ impl<'t> LockTx<'t> {
 
     /// Distinct keys this transaction holds through lockkit.
     pub fn held_count(&self) -> usize {
-        self.state.get().held_count()
+        self.state.held_count()
     }
 
     /// Whether this transaction holds `key` in at least `mode`, as far as
     /// lockkit took it.
     pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
-        self.state.get().holds(key.lock_key(), mode)
+        self.state.holds(key.lock_key(), mode)
     }
 
     /// Whether an earlier lock call was cut off (its future dropped, or its
     /// reply not lockkit's), so that what this transaction holds is unknown
     /// and every lock call fails: roll it back.
     pub fn is_poisoned(&self) -> bool {
-        self.state.get().is_poisoned()
+        self.state.is_poisoned()
     }
 
     /// Runs `f` in a savepoint (diesel-async's nested transaction):
@@ -178,7 +163,7 @@ impl<'t> LockTx<'t> {
         E: From<Error>,
     {
         let depth = self.depth + 1;
-        let state = self.state.get();
+        let state = &*self.state;
         exec::begin(self.conn)
             .await
             .map_err(|e| E::from(exec::lock_error(e)))?;
@@ -186,7 +171,7 @@ impl<'t> LockTx<'t> {
         let result = {
             let mut inner = LockTx {
                 conn: &mut *self.conn,
-                state: Slot::Borrowed(state),
+                state: TxSlot::Borrowed(state),
                 locker: self.locker.clone(),
                 depth,
             };
@@ -426,10 +411,7 @@ impl<'t> LockTx<'t> {
             return Err(Error::from(ErrorKind::NotInTransaction));
         }
         let policy = self.locker.policy();
-        let call = self
-            .state
-            .get()
-            .acquire(policy, self.depth, request, wait)?;
+        let call = self.state.acquire(policy, self.depth, request, wait)?;
         exec::drive(self.conn, policy.config().statement_mode(), call).await
     }
 }

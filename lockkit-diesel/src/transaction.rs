@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use diesel::result::Error as DieselError;
 use diesel::PgConnection;
-use lockkit::engine::{Acquisition, Grant, Request, TxState, Wait};
+use lockkit::engine::{Acquisition, Grant, Request, TxSlot, TxState, Wait};
 use lockkit::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 
 use crate::locker::Locker;
@@ -36,31 +36,16 @@ use crate::pg;
 /// keys it remembers are never released behind its back.
 pub struct LockTx<'c> {
     conn: &'c mut PgConnection,
-    state: Slot<'c>,
+    state: TxSlot<'c>,
     locker: Locker,
     depth: u32,
-}
-
-/// The bookkeeping: owned by a top-level `LockTx`, borrowed by a savepoint's.
-enum Slot<'c> {
-    Owned(TxState),
-    Borrowed(&'c TxState),
-}
-
-impl Slot<'_> {
-    fn get(&self) -> &TxState {
-        match self {
-            Slot::Owned(s) => s,
-            Slot::Borrowed(s) => s,
-        }
-    }
 }
 
 impl fmt::Debug for LockTx<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockTx")
             .field("depth", &self.depth)
-            .field("state", self.state.get())
+            .field("state", &*self.state)
             .finish_non_exhaustive()
     }
 }
@@ -84,7 +69,7 @@ where
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let mut tx = LockTx {
             conn: &mut *conn,
-            state: Slot::Borrowed(locks),
+            state: TxSlot::Borrowed(locks),
             locker: locker.clone(),
             depth,
         };
@@ -135,7 +120,7 @@ impl<'c> LockTx<'c> {
         }
         Ok(LockTx {
             conn,
-            state: Slot::Owned(TxState::new()),
+            state: TxSlot::Owned(TxState::new()),
             locker: locker.clone(),
             depth: 0,
         })
@@ -159,13 +144,13 @@ impl<'c> LockTx<'c> {
 
     /// Distinct keys this transaction holds through lockkit.
     pub fn held_count(&self) -> usize {
-        self.state.get().held_count()
+        self.state.held_count()
     }
 
     /// Whether this transaction holds `key` in at least `mode`, as far as
     /// lockkit took it.
     pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
-        self.state.get().holds(key.lock_key(), mode)
+        self.state.holds(key.lock_key(), mode)
     }
 
     /// Runs `f` in a savepoint (a nested Diesel transaction): committed when
@@ -185,7 +170,7 @@ impl<'c> LockTx<'c> {
         E: From<DieselError>,
     {
         let depth = self.depth + 1;
-        run(&mut *self.conn, &self.locker, self.state.get(), depth, f)
+        run(&mut *self.conn, &self.locker, &self.state, depth, f)
     }
 
     /// Takes `key` exclusive, waiting as long as it takes.
@@ -354,10 +339,7 @@ impl<'c> LockTx<'c> {
         }
         let request = request.at(std::panic::Location::caller());
         let policy = self.locker.policy();
-        let call: Acquisition<'_> = self
-            .state
-            .get()
-            .acquire(policy, self.depth, request, wait)?;
+        let call: Acquisition<'_> = self.state.acquire(policy, self.depth, request, wait)?;
         let _span = call.span().clone().entered();
         pg::drive(self.conn, policy.config().statement_mode(), call)
     }

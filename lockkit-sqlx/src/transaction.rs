@@ -5,7 +5,7 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
-use lockkit::engine::{Grant, Request, TxState, Wait};
+use lockkit::engine::{Grant, Request, TxSlot, TxState, Wait};
 use lockkit::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 use sqlx::{Connection, PgConnection};
 
@@ -42,31 +42,16 @@ use crate::locker::{BoxFuture, Locker};
 /// release); a try-batch three.
 pub struct LockTx<'t> {
     conn: &'t mut PgConnection,
-    state: Slot<'t>,
+    state: TxSlot<'t>,
     locker: Locker,
     depth: u32,
-}
-
-/// The bookkeeping: owned by a top-level `LockTx`, borrowed by a savepoint's.
-enum Slot<'t> {
-    Owned(TxState),
-    Borrowed(&'t TxState),
-}
-
-impl Slot<'_> {
-    fn get(&self) -> &TxState {
-        match self {
-            Slot::Owned(s) => s,
-            Slot::Borrowed(s) => s,
-        }
-    }
 }
 
 impl fmt::Debug for LockTx<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockTx")
             .field("depth", &self.depth)
-            .field("state", self.state.get())
+            .field("state", &*self.state)
             .finish_non_exhaustive()
     }
 }
@@ -107,7 +92,7 @@ impl<'t> LockTx<'t> {
     pub(crate) fn attach(locker: Locker, conn: &'t mut PgConnection) -> LockTx<'t> {
         LockTx {
             conn,
-            state: Slot::Owned(TxState::new()),
+            state: TxSlot::Owned(TxState::new()),
             locker,
             depth: 0,
         }
@@ -131,20 +116,20 @@ impl<'t> LockTx<'t> {
 
     /// Distinct keys this transaction holds through lockkit.
     pub fn held_count(&self) -> usize {
-        self.state.get().held_count()
+        self.state.held_count()
     }
 
     /// Whether this transaction holds `key` in at least `mode`, as far as
     /// lockkit took it.
     pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
-        self.state.get().holds(key.lock_key(), mode)
+        self.state.holds(key.lock_key(), mode)
     }
 
     /// Whether an earlier lock call was cut off (its future dropped, or its
     /// reply not lockkit's), so that what this transaction holds is unknown
     /// and every lock call fails: roll it back.
     pub fn is_poisoned(&self) -> bool {
-        self.state.get().is_poisoned()
+        self.state.is_poisoned()
     }
 
     /// Runs `f` in a savepoint (sqlx's nested transaction): released when
@@ -189,7 +174,7 @@ impl<'t> LockTx<'t> {
         E: From<Error>,
     {
         let depth = self.depth + 1;
-        let state = self.state.get();
+        let state = &*self.state;
         let mut sp = self
             .conn
             .begin()
@@ -203,7 +188,7 @@ impl<'t> LockTx<'t> {
         let result = {
             let mut inner = LockTx {
                 conn: &mut sp,
-                state: Slot::Borrowed(state),
+                state: TxSlot::Borrowed(state),
                 locker: self.locker.clone(),
                 depth,
             };
@@ -446,10 +431,7 @@ impl<'t> LockTx<'t> {
             return Err(Error::from(ErrorKind::NotInTransaction));
         }
         let policy = self.locker.policy();
-        let call = self
-            .state
-            .get()
-            .acquire(policy, self.depth, request, wait)?;
+        let call = self.state.acquire(policy, self.depth, request, wait)?;
         exec::drive(self.conn, policy.config().statement_mode(), call).await
     }
 }

@@ -17,13 +17,13 @@
 //! transfers deadlock on the row locks of their `UPDATE`s.
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, Pool};
 use lockkit_diesel::{AdvisoryKey, Batch, Config, Error, Locker};
-use lockkit_examples::Database;
+use lockkit_examples::{transfer::Tally, Database};
 
 diesel::table! {
     /// The accounts.
@@ -52,13 +52,6 @@ const OPENING_CENTS: i64 = 100_000;
 const THREADS: usize = 8;
 /// Transfers per thread unless `--transfers-per-thread N` says otherwise.
 const TRANSFERS_PER_THREAD: usize = 250;
-
-#[derive(Debug, Default)]
-struct Tally {
-    done: AtomicU64,
-    insufficient: AtomicU64,
-    deadlocks: AtomicU64,
-}
 
 /// Moves `amount` from `from` to `to` in one transaction; `Ok(false)` when
 /// the payer cannot afford it.
@@ -157,41 +150,11 @@ fn main() -> ExitCode {
     });
 
     let after = total(&mut conn).expect("total");
-    let (done, insufficient, deadlocks) = (
-        tally.done.load(Relaxed),
-        tally.insufficient.load(Relaxed),
-        tally.deadlocks.load(Relaxed),
-    );
-    println!(
-        "{} transfers on {THREADS} threads between {ACCOUNTS} accounts, both directions, {}",
+    tally.report(
+        &format!("{THREADS} threads"),
+        ACCOUNTS,
         THREADS * per_thread,
-        if locked {
-            "accounts locked in global order"
-        } else {
-            "WITHOUT locks (control)"
-        }
-    );
-    println!("  done:         {done}");
-    println!("  insufficient: {insufficient}");
-    println!("  deadlocks:    {deadlocks}");
-    println!("  money before: {before}");
-    println!("  money after:  {after}");
-    let conserved = before == after;
-    println!(
-        "  {}",
-        if conserved {
-            "money conserved"
-        } else {
-            "MONEY NOT CONSERVED"
-        }
-    );
-    if locked && !(conserved && deadlocks == 0) {
-        return ExitCode::FAILURE;
-    }
-    // The control must show what the locks prevent, or it proves nothing.
-    if !locked && conserved && deadlocks == 0 {
-        println!("  the control showed neither lost money nor a deadlock");
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
+        (locked, ""),
+        (before, after),
+    )
 }

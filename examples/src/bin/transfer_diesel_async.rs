@@ -17,7 +17,7 @@
 //! the row locks of their `UPDATE`s.
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use diesel::prelude::*;
@@ -25,7 +25,7 @@ use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lockkit_diesel_async::{AdvisoryKey, AsyncPgConnectionExt, Batch, Config, Error, Locker};
-use lockkit_examples::Database;
+use lockkit_examples::{transfer::Tally, Database};
 
 diesel::table! {
     /// The accounts.
@@ -52,13 +52,6 @@ struct Account {
 const ACCOUNTS: i64 = 4;
 const OPENING_CENTS: i64 = 100_000;
 const TASKS: usize = 8;
-
-#[derive(Debug, Default)]
-struct Tally {
-    done: AtomicU64,
-    insufficient: AtomicU64,
-    deadlocks: AtomicU64,
-}
 
 /// Moves `amount` from `from` to `to` in one transaction; `Ok(false)` when
 /// the payer cannot afford it.
@@ -174,42 +167,11 @@ async fn main() -> ExitCode {
     }
 
     let after = total(&mut conn).await;
-    let (done, insufficient, deadlocks) = (
-        // `AtomicU64::load` spelled out: diesel-async's `RunQueryDsl::load`
-        // is implemented for every type.
-        AtomicU64::load(&tally.done, Relaxed),
-        AtomicU64::load(&tally.insufficient, Relaxed),
-        AtomicU64::load(&tally.deadlocks, Relaxed),
-    );
-    println!(
-        "{} transfers on {TASKS} tasks between {ACCOUNTS} accounts, both directions, {}",
+    tally.report(
+        &format!("{TASKS} tasks"),
+        ACCOUNTS,
         TASKS * per_task,
-        if locked {
-            "accounts locked in global order (diesel-async)"
-        } else {
-            "WITHOUT locks (control)"
-        }
-    );
-    println!("  done:         {done}");
-    println!("  insufficient: {insufficient}");
-    println!("  deadlocks:    {deadlocks}");
-    println!("  money before: {before}");
-    println!("  money after:  {after}");
-    let conserved = before == after;
-    println!(
-        "  {}",
-        if conserved {
-            "money conserved"
-        } else {
-            "MONEY NOT CONSERVED"
-        }
-    );
-    if locked && !(conserved && deadlocks == 0) {
-        return ExitCode::FAILURE;
-    }
-    if !locked && conserved && deadlocks == 0 {
-        println!("  the control showed no failure, so the run shows nothing");
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
+        (locked, " (diesel-async)"),
+        (before, after),
+    )
 }

@@ -17,10 +17,10 @@
 //! the row locks of their `UPDATE`s.
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use lockkit_examples::Database;
+use lockkit_examples::{transfer::Tally, Database};
 use lockkit_sqlx::{AdvisoryKey, Batch, Config, Error, Locker, SqlxResultExt};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -36,13 +36,6 @@ struct Account {
 const ACCOUNTS: i64 = 4;
 const OPENING_CENTS: i64 = 100_000;
 const TASKS: usize = 8;
-
-#[derive(Debug, Default)]
-struct Tally {
-    done: AtomicU64,
-    insufficient: AtomicU64,
-    deadlocks: AtomicU64,
-}
 
 /// Moves `amount` from `from` to `to` in one transaction; `Ok(false)` when
 /// the payer cannot afford it.
@@ -164,40 +157,11 @@ async fn main() -> ExitCode {
     }
 
     let after = total(&pool).await;
-    let (done, insufficient, deadlocks) = (
-        tally.done.load(Relaxed),
-        tally.insufficient.load(Relaxed),
-        tally.deadlocks.load(Relaxed),
-    );
-    println!(
-        "{} transfers on {TASKS} tasks between {ACCOUNTS} accounts, both directions, {}",
+    tally.report(
+        &format!("{TASKS} tasks"),
+        ACCOUNTS,
         TASKS * per_task,
-        if locked {
-            "accounts locked in global order (sqlx)"
-        } else {
-            "WITHOUT locks (control)"
-        }
-    );
-    println!("  done:         {done}");
-    println!("  insufficient: {insufficient}");
-    println!("  deadlocks:    {deadlocks}");
-    println!("  money before: {before}");
-    println!("  money after:  {after}");
-    let conserved = before == after;
-    println!(
-        "  {}",
-        if conserved {
-            "money conserved"
-        } else {
-            "MONEY NOT CONSERVED"
-        }
-    );
-    if locked && !(conserved && deadlocks == 0) {
-        return ExitCode::FAILURE;
-    }
-    if !locked && conserved && deadlocks == 0 {
-        println!("  the control showed no failure, so the run shows nothing");
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
+        (locked, " (sqlx)"),
+        (before, after),
+    )
 }

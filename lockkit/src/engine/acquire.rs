@@ -49,6 +49,27 @@ impl Policy {
     }
 }
 
+/// A transaction's [`TxState`] as a lock handle holds it: owned by the
+/// transaction's own handle, borrowed by the handle of a savepoint inside
+/// it. Dereferences to the state.
+#[derive(Debug)]
+pub enum TxSlot<'t> {
+    /// The transaction's handle: the state is its own.
+    Owned(TxState),
+    /// A savepoint's handle: the enclosing transaction's state.
+    Borrowed(&'t TxState),
+}
+
+impl std::ops::Deref for TxSlot<'_> {
+    type Target = TxState;
+    fn deref(&self) -> &TxState {
+        match self {
+            TxSlot::Owned(state) => state,
+            TxSlot::Borrowed(state) => state,
+        }
+    }
+}
+
 /// What one transaction holds through lockkit, shared by the transaction
 /// and its savepoints. Adapters keep one per transaction.
 #[derive(Debug, Default)]
