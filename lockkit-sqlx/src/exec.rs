@@ -8,10 +8,12 @@
 //! connection in sqlx's statement cache; the engine checks every reply
 //! either way.
 
+use futures_util::TryStreamExt;
 use lockkit::engine::{
     read_reply, Acquisition, DriverError, Grant, Param, Reply, ReplyRow, ReplyShape, Statement,
 };
 use lockkit::{Busy, Error, StatementMode};
+use smallvec::SmallVec;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{Executor, PgConnection, Postgres, Row};
@@ -19,10 +21,11 @@ use sqlx::{Executor, PgConnection, Postgres, Row};
 use crate::error::driver_error;
 use crate::locker::BoxFuture;
 
-/// What the server answered one statement.
+/// What the server answered one statement: lockkit's statements answer at
+/// most one row, kept inline.
 enum Answer {
     Done,
-    Rows(Vec<SqlxRow>),
+    Rows(SmallVec<[SqlxRow; 1]>),
 }
 
 /// A sqlx row, read by the engine ([`ReplyRow`]: the engine knows the
@@ -70,29 +73,31 @@ fn bind<'q>(
     })
 }
 
-/// Runs one statement (boxed `Send` with one lifetime: see [`drive`]).
-fn run<'a>(
-    conn: &'a mut PgConnection,
-    stmt: Statement<'a>,
+/// Runs one statement.
+async fn run(
+    conn: &mut PgConnection,
+    stmt: Statement<'_>,
     mode: StatementMode,
-) -> BoxFuture<'a, Result<Answer, DriverError>> {
-    Box::pin(async move {
-        if stmt.reply() == ReplyShape::Done {
-            // No parameters: sqlx sends it with the simple query protocol,
-            // which the two-statement rollback needs.
-            conn.execute(stmt.text()).await.map_err(driver_error)?;
-            return Ok(Answer::Done);
-        }
-        // Prepared: sqlx's statement cache keeps it on the connection.
-        // Unnamed: parsed every time, for poolers that do not keep named
-        // statements.
-        let mut query = sqlx::query(stmt.text()).persistent(mode == StatementMode::Prepared);
-        for param in stmt.params() {
-            query = bind(query, param)?;
-        }
-        let rows = conn.fetch_all(query).await.map_err(driver_error)?;
-        Ok(Answer::Rows(rows.into_iter().map(SqlxRow).collect()))
-    })
+) -> Result<Answer, DriverError> {
+    if stmt.reply() == ReplyShape::Done {
+        // No parameters: sqlx sends it with the simple query protocol,
+        // which the two-statement rollback needs.
+        conn.execute(stmt.text()).await.map_err(driver_error)?;
+        return Ok(Answer::Done);
+    }
+    // Prepared: sqlx's statement cache keeps it on the connection.
+    // Unnamed: parsed every time, for poolers that do not keep named
+    // statements.
+    let mut query = sqlx::query(stmt.text()).persistent(mode == StatementMode::Prepared);
+    for param in stmt.params() {
+        query = bind(query, param)?;
+    }
+    let mut rows = SmallVec::new();
+    let mut stream = conn.fetch(query);
+    while let Some(row) = stream.try_next().await.map_err(driver_error)? {
+        rows.push(SqlxRow(row));
+    }
+    Ok(Answer::Rows(rows))
 }
 
 /// Reads one answer in the shape the statement promises.
@@ -127,7 +132,7 @@ async fn drive_inner(
 ) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
         // One at a time, stopping at the first error.
-        let (mut answers, mut failed) = (Vec::with_capacity(round.len()), None);
+        let (mut answers, mut failed) = (SmallVec::<[Answer; 1]>::new(), None);
         for stmt in round.iter().copied() {
             match run(&mut *conn, stmt, mode).await {
                 Ok(answer) => answers.push(answer),

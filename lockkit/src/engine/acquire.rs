@@ -8,6 +8,8 @@ use std::panic::Location;
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 use crate::engine::budget::TxLocks;
 use crate::engine::config::Config;
 use crate::engine::error::{DriverError, Error, ErrorKind};
@@ -162,14 +164,22 @@ impl TxState {
         let span = if empty {
             tracing::Span::none()
         } else {
-            tracing::debug_span!(
+            let span = tracing::debug_span!(
                 "lockkit.lock",
                 key_type = request.key_type,
                 keys = plan.len(),
                 wait = ?wait,
                 outcome = tracing::field::Empty,
                 wait_ms = tracing::field::Empty,
-            )
+            );
+            // No subscriber wants it: `none` costs nothing to enter,
+            // record and drop (a disabled span still goes through
+            // `tracing`'s `log` bridge at each of those).
+            if span.is_disabled() {
+                tracing::Span::none()
+            } else {
+                span
+            }
         };
         Ok(Acquisition {
             span,
@@ -306,6 +316,9 @@ impl Acquisition<'_> {
     /// can), or `None` when the outcome is known: call
     /// [`Acquisition::finish`].
     pub fn round(&self) -> Option<Round<'_>> {
+        if let Stage::Finished(_) = self.stage {
+            return None;
+        }
         let plan = &self.plan;
         let mut out = Round::new();
         match &self.stage {
@@ -431,29 +444,33 @@ impl Acquisition<'_> {
     }
 
     /// [`Acquisition::receive`] from what the driver returned: an answer
-    /// per statement of the round, in order, each read into its reply by
-    /// `read` (the adapter's reading of its driver's rows; see
+    /// per statement of the round, in order (a `Vec`, an array, or any
+    /// slice of them), each read into its reply by `read` (the adapter's
+    /// reading of its driver's rows; see
     /// [`read_reply`](crate::engine::read_reply)), or the first error. An
     /// adapter then keeps only its driver's answers; pairing them with the
-    /// round's statements is the engine's.
-    pub fn receive_answers<A>(
+    /// round's statements is the engine's. A round of up to two statements
+    /// allocates nothing here.
+    pub fn receive_answers<A, S: AsRef<[A]>>(
         &mut self,
-        answers: Result<Vec<A>, DriverError>,
+        answers: Result<S, DriverError>,
         read: impl for<'r> Fn(&Statement<'_>, &'r A) -> Reply<'r>,
     ) {
         let answers = match answers {
             Ok(answers) => answers,
             Err(e) => return self.receive(Err(e)),
         };
-        let replies = match self.round() {
-            Some(round) => round
-                .iter()
-                .zip(&answers)
-                .map(|(statement, answer)| read(statement, answer))
-                .collect(),
-            None => Vec::new(),
+        let answers = answers.as_ref();
+        let Some(round) = self.round() else {
+            return;
         };
-        self.receive(Ok(replies));
+        let sent = round.kinds();
+        let replies: SmallVec<[Reply<'_>; 2]> = round
+            .iter()
+            .zip(answers)
+            .map(|(statement, answer)| read(statement, answer))
+            .collect();
+        self.received(sent.as_slice(), Ok(&replies));
     }
 
     /// Takes the outcome of the round [`Acquisition::round`] listed: a reply
@@ -462,14 +479,18 @@ impl Acquisition<'_> {
         let Some(round) = self.round() else {
             return;
         };
-        let mut kinds = [Sql::Release; Round::MAX];
-        for (kind, statement) in kinds.iter_mut().zip(round.iter()) {
-            *kind = statement.sql();
+        let sent = round.kinds();
+        match result {
+            Ok(replies) => self.received(sent.as_slice(), Ok(&replies)),
+            Err(e) => self.received(sent.as_slice(), Err(e)),
         }
-        let sent = &kinds[..round.len()];
+    }
+
+    /// [`Acquisition::receive`], with the kinds of the round's statements.
+    fn received(&mut self, sent: &[Sql], result: Result<&[Reply<'_>], DriverError>) {
         let stage = std::mem::replace(&mut self.stage, Stage::Main);
         self.stage = match (stage, result) {
-            (Stage::Main, Ok(replies)) => match self.check(sent, &replies) {
+            (Stage::Main, Ok(replies)) => match self.check(sent, replies) {
                 Err(e) => self.cut_off(e),
                 Ok(busy) => match self.wait {
                     Wait::Try if self.plan.len() > 1 => Stage::Settle(busy),
@@ -482,13 +503,13 @@ impl Acquisition<'_> {
                 Ok(error) => self.cut_off(error),
                 Err(e) => self.main_failed(e),
             },
-            (Stage::Settle(busy), Ok(replies)) => match self.check(sent, &replies) {
+            (Stage::Settle(busy), Ok(replies)) => match self.check(sent, replies) {
                 Err(e) => self.cut_off(e),
                 Ok(_) if busy.is_empty() => self.settled(Ok(Granted::Now), false),
                 Ok(_) => self.settled(Ok(Granted::Busy(busy)), false),
             },
             (Stage::Settle(_), Err(e)) => self.settled(Err(e.into_error()), true),
-            (Stage::Recover(error), Ok(replies)) => match self.check(sent, &replies) {
+            (Stage::Recover(error), Ok(replies)) => match self.check(sent, replies) {
                 Err(e) => self.cut_off(e),
                 // The savepoint rollback released what the call took and
                 // left the transaction usable.
@@ -556,8 +577,10 @@ impl Acquisition<'_> {
             Ok(Granted::Busy(_)) => "busy",
             Err(e) => kind_label(e.kind()),
         };
-        self.span.record("outcome", label);
-        self.span.record("wait_ms", waited.as_secs_f64() * 1000.0);
+        if !self.span.is_disabled() {
+            self.span.record("outcome", label);
+            self.span.record("wait_ms", waited.as_secs_f64() * 1000.0);
+        }
         #[cfg(feature = "metrics")]
         {
             let key_type = self.request.key_type;

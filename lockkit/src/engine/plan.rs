@@ -7,6 +7,8 @@
 
 use std::collections::BTreeMap;
 
+use smallvec::SmallVec;
+
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
 
 /// An advisory lock mode.
@@ -141,14 +143,15 @@ impl<K: AdvisoryKey> FromIterator<K> for Batch {
 /// `BigInt` keys first (one statement), then `Pair` keys (a second one).
 ///
 /// Built by the engine's bookkeeping and bound to the statements of
-/// [`sql`](crate::engine::sql) in this order.
+/// [`sql`](crate::engine::sql) in this order. A one-key plan, the most
+/// common lock call, is kept inline: planning it allocates nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Plan {
-    bigint: Vec<i64>,
-    bigint_shared: Vec<bool>,
-    class: Vec<i32>,
-    object: Vec<i32>,
-    pair_shared: Vec<bool>,
+    bigint: SmallVec<[i64; 1]>,
+    bigint_shared: SmallVec<[bool; 1]>,
+    class: SmallVec<[i32; 1]>,
+    object: SmallVec<[i32; 1]>,
+    pair_shared: SmallVec<[bool; 1]>,
 }
 
 impl Plan {
@@ -265,10 +268,10 @@ mod tests {
             .add_key(LockKey::Pair(-3, 4), Mode::Exclusive)
             .add_key(LockKey::BigInt(-9), Mode::Exclusive);
         let plan = Plan::from_sorted(b.iter());
-        assert_eq!(plan.bigint, [-9, 9]);
-        assert_eq!(plan.bigint_shared, [false, true]);
-        assert_eq!(plan.class, [-3, 1]);
-        assert_eq!(plan.object, [4, -1]);
+        assert_eq!(plan.bigint(), [-9, 9]);
+        assert_eq!(plan.bigint_shared(), [false, true]);
+        assert_eq!(plan.pair_classes(), [-3, 1]);
+        assert_eq!(plan.pair_objects(), [4, -1]);
         assert_eq!(plan.len(), 4);
         let keys: Vec<_> = plan.keys().collect();
         let mut sorted = keys.clone();

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use smallvec::SmallVec;
+
 use crate::engine::sql;
 
 /// One of lockkit's statements. Its text, parameter types and reply shape
@@ -368,6 +370,11 @@ impl<'a> Round<'a> {
     pub(crate) fn push(&mut self, statement: Statement<'a>) {
         self.statements[self.len] = statement;
         self.len += 1;
+    }
+
+    /// The kind of each statement, in order.
+    pub(crate) fn kinds(&self) -> SmallVec<[Sql; Round::MAX]> {
+        self.iter().map(Statement::sql).collect()
     }
 }
 

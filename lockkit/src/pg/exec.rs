@@ -4,9 +4,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::{join, join_all, try_join_all};
+use futures_util::TryStreamExt;
+use smallvec::SmallVec;
 use tokio::sync::OnceCell;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{CancelToken, Client, NoTls, Row};
+use tokio_postgres::{CancelToken, Client, NoTls, Row, RowStream};
 
 use crate::engine::error::Error;
 use crate::engine::guard::Busy;
@@ -78,11 +80,15 @@ fn pg_value<'p>(p: &'p Param<'_>) -> &'p (dyn ToSql + Sync) {
     }
 }
 
-/// What the server answered one statement.
+/// What the server answered one statement: lockkit's statements answer at
+/// most one row, kept inline.
 enum Answer {
     Done,
-    Rows(Vec<Row>),
+    Rows(SmallVec<[Row; 1]>),
 }
+
+/// The answers of a round, inline for the common one-statement round.
+type Answers = SmallVec<[Answer; 1]>;
 
 /// Sends one round on `client`, all statements on the first poll (so they
 /// are pipelined, in order), and returns an answer per statement or the
@@ -91,7 +97,7 @@ async fn send_round(
     client: &Client,
     cache: Option<&StatementCache>,
     round: &[Statement<'_>],
-) -> Result<Vec<Answer>, tokio_postgres::Error> {
+) -> Result<Answers, tokio_postgres::Error> {
     // Every statement of the round is sent on the first poll, in order, so
     // that a statement the caller pipelines behind the lock call runs after
     // the locks. The first time, the statements are not prepared yet: the
@@ -100,7 +106,7 @@ async fn send_round(
     let prepared = cache.and_then(StatementCache::ready);
     match (cache.filter(|c| c.ready().is_none()), round) {
         // The common case, one statement already prepared: no join.
-        (None, [stmt]) => Ok(vec![send(client, prepared, stmt).await?]),
+        (None, [stmt]) => Ok(smallvec::smallvec![send(client, prepared, stmt).await?]),
         (None, _) => join_all(round.iter().map(|stmt| send(client, prepared, stmt)))
             .await
             .into_iter()
@@ -142,18 +148,27 @@ async fn send(
         *value = pg_value(param);
     }
     let values = &values[..params.len()];
-    let rows = match prepared.and_then(|p| cached(p, stmt.sql())) {
-        Some(statement) => client.query(statement, values).await?,
+    let stream = match prepared.and_then(|p| cached(p, stmt.sql())) {
+        Some(statement) => client.query_raw(statement, values.iter().copied()).await?,
         None => {
-            let typed: Vec<(&(dyn ToSql + Sync), Type)> = values
+            let typed = values
                 .iter()
                 .zip(stmt.sql().param_types())
-                .map(|(v, t)| (*v, pg_type(*t)))
-                .collect();
-            client.query_typed(stmt.text(), &typed).await?
+                .map(|(v, t)| (*v, pg_type(*t)));
+            client.query_typed_raw(stmt.text(), typed).await?
         }
     };
-    Ok(Answer::Rows(rows))
+    Ok(Answer::Rows(collect(stream).await?))
+}
+
+/// Every row of `stream`, inline when there is one.
+async fn collect(stream: RowStream) -> Result<SmallVec<[Row; 1]>, tokio_postgres::Error> {
+    let mut stream = std::pin::pin!(stream);
+    let mut rows = SmallVec::new();
+    while let Some(row) = stream.try_next().await? {
+        rows.push(row);
+    }
+    Ok(rows)
 }
 
 impl ReplyRow for Row {

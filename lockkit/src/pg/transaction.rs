@@ -62,16 +62,25 @@ pub struct LockTx<'c> {
     tx: Option<Transaction<'c>>,
     locker: Locker,
     cache: Option<&'c StatementCache>,
-    state: Arc<TxState>,
+    shared: Arc<Shared>,
     depth: u32,
-    cancelled: Arc<AtomicBool>,
+}
+
+/// What a transaction shares with its savepoints, in one allocation.
+#[derive(Debug, Default)]
+struct Shared {
+    /// What the transaction holds through lockkit.
+    state: TxState,
+    /// Whether a dropped lock call sent a cancel request (its rollback
+    /// keeps cancelling until it is answered).
+    cancelled: AtomicBool,
 }
 
 impl fmt::Debug for LockTx<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockTx")
             .field("depth", &self.depth)
-            .field("state", &self.state)
+            .field("state", &self.shared.state)
             .field("prepared", &self.cache.is_some())
             .finish_non_exhaustive()
     }
@@ -92,7 +101,7 @@ impl Drop for LockTx<'_> {
         // Dropped without commit or rollback: tokio-postgres rolls the
         // transaction (or savepoint) back, and the server releases its locks.
         if self.tx.is_some() && self.depth > 0 {
-            self.state.savepoint_rolled_back(self.depth);
+            self.shared.state.savepoint_rolled_back(self.depth);
         }
     }
 }
@@ -107,9 +116,8 @@ impl<'c> LockTx<'c> {
             tx: Some(tx),
             locker,
             cache,
-            state: Arc::new(TxState::new()),
+            shared: Arc::default(),
             depth: 0,
-            cancelled: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -138,20 +146,20 @@ impl<'c> LockTx<'c> {
 
     /// Distinct keys this transaction holds through lockkit.
     pub fn held_count(&self) -> usize {
-        self.state.held_count()
+        self.shared.state.held_count()
     }
 
     /// Whether this transaction holds `key` in at least `mode`, as far as
     /// lockkit took it.
     pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
-        self.state.holds(key.lock_key(), mode)
+        self.shared.state.holds(key.lock_key(), mode)
     }
 
     /// Whether an earlier lock call was cut off (its future dropped, or its
     /// reply not lockkit's), so that what this transaction holds is unknown
     /// and every lock call fails: roll it back.
     pub fn is_poisoned(&self) -> bool {
-        self.state.is_poisoned()
+        self.shared.state.is_poisoned()
     }
 
     /// Commits, releasing every lock (and, for a savepoint, handing its
@@ -171,9 +179,9 @@ impl<'c> LockTx<'c> {
         let result = tx.commit().await;
         if self.depth > 0 {
             if result.is_ok() {
-                self.state.savepoint_released(self.depth);
+                self.shared.state.savepoint_released(self.depth);
             } else {
-                self.state.poison();
+                self.shared.state.poison();
             }
         }
         Ok(result?)
@@ -197,6 +205,7 @@ impl<'c> LockTx<'c> {
     pub async fn rollback(mut self) -> Result<(), Error> {
         let tx = self.take();
         let token = self
+            .shared
             .cancelled
             .load(Ordering::SeqCst)
             .then(|| tx.cancel_token());
@@ -217,9 +226,9 @@ impl<'c> LockTx<'c> {
         };
         if self.depth > 0 {
             if result.is_ok() {
-                self.state.savepoint_rolled_back(self.depth);
+                self.shared.state.savepoint_rolled_back(self.depth);
             } else {
-                self.state.poison();
+                self.shared.state.poison();
             }
         }
         Ok(result?)
@@ -240,8 +249,7 @@ impl<'c> LockTx<'c> {
     pub async fn savepoint(&mut self) -> Result<LockTx<'_>, Error> {
         let depth = self.depth + 1;
         let locker = self.locker.clone();
-        let state = Arc::clone(&self.state);
-        let cancelled = Arc::clone(&self.cancelled);
+        let shared = Arc::clone(&self.shared);
         let cache = self.cache;
         let tx = self
             .tx
@@ -252,9 +260,8 @@ impl<'c> LockTx<'c> {
             tx: Some(inner),
             locker,
             cache,
-            state,
+            shared,
             depth,
-            cancelled,
         })
     }
 
@@ -510,9 +517,10 @@ impl<'c> LockTx<'c> {
     ) -> impl Future<Output = Result<Result<HeldBatch<'s>, Busy>, Error>> + 's {
         let request = Request::batch(batch).at(Location::caller());
         async move {
-            let call = self
-                .state
-                .acquire(self.locker.policy(), self.depth, request, Wait::Try)?;
+            let call =
+                self.shared
+                    .state
+                    .acquire(self.locker.policy(), self.depth, request, Wait::Try)?;
             Ok(self.drive(call).await?.map(|grant| grant.batch()))
         }
     }
@@ -524,7 +532,7 @@ impl<'c> LockTx<'c> {
         wait: Wait,
         site: &'static Location<'static>,
     ) -> Result<Held<'_, K>, Error> {
-        let call = self.state.acquire(
+        let call = self.shared.state.acquire(
             self.locker.policy(),
             self.depth,
             Request::one(&value, mode).at(site),
@@ -544,7 +552,7 @@ impl<'c> LockTx<'c> {
         mode: Mode,
         site: &'static Location<'static>,
     ) -> Result<Result<Held<'_, K>, K>, Error> {
-        let call = self.state.acquire(
+        let call = self.shared.state.acquire(
             self.locker.policy(),
             self.depth,
             Request::one(&value, mode).at(site),
@@ -562,9 +570,10 @@ impl<'c> LockTx<'c> {
         wait: Wait,
         site: &'static Location<'static>,
     ) -> Result<HeldBatch<'_>, Error> {
-        let call = self
-            .state
-            .acquire(self.locker.policy(), self.depth, request.at(site), wait)?;
+        let call =
+            self.shared
+                .state
+                .acquire(self.locker.policy(), self.depth, request.at(site), wait)?;
         match self.drive(call).await? {
             Ok(grant) => Ok(grant.batch()),
             Err(_) => unreachable!("only a try is busy"),
@@ -576,7 +585,7 @@ impl<'c> LockTx<'c> {
         call: crate::engine::Acquisition<'_>,
     ) -> Result<Result<crate::engine::Grant, Busy>, Error> {
         let span = call.span().clone();
-        exec::drive(self.client(), self.cache, &self.cancelled, call)
+        exec::drive(self.client(), self.cache, &self.shared.cancelled, call)
             .instrument(span)
             .await
     }
