@@ -580,14 +580,13 @@ impl<'c> LockTx<'c> {
         }
     }
 
-    async fn drive(
-        &self,
-        call: crate::engine::Acquisition<'_>,
-    ) -> Result<Result<crate::engine::Grant, Busy>, Error> {
+    /// Runs `call` on this transaction's connection, in its span.
+    fn drive<'s>(
+        &'s self,
+        call: crate::engine::Acquisition<'s>,
+    ) -> impl Future<Output = Result<Result<crate::engine::Grant, Busy>, Error>> + 's {
         let span = call.span().clone();
-        exec::drive(self.client(), self.cache, &self.shared.cancelled, call)
-            .instrument(span)
-            .await
+        exec::drive(self.client(), self.cache, &self.shared.cancelled, call).instrument(span)
     }
 }
 
