@@ -61,6 +61,14 @@
 //! the client's CPU time per transaction (this process's thread, lockkit /
 //! baseline), which tells lockkit's own work from the server's and the
 //! network's.
+//!
+//! Every row runs on the harness's server, which turns `fsync` and
+//! `synchronous_commit` off to make tests fast, so a COMMIT costs no more
+//! than a round trip and the INSERT comparisons are as strict as they can
+//! be. Two `durable:` rows, for context, run the INSERT comparisons on a
+//! server of their own with PostgreSQL's default durability: there each
+//! COMMIT waits for its WAL flush, as in production, and what that costs is
+//! this machine's disk's.
 
 use std::cell::{Cell, RefCell};
 use std::hint::black_box;
@@ -159,8 +167,8 @@ fn batches(size: usize) -> (Vec<Batch>, Vec<Vec<i64>>) {
 }
 
 impl Bench {
-    async fn new() -> Bench {
-        let client = TestServer::shared().connect().await;
+    async fn new(server: &TestServer) -> Bench {
+        let client = server.connect().await;
         let locker = Locker::new(&client, Config::default())
             .await
             .expect("locker");
@@ -186,22 +194,20 @@ impl Bench {
             .collect();
         let (batch64, raw64) = batches(64);
         let (batch16, raw16) = batches(16);
-        let mut diesel =
-            PgConnection::establish(TestServer::shared().url()).expect("diesel connects");
+        let mut diesel = PgConnection::establish(server.url()).expect("diesel connects");
         let diesel_locker =
             lockkit_diesel::Locker::new(&mut diesel, Config::default()).expect("diesel locker");
         let insert_sql = format!("INSERT INTO {table} (id) VALUES ($1)");
         let noop = client.prepare("SELECT 1").await.expect("prepare");
-        let mut sqlx =
-            <sqlx::PgConnection as sqlx::Connection>::connect(TestServer::shared().url())
-                .await
-                .expect("sqlx connects");
+        let mut sqlx = <sqlx::PgConnection as sqlx::Connection>::connect(server.url())
+            .await
+            .expect("sqlx connects");
         let sqlx_locker = lockkit_sqlx::Locker::new(&mut sqlx, Config::default())
             .await
             .expect("sqlx locker");
         let mut diesel_async =
             <diesel_async::AsyncPgConnection as diesel_async::AsyncConnection>::establish(
-                TestServer::shared().url(),
+                server.url(),
             )
             .await
             .expect("diesel-async connects");
@@ -861,6 +867,8 @@ struct Pair {
     baseline: Side,
     speedup: bool,
     target: Option<f64>,
+    /// Run on the durable server (see [`durable_server`]), not the harness's.
+    durable: bool,
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -878,6 +886,15 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
         baseline,
         speedup,
         target,
+        durable: false,
+    };
+    let durable = |name, lockkit, baseline| Pair {
+        name,
+        lockkit,
+        baseline,
+        speedup: false,
+        target: None,
+        durable: true,
     };
     let pairs = [
         pair(
@@ -935,6 +952,20 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
             Async(routine!(diesel_async_single_raw)),
             false,
             Some(1.05),
+        ),
+        // The same two INSERT comparisons on a server with PostgreSQL's
+        // default durability, where each COMMIT waits for its WAL flush
+        // (context, not the target: the flush's cost is this machine's
+        // disk's, and drowns the locks' cost).
+        durable(
+            "durable: tp 16-key pipelined with INSERT",
+            Async(routine!(insert_lockkit_pipelined_prepared)),
+            Async(routine!(insert_no_locks)),
+        ),
+        durable(
+            "durable: diesel 16-key, then INSERT",
+            Blocking(diesel_insert_lockkit),
+            Blocking(diesel_insert_no_locks),
         ),
         // Diagnostics: where the time goes.
         pair(
@@ -1046,7 +1077,21 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
     );
     // `LOCKKIT_BENCH_ONLY=diesel` runs the comparisons whose name has it.
     let only = std::env::var("LOCKKIT_BENCH_ONLY").unwrap_or_default();
+    let mut durable_bench = None;
     for pair in pairs.iter().filter(|p| p.name.contains(only.as_str())) {
+        let bench = match pair.durable {
+            false => bench,
+            // Started when a durable row first runs; the bench's
+            // connections drop before the server (tuple order).
+            true => {
+                &durable_bench
+                    .get_or_insert_with(|| {
+                        let server = durable_server();
+                        (rt.block_on(Bench::new(&server)), server)
+                    })
+                    .0
+            }
+        };
         let (mut a, mut b) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
         // This thread's CPU time on each side (the runtime is
         // current-thread, so the connection task's work is in it too).
@@ -1108,6 +1153,18 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
     }
 }
 
+/// A server of its own with PostgreSQL's default durability (`fsync`,
+/// `synchronous_commit` and `full_page_writes` on, where the harness turns
+/// them off to make tests fast): a commit that wrote waits for its WAL to
+/// reach the disk, as in production.
+fn durable_server() -> TestServer {
+    TestServer::builder()
+        .setting("fsync", "on")
+        .setting("synchronous_commit", "on")
+        .setting("full_page_writes", "on")
+        .start()
+}
+
 /// The CPU time this thread has run, in nanoseconds (Linux's
 /// `/proc/thread-self/schedstat`; `None` elsewhere).
 fn thread_cpu_ns() -> Option<u64> {
@@ -1135,7 +1192,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let bench = rt.block_on(Bench::new());
+    let bench = rt.block_on(Bench::new(TestServer::shared()));
     // A real benchmark run (`cargo bench`), not `cargo test --benches`.
     let bench_run = std::env::args().any(|a| a == "--bench");
     if !(bench_run && paired_only()) {
