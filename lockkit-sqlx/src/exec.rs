@@ -19,7 +19,6 @@ use sqlx::query::Query;
 use sqlx::{Executor, PgConnection, Postgres, Row};
 
 use crate::error::driver_error;
-use crate::locker::BoxFuture;
 
 /// What the server answered one statement: lockkit's statements answer at
 /// most one row, kept inline.
@@ -112,20 +111,7 @@ fn reply<'r>(stmt: &Statement<'_>, answer: &'r Answer) -> Reply<'r> {
 ///
 /// Dropped while a statement is in flight, the acquisition poisons the
 /// transaction (the server may grant what was sent).
-///
-/// Boxed as a `Send` future here, where its lifetimes are concrete: left to
-/// inference inside the callers' `async fn`s, rustc cannot prove the
-/// borrows it holds across `.await` `Send` for every lifetime, and the lock
-/// futures could not be spawned.
-pub(crate) fn drive<'a>(
-    conn: &'a mut PgConnection,
-    mode: StatementMode,
-    call: Acquisition<'a>,
-) -> BoxFuture<'a, Result<Result<Grant, Busy>, Error>> {
-    Box::pin(drive_inner(conn, mode, call))
-}
-
-async fn drive_inner(
+pub(crate) async fn drive(
     conn: &mut PgConnection,
     mode: StatementMode,
     mut call: Acquisition<'_>,
