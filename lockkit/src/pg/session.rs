@@ -30,9 +30,11 @@
 //!
 //! # Keepalive and `idle_in_transaction_session_timeout`
 //!
-//! A task runs [`KEEPALIVE`](crate::engine::sql::KEEPALIVE) (`SELECT 1`)
-//! inside the lock's transaction at the guard's cadence
-//! ([`SessionLock::keepalive`], 5 s by default). Each keepalive resets the
+//! One task per [`SessionLock`] (shared by its clones), running while it
+//! has locks held, runs [`KEEPALIVE`](crate::engine::sql::KEEPALIVE)
+//! (`SELECT 1`) inside each held lock's transaction at the lock's cadence
+//! ([`SessionLock::keepalive`], 5 s by default; the first within one
+//! cadence of the lock). Each keepalive resets the
 //! server's `idle_in_transaction_session_timeout`, so a cadence below it
 //! keeps the lock. When the cadence is longer (or the keepalives stop), the
 //! server fires the timeout: it terminates the session (`FATAL 25P03`), the
@@ -56,12 +58,12 @@ use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
-use futures_util::future::{join, BoxFuture};
+use futures_util::future::{join, join_all, BoxFuture};
 use futures_util::StreamExt;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
@@ -162,7 +164,9 @@ pub struct SessionLock {
     form: SessionForm,
     allow_standby: bool,
     pooler_check: bool,
-    keepalive: Duration,
+    /// Keeps the held locks alive at the cadence
+    /// ([`keepalive`](Self::keepalive)); shared by clones.
+    keeper: Arc<Keeper>,
     probe_timeout: Duration,
     /// Whether a lock's set-up saw that the server has
     /// `client_connection_check_interval` (PostgreSQL 14+): the next
@@ -179,7 +183,7 @@ impl fmt::Debug for SessionLock {
             .field("form", &self.form)
             .field("allow_standby", &self.allow_standby)
             .field("pooler_check", &self.pooler_check)
-            .field("keepalive", &self.keepalive)
+            .field("keepalive", &self.keeper.cadence)
             .field("probe_timeout", &self.probe_timeout)
             .finish()
     }
@@ -231,7 +235,7 @@ impl SessionLock {
             form: SessionForm::Transaction,
             allow_standby: false,
             pooler_check: true,
-            keepalive: DEFAULT_KEEPALIVE,
+            keeper: Keeper::new(DEFAULT_KEEPALIVE),
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
             check_interval_known: Arc::new(AtomicBool::new(false)),
         }
@@ -267,9 +271,12 @@ impl SessionLock {
     /// least 1 ms). Keep it below the server's
     /// `idle_in_transaction_session_timeout`, or the server ends the lock's
     /// session (see the [module docs](self)). [`SessionGuard::lost`]
-    /// resolves within one cadence of the lock being gone.
+    /// resolves within one cadence of the lock being gone. One task keeps
+    /// all the held locks of this `SessionLock` and of its clones made
+    /// after this call; clones made before keep their own cadence.
     pub fn keepalive(mut self, cadence: Duration) -> Self {
-        self.keepalive = cadence.max(Duration::from_millis(1));
+        // A keeper of its own: the clones made before keep their cadence.
+        self.keeper = Keeper::new(cadence.max(Duration::from_millis(1)));
         self
     }
 
@@ -621,23 +628,23 @@ impl SessionLock {
         backend_pid: i32,
         lease: Lease,
     ) -> SessionGuard<K> {
-        let (lost_tx, lost) = watch::channel(false);
-        let (commands, inbox) = mpsc::unbounded_channel();
         let ended = lease.ended.clone();
         let shared = Arc::new(Shared {
             lease: tokio::sync::Mutex::new(Some(lease)),
-            lost: lost_tx,
-        });
-        let holder = Holder {
-            shared: shared.clone(),
-            ended,
+            lost: watch::Sender::new(false),
             key,
             mode,
             form: self.form,
-            cadence: self.keepalive,
+            cadence: self.keeper.cadence,
             backend_pid,
-        };
-        tokio::spawn(holder.run(inbox));
+        });
+        // A connection lockkit opened tells when it ends: its lock is gone
+        // at once. (It cost a connection and authentication; one more task
+        // is nothing next to that.) A leased one is watched by the keeper.
+        if let Some(ended) = ended {
+            tokio::spawn(watch_connection(Arc::downgrade(&shared), ended));
+        }
+        self.keeper.register(&shared);
         SessionGuard {
             value,
             key,
@@ -645,8 +652,6 @@ impl SessionLock {
             form: self.form,
             backend_pid,
             shared,
-            commands,
-            lost,
         }
     }
 
@@ -960,8 +965,9 @@ impl ReplyRow for SimpleRow {
 /// must therefore stop acting as one as soon as [`lost`](Self::lost)
 /// resolves, and can ask [`is_held`](Self::is_held) at any time.
 ///
-/// A task on the tokio runtime runs the keepalive on the connection;
-/// the guard is `Send + Sync` and dereferences to the key value.
+/// Its [`SessionLock`]'s keeper task runs the keepalive on the connection
+/// (see the [module docs](self)); the guard is `Send + Sync` and
+/// dereferences to the key value.
 ///
 /// ```no_run
 /// use lockkit::{HashText, SessionLock};
@@ -990,8 +996,6 @@ pub struct SessionGuard<K> {
     form: SessionForm,
     backend_pid: i32,
     shared: Arc<Shared>,
-    commands: mpsc::UnboundedSender<Command>,
-    lost: watch::Receiver<bool>,
 }
 
 impl<K: fmt::Debug> fmt::Debug for SessionGuard<K> {
@@ -1046,7 +1050,7 @@ impl<K> SessionGuard<K> {
     /// once the connection ended or a keepalive failed (the lock is gone).
     /// Use [`check`](Self::check) to ask the server.
     pub fn is_held(&self) -> bool {
-        !*self.lost.borrow()
+        !*self.shared.lost.borrow()
     }
 
     /// A future that resolves when the lock is gone: its connection ended
@@ -1058,9 +1062,9 @@ impl<K> SessionGuard<K> {
     ///
     /// Cancel safe: it only watches.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut lost = self.lost.clone();
+        let mut lost = self.shared.lost.subscribe();
         async move {
-            // An error means the task is gone: lost as well.
+            // An error means the lock's state is gone: lost as well.
             let _ = lost.wait_for(|lost| *lost).await;
         }
     }
@@ -1076,11 +1080,11 @@ impl<K> SessionGuard<K> {
     ///
     /// Cancel safe: it only reads.
     pub async fn check(&self) -> Result<bool, Error> {
-        let (reply, answer) = oneshot::channel();
-        if self.commands.send(Command::Check(reply)).is_err() {
-            return Ok(false);
-        }
-        answer.await.unwrap_or(Ok(false))
+        // On a task of its own, so that a check dropped half-way still
+        // reads its replies and sends the keepalive that closes its portal.
+        tokio::spawn(check_now(self.shared.clone()))
+            .await
+            .unwrap_or(Ok(false))
     }
 
     /// Releases the lock: rolls its transaction back (default form) or
@@ -1093,8 +1097,8 @@ impl<K> SessionGuard<K> {
     /// `pg_advisory_unlock`'s result in the session-level form.
     ///
     /// The release runs on the caller's task, on the connection it takes
-    /// from the guard's keepalive task (waiting for a keepalive in flight):
-    /// no hop to the keepalive task and back.
+    /// out of the guard (waiting for a keepalive in flight): no hop to
+    /// another task and back.
     ///
     /// # Errors
     ///
@@ -1111,7 +1115,8 @@ impl<K> SessionGuard<K> {
     pub async fn release(self) -> Result<bool, Error> {
         let lease = self.shared.lease.lock().await.take();
         let Some(lease) = lease else {
-            // The keepalive task gave the connection up: the lock is gone.
+            // The keeper, a check or the connection's end gave the
+            // connection up: the lock is gone.
             return Err(gone());
         };
         let mut ending = Ending {
@@ -1121,7 +1126,38 @@ impl<K> SessionGuard<K> {
         let lease = ending.lease.as_mut().expect("just put");
         end_lock(lease, self.form, self.key, self.mode).await
         // `ending` drops the lease (closed, or back to its pool if clean),
-        // then flips `lost`; the guard's drop stops the keepalive task.
+        // then flips `lost`; the keeper forgets the lock at its next tick.
+    }
+}
+
+impl<K> Drop for SessionGuard<K> {
+    /// Dropped without release: ends the lock on a task (a rollback; a
+    /// pooled connection goes back only if it completes within one
+    /// cadence, otherwise it is closed). Nothing to do after a release.
+    fn drop(&mut self) {
+        if let Ok(slot) = self.shared.lease.try_lock() {
+            if slot.is_none() {
+                return; // released, or already gone
+            }
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(end_dropped(self.shared.clone()));
+            }
+            // No runtime to roll back on: close the connection now (never
+            // back to a pool unclean). Should a statement be in flight, its
+            // task drops the last `Shared`, and the lease closes with it.
+            Err(_) => {
+                if let Ok(mut slot) = self.shared.lease.try_lock() {
+                    let lease = slot.take();
+                    drop(slot);
+                    drop(Ending {
+                        lease,
+                        lost: &self.shared.lost,
+                    });
+                }
+            }
+        }
     }
 }
 
@@ -1132,20 +1168,22 @@ fn gone() -> Error {
     )
 }
 
-/// What a guard asks its task.
-enum Command {
-    Check(oneshot::Sender<Result<bool, Error>>),
-}
-
-/// What a held lock's guard and its keepalive task share.
+/// What a held lock's guard, its keeper and (on a connection lockkit
+/// opened) its connection watcher share.
 struct Shared {
     /// The lock's connection, while the lock is held: every statement on
-    /// it runs under this mutex. Whoever ends the lock (the release, or the
-    /// task after a drop, a failed statement or a lost connection) takes
-    /// it out, in an [`Ending`]; an empty slot means the lock is gone.
+    /// it runs under this mutex. Whoever ends the lock (the release, the
+    /// task a drop starts, or the keeper, a check or the connection
+    /// watcher after a failed statement or a lost connection) takes it
+    /// out, in an [`Ending`]; an empty slot means the lock is gone.
     lease: tokio::sync::Mutex<Option<Lease>>,
     /// Flipped to `true` once the lock is gone.
     lost: watch::Sender<bool>,
+    key: LockKey,
+    mode: Mode,
+    form: SessionForm,
+    cadence: Duration,
+    backend_pid: i32,
 }
 
 /// A lease taken out of [`Shared::lease`] to end the lock: dropping it
@@ -1163,118 +1201,185 @@ impl Drop for Ending<'_> {
     }
 }
 
-/// The task that keeps a held lock's connection alive and watches it.
-struct Holder {
-    shared: Arc<Shared>,
-    ended: Option<watch::Receiver<bool>>,
-    key: LockKey,
-    mode: Mode,
-    form: SessionForm,
+/// Keeps the held locks of a [`SessionLock`] (and of its clones with the
+/// same cadence) alive: one task, started by the first lock and ending
+/// when a tick finds no lock held, runs the keepalive on every held lock's
+/// connection once per cadence, all at once, each bounded by the cadence.
+/// A lock registers by pushing onto a list under a short mutex: no task
+/// spawned and no worker woken per lock.
+struct Keeper {
     cadence: Duration,
-    backend_pid: i32,
+    state: std::sync::Mutex<KeeperState>,
 }
 
-impl Holder {
-    async fn run(mut self, mut inbox: mpsc::UnboundedReceiver<Command>) {
-        let mut ticks = tokio::time::interval_at(Instant::now() + self.cadence, self.cadence);
-        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut ended = self.ended.take();
-        // The connection, taken out of the slot under the same lock as the
-        // statement that failed on it, so that no release can run a
-        // ROLLBACK (and report the lock held) after a failure.
-        let mut given_up = None;
-        loop {
-            tokio::select! {
-                biased;
-                () = connection_ended(&mut ended) => {
-                    tracing::warn!(key = %self.key, backend_pid = self.backend_pid,
-                        "lockkit: a session lock's connection ended; the lock is gone");
-                    break;
-                }
-                command = inbox.recv() => match command {
-                    Some(Command::Check(reply)) => {
-                        let mut slot = self.shared.lease.lock().await;
-                        let answer = match slot.as_ref() {
-                            Some(lease) => holds_now(lease, self.key).await,
-                            None => Ok(false),
-                        };
-                        // A failed statement aborts the lock's transaction,
-                        // and with it the lock.
-                        let failed = !matches!(answer, Ok(true));
-                        if failed {
-                            given_up = slot.take();
-                        }
-                        drop(slot);
-                        let _ = reply.send(answer);
-                        if failed {
-                            break;
-                        }
-                    }
-                    None => {
-                        // The guard is gone. Released: the slot is empty.
-                        // Dropped without release: end the lock now; a
-                        // pooled connection goes back only if this completes.
-                        let mut slot = self.shared.lease.lock().await;
-                        if let Some(lease) = slot.take() {
-                            drop(slot);
-                            let mut ending = Ending {
-                                lease: Some(lease),
-                                lost: &self.shared.lost,
-                            };
-                            let lease = ending.lease.as_mut().expect("just put");
-                            let _ = tokio::time::timeout(
-                                self.cadence,
-                                end_lock(lease, self.form, self.key, self.mode),
-                            )
-                            .await;
-                        }
-                        return;
-                    }
-                },
-                _ = ticks.tick() => {
-                    let mut slot = self.shared.lease.lock().await;
-                    let Some(lease) = slot.as_ref() else {
-                        return; // released meanwhile
-                    };
-                    let reply = tokio::time::timeout(
-                        self.cadence,
-                        lease.client().batch_execute(sql::KEEPALIVE),
-                    )
-                    .await;
-                    if !matches!(reply, Ok(Ok(()))) {
-                        given_up = slot.take();
-                    }
-                    drop(slot);
-                    match reply {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => {
-                            tracing::warn!(key = %self.key, backend_pid = self.backend_pid, error = %e,
-                                "lockkit: a session lock's keepalive failed; the lock is gone");
-                            break;
-                        }
-                        Err(_) => {
-                            tracing::warn!(key = %self.key, backend_pid = self.backend_pid,
-                                cadence = ?self.cadence,
-                                "lockkit: no keepalive reply within one cadence; giving the session lock up");
-                            break;
-                        }
-                    }
-                }
+struct KeeperState {
+    /// The locks registered since the last tick (and still alive then).
+    held: Vec<Weak<Shared>>,
+    /// Length at which a registration drops the entries of locks already
+    /// gone, so that a busy cadence does not pile them up.
+    prune_at: usize,
+    /// Whether a keeper task is running (or about to).
+    running: bool,
+}
+
+impl Keeper {
+    fn new(cadence: Duration) -> Arc<Self> {
+        Arc::new(Keeper {
+            cadence,
+            state: std::sync::Mutex::new(KeeperState {
+                held: Vec::new(),
+                prune_at: 64,
+                running: false,
+            }),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, KeeperState> {
+        // Nothing under this mutex can panic half-way; a poisoned one is
+        // still consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps `shared` alive from the next tick on (within one cadence);
+    /// starts the keeper task if none runs.
+    fn register(self: &Arc<Self>, shared: &Arc<Shared>) {
+        let start = {
+            let mut state = self.state();
+            if state.held.len() >= state.prune_at {
+                state.held.retain(|held| held.strong_count() > 0);
+                state.prune_at = (state.held.len() * 2).max(64);
             }
-        }
-        // The lock is gone: close the connection (never back to a pool
-        // unclean), unless a release took it first.
-        let lease = match given_up {
-            Some(lease) => Some(lease),
-            None => self.shared.lease.lock().await.take(),
+            state.held.push(Arc::downgrade(shared));
+            !std::mem::replace(&mut state.running, true)
         };
-        if lease.is_some() {
-            drop(Ending {
-                lease,
-                lost: &self.shared.lost,
-            });
+        if start {
+            tokio::spawn(self.clone().run());
         }
     }
+
+    async fn run(self: Arc<Self>) {
+        // Should the task be dropped (its runtime shutting down), the next
+        // registration starts another, which keeps every lock still listed.
+        let mut running = Running(Some(&self));
+        let mut ticks = tokio::time::interval_at(Instant::now() + self.cadence, self.cadence);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let held: Vec<Arc<Shared>> = {
+                let mut state = self.state();
+                state.held.retain(|held| held.strong_count() > 0);
+                if state.held.is_empty() {
+                    // Under the mutex: a registration after this starts a
+                    // new task.
+                    state.running = false;
+                    running.0 = None;
+                    return;
+                }
+                state.held.iter().filter_map(Weak::upgrade).collect()
+            };
+            join_all(held.iter().map(|shared| keep_alive(shared))).await;
+        }
+    }
+}
+
+/// Marks the keeper stopped if its task is dropped before it ends.
+struct Running<'a>(Option<&'a Keeper>);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(keeper) = self.0.take() {
+            keeper.state().running = false;
+        }
+    }
+}
+
+/// One keepalive on a held lock's connection, bounded by one cadence; when
+/// it fails or gets no reply in time, the lock is given up.
+async fn keep_alive(shared: &Shared) {
+    let mut slot = shared.lease.lock().await;
+    let Some(lease) = slot.as_ref() else {
+        return; // released meanwhile
+    };
+    let reply =
+        tokio::time::timeout(shared.cadence, lease.client().batch_execute(sql::KEEPALIVE)).await;
+    match reply {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => {
+            tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid, error = %e,
+                "lockkit: a session lock's keepalive failed; the lock is gone");
+        }
+        Err(_) => {
+            tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid,
+                cadence = ?shared.cadence,
+                "lockkit: no keepalive reply within one cadence; giving the session lock up");
+        }
+    }
+    // Taken out under the same lock as the statement that failed on it, so
+    // that no release can run a ROLLBACK (and report the lock held) after
+    // a failure. The connection is closed, never back to a pool unclean.
+    let lease = slot.take();
+    drop(slot);
+    drop(Ending {
+        lease,
+        lost: &shared.lost,
+    });
+}
+
+/// Ends the lock of a connection lockkit opened as soon as the connection
+/// ends (`ended` flips, or its task is gone).
+async fn watch_connection(shared: Weak<Shared>, mut ended: watch::Receiver<bool>) {
+    let _ = ended.wait_for(|ended| *ended).await;
+    let Some(shared) = shared.upgrade() else {
+        return; // released and dropped
+    };
+    let lease = shared.lease.lock().await.take();
+    if lease.is_some() {
+        tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid,
+            "lockkit: a session lock's connection ended; the lock is gone");
+        drop(Ending {
+            lease,
+            lost: &shared.lost,
+        });
+    }
+}
+
+/// [`SessionGuard::check`] on the lock's connection: a failed check (or a
+/// lock found gone) gives the connection up, since a failed statement
+/// aborts the lock's transaction, and with it the lock.
+async fn check_now(shared: Arc<Shared>) -> Result<bool, Error> {
+    let mut slot = shared.lease.lock().await;
+    let answer = match slot.as_ref() {
+        Some(lease) => holds_now(lease, shared.key).await,
+        None => return Ok(false),
+    };
+    if !matches!(answer, Ok(true)) {
+        let lease = slot.take();
+        drop(slot);
+        drop(Ending {
+            lease,
+            lost: &shared.lost,
+        });
+    }
+    answer
+}
+
+/// A guard dropped without release: the rollback (or unlock), bounded by
+/// one cadence; a pooled connection goes back only if it completed.
+async fn end_dropped(shared: Arc<Shared>) {
+    let lease = shared.lease.lock().await.take();
+    if lease.is_none() {
+        return;
+    }
+    let mut ending = Ending {
+        lease,
+        lost: &shared.lost,
+    };
+    let lease = ending.lease.as_mut().expect("just put");
+    let _ = tokio::time::timeout(
+        shared.cadence,
+        end_lock(lease, shared.form, shared.key, shared.mode),
+    )
+    .await;
 }
 
 /// Whether the lock's backend holds `key`, then the keepalive, which drops
@@ -1317,17 +1422,6 @@ async fn end_lock(
             lease.clean = was_held;
             Ok(was_held)
         }
-    }
-}
-
-/// Resolves when the connection task of a connection lockkit opened ends;
-/// never for a leased one (its keepalive notices).
-async fn connection_ended(ended: &mut Option<watch::Receiver<bool>>) {
-    match ended {
-        Some(ended) => {
-            let _ = ended.wait_for(|ended| *ended).await;
-        }
-        None => std::future::pending().await,
     }
 }
 
