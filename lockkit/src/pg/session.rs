@@ -446,9 +446,9 @@ impl SessionLock {
     ) -> Result<Result<SessionGuard<K>, K>, Error> {
         let key = value.lock_key();
         let hashtext = K::KEY_SPEC.form() == KeyForm::HashText;
-        let name = format!("lockkit session lock {key}");
+        let name = AppName(key);
         let (lease, canceller) = self.lease(&name).await?;
-        let cancel = CancelOnDrop(Some((lease.client().cancel_token(), canceller)));
+        let cancel = CancelOnDrop(Some((lease.client(), canceller)));
         let taken = match self.form {
             SessionForm::Transaction => {
                 self.lock_in_transaction(&lease, key, mode, wait, &name, hashtext)
@@ -483,7 +483,7 @@ impl SessionLock {
         key: LockKey,
         mode: Mode,
         wait: Wait,
-        name: &str,
+        name: &AppName,
         hashtext: bool,
     ) -> Result<(bool, i32), Error> {
         let client = lease.client();
@@ -586,10 +586,13 @@ impl SessionLock {
 
     /// A connection for a lock (or the probe), and how to cancel a
     /// statement on it.
-    async fn lease(&self, application_name: &str) -> Result<(Lease, Canceller), Error> {
+    async fn lease(
+        &self,
+        application_name: impl fmt::Display,
+    ) -> Result<(Lease, Canceller), Error> {
         match &self.source {
             Source::Connect(connect) => {
-                let (client, ended) = connect.connect(application_name.to_owned()).await?;
+                let (client, ended) = connect.connect(application_name.to_string()).await?;
                 Ok((Lease::owned(client, ended), connect.canceller()))
             }
             #[cfg(feature = "deadpool")]
@@ -727,6 +730,18 @@ impl Locker {
     }
 }
 
+/// The `application_name` of a lock's connection,
+/// `lockkit session lock <key>`: formatted where it is written, never
+/// allocated on a pooled lease's path.
+#[derive(Clone, Copy)]
+struct AppName(LockKey);
+
+impl fmt::Display for AppName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "lockkit session lock {}", self.0)
+    }
+}
+
 fn expect_granted<K>(result: Result<SessionGuard<K>, K>) -> SessionGuard<K> {
     match result {
         Ok(guard) => guard,
@@ -752,7 +767,7 @@ async fn take_xact_lock(
     key: LockKey,
     mode: Mode,
     wait: Wait,
-    name: &str,
+    name: &AppName,
     check_interval_known: &AtomicBool,
 ) -> Result<((bool, i32), Result<bool, Error>), Error> {
     static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(|| {
@@ -1197,7 +1212,14 @@ struct Ending<'a> {
 impl Drop for Ending<'_> {
     fn drop(&mut self) {
         drop(self.lease.take());
-        self.lost.send_replace(true);
+        // Wakes watchers only when there are some (`lost()` futures): a
+        // watch's wake costs more than the rest of a release's bookkeeping.
+        // The value is set either way, under the watch's lock, so a
+        // receiver made after this (or `is_held`) reads `true`.
+        self.lost.send_if_modified(|lost| {
+            *lost = true;
+            self.lost.receiver_count() > 0
+        });
     }
 }
 
@@ -1592,11 +1614,14 @@ where
 
 #[cfg(feature = "deadpool")]
 fn no_tls_canceller() -> Canceller {
-    Arc::new(|token: CancelToken| {
-        Box::pin(async move {
-            let _ = token.cancel_query(NoTls).await;
-        }) as BoxFuture<'static, ()>
-    })
+    static CANCELLER: std::sync::LazyLock<Canceller> = std::sync::LazyLock::new(|| {
+        Arc::new(|token: CancelToken| {
+            Box::pin(async move {
+                let _ = token.cancel_query(NoTls).await;
+            }) as BoxFuture<'static, ()>
+        })
+    });
+    CANCELLER.clone()
 }
 
 /// The pooler probe did not finish within its timeout
@@ -1720,21 +1745,22 @@ fn one_bool(rows: &[Row]) -> Result<bool, Error> {
 }
 
 /// Cancels the statement in flight on the server if the acquisition is
-/// dropped before it completes.
-struct CancelOnDrop(Option<(CancelToken, Canceller)>);
+/// dropped before it completes. The cancel token (a copy of the
+/// connection's settings) is made only then.
+struct CancelOnDrop<'a>(Option<(&'a Client, Canceller)>);
 
-impl CancelOnDrop {
+impl CancelOnDrop<'_> {
     fn disarm(mut self) {
         self.0 = None;
     }
 }
 
-impl Drop for CancelOnDrop {
+impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
-        if let (Some((token, cancel)), Ok(runtime)) =
+        if let (Some((client, cancel)), Ok(runtime)) =
             (self.0.take(), tokio::runtime::Handle::try_current())
         {
-            runtime.spawn(cancel(token));
+            runtime.spawn(cancel(client.cancel_token()));
         }
     }
 }
