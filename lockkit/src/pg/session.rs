@@ -654,7 +654,7 @@ impl SessionLock {
             mode,
             form: self.form,
             backend_pid,
-            shared,
+            shared: Holding(shared),
         }
     }
 
@@ -1010,7 +1010,7 @@ pub struct SessionGuard<K> {
     mode: Mode,
     form: SessionForm,
     backend_pid: i32,
-    shared: Arc<Shared>,
+    shared: Holding,
 }
 
 impl<K: fmt::Debug> fmt::Debug for SessionGuard<K> {
@@ -1145,30 +1145,42 @@ impl<K> SessionGuard<K> {
     }
 }
 
-impl<K> Drop for SessionGuard<K> {
-    /// Dropped without release: ends the lock on a task (a rollback; a
-    /// pooled connection goes back only if it completes within one
-    /// cadence, otherwise it is closed). Nothing to do after a release.
+/// A guard's share of its lock. Its drop (the guard's, without a
+/// release) ends the lock on a task: a rollback; a pooled connection goes
+/// back only if it completes within one cadence, otherwise it is closed.
+/// Nothing to do after a release. (On this field, not on the generic
+/// guard, so that the guard's key type needs not outlive it.)
+struct Holding(Arc<Shared>);
+
+impl Deref for Holding {
+    type Target = Arc<Shared>;
+
+    fn deref(&self) -> &Arc<Shared> {
+        &self.0
+    }
+}
+
+impl Drop for Holding {
     fn drop(&mut self) {
-        if let Ok(slot) = self.shared.lease.try_lock() {
+        if let Ok(slot) = self.0.lease.try_lock() {
             if slot.is_none() {
                 return; // released, or already gone
             }
         }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(end_dropped(self.shared.clone()));
+                runtime.spawn(end_dropped(self.0.clone()));
             }
             // No runtime to roll back on: close the connection now (never
             // back to a pool unclean). Should a statement be in flight, its
             // task drops the last `Shared`, and the lease closes with it.
             Err(_) => {
-                if let Ok(mut slot) = self.shared.lease.try_lock() {
+                if let Ok(mut slot) = self.0.lease.try_lock() {
                     let lease = slot.take();
                     drop(slot);
                     drop(Ending {
                         lease,
-                        lost: &self.shared.lost,
+                        lost: &self.0.lost,
                     });
                 }
             }
