@@ -279,3 +279,46 @@ fn a_lock_is_kept_after_the_keepers_runtime_shut_down() {
         assert!(guard.release().await.unwrap());
     });
 }
+
+/// A lock taken on one runtime while its `SessionLock`'s keeper runs on
+/// another: when the keeper's runtime shuts down, no task would keep the
+/// lock or notice it go, so it is given up at once: `lost()` resolves and
+/// the key is free. (Without that, `lost()` would never resolve here.)
+#[test]
+fn locks_are_given_up_when_the_keepers_runtime_shuts_down() {
+    let db = TestServer::builder().start();
+    let sessions = SessionLock::new(db.config());
+    let keeper_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The keeper starts there, and runs on until a tick finds no lock.
+    keeper_runtime.block_on(async {
+        let guard = sessions.lock(Duty { id: 600 }).await.unwrap();
+        assert!(guard.release().await.unwrap());
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = runtime.block_on(sessions.lock(Duty { id: 601 })).unwrap();
+    // Control: held while the keeper's runtime lives.
+    runtime.block_on(async {
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), guard.lost())
+                .await
+                .is_err()
+        );
+        assert!(guard.check().await.unwrap());
+    });
+    drop(keeper_runtime);
+    runtime.block_on(async {
+        tokio::time::timeout(MARGIN, guard.lost())
+            .await
+            .expect("lost() did not resolve after the keeper's runtime shut down");
+        assert!(!guard.is_held());
+        expect_free(&db, &[("direct", guard)]).await;
+    });
+}

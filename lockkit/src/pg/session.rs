@@ -273,7 +273,11 @@ impl SessionLock {
     /// session (see the [module docs](self)). [`SessionGuard::lost`]
     /// resolves within one cadence of the lock being gone. One task keeps
     /// all the held locks of this `SessionLock` and of its clones made
-    /// after this call; clones made before keep their own cadence.
+    /// after this call; clones made before keep their own cadence. It runs
+    /// on the runtime of the lock that started it: should that runtime
+    /// shut down while locks taken on another runtime are held, they are
+    /// given up (`lost()` resolves, their connections close), so use one
+    /// `SessionLock` per runtime.
     pub fn keepalive(mut self, cadence: Duration) -> Self {
         // A keeper of its own: the clones made before keep their cadence.
         self.keeper = Keeper::new(cadence.max(Duration::from_millis(1)));
@@ -494,16 +498,14 @@ impl SessionLock {
         // sent, and the simple protocol leaves no portal open, so the held
         // transaction holds no snapshot (no `backend_xmin`), with no
         // statement after it.
-        let (facts, taken) = join(
-            async {
-                match hashtext {
-                    true => Some(server_facts(client).await),
-                    false => None,
-                }
-            },
-            take_xact_lock(client, key, mode, wait, name, &self.check_interval_known),
-        )
-        .await;
+        let take = take_xact_lock(client, key, mode, wait, name, &self.check_interval_known);
+        let (facts, taken) = match hashtext {
+            true => {
+                let (facts, taken) = join(server_facts(client), take).await;
+                (Some(facts), taken)
+            }
+            false => (None, take.await),
+        };
         let (setup, granted) = taken?;
         let (in_recovery, backend_pid) = setup;
         if in_recovery && !self.allow_standby {
@@ -1292,8 +1294,8 @@ impl Keeper {
     }
 
     async fn run(self: Arc<Self>) {
-        // Should the task be dropped (its runtime shutting down), the next
-        // registration starts another, which keeps every lock still listed.
+        // Should the task be dropped (its runtime shutting down), the locks
+        // it kept are given up, and the next registration starts another.
         let mut running = Running(Some(&self));
         let mut ticks = tokio::time::interval_at(Instant::now() + self.cadence, self.cadence);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -1316,14 +1318,40 @@ impl Keeper {
     }
 }
 
-/// Marks the keeper stopped if its task is dropped before it ends.
+/// Marks the keeper stopped if its task is dropped before it ends (its
+/// runtime shutting down), and gives up the locks it was keeping: no task
+/// would notice them go any more, and `lost()` must not wait for nothing.
+/// Their connections close, which ends each lock on the server; a lock
+/// whose connection is in use right now is ended by whoever uses it.
 struct Running<'a>(Option<&'a Keeper>);
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
-        if let Some(keeper) = self.0.take() {
-            keeper.state().running = false;
-        }
+        let Some(keeper) = self.0.take() else {
+            return;
+        };
+        let mut state = keeper.state();
+        state.running = false;
+        // A lock in use stays listed, for the next keeper.
+        state.held.retain(|held| {
+            let Some(shared) = held.upgrade() else {
+                return false;
+            };
+            let Ok(mut slot) = shared.lease.try_lock() else {
+                return true;
+            };
+            let lease = slot.take();
+            drop(slot);
+            if lease.is_some() {
+                tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid,
+                    "lockkit: the runtime of the session locks' keeper shut down; giving the lock up");
+                drop(Ending {
+                    lease,
+                    lost: &shared.lost,
+                });
+            }
+            false
+        });
     }
 }
 
