@@ -831,14 +831,13 @@ async fn take_xact_lock(
             }
             _ => {}
         }
-        let mut commands = completed.into_iter();
         if prefix > 0 {
             // BEGIN answers no row; the set-up one row in its first command
             // and none in the others.
-            let begun = commands.next().unwrap_or_default();
-            let set_up = commands.next().unwrap_or_default();
-            let settings = commands.by_ref().take(prefix - 2);
-            if !begun.is_empty() || settings.into_iter().any(|rows| !rows.is_empty()) {
+            let begun = completed.rows(0, 1);
+            let set_up = completed.rows(1, 2);
+            let settings = completed.rows(2, prefix);
+            if !begun.is_empty() || !settings.is_empty() {
                 return Err(Error::unexpected(
                     "BEGIN or a SET of the session set-up returned a row".into(),
                 ));
@@ -859,13 +858,12 @@ async fn take_xact_lock(
         }
         // Each statement's rows; a statement of several commands (a
         // savepoint rollback) answers rows of none of them.
-        let mut answers: Vec<Vec<SimpleRow>> = Vec::with_capacity(round.len());
+        let mut answers: Vec<&[SimpleRow]> = Vec::with_capacity(round.len());
+        let mut next = prefix;
         for statement in &round {
-            let mut rows = Vec::new();
-            for _ in 0..statement.sql().simple_commands() {
-                rows.extend(commands.next().unwrap_or_default());
-            }
-            answers.push(rows);
+            let commands = statement.sql().simple_commands();
+            answers.push(completed.rows(next, next + commands));
+            next += commands;
         }
         call.receive_answers(Ok(answers), |statement, rows| match statement.reply() {
             ReplyShape::Done if rows.is_empty() => read_reply::<SimpleRow>(statement, None),
@@ -881,28 +879,51 @@ async fn take_xact_lock(
 /// of each command that completed, in order, and the error that stopped
 /// the query, if any (the server runs no command after a failed one, so
 /// the failed one is the next after those completed).
-async fn simple_round(
-    client: &Client,
-    query: &str,
-) -> (Vec<Vec<SimpleRow>>, Option<tokio_postgres::Error>) {
-    let mut commands = Vec::with_capacity(4);
-    let mut rows = Vec::new();
+async fn simple_round(client: &Client, query: &str) -> (Completed, Option<tokio_postgres::Error>) {
+    // Two vectors for the whole query, not one per command.
+    let mut done = Completed {
+        rows: Vec::with_capacity(4),
+        ends: Vec::with_capacity(8),
+    };
     let stream = match client.simple_query_raw(query).await {
         Ok(stream) => stream,
-        Err(e) => return (commands, Some(e)),
+        Err(e) => return (done, Some(e)),
     };
     let mut stream = std::pin::pin!(stream);
     while let Some(message) = stream.next().await {
         match message {
-            Ok(SimpleQueryMessage::Row(row)) => rows.push(SimpleRow(row)),
-            Ok(SimpleQueryMessage::CommandComplete(_)) => {
-                commands.push(std::mem::take(&mut rows));
-            }
+            Ok(SimpleQueryMessage::Row(row)) => done.rows.push(SimpleRow(row)),
+            Ok(SimpleQueryMessage::CommandComplete(_)) => done.ends.push(done.rows.len()),
             Ok(_) => {}
-            Err(e) => return (commands, Some(e)),
+            Err(e) => return (done, Some(e)),
         }
     }
-    (commands, None)
+    (done, None)
+}
+
+/// The commands of a simple query that completed, in order, with their
+/// rows in one vector: command `i` answered `rows[ends[i - 1]..ends[i]]`
+/// (rows after the last completed command, of a failed one, are ignored).
+struct Completed {
+    rows: Vec<SimpleRow>,
+    ends: Vec<usize>,
+}
+
+impl Completed {
+    /// How many commands completed.
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// The rows of commands `from..to` (none for commands that did not
+    /// complete).
+    fn rows(&self, from: usize, to: usize) -> &[SimpleRow] {
+        let end = |i: usize| match i.checked_sub(1) {
+            None => 0,
+            Some(i) => self.ends.get(i).or(self.ends.last()).copied().unwrap_or(0),
+        };
+        self.rows.get(end(from)..end(to)).unwrap_or_default()
+    }
 }
 
 /// A simple-protocol row: every column as text, decoded here for the
