@@ -842,7 +842,7 @@ async fn take_xact_lock(
                     "BEGIN or a SET of the session set-up returned a row".into(),
                 ));
             }
-            one_row(&set_up, "the session set-up")?;
+            one_row(set_up, "the session set-up")?;
             let row = &set_up[0];
             let bad = |e: BadColumn| Error::unexpected(format!("the session set-up: {e}"));
             setup = Some((row.bool(0).map_err(bad)?, row.int4(1).map_err(bad)?));
