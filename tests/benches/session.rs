@@ -27,6 +27,15 @@
 //!
 //! Both sides use the same pool of 4 connections (warmed first), one key
 //! per iteration from a ring, never contended.
+//!
+//! For instruction counts (callgrind), `LOCKKIT_BENCH_SIDE=default` or
+//! `plain` runs only that side, `LOCKKIT_BENCH_PAIRS=n` n iterations of it
+//! (after the warm-up); the difference of two such runs over the difference
+//! of their `n` is one side's client cost per lock + release:
+//!
+//! ```text
+//! LOCKKIT_BENCH_SIDE=default LOCKKIT_BENCH_PAIRS=1000 valgrind --tool=callgrind target/release/deps/session-* --bench
+//! ```
 
 use std::time::{Duration, Instant};
 
@@ -73,8 +82,35 @@ fn median_and_p90(samples: &mut [Duration]) -> (Duration, Duration) {
     (samples[samples.len() / 2], samples[samples.len() * 9 / 10])
 }
 
+/// `LOCKKIT_BENCH_SIDE=default|plain`: only that side (instruction counts).
+fn only_side() -> Option<bool> {
+    match std::env::var("LOCKKIT_BENCH_SIDE").ok()?.as_str() {
+        "default" => Some(true),
+        "plain" => Some(false),
+        other => panic!("LOCKKIT_BENCH_SIDE={other:?}: default or plain"),
+    }
+}
+
+async fn run_one_side(db: &TestServer, default: bool) {
+    let pairs: usize = std::env::var("LOCKKIT_BENCH_PAIRS")
+        .map(|n| n.parse().expect("LOCKKIT_BENCH_PAIRS: a count"))
+        .unwrap_or(PAIRS);
+    let pool = warm_pool(db).await;
+    let sessions = SessionLock::from_pool(pool.clone());
+    for i in 0..(WARMUP + pairs) as i64 {
+        match default {
+            true => default_side(&sessions, i % RING).await,
+            false => plain_side(&pool, i % RING).await,
+        };
+    }
+    println!("{pairs} iterations of one side after {WARMUP} warm-up ones");
+}
+
 async fn run() {
     let db = TestServer::shared();
+    if let Some(default) = only_side() {
+        return run_one_side(db, default).await;
+    }
     let pool = warm_pool(db).await;
     let sessions = SessionLock::from_pool(pool.clone());
 

@@ -19,6 +19,9 @@
 //!   connection until the release, as lockkit's keepalive task does.
 //! - `default`: `SessionLock::from_pool(pool).lock(key)` then `release()`.
 //!
+//! `LOCKKIT_BENCH_SIDE=<index>` (0 = plain … 4 = default) and
+//! `LOCKKIT_BENCH_PAIRS=n` run one side only, for callgrind.
+//!
 //! The hand-written texts are copies of lockkit's, for the measurement
 //! only: lockkit's own are rendered by the engine (`engine::sql`,
 //! `Statement::write_simple`).
@@ -111,6 +114,20 @@ fn main() {
         let db = TestServer::shared();
         let pool = warm_pool(db).await;
         let sessions = SessionLock::from_pool(pool.clone());
+        // For instruction counts (callgrind): `LOCKKIT_BENCH_SIDE=<index
+        // in SIDES>` runs only that side, `LOCKKIT_BENCH_PAIRS=n` n times
+        // after the warm-up (see `benches/session.rs`).
+        if let Ok(only) = std::env::var("LOCKKIT_BENCH_SIDE") {
+            let which: usize = only.parse().expect("LOCKKIT_BENCH_SIDE: an index");
+            let n: usize = std::env::var("LOCKKIT_BENCH_PAIRS")
+                .map(|n| n.parse().expect("LOCKKIT_BENCH_PAIRS: a count"))
+                .unwrap_or(ROUNDS);
+            for i in 0..WARMUP + n {
+                side(&pool, &sessions, which, i as i64 % RING).await;
+            }
+            println!("{n} iterations of {} after {WARMUP} warm-up ones", SIDES[which]);
+            return;
+        }
         let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(ROUNDS); SIDES.len()];
         for i in 0..WARMUP + ROUNDS {
             for j in 0..SIDES.len() {

@@ -173,3 +173,152 @@ async fn lost_when_idle_in_transaction_session_timeout_fires() {
     expect_lost(&guards, IDLE_TIMEOUT + Duration::from_secs(3) + MARGIN).await;
     expect_free(&db, &guards).await;
 }
+
+/// One keeper task keeps every held lock of a `SessionLock` (and of its
+/// clones): several locks held at once on one pooled `SessionLock`, taken
+/// after an idle gap in which the keeper had no lock to keep (its task ends
+/// then, and the next lock starts another), all outlive four times the
+/// server's `idle_in_transaction_session_timeout`; terminating one lock's
+/// backend makes that one lost, and only that one. The control that the
+/// same server ends a lock whose keepalive is too slow is
+/// `lost_when_idle_in_transaction_session_timeout_fires`.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_keeper_keeps_every_lock_of_a_session_lock() {
+    const IDLE_TIMEOUT: Duration = Duration::from_millis(500);
+    const KEEP: Duration = Duration::from_millis(100);
+    let db = TestServer::builder()
+        .setting("idle_in_transaction_session_timeout", "500ms")
+        .start();
+    let observer = db.connect().await;
+    let sessions = SessionLock::from_pool(pool_of(db.config(), 6)).keepalive(KEEP);
+    let clone = sessions.clone();
+
+    // A lock and its release, then an idle gap of several cadences: the
+    // keeper's tick finds nothing to keep and its task ends.
+    let first = sessions.lock(Duty { id: 400 }).await.unwrap();
+    assert!(first.release().await.unwrap());
+    tokio::time::sleep(KEEP * 5).await;
+
+    let mut guards = Vec::new();
+    for id in 401..405 {
+        let from = if id % 2 == 0 { &sessions } else { &clone };
+        guards.push(from.lock(Duty { id }).await.unwrap());
+    }
+    assert!(
+        tokio::time::timeout(IDLE_TIMEOUT * 4, guards[0].lost())
+            .await
+            .is_err(),
+        "the keeper did not keep the lock"
+    );
+    for guard in &guards {
+        assert!(guard.is_held(), "{:?}", guard.value());
+        assert!(guard.check().await.unwrap(), "{:?}", guard.value());
+    }
+
+    let killed = guards.remove(1);
+    let terminated: bool = observer
+        .query_one("SELECT pg_terminate_backend($1)", &[&killed.backend_pid()])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(terminated);
+    tokio::time::timeout(KEEP + MARGIN, killed.lost())
+        .await
+        .expect("lost() did not resolve after pg_terminate_backend");
+    assert!(killed.release().await.unwrap_err().is_connection_lost());
+    // The others are kept on: still held after four more idle timeouts.
+    tokio::time::sleep(IDLE_TIMEOUT * 4).await;
+    for guard in guards {
+        assert!(guard.is_held(), "{:?}", guard.value());
+        assert!(guard.check().await.unwrap(), "{:?}", guard.value());
+        let value = *guard.value();
+        assert!(guard.release().await.unwrap(), "{value:?}");
+    }
+}
+
+/// The keeper task runs on the runtime of the lock that started it; when
+/// that runtime shuts down, the next lock (on another runtime) starts a new
+/// keeper, so its lock outlives the server's
+/// `idle_in_transaction_session_timeout`. Without the restart it would be
+/// lost after 500 ms.
+#[test]
+fn a_lock_is_kept_after_the_keepers_runtime_shut_down() {
+    const IDLE_TIMEOUT: Duration = Duration::from_millis(500);
+    const KEEP: Duration = Duration::from_millis(100);
+    let db = TestServer::builder()
+        .setting("idle_in_transaction_session_timeout", "500ms")
+        .start();
+    let sessions = SessionLock::new(db.config()).keepalive(KEEP);
+
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    first.block_on(async {
+        // Held while the keeper's task starts on this runtime.
+        let guard = sessions.lock(Duty { id: 500 }).await.unwrap();
+        assert!(guard.release().await.unwrap());
+    });
+    // Shut down with the keeper's task waiting for its first tick.
+    drop(first);
+
+    let second = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let guard = sessions.lock(Duty { id: 501 }).await.unwrap();
+        assert!(
+            tokio::time::timeout(IDLE_TIMEOUT * 4, guard.lost())
+                .await
+                .is_err(),
+            "no keeper kept the lock"
+        );
+        assert!(guard.check().await.unwrap());
+        assert!(guard.release().await.unwrap());
+    });
+}
+
+/// A lock taken on one runtime while its `SessionLock`'s keeper runs on
+/// another: when the keeper's runtime shuts down, no task would keep the
+/// lock or notice it go, so it is given up at once: `lost()` resolves and
+/// the key is free. (Without that, `lost()` would never resolve here.)
+#[test]
+fn locks_are_given_up_when_the_keepers_runtime_shuts_down() {
+    let db = TestServer::builder().start();
+    let sessions = SessionLock::new(db.config());
+    let keeper_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The keeper starts there, and runs on until a tick finds no lock.
+    keeper_runtime.block_on(async {
+        let guard = sessions.lock(Duty { id: 600 }).await.unwrap();
+        assert!(guard.release().await.unwrap());
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = runtime.block_on(sessions.lock(Duty { id: 601 })).unwrap();
+    // Control: held while the keeper's runtime lives.
+    runtime.block_on(async {
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), guard.lost())
+                .await
+                .is_err()
+        );
+        assert!(guard.check().await.unwrap());
+    });
+    drop(keeper_runtime);
+    runtime.block_on(async {
+        tokio::time::timeout(MARGIN, guard.lost())
+            .await
+            .expect("lost() did not resolve after the keeper's runtime shut down");
+        assert!(!guard.is_held());
+        expect_free(&db, &[("direct", guard)]).await;
+    });
+}

@@ -19,6 +19,8 @@
 //! success. The tags are produced by the rows of the lock functions, so a
 //! tag proves the function ran.
 
+use std::fmt::{self, Write as _};
+
 use crate::engine::plan::Mode;
 use crate::key::LockKey;
 
@@ -166,13 +168,13 @@ pub const SESSION_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 /// [`SERVER_FACTS`] (run only for `HashText` keys): both cost several times
 /// a round trip.
 ///
-/// `application_name` is quoted as an escape string literal (`E'…'`,
-/// backslashes and quotes doubled), which reads the same whatever
-/// `standard_conforming_strings` says; a NUL, which no PostgreSQL string
-/// can hold, is dropped.
+/// `application_name` (anything `Display`, formatted straight into `out`)
+/// is quoted as an escape string literal (`E'…'`, backslashes and quotes
+/// doubled), which reads the same whatever `standard_conforming_strings`
+/// says; a NUL, which no PostgreSQL string can hold, is dropped.
 pub fn write_session_setup(
     out: &mut String,
-    application_name: &str,
+    application_name: impl fmt::Display,
     check_interval_known: bool,
 ) -> usize {
     if check_interval_known {
@@ -194,17 +196,33 @@ pub fn write_session_setup(
 }
 
 /// `text` as an escape string literal, `E'…'`.
-fn write_escaped(out: &mut String, text: &str) {
+fn write_escaped(out: &mut String, text: impl fmt::Display) {
     out.push_str("E'");
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\'' => out.push_str("''"),
-            '\0' => {}
-            c => out.push(c),
-        }
-    }
+    // Writing to a String cannot fail, and `Escaped` never fails either.
+    let _ = write!(Escaped(out), "{text}");
     out.push('\'');
+}
+
+/// Appends what is written to it to a `String`, escaped for the inside of
+/// an `E'…'` literal: backslashes and quotes doubled, NULs dropped. Runs
+/// without special characters are copied whole.
+struct Escaped<'a>(&'a mut String);
+
+impl fmt::Write for Escaped<'_> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let mut rest = text;
+        while let Some(i) = rest.bytes().position(|b| matches!(b, b'\\' | b'\'' | 0)) {
+            self.0.push_str(&rest[..i]);
+            match rest.as_bytes()[i] {
+                b'\\' => self.0.push_str("\\\\"),
+                b'\'' => self.0.push_str("''"),
+                _ => {} // NUL
+            }
+            rest = &rest[i + 1..];
+        }
+        self.0.push_str(rest);
+        Ok(())
+    }
 }
 
 /// The keepalive a session lock's connection runs at its cadence: inside

@@ -30,9 +30,11 @@
 //!
 //! # Keepalive and `idle_in_transaction_session_timeout`
 //!
-//! A task runs [`KEEPALIVE`](crate::engine::sql::KEEPALIVE) (`SELECT 1`)
-//! inside the lock's transaction at the guard's cadence
-//! ([`SessionLock::keepalive`], 5 s by default). Each keepalive resets the
+//! One task per [`SessionLock`] (shared by its clones), running while it
+//! has locks held, runs [`KEEPALIVE`](crate::engine::sql::KEEPALIVE)
+//! (`SELECT 1`) inside each held lock's transaction at the lock's cadence
+//! ([`SessionLock::keepalive`], 5 s by default; the first within one
+//! cadence of the lock). Each keepalive resets the
 //! server's `idle_in_transaction_session_timeout`, so a cadence below it
 //! keeps the lock. When the cadence is longer (or the keepalives stop), the
 //! server fires the timeout: it terminates the session (`FATAL 25P03`), the
@@ -56,12 +58,12 @@ use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
-use futures_util::future::{join, BoxFuture};
+use futures_util::future::{join, join_all, BoxFuture};
 use futures_util::StreamExt;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
@@ -162,7 +164,9 @@ pub struct SessionLock {
     form: SessionForm,
     allow_standby: bool,
     pooler_check: bool,
-    keepalive: Duration,
+    /// Keeps the held locks alive at the cadence
+    /// ([`keepalive`](Self::keepalive)); shared by clones.
+    keeper: Arc<Keeper>,
     probe_timeout: Duration,
     /// Whether a lock's set-up saw that the server has
     /// `client_connection_check_interval` (PostgreSQL 14+): the next
@@ -179,7 +183,7 @@ impl fmt::Debug for SessionLock {
             .field("form", &self.form)
             .field("allow_standby", &self.allow_standby)
             .field("pooler_check", &self.pooler_check)
-            .field("keepalive", &self.keepalive)
+            .field("keepalive", &self.keeper.cadence)
             .field("probe_timeout", &self.probe_timeout)
             .finish()
     }
@@ -231,7 +235,7 @@ impl SessionLock {
             form: SessionForm::Transaction,
             allow_standby: false,
             pooler_check: true,
-            keepalive: DEFAULT_KEEPALIVE,
+            keeper: Keeper::new(DEFAULT_KEEPALIVE),
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
             check_interval_known: Arc::new(AtomicBool::new(false)),
         }
@@ -267,9 +271,16 @@ impl SessionLock {
     /// least 1 ms). Keep it below the server's
     /// `idle_in_transaction_session_timeout`, or the server ends the lock's
     /// session (see the [module docs](self)). [`SessionGuard::lost`]
-    /// resolves within one cadence of the lock being gone.
+    /// resolves within one cadence of the lock being gone. One task keeps
+    /// all the held locks of this `SessionLock` and of its clones made
+    /// after this call; clones made before keep their own cadence. It runs
+    /// on the runtime of the lock that started it: should that runtime
+    /// shut down while locks taken on another runtime are held, they are
+    /// given up (`lost()` resolves, their connections close), so use one
+    /// `SessionLock` per runtime.
     pub fn keepalive(mut self, cadence: Duration) -> Self {
-        self.keepalive = cadence.max(Duration::from_millis(1));
+        // A keeper of its own: the clones made before keep their cadence.
+        self.keeper = Keeper::new(cadence.max(Duration::from_millis(1)));
         self
     }
 
@@ -439,9 +450,9 @@ impl SessionLock {
     ) -> Result<Result<SessionGuard<K>, K>, Error> {
         let key = value.lock_key();
         let hashtext = K::KEY_SPEC.form() == KeyForm::HashText;
-        let name = format!("lockkit session lock {key}");
+        let name = AppName(key);
         let (lease, canceller) = self.lease(&name).await?;
-        let cancel = CancelOnDrop(Some((lease.client().cancel_token(), canceller)));
+        let cancel = CancelOnDrop(Some((lease.client(), canceller)));
         let taken = match self.form {
             SessionForm::Transaction => {
                 self.lock_in_transaction(&lease, key, mode, wait, &name, hashtext)
@@ -476,7 +487,7 @@ impl SessionLock {
         key: LockKey,
         mode: Mode,
         wait: Wait,
-        name: &str,
+        name: &AppName,
         hashtext: bool,
     ) -> Result<(bool, i32), Error> {
         let client = lease.client();
@@ -487,16 +498,14 @@ impl SessionLock {
         // sent, and the simple protocol leaves no portal open, so the held
         // transaction holds no snapshot (no `backend_xmin`), with no
         // statement after it.
-        let (facts, taken) = join(
-            async {
-                match hashtext {
-                    true => Some(server_facts(client).await),
-                    false => None,
-                }
-            },
-            take_xact_lock(client, key, mode, wait, name, &self.check_interval_known),
-        )
-        .await;
+        let take = take_xact_lock(client, key, mode, wait, name, &self.check_interval_known);
+        let (facts, taken) = match hashtext {
+            true => {
+                let (facts, taken) = join(server_facts(client), take).await;
+                (Some(facts), taken)
+            }
+            false => (None, take.await),
+        };
         let (setup, granted) = taken?;
         let (in_recovery, backend_pid) = setup;
         if in_recovery && !self.allow_standby {
@@ -579,10 +588,13 @@ impl SessionLock {
 
     /// A connection for a lock (or the probe), and how to cancel a
     /// statement on it.
-    async fn lease(&self, application_name: &str) -> Result<(Lease, Canceller), Error> {
+    async fn lease(
+        &self,
+        application_name: impl fmt::Display,
+    ) -> Result<(Lease, Canceller), Error> {
         match &self.source {
             Source::Connect(connect) => {
-                let (client, ended) = connect.connect(application_name.to_owned()).await?;
+                let (client, ended) = connect.connect(application_name.to_string()).await?;
                 Ok((Lease::owned(client, ended), connect.canceller()))
             }
             #[cfg(feature = "deadpool")]
@@ -621,32 +633,30 @@ impl SessionLock {
         backend_pid: i32,
         lease: Lease,
     ) -> SessionGuard<K> {
-        let (lost_tx, lost) = watch::channel(false);
-        let (commands, inbox) = mpsc::unbounded_channel();
         let ended = lease.ended.clone();
         let shared = Arc::new(Shared {
             lease: tokio::sync::Mutex::new(Some(lease)),
-            lost: lost_tx,
-        });
-        let holder = Holder {
-            shared: shared.clone(),
-            ended,
+            lost: watch::Sender::new(false),
             key,
             mode,
             form: self.form,
-            cadence: self.keepalive,
+            cadence: self.keeper.cadence,
             backend_pid,
-        };
-        tokio::spawn(holder.run(inbox));
+        });
+        // A connection lockkit opened tells when it ends: its lock is gone
+        // at once. (It cost a connection and authentication; one more task
+        // is nothing next to that.) A leased one is watched by the keeper.
+        if let Some(ended) = ended {
+            tokio::spawn(watch_connection(Arc::downgrade(&shared), ended));
+        }
+        self.keeper.register(&shared);
         SessionGuard {
             value,
             key,
             mode,
             form: self.form,
             backend_pid,
-            shared,
-            commands,
-            lost,
+            shared: Holding(shared),
         }
     }
 
@@ -722,6 +732,18 @@ impl Locker {
     }
 }
 
+/// The `application_name` of a lock's connection,
+/// `lockkit session lock <key>`: formatted where it is written, never
+/// allocated on a pooled lease's path.
+#[derive(Clone, Copy)]
+struct AppName(LockKey);
+
+impl fmt::Display for AppName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "lockkit session lock {}", self.0)
+    }
+}
+
 fn expect_granted<K>(result: Result<SessionGuard<K>, K>) -> SessionGuard<K> {
     match result {
         Ok(guard) => guard,
@@ -747,7 +769,7 @@ async fn take_xact_lock(
     key: LockKey,
     mode: Mode,
     wait: Wait,
-    name: &str,
+    name: &AppName,
     check_interval_known: &AtomicBool,
 ) -> Result<((bool, i32), Result<bool, Error>), Error> {
     static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(|| {
@@ -809,19 +831,18 @@ async fn take_xact_lock(
             }
             _ => {}
         }
-        let mut commands = completed.into_iter();
         if prefix > 0 {
             // BEGIN answers no row; the set-up one row in its first command
             // and none in the others.
-            let begun = commands.next().unwrap_or_default();
-            let set_up = commands.next().unwrap_or_default();
-            let settings = commands.by_ref().take(prefix - 2);
-            if !begun.is_empty() || settings.into_iter().any(|rows| !rows.is_empty()) {
+            let begun = completed.rows(0, 1);
+            let set_up = completed.rows(1, 2);
+            let settings = completed.rows(2, prefix);
+            if !begun.is_empty() || !settings.is_empty() {
                 return Err(Error::unexpected(
                     "BEGIN or a SET of the session set-up returned a row".into(),
                 ));
             }
-            one_row(&set_up, "the session set-up")?;
+            one_row(set_up, "the session set-up")?;
             let row = &set_up[0];
             let bad = |e: BadColumn| Error::unexpected(format!("the session set-up: {e}"));
             setup = Some((row.bool(0).map_err(bad)?, row.int4(1).map_err(bad)?));
@@ -837,13 +858,12 @@ async fn take_xact_lock(
         }
         // Each statement's rows; a statement of several commands (a
         // savepoint rollback) answers rows of none of them.
-        let mut answers: Vec<Vec<SimpleRow>> = Vec::with_capacity(round.len());
+        let mut answers: Vec<&[SimpleRow]> = Vec::with_capacity(round.len());
+        let mut next = prefix;
         for statement in &round {
-            let mut rows = Vec::new();
-            for _ in 0..statement.sql().simple_commands() {
-                rows.extend(commands.next().unwrap_or_default());
-            }
-            answers.push(rows);
+            let commands = statement.sql().simple_commands();
+            answers.push(completed.rows(next, next + commands));
+            next += commands;
         }
         call.receive_answers(Ok(answers), |statement, rows| match statement.reply() {
             ReplyShape::Done if rows.is_empty() => read_reply::<SimpleRow>(statement, None),
@@ -859,28 +879,51 @@ async fn take_xact_lock(
 /// of each command that completed, in order, and the error that stopped
 /// the query, if any (the server runs no command after a failed one, so
 /// the failed one is the next after those completed).
-async fn simple_round(
-    client: &Client,
-    query: &str,
-) -> (Vec<Vec<SimpleRow>>, Option<tokio_postgres::Error>) {
-    let mut commands = Vec::with_capacity(4);
-    let mut rows = Vec::new();
+async fn simple_round(client: &Client, query: &str) -> (Completed, Option<tokio_postgres::Error>) {
+    // Two vectors for the whole query, not one per command.
+    let mut done = Completed {
+        rows: Vec::with_capacity(4),
+        ends: Vec::with_capacity(8),
+    };
     let stream = match client.simple_query_raw(query).await {
         Ok(stream) => stream,
-        Err(e) => return (commands, Some(e)),
+        Err(e) => return (done, Some(e)),
     };
     let mut stream = std::pin::pin!(stream);
     while let Some(message) = stream.next().await {
         match message {
-            Ok(SimpleQueryMessage::Row(row)) => rows.push(SimpleRow(row)),
-            Ok(SimpleQueryMessage::CommandComplete(_)) => {
-                commands.push(std::mem::take(&mut rows));
-            }
+            Ok(SimpleQueryMessage::Row(row)) => done.rows.push(SimpleRow(row)),
+            Ok(SimpleQueryMessage::CommandComplete(_)) => done.ends.push(done.rows.len()),
             Ok(_) => {}
-            Err(e) => return (commands, Some(e)),
+            Err(e) => return (done, Some(e)),
         }
     }
-    (commands, None)
+    (done, None)
+}
+
+/// The commands of a simple query that completed, in order, with their
+/// rows in one vector: command `i` answered `rows[ends[i - 1]..ends[i]]`
+/// (rows after the last completed command, of a failed one, are ignored).
+struct Completed {
+    rows: Vec<SimpleRow>,
+    ends: Vec<usize>,
+}
+
+impl Completed {
+    /// How many commands completed.
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// The rows of commands `from..to` (none for commands that did not
+    /// complete).
+    fn rows(&self, from: usize, to: usize) -> &[SimpleRow] {
+        let end = |i: usize| match i.checked_sub(1) {
+            None => 0,
+            Some(i) => self.ends.get(i).or(self.ends.last()).copied().unwrap_or(0),
+        };
+        self.rows.get(end(from)..end(to)).unwrap_or_default()
+    }
 }
 
 /// A simple-protocol row: every column as text, decoded here for the
@@ -960,8 +1003,9 @@ impl ReplyRow for SimpleRow {
 /// must therefore stop acting as one as soon as [`lost`](Self::lost)
 /// resolves, and can ask [`is_held`](Self::is_held) at any time.
 ///
-/// A task on the tokio runtime runs the keepalive on the connection;
-/// the guard is `Send + Sync` and dereferences to the key value.
+/// Its [`SessionLock`]'s keeper task runs the keepalive on the connection
+/// (see the [module docs](self)); the guard is `Send + Sync` and
+/// dereferences to the key value.
 ///
 /// ```no_run
 /// use lockkit::{HashText, SessionLock};
@@ -989,9 +1033,7 @@ pub struct SessionGuard<K> {
     mode: Mode,
     form: SessionForm,
     backend_pid: i32,
-    shared: Arc<Shared>,
-    commands: mpsc::UnboundedSender<Command>,
-    lost: watch::Receiver<bool>,
+    shared: Holding,
 }
 
 impl<K: fmt::Debug> fmt::Debug for SessionGuard<K> {
@@ -1046,7 +1088,7 @@ impl<K> SessionGuard<K> {
     /// once the connection ended or a keepalive failed (the lock is gone).
     /// Use [`check`](Self::check) to ask the server.
     pub fn is_held(&self) -> bool {
-        !*self.lost.borrow()
+        !*self.shared.lost.borrow()
     }
 
     /// A future that resolves when the lock is gone: its connection ended
@@ -1058,9 +1100,9 @@ impl<K> SessionGuard<K> {
     ///
     /// Cancel safe: it only watches.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut lost = self.lost.clone();
+        let mut lost = self.shared.lost.subscribe();
         async move {
-            // An error means the task is gone: lost as well.
+            // An error means the lock's state is gone: lost as well.
             let _ = lost.wait_for(|lost| *lost).await;
         }
     }
@@ -1076,11 +1118,11 @@ impl<K> SessionGuard<K> {
     ///
     /// Cancel safe: it only reads.
     pub async fn check(&self) -> Result<bool, Error> {
-        let (reply, answer) = oneshot::channel();
-        if self.commands.send(Command::Check(reply)).is_err() {
-            return Ok(false);
-        }
-        answer.await.unwrap_or(Ok(false))
+        // On a task of its own, so that a check dropped half-way still
+        // reads its replies and sends the keepalive that closes its portal.
+        tokio::spawn(check_now(self.shared.clone()))
+            .await
+            .unwrap_or(Ok(false))
     }
 
     /// Releases the lock: rolls its transaction back (default form) or
@@ -1093,8 +1135,8 @@ impl<K> SessionGuard<K> {
     /// `pg_advisory_unlock`'s result in the session-level form.
     ///
     /// The release runs on the caller's task, on the connection it takes
-    /// from the guard's keepalive task (waiting for a keepalive in flight):
-    /// no hop to the keepalive task and back.
+    /// out of the guard (waiting for a keepalive in flight): no hop to
+    /// another task and back.
     ///
     /// # Errors
     ///
@@ -1111,7 +1153,8 @@ impl<K> SessionGuard<K> {
     pub async fn release(self) -> Result<bool, Error> {
         let lease = self.shared.lease.lock().await.take();
         let Some(lease) = lease else {
-            // The keepalive task gave the connection up: the lock is gone.
+            // The keeper, a check or the connection's end gave the
+            // connection up: the lock is gone.
             return Err(gone());
         };
         let mut ending = Ending {
@@ -1121,7 +1164,50 @@ impl<K> SessionGuard<K> {
         let lease = ending.lease.as_mut().expect("just put");
         end_lock(lease, self.form, self.key, self.mode).await
         // `ending` drops the lease (closed, or back to its pool if clean),
-        // then flips `lost`; the guard's drop stops the keepalive task.
+        // then flips `lost`; the keeper forgets the lock at its next tick.
+    }
+}
+
+/// A guard's share of its lock. Its drop (the guard's, without a
+/// release) ends the lock on a task: a rollback; a pooled connection goes
+/// back only if it completes within one cadence, otherwise it is closed.
+/// Nothing to do after a release. (On this field, not on the generic
+/// guard, so that the guard's key type needs not outlive it.)
+struct Holding(Arc<Shared>);
+
+impl Deref for Holding {
+    type Target = Arc<Shared>;
+
+    fn deref(&self) -> &Arc<Shared> {
+        &self.0
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        if let Ok(slot) = self.0.lease.try_lock() {
+            if slot.is_none() {
+                return; // released, or already gone
+            }
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(end_dropped(self.0.clone()));
+            }
+            // No runtime to roll back on: close the connection now (never
+            // back to a pool unclean). Should a statement be in flight, its
+            // task drops the last `Shared`, and the lease closes with it.
+            Err(_) => {
+                if let Ok(mut slot) = self.0.lease.try_lock() {
+                    let lease = slot.take();
+                    drop(slot);
+                    drop(Ending {
+                        lease,
+                        lost: &self.0.lost,
+                    });
+                }
+            }
+        }
     }
 }
 
@@ -1132,20 +1218,22 @@ fn gone() -> Error {
     )
 }
 
-/// What a guard asks its task.
-enum Command {
-    Check(oneshot::Sender<Result<bool, Error>>),
-}
-
-/// What a held lock's guard and its keepalive task share.
+/// What a held lock's guard, its keeper and (on a connection lockkit
+/// opened) its connection watcher share.
 struct Shared {
     /// The lock's connection, while the lock is held: every statement on
-    /// it runs under this mutex. Whoever ends the lock (the release, or the
-    /// task after a drop, a failed statement or a lost connection) takes
-    /// it out, in an [`Ending`]; an empty slot means the lock is gone.
+    /// it runs under this mutex. Whoever ends the lock (the release, the
+    /// task a drop starts, or the keeper, a check or the connection
+    /// watcher after a failed statement or a lost connection) takes it
+    /// out, in an [`Ending`]; an empty slot means the lock is gone.
     lease: tokio::sync::Mutex<Option<Lease>>,
     /// Flipped to `true` once the lock is gone.
     lost: watch::Sender<bool>,
+    key: LockKey,
+    mode: Mode,
+    form: SessionForm,
+    cadence: Duration,
+    backend_pid: i32,
 }
 
 /// A lease taken out of [`Shared::lease`] to end the lock: dropping it
@@ -1159,122 +1247,222 @@ struct Ending<'a> {
 impl Drop for Ending<'_> {
     fn drop(&mut self) {
         drop(self.lease.take());
-        self.lost.send_replace(true);
+        // Wakes watchers only when there are some (`lost()` futures): a
+        // watch's wake costs more than the rest of a release's bookkeeping.
+        // The value is set either way, under the watch's lock, so a
+        // receiver made after this (or `is_held`) reads `true`.
+        self.lost.send_if_modified(|lost| {
+            *lost = true;
+            self.lost.receiver_count() > 0
+        });
     }
 }
 
-/// The task that keeps a held lock's connection alive and watches it.
-struct Holder {
-    shared: Arc<Shared>,
-    ended: Option<watch::Receiver<bool>>,
-    key: LockKey,
-    mode: Mode,
-    form: SessionForm,
+/// Keeps the held locks of a [`SessionLock`] (and of its clones with the
+/// same cadence) alive: one task, started by the first lock and ending
+/// when a tick finds no lock held, runs the keepalive on every held lock's
+/// connection once per cadence, all at once, each bounded by the cadence.
+/// A lock registers by pushing onto a list under a short mutex: no task
+/// spawned and no worker woken per lock.
+struct Keeper {
     cadence: Duration,
-    backend_pid: i32,
+    state: std::sync::Mutex<KeeperState>,
 }
 
-impl Holder {
-    async fn run(mut self, mut inbox: mpsc::UnboundedReceiver<Command>) {
+struct KeeperState {
+    /// The locks registered since the last tick (and still alive then).
+    held: Vec<Weak<Shared>>,
+    /// Length at which a registration drops the entries of locks already
+    /// gone, so that a busy cadence does not pile them up.
+    prune_at: usize,
+    /// Whether a keeper task is running (or about to).
+    running: bool,
+}
+
+impl Keeper {
+    fn new(cadence: Duration) -> Arc<Self> {
+        Arc::new(Keeper {
+            cadence,
+            state: std::sync::Mutex::new(KeeperState {
+                held: Vec::new(),
+                prune_at: 64,
+                running: false,
+            }),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, KeeperState> {
+        // Nothing under this mutex can panic half-way; a poisoned one is
+        // still consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps `shared` alive from the next tick on (within one cadence);
+    /// starts the keeper task if none runs.
+    fn register(self: &Arc<Self>, shared: &Arc<Shared>) {
+        let start = {
+            let mut state = self.state();
+            if state.held.len() >= state.prune_at {
+                state.held.retain(|held| held.strong_count() > 0);
+                state.prune_at = (state.held.len() * 2).max(64);
+            }
+            state.held.push(Arc::downgrade(shared));
+            !std::mem::replace(&mut state.running, true)
+        };
+        if start {
+            tokio::spawn(self.clone().run());
+        }
+    }
+
+    async fn run(self: Arc<Self>) {
+        // Should the task be dropped (its runtime shutting down), the locks
+        // it kept are given up, and the next registration starts another.
+        let mut running = Running(Some(&self));
         let mut ticks = tokio::time::interval_at(Instant::now() + self.cadence, self.cadence);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut ended = self.ended.take();
-        // The connection, taken out of the slot under the same lock as the
-        // statement that failed on it, so that no release can run a
-        // ROLLBACK (and report the lock held) after a failure.
-        let mut given_up = None;
         loop {
-            tokio::select! {
-                biased;
-                () = connection_ended(&mut ended) => {
-                    tracing::warn!(key = %self.key, backend_pid = self.backend_pid,
-                        "lockkit: a session lock's connection ended; the lock is gone");
-                    break;
+            ticks.tick().await;
+            let held: Vec<Arc<Shared>> = {
+                let mut state = self.state();
+                state.held.retain(|held| held.strong_count() > 0);
+                if state.held.is_empty() {
+                    // Under the mutex: a registration after this starts a
+                    // new task.
+                    state.running = false;
+                    running.0 = None;
+                    return;
                 }
-                command = inbox.recv() => match command {
-                    Some(Command::Check(reply)) => {
-                        let mut slot = self.shared.lease.lock().await;
-                        let answer = match slot.as_ref() {
-                            Some(lease) => holds_now(lease, self.key).await,
-                            None => Ok(false),
-                        };
-                        // A failed statement aborts the lock's transaction,
-                        // and with it the lock.
-                        let failed = !matches!(answer, Ok(true));
-                        if failed {
-                            given_up = slot.take();
-                        }
-                        drop(slot);
-                        let _ = reply.send(answer);
-                        if failed {
-                            break;
-                        }
-                    }
-                    None => {
-                        // The guard is gone. Released: the slot is empty.
-                        // Dropped without release: end the lock now; a
-                        // pooled connection goes back only if this completes.
-                        let mut slot = self.shared.lease.lock().await;
-                        if let Some(lease) = slot.take() {
-                            drop(slot);
-                            let mut ending = Ending {
-                                lease: Some(lease),
-                                lost: &self.shared.lost,
-                            };
-                            let lease = ending.lease.as_mut().expect("just put");
-                            let _ = tokio::time::timeout(
-                                self.cadence,
-                                end_lock(lease, self.form, self.key, self.mode),
-                            )
-                            .await;
-                        }
-                        return;
-                    }
-                },
-                _ = ticks.tick() => {
-                    let mut slot = self.shared.lease.lock().await;
-                    let Some(lease) = slot.as_ref() else {
-                        return; // released meanwhile
-                    };
-                    let reply = tokio::time::timeout(
-                        self.cadence,
-                        lease.client().batch_execute(sql::KEEPALIVE),
-                    )
-                    .await;
-                    if !matches!(reply, Ok(Ok(()))) {
-                        given_up = slot.take();
-                    }
-                    drop(slot);
-                    match reply {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => {
-                            tracing::warn!(key = %self.key, backend_pid = self.backend_pid, error = %e,
-                                "lockkit: a session lock's keepalive failed; the lock is gone");
-                            break;
-                        }
-                        Err(_) => {
-                            tracing::warn!(key = %self.key, backend_pid = self.backend_pid,
-                                cadence = ?self.cadence,
-                                "lockkit: no keepalive reply within one cadence; giving the session lock up");
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-        // The lock is gone: close the connection (never back to a pool
-        // unclean), unless a release took it first.
-        let lease = match given_up {
-            Some(lease) => Some(lease),
-            None => self.shared.lease.lock().await.take(),
-        };
-        if lease.is_some() {
-            drop(Ending {
-                lease,
-                lost: &self.shared.lost,
-            });
+                state.held.iter().filter_map(Weak::upgrade).collect()
+            };
+            join_all(held.iter().map(|shared| keep_alive(shared))).await;
         }
     }
+}
+
+/// Marks the keeper stopped if its task is dropped before it ends (its
+/// runtime shutting down), and gives up the locks it was keeping: no task
+/// would notice them go any more, and `lost()` must not wait for nothing.
+/// Their connections close, which ends each lock on the server; a lock
+/// whose connection is in use right now is ended by whoever uses it.
+struct Running<'a>(Option<&'a Keeper>);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let Some(keeper) = self.0.take() else {
+            return;
+        };
+        let mut state = keeper.state();
+        state.running = false;
+        // A lock in use stays listed, for the next keeper.
+        state.held.retain(|held| {
+            let Some(shared) = held.upgrade() else {
+                return false;
+            };
+            let Ok(mut slot) = shared.lease.try_lock() else {
+                return true;
+            };
+            let lease = slot.take();
+            drop(slot);
+            if lease.is_some() {
+                tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid,
+                    "lockkit: the runtime of the session locks' keeper shut down; giving the lock up");
+                drop(Ending {
+                    lease,
+                    lost: &shared.lost,
+                });
+            }
+            false
+        });
+    }
+}
+
+/// One keepalive on a held lock's connection, bounded by one cadence; when
+/// it fails or gets no reply in time, the lock is given up.
+async fn keep_alive(shared: &Shared) {
+    let mut slot = shared.lease.lock().await;
+    let Some(lease) = slot.as_ref() else {
+        return; // released meanwhile
+    };
+    let reply =
+        tokio::time::timeout(shared.cadence, lease.client().batch_execute(sql::KEEPALIVE)).await;
+    match reply {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => {
+            tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid, error = %e,
+                "lockkit: a session lock's keepalive failed; the lock is gone");
+        }
+        Err(_) => {
+            tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid,
+                cadence = ?shared.cadence,
+                "lockkit: no keepalive reply within one cadence; giving the session lock up");
+        }
+    }
+    // Taken out under the same lock as the statement that failed on it, so
+    // that no release can run a ROLLBACK (and report the lock held) after
+    // a failure. The connection is closed, never back to a pool unclean.
+    let lease = slot.take();
+    drop(slot);
+    drop(Ending {
+        lease,
+        lost: &shared.lost,
+    });
+}
+
+/// Ends the lock of a connection lockkit opened as soon as the connection
+/// ends (`ended` flips, or its task is gone).
+async fn watch_connection(shared: Weak<Shared>, mut ended: watch::Receiver<bool>) {
+    let _ = ended.wait_for(|ended| *ended).await;
+    let Some(shared) = shared.upgrade() else {
+        return; // released and dropped
+    };
+    let lease = shared.lease.lock().await.take();
+    if lease.is_some() {
+        tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid,
+            "lockkit: a session lock's connection ended; the lock is gone");
+        drop(Ending {
+            lease,
+            lost: &shared.lost,
+        });
+    }
+}
+
+/// [`SessionGuard::check`] on the lock's connection: a failed check (or a
+/// lock found gone) gives the connection up, since a failed statement
+/// aborts the lock's transaction, and with it the lock.
+async fn check_now(shared: Arc<Shared>) -> Result<bool, Error> {
+    let mut slot = shared.lease.lock().await;
+    let answer = match slot.as_ref() {
+        Some(lease) => holds_now(lease, shared.key).await,
+        None => return Ok(false),
+    };
+    if !matches!(answer, Ok(true)) {
+        let lease = slot.take();
+        drop(slot);
+        drop(Ending {
+            lease,
+            lost: &shared.lost,
+        });
+    }
+    answer
+}
+
+/// A guard dropped without release: the rollback (or unlock), bounded by
+/// one cadence; a pooled connection goes back only if it completed.
+async fn end_dropped(shared: Arc<Shared>) {
+    let lease = shared.lease.lock().await.take();
+    if lease.is_none() {
+        return;
+    }
+    let mut ending = Ending {
+        lease,
+        lost: &shared.lost,
+    };
+    let lease = ending.lease.as_mut().expect("just put");
+    let _ = tokio::time::timeout(
+        shared.cadence,
+        end_lock(lease, shared.form, shared.key, shared.mode),
+    )
+    .await;
 }
 
 /// Whether the lock's backend holds `key`, then the keepalive, which drops
@@ -1317,17 +1505,6 @@ async fn end_lock(
             lease.clean = was_held;
             Ok(was_held)
         }
-    }
-}
-
-/// Resolves when the connection task of a connection lockkit opened ends;
-/// never for a leased one (its keepalive notices).
-async fn connection_ended(ended: &mut Option<watch::Receiver<bool>>) {
-    match ended {
-        Some(ended) => {
-            let _ = ended.wait_for(|ended| *ended).await;
-        }
-        None => std::future::pending().await,
     }
 }
 
@@ -1498,11 +1675,14 @@ where
 
 #[cfg(feature = "deadpool")]
 fn no_tls_canceller() -> Canceller {
-    Arc::new(|token: CancelToken| {
-        Box::pin(async move {
-            let _ = token.cancel_query(NoTls).await;
-        }) as BoxFuture<'static, ()>
-    })
+    static CANCELLER: std::sync::LazyLock<Canceller> = std::sync::LazyLock::new(|| {
+        Arc::new(|token: CancelToken| {
+            Box::pin(async move {
+                let _ = token.cancel_query(NoTls).await;
+            }) as BoxFuture<'static, ()>
+        })
+    });
+    CANCELLER.clone()
 }
 
 /// The pooler probe did not finish within its timeout
@@ -1626,21 +1806,22 @@ fn one_bool(rows: &[Row]) -> Result<bool, Error> {
 }
 
 /// Cancels the statement in flight on the server if the acquisition is
-/// dropped before it completes.
-struct CancelOnDrop(Option<(CancelToken, Canceller)>);
+/// dropped before it completes. The cancel token (a copy of the
+/// connection's settings) is made only then.
+struct CancelOnDrop<'a>(Option<(&'a Client, Canceller)>);
 
-impl CancelOnDrop {
+impl CancelOnDrop<'_> {
     fn disarm(mut self) {
         self.0 = None;
     }
 }
 
-impl Drop for CancelOnDrop {
+impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
-        if let (Some((token, cancel)), Ok(runtime)) =
+        if let (Some((client, cancel)), Ok(runtime)) =
             (self.0.take(), tokio::runtime::Handle::try_current())
         {
-            runtime.spawn(cancel(token));
+            runtime.spawn(cancel(client.cancel_token()));
         }
     }
 }
