@@ -116,6 +116,24 @@ pub(crate) async fn drive(
     mode: StatementMode,
     mut call: Acquisition<'_>,
 ) -> Result<Result<Grant, Busy>, Error> {
+    // Most calls are one statement: sent and received without the general
+    // rounds, whose larger future is boxed below.
+    if let Some(statement) = call.single() {
+        let answer = run(&mut *conn, statement, mode).await;
+        call.receive_single(answer, reply);
+        if call.is_finished() {
+            return call.finish();
+        }
+    }
+    Box::pin(drive_rounds(conn, mode, call)).await
+}
+
+/// [`drive`]'s general case: round after round.
+async fn drive_rounds(
+    conn: &mut PgConnection,
+    mode: StatementMode,
+    mut call: Acquisition<'_>,
+) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
         // One at a time, stopping at the first error.
         let (mut answers, mut failed) = (SmallVec::<[Answer; 1]>::new(), None);

@@ -338,28 +338,7 @@ impl Acquisition<'_> {
                     out.push(Statement::new(Sql::RestoreTimeouts, &[]));
                     out.push(Statement::new(Sql::Release, &[]));
                 }
-                Wait::Try if plan.len() == 1 => {
-                    let shared = plan.modes().next() == Some(Mode::Shared);
-                    out.push(match (plan.bigint(), plan.pair_classes()) {
-                        ([k], _) => Statement::new(
-                            if shared {
-                                Sql::TryBigintShared
-                            } else {
-                                Sql::TryBigint
-                            },
-                            &[Param::Int8(*k)],
-                        ),
-                        (_, [c]) => Statement::new(
-                            if shared {
-                                Sql::TryPairShared
-                            } else {
-                                Sql::TryPair
-                            },
-                            &[Param::Int4(*c), Param::Int4(plan.pair_objects()[0])],
-                        ),
-                        _ => unreachable!("a plan of one key has one key"),
-                    });
-                }
+                Wait::Try if plan.len() == 1 => out.push(self.one_key(true)),
                 Wait::Try => {
                     out.push(Statement::new(Sql::Savepoint, &[]));
                     if !plan.bigint().is_empty() {
@@ -387,6 +366,71 @@ impl Acquisition<'_> {
         Some(out)
     }
 
+    /// The statement that takes the plan's one key: the lock, or its try.
+    fn one_key(&self, try_only: bool) -> Statement<'_> {
+        let plan = &self.plan;
+        let shared = plan.modes().next() == Some(Mode::Shared);
+        match (plan.bigint(), plan.pair_classes()) {
+            ([k], []) => Statement::new(
+                match (try_only, shared) {
+                    (false, false) => Sql::LockBigint,
+                    (false, true) => Sql::LockBigintShared,
+                    (true, false) => Sql::TryBigint,
+                    (true, true) => Sql::TryBigintShared,
+                },
+                &[Param::Int8(*k)],
+            ),
+            ([], [c]) => Statement::new(
+                match (try_only, shared) {
+                    (false, false) => Sql::LockPair,
+                    (false, true) => Sql::LockPairShared,
+                    (true, false) => Sql::TryPair,
+                    (true, true) => Sql::TryPairShared,
+                },
+                &[Param::Int4(*c), Param::Int4(plan.pair_objects()[0])],
+            ),
+            _ => unreachable!("a plan of one key has one key"),
+        }
+    }
+
+    /// The next round's statement when the round is that one statement and
+    /// nothing else: an untimed lock or a try of one key, the most common
+    /// calls. An adapter may send it and hand the answer to
+    /// [`Acquisition::receive_single`], skipping the general
+    /// [`Acquisition::round`] (which lists the same statement); `None`
+    /// says to use `round`.
+    pub fn single(&self) -> Option<Statement<'_>> {
+        match (&self.stage, self.wait) {
+            (Stage::Main, Wait::Forever | Wait::Try) if self.plan.len() == 1 => {
+                Some(self.one_key(self.wait == Wait::Try))
+            }
+            _ => None,
+        }
+    }
+
+    /// [`Acquisition::receive_answers`] for the round of
+    /// [`Acquisition::single`]: its one answer, read by `read`, or the
+    /// error. Called for any other round, the answer counts as that
+    /// round's only one (and the engine's check refuses a round of more
+    /// statements).
+    pub fn receive_single<A>(
+        &mut self,
+        answer: Result<A, DriverError>,
+        read: impl for<'r> Fn(&Statement<'_>, &'r A) -> Reply<'r>,
+    ) {
+        let Some(statement) = self.single() else {
+            return self.receive_answers(answer.map(|a| [a]), read);
+        };
+        let sent = [statement.sql()];
+        match answer {
+            Ok(answer) => {
+                let reply = read(&statement, &answer);
+                self.received(&sent, Ok(std::slice::from_ref(&reply)));
+            }
+            Err(e) => self.received(&sent, Err(e)),
+        }
+    }
+
     /// The lock statements of the plan: `BigInt` keys first, then `Pair`
     /// keys; under a timeout, the second re-armed with what is left of it.
     fn lock_statements<'s>(&'s self, out: &mut Round<'s>) {
@@ -394,6 +438,7 @@ impl Acquisition<'_> {
         let (big, pair) = (plan.bigint(), plan.pair_classes());
         match big {
             [] => {}
+            [_] if pair.is_empty() => out.push(self.one_key(false)),
             [k] => out.push(Statement::new(
                 if plan.bigint_shared()[0] {
                     Sql::LockBigintShared
@@ -420,6 +465,7 @@ impl Acquisition<'_> {
         let (objects, shared) = (plan.pair_objects(), plan.pair_shared());
         match pair {
             [] => {}
+            [_] if big.is_empty() => out.push(self.one_key(false)),
             [c] => out.push(Statement::new(
                 if shared[0] {
                     Sql::LockPairShared
@@ -884,6 +930,56 @@ mod tests {
 
     fn sqls(call: &Acquisition<'_>) -> Vec<Sql> {
         call.round().unwrap().iter().map(Statement::sql).collect()
+    }
+
+    /// `single` is the round's statement whenever the round is that one
+    /// statement alone, and `receive_single` settles the call as
+    /// `receive_answers` does; every other round says `None`.
+    #[test]
+    fn single_is_the_round_of_one_statement() {
+        let policy = policy();
+        let waits = [
+            Wait::Forever,
+            Wait::Try,
+            Wait::Timeout(Duration::from_secs(1)),
+        ];
+        let requests = || {
+            [
+                Request::one(&K(1), Mode::Exclusive),
+                Request::one(&K(1), Mode::Shared),
+                Request::one(&P(2), Mode::Exclusive),
+                Request::one(&P(2), Mode::Shared),
+                Request::batch(&Batch::new().with(&K(1)).with(&K(2))),
+                Request::batch(&Batch::new().with(&K(1)).with(&P(2))),
+            ]
+        };
+        let mut singles = 0;
+        for wait in waits {
+            for request in requests() {
+                let state = TxState::new();
+                let mut call = state.acquire(&policy, 0, request, wait).unwrap();
+                let round: Vec<_> = call.round().unwrap().iter().copied().collect();
+                match call.single() {
+                    Some(single) => {
+                        singles += 1;
+                        assert_eq!(round.len(), 1, "{wait:?}");
+                        assert_eq!(single.sql(), round[0].sql());
+                        assert_eq!(single.params(), round[0].params());
+                        let answer = granted(&round).remove(0);
+                        call.receive_single(Ok::<_, DriverError>(answer), |_, a| a.clone());
+                        assert!(call.is_finished());
+                        assert!(call.finish().unwrap().is_ok());
+                        assert_eq!(state.held_count(), 1);
+                    }
+                    None => assert!(
+                        round.len() > 1 || matches!(wait, Wait::Timeout(_)) || call.plan.len() > 1,
+                        "{wait:?}: {round:?}"
+                    ),
+                }
+            }
+        }
+        // Forever and Try, four one-key requests each.
+        assert_eq!(singles, 8);
     }
 
     #[test]

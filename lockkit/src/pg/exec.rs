@@ -265,6 +265,36 @@ pub(crate) async fn drive(
     cancelled: &AtomicBool,
     mut call: Acquisition<'_>,
 ) -> Result<Result<Grant, Busy>, Error> {
+    // Most calls are one statement (and lockkit's statements already
+    // prepared, or never): sent and received without the general rounds,
+    // whose larger future is boxed below.
+    let prepared = cache.and_then(StatementCache::ready);
+    let single = match cache.is_none() || prepared.is_some() {
+        true => call.single(),
+        false => None,
+    };
+    if let Some(statement) = single {
+        let guard = CancelOnDrop {
+            client: Some(client),
+            cancelled,
+        };
+        let result = send(client, prepared, &statement).await;
+        guard.disarm();
+        call.receive_single(result.map_err(driver_error), reply);
+        if call.is_finished() {
+            return call.finish();
+        }
+    }
+    Box::pin(drive_rounds(client, cache, cancelled, call)).await
+}
+
+/// [`drive`]'s general case: round after round, each pipelined.
+async fn drive_rounds(
+    client: &Client,
+    cache: Option<&StatementCache>,
+    cancelled: &AtomicBool,
+    mut call: Acquisition<'_>,
+) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
         let guard = CancelOnDrop {
             client: Some(client),
@@ -272,11 +302,13 @@ pub(crate) async fn drive(
         };
         let result = send_round(client, cache, &round).await;
         guard.disarm();
-        let result = result.map_err(|e| {
-            let foreign = foreign_row(&e);
-            DriverError::from(e).foreign_reply(foreign)
-        });
-        call.receive_answers(result, reply);
+        call.receive_answers(result.map_err(driver_error), reply);
     }
     call.finish()
+}
+
+/// The engine's error for one of tokio-postgres's.
+fn driver_error(e: tokio_postgres::Error) -> DriverError {
+    let foreign = foreign_row(&e);
+    DriverError::from(e).foreign_reply(foreign)
 }
