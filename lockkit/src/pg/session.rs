@@ -61,7 +61,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
-use futures_util::future::{join, join_all, BoxFuture};
+use futures_util::future::{join, BoxFuture};
+use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -1260,8 +1261,9 @@ impl Drop for Ending<'_> {
 
 /// Keeps the held locks of a [`SessionLock`] (and of its clones with the
 /// same cadence) alive: one task, started by the first lock and ending
-/// when a tick finds no lock held, runs the keepalive on every held lock's
-/// connection once per cadence, all at once, each bounded by the cadence.
+/// when a tick finds no lock held, starts the keepalive on every held
+/// lock's connection once per cadence, each bounded by the cadence and
+/// none waiting for another.
 /// A lock registers by pushing onto a list under a short mutex: no task
 /// spawned and no worker woken per lock.
 struct Keeper {
@@ -1320,21 +1322,30 @@ impl Keeper {
         let mut running = Running(Some(&self));
         let mut ticks = tokio::time::interval_at(Instant::now() + self.cadence, self.cadence);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // Each lock's keepalive runs on its own: one that gets no reply
+        // (bounded by a cadence) never delays the next tick of the others.
+        let mut keeping = FuturesUnordered::new();
         loop {
-            ticks.tick().await;
+            tokio::select! {
+                _ = ticks.tick() => {}
+                Some(()) = keeping.next(), if !keeping.is_empty() => continue,
+            }
             let held: Vec<Arc<Shared>> = {
                 let mut state = self.state();
                 state.held.retain(|held| held.strong_count() > 0);
                 if state.held.is_empty() {
                     // Under the mutex: a registration after this starts a
-                    // new task.
+                    // new task. (A keepalive in flight holds its lock, so
+                    // nothing is in flight here.)
                     state.running = false;
                     running.0 = None;
                     return;
                 }
                 state.held.iter().filter_map(Weak::upgrade).collect()
             };
-            join_all(held.iter().map(|shared| keep_alive(shared))).await;
+            for shared in held {
+                keeping.push(async move { keep_alive(&shared).await });
+            }
         }
     }
 }
