@@ -236,6 +236,15 @@ async fn one_keeper_keeps_every_lock_of_a_session_lock() {
     }
 }
 
+/// A multi-threaded runtime of `workers` threads, of a test's own.
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// The keeper task runs on the runtime of the lock that started it; when
 /// that runtime shuts down, the next lock (on another runtime) starts a new
 /// keeper, so its lock outlives the server's
@@ -262,11 +271,7 @@ fn a_lock_is_kept_after_the_keepers_runtime_shut_down() {
     // Shut down with the keeper's task waiting for its first tick.
     drop(first);
 
-    let second = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let second = runtime(2);
     second.block_on(async {
         let guard = sessions.lock(Duty { id: 501 }).await.unwrap();
         assert!(
@@ -288,21 +293,13 @@ fn a_lock_is_kept_after_the_keepers_runtime_shut_down() {
 fn locks_are_given_up_when_the_keepers_runtime_shuts_down() {
     let db = TestServer::builder().start();
     let sessions = SessionLock::new(db.config());
-    let keeper_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let keeper_runtime = runtime(1);
     // The keeper starts there, and runs on until a tick finds no lock.
     keeper_runtime.block_on(async {
         let guard = sessions.lock(Duty { id: 600 }).await.unwrap();
         assert!(guard.release().await.unwrap());
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime(2);
     let guard = runtime.block_on(sessions.lock(Duty { id: 601 })).unwrap();
     // Control: held while the keeper's runtime lives.
     runtime.block_on(async {

@@ -371,24 +371,8 @@ impl Acquisition<'_> {
         let plan = &self.plan;
         let shared = plan.modes().next() == Some(Mode::Shared);
         match (plan.bigint(), plan.pair_classes()) {
-            ([k], []) => Statement::new(
-                match (try_only, shared) {
-                    (false, false) => Sql::LockBigint,
-                    (false, true) => Sql::LockBigintShared,
-                    (true, false) => Sql::TryBigint,
-                    (true, true) => Sql::TryBigintShared,
-                },
-                &[Param::Int8(*k)],
-            ),
-            ([], [c]) => Statement::new(
-                match (try_only, shared) {
-                    (false, false) => Sql::LockPair,
-                    (false, true) => Sql::LockPairShared,
-                    (true, false) => Sql::TryPair,
-                    (true, true) => Sql::TryPairShared,
-                },
-                &[Param::Int4(*c), Param::Int4(plan.pair_objects()[0])],
-            ),
+            ([k], []) => one_bigint(*k, shared, try_only),
+            ([], [c]) => one_pair(*c, plan.pair_objects()[0], shared, try_only),
             _ => unreachable!("a plan of one key has one key"),
         }
     }
@@ -438,15 +422,7 @@ impl Acquisition<'_> {
         let (big, pair) = (plan.bigint(), plan.pair_classes());
         match big {
             [] => {}
-            [_] if pair.is_empty() => out.push(self.one_key(false)),
-            [k] => out.push(Statement::new(
-                if plan.bigint_shared()[0] {
-                    Sql::LockBigintShared
-                } else {
-                    Sql::LockBigint
-                },
-                &[Param::Int8(*k)],
-            )),
+            [k] => out.push(one_bigint(*k, plan.bigint_shared()[0], false)),
             _ if plan.bigint_shared().contains(&true) => out.push(Statement::new(
                 Sql::BatchBigint,
                 &[
@@ -465,15 +441,7 @@ impl Acquisition<'_> {
         let (objects, shared) = (plan.pair_objects(), plan.pair_shared());
         match pair {
             [] => {}
-            [_] if big.is_empty() => out.push(self.one_key(false)),
-            [c] => out.push(Statement::new(
-                if shared[0] {
-                    Sql::LockPairShared
-                } else {
-                    Sql::LockPair
-                },
-                &[Param::Int4(*c), Param::Int4(objects[0])],
-            )),
+            [c] => out.push(one_pair(*c, objects[0], shared[0], false)),
             _ if shared.contains(&true) => out.push(Statement::new(
                 Sql::BatchPair,
                 &[
@@ -802,6 +770,28 @@ impl Drop for Acquisition<'_> {
             locks.poison();
         }
     }
+}
+
+/// The statement that takes one `BigInt` key: the lock, or its try.
+fn one_bigint(key: i64, shared: bool, try_only: bool) -> Statement<'static> {
+    let sql = match (try_only, shared) {
+        (false, false) => Sql::LockBigint,
+        (false, true) => Sql::LockBigintShared,
+        (true, false) => Sql::TryBigint,
+        (true, true) => Sql::TryBigintShared,
+    };
+    Statement::new(sql, &[Param::Int8(key)])
+}
+
+/// The statement that takes one `Pair` key: the lock, or its try.
+fn one_pair(class: i32, object: i32, shared: bool, try_only: bool) -> Statement<'static> {
+    let sql = match (try_only, shared) {
+        (false, false) => Sql::LockPair,
+        (false, true) => Sql::LockPairShared,
+        (true, false) => Sql::TryPair,
+        (true, true) => Sql::TryPairShared,
+    };
+    Statement::new(sql, &[Param::Int4(class), Param::Int4(object)])
 }
 
 /// The label of an error kind in spans and metrics.

@@ -1,6 +1,7 @@
 //! Runs the engine's statements on a tokio-postgres connection: the only
 //! thing this adapter does for a lock call.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::{join, join_all, try_join_all};
@@ -226,6 +227,22 @@ impl Drop for CancelOnDrop<'_> {
     }
 }
 
+/// Awaits `sending` (statements on `client`); dropped before it completes,
+/// sends a cancel request for them and records it in `cancelled`.
+async fn cancel_if_dropped<T>(
+    client: &Client,
+    cancelled: &AtomicBool,
+    sending: impl Future<Output = T>,
+) -> T {
+    let guard = CancelOnDrop {
+        client: Some(client),
+        cancelled,
+    };
+    let result = sending.await;
+    guard.disarm();
+    result
+}
+
 /// Sends a cancel request in the background (no TLS: PostgreSQL reads a
 /// cancel request before any TLS negotiation and authentication).
 pub(crate) fn cancel(token: CancelToken) {
@@ -274,12 +291,7 @@ pub(crate) async fn drive(
         false => None,
     };
     if let Some(statement) = single {
-        let guard = CancelOnDrop {
-            client: Some(client),
-            cancelled,
-        };
-        let result = send(client, prepared, &statement).await;
-        guard.disarm();
+        let result = cancel_if_dropped(client, cancelled, send(client, prepared, &statement)).await;
         call.receive_single(result.map_err(driver_error), reply);
         if call.is_finished() {
             return call.finish();
@@ -296,12 +308,7 @@ async fn drive_rounds(
     mut call: Acquisition<'_>,
 ) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
-        let guard = CancelOnDrop {
-            client: Some(client),
-            cancelled,
-        };
-        let result = send_round(client, cache, &round).await;
-        guard.disarm();
+        let result = cancel_if_dropped(client, cancelled, send_round(client, cache, &round)).await;
         call.receive_answers(result.map_err(driver_error), reply);
     }
     call.finish()

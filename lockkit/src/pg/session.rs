@@ -919,9 +919,10 @@ impl Completed {
     /// The rows of commands `from..to` (none for commands that did not
     /// complete).
     fn rows(&self, from: usize, to: usize) -> &[SimpleRow] {
-        let end = |i: usize| match i.checked_sub(1) {
-            None => 0,
-            Some(i) => self.ends.get(i).or(self.ends.last()).copied().unwrap_or(0),
+        // Where the rows of the first `i` commands end.
+        let end = |i: usize| match i.min(self.ends.len()) {
+            0 => 0,
+            i => self.ends[i - 1],
         };
         self.rows.get(end(from)..end(to)).unwrap_or_default()
     }
@@ -1199,13 +1200,8 @@ impl Drop for Holding {
             // back to a pool unclean). Should a statement be in flight, its
             // task drops the last `Shared`, and the lease closes with it.
             Err(_) => {
-                if let Ok(mut slot) = self.0.lease.try_lock() {
-                    let lease = slot.take();
-                    drop(slot);
-                    drop(Ending {
-                        lease,
-                        lost: &self.0.lost,
-                    });
+                if let Ok(slot) = self.0.lease.try_lock() {
+                    self.0.give_up(slot);
                 }
             }
         }
@@ -1235,6 +1231,20 @@ struct Shared {
     form: SessionForm,
     cadence: Duration,
     backend_pid: i32,
+}
+
+impl Shared {
+    /// Gives the lock up: takes the connection out of `slot` (so that no
+    /// release can use it after whatever failed on it), closes it, and
+    /// flips `lost`.
+    fn give_up(&self, mut slot: tokio::sync::MutexGuard<'_, Option<Lease>>) {
+        let lease = slot.take();
+        drop(slot);
+        drop(Ending {
+            lease,
+            lost: &self.lost,
+        });
+    }
 }
 
 /// A lease taken out of [`Shared::lease`] to end the lock: dropping it
@@ -1369,18 +1379,13 @@ impl Drop for Running<'_> {
             let Some(shared) = held.upgrade() else {
                 return false;
             };
-            let Ok(mut slot) = shared.lease.try_lock() else {
+            let Ok(slot) = shared.lease.try_lock() else {
                 return true;
             };
-            let lease = slot.take();
-            drop(slot);
-            if lease.is_some() {
+            if slot.is_some() {
                 tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid,
                     "lockkit: the runtime of the session locks' keeper shut down; giving the lock up");
-                drop(Ending {
-                    lease,
-                    lost: &shared.lost,
-                });
+                shared.give_up(slot);
             }
             false
         });
@@ -1390,7 +1395,7 @@ impl Drop for Running<'_> {
 /// One keepalive on a held lock's connection, bounded by one cadence; when
 /// it fails or gets no reply in time, the lock is given up.
 async fn keep_alive(shared: &Shared) {
-    let mut slot = shared.lease.lock().await;
+    let slot = shared.lease.lock().await;
     let Some(lease) = slot.as_ref() else {
         return; // released meanwhile
     };
@@ -1408,15 +1413,10 @@ async fn keep_alive(shared: &Shared) {
                 "lockkit: no keepalive reply within one cadence; giving the session lock up");
         }
     }
-    // Taken out under the same lock as the statement that failed on it, so
-    // that no release can run a ROLLBACK (and report the lock held) after
-    // a failure. The connection is closed, never back to a pool unclean.
-    let lease = slot.take();
-    drop(slot);
-    drop(Ending {
-        lease,
-        lost: &shared.lost,
-    });
+    // Under the same lock as the statement that failed on it, so that no
+    // release can run a ROLLBACK (and report the lock held) after a
+    // failure. The connection is closed, never back to a pool unclean.
+    shared.give_up(slot);
 }
 
 /// Ends the lock of a connection lockkit opened as soon as the connection
@@ -1426,14 +1426,11 @@ async fn watch_connection(shared: Weak<Shared>, mut ended: watch::Receiver<bool>
     let Some(shared) = shared.upgrade() else {
         return; // released and dropped
     };
-    let lease = shared.lease.lock().await.take();
-    if lease.is_some() {
+    let slot = shared.lease.lock().await;
+    if slot.is_some() {
         tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid,
             "lockkit: a session lock's connection ended; the lock is gone");
-        drop(Ending {
-            lease,
-            lost: &shared.lost,
-        });
+        shared.give_up(slot);
     }
 }
 
@@ -1441,18 +1438,13 @@ async fn watch_connection(shared: Weak<Shared>, mut ended: watch::Receiver<bool>
 /// lock found gone) gives the connection up, since a failed statement
 /// aborts the lock's transaction, and with it the lock.
 async fn check_now(shared: Arc<Shared>) -> Result<bool, Error> {
-    let mut slot = shared.lease.lock().await;
+    let slot = shared.lease.lock().await;
     let answer = match slot.as_ref() {
         Some(lease) => holds_now(lease, shared.key).await,
         None => return Ok(false),
     };
     if !matches!(answer, Ok(true)) {
-        let lease = slot.take();
-        drop(slot);
-        drop(Ending {
-            lease,
-            lost: &shared.lost,
-        });
+        shared.give_up(slot);
     }
     answer
 }
