@@ -85,6 +85,64 @@ async fn a_lock_wait_emits_a_span_and_a_metric_with_its_wait() {
         "the histogram's wait {}s covers {at_least:?}",
         samples[1]
     );
+
+    // A busy try and a timeout: the histogram labels each with its
+    // outcome, and each counts once in its counter.
+    let h = locker.begin(&mut holder).await.unwrap();
+    let _ = h.lock(key).await.unwrap();
+    let tx = locker.begin(&mut waiter).await.unwrap();
+    assert!(tx.try_lock(key).await.unwrap().is_err(), "busy");
+    let err = tx
+        .lock_timeout(key, Duration::from_millis(20))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    tx.rollback().await.unwrap();
+    h.rollback().await.unwrap();
+
+    let snapshot = snapshotter.snapshot().into_vec();
+    let ours = |key: &metrics::Key| {
+        key.labels()
+            .any(|l| l.key() == "key_type" && l.value() == "lockkit-tests.observe")
+    };
+    let mut outcomes: Vec<String> = snapshot
+        .iter()
+        .filter(|(k, ..)| k.key().name() == "lockkit_lock_wait_seconds" && ours(k.key()))
+        .flat_map(|(k, _, _, value)| {
+            let outcome = k
+                .key()
+                .labels()
+                .find(|l| l.key() == "outcome")
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default();
+            let n = match value {
+                DebugValue::Histogram(v) => v.len(),
+                _ => 0,
+            };
+            std::iter::repeat_n(outcome, n)
+        })
+        .collect();
+    outcomes.sort();
+    // The first snapshot took the first two samples; these are the
+    // holder's second lock, the try and the timed lock.
+    assert_eq!(
+        outcomes,
+        ["busy", "granted", "timeout"],
+        "one sample per call, labelled with its outcome"
+    );
+    let counter = |name: &str| {
+        snapshot
+            .iter()
+            .filter(|(k, ..)| k.key().name() == name && ours(k.key()))
+            .map(|(.., value)| match value {
+                DebugValue::Counter(n) => *n,
+                _ => 0,
+            })
+            .sum::<u64>()
+    };
+    assert_eq!(counter("lockkit_lock_busy_total"), 1);
+    assert_eq!(counter("lockkit_lock_timeouts_total"), 1);
+    assert_eq!(counter("lockkit_lock_deadlocks_total"), 0);
 }
 
 /// A key type of its own, so the histogram test sees only its own calls.

@@ -15,6 +15,7 @@ use crate::engine::config::Config;
 use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::guard::{Busy, Held, HeldBatch};
+use crate::engine::observe::{observe, KeyType, Outcome};
 use crate::engine::plan::{Batch, Mode, Plan};
 use crate::engine::sql::timeout_millis;
 use crate::engine::statement::{Param, Reply, ReplyShape, Round, Sql, Statement};
@@ -166,7 +167,7 @@ impl TxState {
         } else {
             let span = tracing::debug_span!(
                 "lockkit.lock",
-                key_type = request.key_type,
+                key_type = request.key_type.name(),
                 keys = plan.len(),
                 wait = ?wait,
                 outcome = tracing::field::Empty,
@@ -204,7 +205,7 @@ impl TxState {
 pub struct Request {
     keys: Keys,
     hashtext: bool,
-    key_type: &'static str,
+    key_type: &'static KeyType,
     site: Option<&'static Location<'static>>,
 }
 
@@ -220,7 +221,7 @@ impl Request {
         Request {
             keys: Keys::One(key.lock_key(), mode),
             hashtext: K::KEY_SPEC.form() == KeyForm::HashText,
-            key_type: K::KEY_SPEC.namespace(),
+            key_type: const { &KeyType::new(K::KEY_SPEC.namespace()) },
             site: None,
         }
     }
@@ -231,7 +232,7 @@ impl Request {
         Request {
             keys: Keys::One(key, mode),
             hashtext: false,
-            key_type: "raw",
+            key_type: KeyType::RAW,
             site: None,
         }
     }
@@ -241,7 +242,7 @@ impl Request {
         Request {
             keys: Keys::Many(batch.planned()),
             hashtext: batch.has_hashtext(),
-            key_type: "batch",
+            key_type: KeyType::BATCH,
             site: None,
         }
     }
@@ -581,35 +582,19 @@ impl Acquisition<'_> {
         Stage::Finished(outcome)
     }
 
-    /// Reports a call that went to the server: its span's outcome and wait,
-    /// and with the `metrics` feature, the wait-time histogram and the
-    /// counters of busy keys, timeouts and deadlocks.
+    /// Reports a call that went to the server (see [`observe`]).
     fn observe(&self, outcome: &Result<Granted, Error>) {
-        let waited = self.started.elapsed();
-        let label = match outcome {
-            Ok(Granted::Now) => "granted",
-            Ok(Granted::Busy(_)) => "busy",
-            Err(e) => kind_label(e.kind()),
+        let outcome = match outcome {
+            Ok(Granted::Now) => Outcome::Granted,
+            Ok(Granted::Busy(_)) => Outcome::Busy,
+            Err(e) => outcome_of(e.kind()),
         };
-        if !self.span.is_disabled() {
-            self.span.record("outcome", label);
-            self.span.record("wait_ms", waited.as_secs_f64() * 1000.0);
-        }
-        #[cfg(feature = "metrics")]
-        {
-            let key_type = self.request.key_type;
-            metrics::histogram!("lockkit_lock_wait_seconds", "key_type" => key_type, "outcome" => label)
-                .record(waited.as_secs_f64());
-            let counter = match label {
-                "busy" => Some("lockkit_lock_busy_total"),
-                "timeout" => Some("lockkit_lock_timeouts_total"),
-                "deadlock" => Some("lockkit_lock_deadlocks_total"),
-                _ => None,
-            };
-            if let Some(name) = counter {
-                metrics::counter!(name, "key_type" => key_type).increment(1);
-            }
-        }
+        observe(
+            &self.span,
+            self.request.key_type,
+            outcome,
+            self.started.elapsed(),
+        );
     }
 
     /// The span of this call (`lockkit.lock`, at debug level, with the key
@@ -794,16 +779,16 @@ fn one_pair(class: i32, object: i32, shared: bool, try_only: bool) -> Statement<
     Statement::new(sql, &[Param::Int4(class), Param::Int4(object)])
 }
 
-/// The label of an error kind in spans and metrics.
-fn kind_label(kind: ErrorKind) -> &'static str {
+/// How a call that failed with `kind` ended, as spans and metrics name it.
+fn outcome_of(kind: ErrorKind) -> Outcome {
     match kind {
-        ErrorKind::Timeout => "timeout",
-        ErrorKind::Cancelled => "cancelled",
-        ErrorKind::Deadlock => "deadlock",
-        ErrorKind::LockTableFull => "lock_table_full",
-        ErrorKind::ConnectionLost => "connection_lost",
-        ErrorKind::UnexpectedReply => "unexpected_reply",
-        _ => "error",
+        ErrorKind::Timeout => Outcome::Timeout,
+        ErrorKind::Cancelled => Outcome::Cancelled,
+        ErrorKind::Deadlock => Outcome::Deadlock,
+        ErrorKind::LockTableFull => Outcome::LockTableFull,
+        ErrorKind::ConnectionLost => Outcome::ConnectionLost,
+        ErrorKind::UnexpectedReply => Outcome::UnexpectedReply,
+        _ => Outcome::Error,
     }
 }
 

@@ -53,6 +53,7 @@ pub(crate) mod config;
 pub(crate) mod error;
 pub(crate) mod facts;
 pub(crate) mod guard;
+mod observe;
 pub(crate) mod plan;
 pub mod sql;
 mod statement;
