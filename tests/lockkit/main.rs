@@ -5,6 +5,7 @@ mod common;
 mod ddl;
 mod exclusion;
 mod findings;
+mod footprint;
 mod guards_ui;
 mod hashtext;
 mod inspect;

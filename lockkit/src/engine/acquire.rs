@@ -54,18 +54,20 @@ impl Policy {
 
 /// A transaction's [`TxState`] as a lock handle holds it: owned by the
 /// transaction's own handle, borrowed by the handle of a savepoint inside
-/// it. Dereferences to the state.
+/// it, so that neither allocates. Dereferences to the state. An adapter
+/// that keeps more per transaction than the `TxState` holds its own type
+/// `T` (which contains one) the same way.
 #[derive(Debug)]
-pub enum TxSlot<'t> {
+pub enum TxSlot<'t, T = TxState> {
     /// The transaction's handle: the state is its own.
-    Owned(TxState),
+    Owned(T),
     /// A savepoint's handle: the enclosing transaction's state.
-    Borrowed(&'t TxState),
+    Borrowed(&'t T),
 }
 
-impl std::ops::Deref for TxSlot<'_> {
-    type Target = TxState;
-    fn deref(&self) -> &TxState {
+impl<T> std::ops::Deref for TxSlot<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
         match self {
             TxSlot::Owned(state) => state,
             TxSlot::Borrowed(state) => state,

@@ -2,7 +2,9 @@
 //! thing this adapter does for a lock call.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 
 use futures_util::future::{join, join_all, try_join_all};
 use futures_util::TryStreamExt;
@@ -212,12 +214,6 @@ struct CancelOnDrop<'a> {
     cancelled: &'a AtomicBool,
 }
 
-impl CancelOnDrop<'_> {
-    fn disarm(mut self) {
-        self.client = None;
-    }
-}
-
 impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
         if let Some(client) = self.client.take() {
@@ -227,20 +223,45 @@ impl Drop for CancelOnDrop<'_> {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// [`cancel_if_dropped`]'s future: `sending`, polled in place, and the
+    /// guard that cancels it unless it completed.
+    struct CancelIfDropped<'a, F> {
+        guard: CancelOnDrop<'a>,
+        #[pin]
+        sending: F,
+    }
+}
+
+impl<F: Future> Future for CancelIfDropped<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let out = std::task::ready!(this.sending.poll(cx));
+        this.guard.client = None;
+        Poll::Ready(out)
+    }
+}
+
 /// Awaits `sending` (statements on `client`); dropped before it completes,
 /// sends a cancel request for them and records it in `cancelled`.
-async fn cancel_if_dropped<T>(
-    client: &Client,
-    cancelled: &AtomicBool,
-    sending: impl Future<Output = T>,
-) -> T {
-    let guard = CancelOnDrop {
-        client: Some(client),
-        cancelled,
-    };
-    let result = sending.await;
-    guard.disarm();
-    result
+///
+/// A future of its own rather than an `async fn`: an `async fn` keeps its
+/// argument next to the future it awaits, two copies of the driver's
+/// future (about 1 KB) in every lock call's future.
+fn cancel_if_dropped<'a, F: Future>(
+    client: &'a Client,
+    cancelled: &'a AtomicBool,
+    sending: F,
+) -> CancelIfDropped<'a, F> {
+    CancelIfDropped {
+        guard: CancelOnDrop {
+            client: Some(client),
+            cancelled,
+        },
+        sending,
+    }
 }
 
 /// Sends a cancel request in the background (no TLS: PostgreSQL reads a
@@ -276,28 +297,35 @@ fn foreign_row(e: &tokio_postgres::Error) -> bool {
 /// If the future is dropped while a round is in flight, the acquisition
 /// poisons the transaction and a cancel request goes to the server;
 /// `cancelled` records that, for the transaction's rollback.
-pub(crate) async fn drive(
-    client: &Client,
-    cache: Option<&StatementCache>,
-    cancelled: &AtomicBool,
-    mut call: Acquisition<'_>,
-) -> Result<Result<Grant, Busy>, Error> {
-    // Most calls are one statement (and lockkit's statements already
-    // prepared, or never): sent and received without the general rounds,
-    // whose larger future is boxed below.
-    let prepared = cache.and_then(StatementCache::ready);
-    let single = match cache.is_none() || prepared.is_some() {
-        true => call.single(),
-        false => None,
-    };
-    if let Some(statement) = single {
-        let result = cancel_if_dropped(client, cancelled, send(client, prepared, &statement)).await;
-        call.receive_single(result.map_err(driver_error), reply);
-        if call.is_finished() {
-            return call.finish();
+///
+/// An `async` block rather than an `async fn`: the block keeps what it
+/// captures once, where an `async fn` would keep a second copy of the
+/// acquisition next to its arguments.
+pub(crate) fn drive<'a>(
+    client: &'a Client,
+    cache: Option<&'a StatementCache>,
+    cancelled: &'a AtomicBool,
+    mut call: Acquisition<'a>,
+) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 'a {
+    async move {
+        // Most calls are one statement (and lockkit's statements already
+        // prepared, or never): sent and received without the general
+        // rounds, whose larger future is boxed below.
+        let prepared = cache.and_then(StatementCache::ready);
+        let single = match cache.is_none() || prepared.is_some() {
+            true => call.single(),
+            false => None,
+        };
+        if let Some(statement) = single {
+            let result =
+                cancel_if_dropped(client, cancelled, send(client, prepared, &statement)).await;
+            call.receive_single(result.map_err(driver_error), reply);
+            if call.is_finished() {
+                return call.finish();
+            }
         }
+        Box::pin(drive_rounds(client, cache, cancelled, call)).await
     }
-    Box::pin(drive_rounds(client, cache, cancelled, call)).await
 }
 
 /// [`drive`]'s general case: round after round, each pipelined.

@@ -5,7 +5,6 @@ use std::future::Future;
 use std::ops::Deref;
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::Transaction;
@@ -14,7 +13,7 @@ use tracing::Instrument;
 use crate::engine::error::Error;
 use crate::engine::guard::{Busy, Held, HeldBatch};
 use crate::engine::plan::{Batch, Mode};
-use crate::engine::{Request, TxState, Wait};
+use crate::engine::{Request, TxSlot, TxState, Wait};
 use crate::key::AdvisoryKey;
 use crate::pg::exec::{self, StatementCache};
 use crate::pg::locker::Locker;
@@ -62,11 +61,11 @@ pub struct LockTx<'c> {
     tx: Option<Transaction<'c>>,
     locker: Locker,
     cache: Option<&'c StatementCache>,
-    shared: Arc<Shared>,
+    shared: TxSlot<'c, Shared>,
     depth: u32,
 }
 
-/// What a transaction shares with its savepoints, in one allocation.
+/// What a transaction shares with its savepoints.
 #[derive(Debug, Default)]
 struct Shared {
     /// What the transaction holds through lockkit.
@@ -116,7 +115,7 @@ impl<'c> LockTx<'c> {
             tx: Some(tx),
             locker,
             cache,
-            shared: Arc::default(),
+            shared: TxSlot::Owned(Shared::default()),
             depth: 0,
         }
     }
@@ -249,7 +248,7 @@ impl<'c> LockTx<'c> {
     pub async fn savepoint(&mut self) -> Result<LockTx<'_>, Error> {
         let depth = self.depth + 1;
         let locker = self.locker.clone();
-        let shared = Arc::clone(&self.shared);
+        let shared = TxSlot::Borrowed(&*self.shared);
         let cache = self.cache;
         let tx = self
             .tx
