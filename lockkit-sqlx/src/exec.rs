@@ -8,6 +8,8 @@
 //! connection in sqlx's statement cache; the engine checks every reply
 //! either way.
 
+use std::future::Future;
+
 use futures_util::TryStreamExt;
 use lockkit::engine::{
     read_reply, Acquisition, DriverError, Grant, Param, Reply, ReplyRow, ReplyShape, Statement,
@@ -111,21 +113,27 @@ fn reply<'r>(stmt: &Statement<'_>, answer: &'r Answer) -> Reply<'r> {
 ///
 /// Dropped while a statement is in flight, the acquisition poisons the
 /// transaction (the server may grant what was sent).
-pub(crate) async fn drive(
-    conn: &mut PgConnection,
+///
+/// An `async` block rather than an `async fn`: the block keeps what it
+/// captures once, where an `async fn` would keep a second copy of the
+/// acquisition next to its arguments (rust-lang/rust#62958).
+pub(crate) fn drive<'a>(
+    conn: &'a mut PgConnection,
     mode: StatementMode,
-    mut call: Acquisition<'_>,
-) -> Result<Result<Grant, Busy>, Error> {
-    // Most calls are one statement: sent and received without the general
-    // rounds, whose larger future is boxed below.
-    if let Some(statement) = call.single() {
-        let answer = run(&mut *conn, statement, mode).await;
-        call.receive_single(answer, reply);
-        if call.is_finished() {
-            return call.finish();
+    mut call: Acquisition<'a>,
+) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 'a {
+    async move {
+        // Most calls are one statement: sent and received without the
+        // general rounds, whose larger future is boxed below.
+        if let Some(statement) = call.single() {
+            let answer = run(&mut *conn, statement, mode).await;
+            call.receive_single(answer, reply);
+            if call.is_finished() {
+                return call.finish();
+            }
         }
+        Box::pin(drive_rounds(conn, mode, call)).await
     }
-    Box::pin(drive_rounds(conn, mode, call)).await
 }
 
 /// [`drive`]'s general case: round after round.
