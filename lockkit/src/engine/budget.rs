@@ -5,7 +5,7 @@
 //! anything, which keys still need a round trip and whether taking them would
 //! exceed the budget or break the global order.
 
-use std::collections::BTreeMap;
+use smallvec::SmallVec;
 
 use crate::engine::config::{Config, OrderCheck};
 use crate::engine::error::{Error, ErrorKind};
@@ -39,6 +39,60 @@ impl Entry {
     }
 }
 
+/// The held keys in the global order, each with its [`Entry`]: a sorted
+/// vector, inline for the first two keys (most transactions take one or
+/// two), which a lock call's sorted plan is merged into in one pass.
+#[derive(Debug, Default)]
+struct HeldKeys(SmallVec<[(LockKey, Entry); 2]>);
+
+impl HeldKeys {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn get(&self, key: LockKey) -> Option<&Entry> {
+        self.0
+            .binary_search_by_key(&key, |(k, _)| *k)
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+
+    /// Records each `(key, mode)` of `taken` (sorted, distinct) as taken at
+    /// `depth`, unless that mode of the key is held already.
+    fn take(&mut self, taken: impl Iterator<Item = (LockKey, Mode)>, depth: u32) {
+        let mut taken = taken.peekable();
+        // The common case, keys taken in the global order: each sorts after
+        // everything held, and is appended.
+        while let Some((key, mode)) =
+            taken.next_if(|(k, _)| self.0.last().is_none_or(|(last, _)| last < k))
+        {
+            let mut entry = Entry::default();
+            *entry.slot(mode) = Some(depth);
+            self.0.push((key, entry));
+        }
+        if taken.peek().is_none() {
+            return;
+        }
+        let mut held = std::mem::take(&mut self.0).into_iter().peekable();
+        let mut merged = SmallVec::with_capacity(held.len() + taken.size_hint().0);
+        for (key, mode) in taken {
+            while let Some(before) = held.next_if(|(k, _)| *k < key) {
+                merged.push(before);
+            }
+            let mut entry = held
+                .next_if(|(k, _)| *k == key)
+                .map_or_else(Entry::default, |(_, e)| e);
+            let slot = entry.slot(mode);
+            if slot.is_none() {
+                *slot = Some(depth);
+            }
+            merged.push((key, entry));
+        }
+        merged.extend(held);
+        self.0 = merged;
+    }
+}
+
 /// What one transaction holds, as far as lockkit took it: keys, modes, and the
 /// savepoint depth that took them; plus whether the transaction is poisoned
 /// or aborted.
@@ -46,7 +100,7 @@ impl Entry {
 /// For driver adapters; applications use it through a transaction type.
 #[derive(Debug, Default)]
 pub(crate) struct TxLocks {
-    held: BTreeMap<LockKey, Entry>,
+    held: HeldKeys,
     in_flight: bool,
     poisoned: bool,
     aborted_at: Option<u32>,
@@ -60,12 +114,13 @@ impl TxLocks {
 
     /// The mode `key` is held in, if it is.
     pub(crate) fn mode(&self, key: LockKey) -> Option<Mode> {
-        self.held.get(&key).and_then(Entry::mode)
+        self.held.get(key).and_then(Entry::mode)
     }
 
     /// The held keys in the global order.
     pub(crate) fn keys(&self) -> impl Iterator<Item = (LockKey, Mode)> + '_ {
         self.held
+            .0
             .iter()
             .filter_map(|(k, e)| e.mode().map(|m| (*k, m)))
     }
@@ -106,12 +161,12 @@ impl TxLocks {
                 .into_iter()
                 .filter(|(k, m)| !self.mode(*k).is_some_and(|h| h.covers(*m))),
         );
-        let new = plan.keys().filter(|k| !self.held.contains_key(k)).count();
+        let new = plan.keys().filter(|k| self.held.get(*k).is_none()).count();
         if self.held.len() + new > allowed {
             return Err(Error::budget(self.held.len(), new, allowed));
         }
         let mut out_of_order = None;
-        if let (Some(first), Some((&held, _))) = (plan.keys().next(), self.held.last_key_value()) {
+        if let (Some(first), Some(&(held, _))) = (plan.keys().next(), self.held.0.last()) {
             if first < held {
                 match config.order_check {
                     OrderCheck::Off => {}
@@ -140,12 +195,7 @@ impl TxLocks {
     pub(crate) fn finish(&mut self, plan: &Plan, depth: u32, acquired: bool, aborted: bool) {
         self.in_flight = false;
         if acquired || aborted {
-            for (key, mode) in plan.keys().zip(plan.modes()) {
-                let slot = self.held.entry(key).or_default().slot(mode);
-                if slot.is_none() {
-                    *slot = Some(depth);
-                }
-            }
+            self.held.take(plan.keys().zip(plan.modes()), depth);
         }
         if aborted {
             self.aborted_at = Some(self.aborted_at.map_or(depth, |d| d.min(depth)));
@@ -160,7 +210,7 @@ impl TxLocks {
     /// The savepoint at `depth` was released: what it took now belongs to
     /// `depth - 1`.
     pub(crate) fn release_savepoint(&mut self, depth: u32) {
-        for e in self.held.values_mut() {
+        for (_, e) in &mut self.held.0 {
             for slot in [&mut e.shared, &mut e.exclusive] {
                 if *slot >= Some(depth) {
                     *slot = Some(depth.saturating_sub(1));
@@ -175,7 +225,7 @@ impl TxLocks {
     /// The savepoint at `depth` was rolled back: the server released what it
     /// (and deeper savepoints) took.
     pub(crate) fn rollback_savepoint(&mut self, depth: u32) {
-        self.held.retain(|_, e| {
+        self.held.0.retain(|(_, e)| {
             for slot in [&mut e.shared, &mut e.exclusive] {
                 if *slot >= Some(depth) {
                     *slot = None;
@@ -318,5 +368,75 @@ mod tests {
             ),
             "poison lasts until the transaction ends"
         );
+    }
+
+    /// The held set against a `BTreeMap` model (what it was before it
+    /// became a sorted vector), over random plans that interleave with what
+    /// is held, in both key spaces and modes, with savepoint releases and
+    /// rollbacks in between.
+    #[test]
+    fn held_keys_match_a_map_model() {
+        use std::collections::BTreeMap;
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for _ in 0..200 {
+            let mut t = TxLocks::default();
+            let mut model: BTreeMap<LockKey, Entry> = BTreeMap::new();
+            for _ in 0..20 {
+                let depth = next(3) as u32;
+                let mut keys: Vec<(LockKey, Mode)> = (0..next(6))
+                    .map(|_| {
+                        let key = match next(2) {
+                            0 => LockKey::BigInt(next(12) as i64),
+                            _ => LockKey::Pair(next(3) as i32, next(3) as i32),
+                        };
+                        let mode = [Mode::Shared, Mode::Exclusive][next(2) as usize];
+                        (key, mode)
+                    })
+                    .collect();
+                keys.sort_by_key(|(k, _)| *k);
+                keys.dedup_by_key(|(k, _)| *k);
+                let plan = Plan::from_sorted(keys.iter().copied());
+                t.start();
+                t.finish(&plan, depth, true, false);
+                for (key, mode) in &keys {
+                    let slot = model.entry(*key).or_default().slot(*mode);
+                    if slot.is_none() {
+                        *slot = Some(depth);
+                    }
+                }
+                match next(4) {
+                    0 => {
+                        t.release_savepoint(depth.max(1));
+                        for e in model.values_mut() {
+                            for slot in [&mut e.shared, &mut e.exclusive] {
+                                if *slot >= Some(depth.max(1)) {
+                                    *slot = Some(depth.max(1) - 1);
+                                }
+                            }
+                        }
+                    }
+                    1 => {
+                        t.rollback_savepoint(depth.max(1));
+                        model.retain(|_, e| {
+                            for slot in [&mut e.shared, &mut e.exclusive] {
+                                if *slot >= Some(depth.max(1)) {
+                                    *slot = None;
+                                }
+                            }
+                            e.mode().is_some()
+                        });
+                    }
+                    _ => {}
+                }
+                let expected: Vec<(LockKey, Entry)> = model.iter().map(|(k, e)| (*k, *e)).collect();
+                assert_eq!(t.held.0.as_slice(), expected.as_slice());
+            }
+        }
     }
 }
