@@ -117,6 +117,8 @@ fn reply<'r>(stmt: &Statement<'_>, answer: &'r Answer) -> Reply<'r> {
 /// An `async` block rather than an `async fn`: the block keeps what it
 /// captures once, where an `async fn` would keep a second copy of the
 /// acquisition next to its arguments (rust-lang/rust#62958).
+// An `async fn` would double the future (above).
+#[allow(clippy::manual_async_fn)]
 pub(crate) fn drive<'a>(
     conn: &'a mut PgConnection,
     mode: StatementMode,
