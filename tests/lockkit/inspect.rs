@@ -361,6 +361,125 @@ async fn transaction_locks_are_never_reported_as_session_locks() {
         .unwrap();
 }
 
+/// An idle session runs short transactions of its own, with no query of its
+/// client, to catch up with the catalog invalidations other sessions' DDL
+/// queues (PostgreSQL's `ProcessCatchupInterrupt`); meanwhile
+/// `pg_stat_activity` shows it `idle` with an `xact_start`. It takes no
+/// advisory lock there, so the session lock it holds is still reported as
+/// session-level. Found as a flake of the test above, with the rest of the
+/// suite running DDL alongside: the lock was reported `Unknown`.
+///
+/// A server of its own, flooded with invalidations (temporary tables made
+/// and dropped) while the lock is inspected 5,000 times. Before the fix,
+/// 3 of 10,000 inspections reported `Unknown`. The control: an observer
+/// samples the idle backend inside the server and must see it catching up
+/// (`idle` with an `xact_start`) many times during the run.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_session_catching_up_with_invalidations_still_holds_a_session_lock() {
+    use lockkit::inspect::Scope;
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+    use std::sync::Arc;
+    const INSPECTIONS: usize = 5_000;
+    /// Catch-ups the observer must see (the control).
+    const CATCH_UPS: i64 = 20;
+
+    let db = TestServer::builder().start();
+    let _log = db.guard();
+    let idle = connect(&db, None, "catchup-idle").await;
+    let inspector = connect(&db, None, "catchup-inspector").await;
+    let observer = connect(&db, None, "catchup-observer").await;
+    let idle_pid = pid(&idle).await;
+    let key = Invoice { id: 9201 }.lock_key();
+    let LockKey::BigInt(k) = key else {
+        unreachable!()
+    };
+    // Samples `pid` `n` times, each from a fresh activity snapshot, and
+    // counts the samples that show it idle inside a transaction of its own.
+    observer
+        .batch_execute(
+            "CREATE FUNCTION catching_up(p int4, n int4) RETURNS int8 LANGUAGE plpgsql AS $$ \
+             DECLARE seen int8 := 0; \
+             BEGIN \
+               FOR i IN 1..n LOOP \
+                 PERFORM pg_stat_clear_snapshot(); \
+                 IF EXISTS (SELECT 1 FROM pg_stat_get_activity(p) a \
+                            WHERE a.state = 'idle' AND a.xact_start IS NOT NULL) THEN \
+                   seen := seen + 1; \
+                 END IF; \
+               END LOOP; \
+               RETURN seen; \
+             END $$",
+        )
+        .await
+        .unwrap();
+    idle.execute("SELECT pg_advisory_lock($1)", &[&k])
+        .await
+        .unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut churners = Vec::new();
+    for n in 0..2 {
+        let ddl = connect(&db, None, "catchup-ddl").await;
+        let stop = stop.clone();
+        churners.push(tokio::spawn(async move {
+            let batch: String = (0..20)
+                .map(|i| {
+                    format!(
+                        "CREATE TEMP TABLE churn_{n}_{i} (a int, b text); DROP TABLE churn_{n}_{i};"
+                    )
+                })
+                .collect();
+            while !stop.load(Ordering::Relaxed) {
+                ddl.batch_execute(&batch).await.unwrap();
+            }
+        }));
+    }
+    let caught_up = Arc::new(AtomicI64::new(0));
+    let watching = {
+        let (stop, caught_up) = (stop.clone(), caught_up.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let row = observer
+                    .query_one("SELECT catching_up($1, 2000)", &[&idle_pid])
+                    .await
+                    .unwrap();
+                caught_up.fetch_add(row.get(0), Ordering::Relaxed);
+            }
+        })
+    };
+
+    let registry = KeyRegistry::new().register::<Invoice>();
+    let mut not_session = Vec::new();
+    for _ in 0..INSPECTIONS {
+        let rows = advisory_locks(&inspector, &registry).await.unwrap();
+        let ours = rows_of(&rows, idle_pid, key);
+        assert_eq!(ours.len(), 1, "{rows:?}");
+        if ours[0].scope != Scope::Session {
+            not_session.push(ours[0].clone());
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for churner in churners {
+        churner.await.unwrap();
+    }
+    watching.await.unwrap();
+    let caught_up = caught_up.load(Ordering::Relaxed);
+    assert!(
+        not_session.is_empty(),
+        "the idle session's lock was not reported as session-level {} times in {INSPECTIONS} \
+         inspections ({caught_up} catch-ups seen): {:?}",
+        not_session.len(),
+        not_session.first()
+    );
+    assert!(
+        caught_up >= CATCH_UPS,
+        "the control: the idle backend was seen catching up only {caught_up} times"
+    );
+    idle.execute("SELECT pg_advisory_unlock($1)", &[&k])
+        .await
+        .unwrap();
+}
+
 /// A prepared transaction's advisory lock has no pid and is reported as
 /// transaction-level.
 #[tokio::test(flavor = "multi_thread")]

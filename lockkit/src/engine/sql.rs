@@ -312,17 +312,23 @@ pub const ADVISORY_LOCKS: &str = "SELECT l.classid::int8, l.objid::int8, l.objsu
      ORDER BY l.granted DESC, l.classid, l.objid, l.objsubid, l.pid";
 
 /// `$1 text` (a timestamp, [`ADVISORY_LOCKS`]'s `read_at`): the backends
-/// that have been idle outside any transaction since before `$1`, so hold
-/// only session-level locks, and held them at `$1`. Sent after
+/// that have been idle outside any transaction block since before `$1`, so
+/// hold only session-level locks, and held them at `$1`. Sent after
 /// [`ADVISORY_LOCKS`] and [`CLEAR_ACTIVITY_SNAPSHOT`], so its
 /// `pg_stat_activity` snapshot is taken after `pg_locks` was read (a
 /// backend that began a transaction in between is not idle, or its
 /// `state_change` is later than `$1`). `backend_start` excludes a new
 /// backend that reused a pid.
 ///
+/// Not `xact_start IS NULL`: an idle backend runs short transactions of its
+/// own, with no query of its client, to catch up with other sessions'
+/// catalog invalidations or to deliver notifications; `pg_stat_activity`
+/// then shows it `idle` with an `xact_start`. It takes no advisory lock
+/// there, and `state` alone says it is outside any transaction block.
+///
 /// Columns: `pid int4`.
 pub const SESSION_HOLDERS: &str = "SELECT pid FROM pg_stat_activity \
-     WHERE state = 'idle' AND xact_start IS NULL \
+     WHERE state = 'idle' \
      AND state_change <= $1::timestamptz AND backend_start <= $1::timestamptz";
 
 /// Discards this session's `pg_stat_activity` snapshot, which PostgreSQL
