@@ -438,12 +438,15 @@ async fn an_idle_session_catching_up_with_invalidations_still_holds_a_session_lo
     let watching = {
         let (stop, caught_up) = (stop.clone(), caught_up.clone());
         tokio::spawn(async move {
+            // In bursts: sampling without a pause would keep a core busy
+            // and slow the tests running alongside.
             while !stop.load(Ordering::Relaxed) {
                 let row = observer
-                    .query_one("SELECT catching_up($1, 2000)", &[&idle_pid])
+                    .query_one("SELECT catching_up($1, 500)", &[&idle_pid])
                     .await
                     .unwrap();
                 caught_up.fetch_add(row.get(0), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
     };
