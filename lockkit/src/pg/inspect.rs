@@ -119,9 +119,10 @@ impl AdvisoryLockRow {
 /// sound, and is [`Scope::Unknown`] otherwise:
 /// - a lock of a prepared transaction (no pid) is transaction-level;
 /// - a lock held by a session that has been idle outside any transaction
-///   since before `pg_locks` was read is session-level, since a
+///   block since before `pg_locks` was read is session-level, since a
 ///   transaction-level lock does not outlive its transaction
-///   ([`SESSION_HOLDERS`]);
+///   ([`SESSION_HOLDERS`]; the short transactions an idle backend runs on
+///   its own to catch up with invalidations take no advisory lock);
 /// - a session inside a transaction (active, or idle in transaction) may
 ///   hold either kind, and an awaited lock's kind is not shown anywhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
