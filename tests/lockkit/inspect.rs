@@ -345,7 +345,26 @@ async fn transaction_locks_are_never_reported_as_session_locks() {
         }
         for r in rows_of(&rows, idle_pid, session_key) {
             seen_session += 1;
-            assert_eq!(r.scope, Scope::Session, "{r:?}");
+            if r.scope != Scope::Session {
+                // What the server shows of the idle session now, for the
+                // failure message: a state change after the inspection
+                // began would explain the `Unknown`.
+                let now = inspector
+                    .query_one(
+                        "SELECT state, state_change::text, xact_start::text, \
+                         backend_start::text, clock_timestamp()::text \
+                         FROM pg_stat_activity WHERE pid = $1",
+                        &[&idle_pid],
+                    )
+                    .await
+                    .unwrap();
+                let now: Vec<Option<String>> = (0..5).map(|i| now.get(i)).collect();
+                panic!(
+                    "inspection {inspections}: the idle session's lock is not reported as \
+                     session-level: {r:?}; its (state, state_change, xact_start, \
+                     backend_start, now) just after: {now:?}"
+                );
+            }
         }
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
