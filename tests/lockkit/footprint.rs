@@ -2,16 +2,9 @@
 //! moved at least once into the caller's state, so its size is paid on
 //! every call.
 
-use lockkit::AdvisoryKey;
 use lockkit_tests::TestServer;
 
-use crate::common::locker;
-
-#[derive(AdvisoryKey, Clone, Copy, Debug)]
-#[advisory_key(namespace = "lockkit-tests.footprint")]
-struct Small {
-    id: i64,
-}
+use crate::common::{locker, Item};
 
 /// The lock future holds tokio-postgres's query future (about 1 KB) once.
 /// It held two copies of it, and two of the engine's acquisition, at
@@ -24,7 +17,7 @@ async fn a_lock_future_holds_the_drivers_future_once() {
     let mut client = db.connect().await;
     let locker = locker(&client, lockkit::Config::default()).await;
     let tx = locker.begin(&mut client).await.unwrap();
-    let lock = tx.lock(Small { id: 1 });
+    let lock = tx.lock(Item { id: 1 });
     let size = std::mem::size_of_val(&lock);
     drop(lock);
     tx.rollback().await.unwrap();

@@ -589,7 +589,7 @@ impl Acquisition<'_> {
         let outcome = match outcome {
             Ok(Granted::Now) => Outcome::Granted,
             Ok(Granted::Busy(_)) => Outcome::Busy,
-            Err(e) => outcome_of(e.kind()),
+            Err(e) => Outcome::of(e.kind()),
         };
         observe(
             &self.span,
@@ -779,19 +779,6 @@ fn one_pair(class: i32, object: i32, shared: bool, try_only: bool) -> Statement<
         (true, true) => Sql::TryPairShared,
     };
     Statement::new(sql, &[Param::Int4(class), Param::Int4(object)])
-}
-
-/// How a call that failed with `kind` ended, as spans and metrics name it.
-fn outcome_of(kind: ErrorKind) -> Outcome {
-    match kind {
-        ErrorKind::Timeout => Outcome::Timeout,
-        ErrorKind::Cancelled => Outcome::Cancelled,
-        ErrorKind::Deadlock => Outcome::Deadlock,
-        ErrorKind::LockTableFull => Outcome::LockTableFull,
-        ErrorKind::ConnectionLost => Outcome::ConnectionLost,
-        ErrorKind::UnexpectedReply => Outcome::UnexpectedReply,
-        _ => Outcome::Error,
-    }
 }
 
 /// Under [`OrderCheck::Warn`](crate::OrderCheck::Warn): a `tracing`

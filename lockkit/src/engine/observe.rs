@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use crate::engine::error::ErrorKind;
+
 #[cfg(feature = "metrics")]
 use metrics::{Key, Label, Level, Metadata};
 
@@ -39,6 +41,19 @@ impl Outcome {
         Outcome::UnexpectedReply,
         Outcome::Error,
     ];
+
+    /// How a call that failed with `kind` ended.
+    pub(crate) fn of(kind: ErrorKind) -> Outcome {
+        match kind {
+            ErrorKind::Timeout => Outcome::Timeout,
+            ErrorKind::Cancelled => Outcome::Cancelled,
+            ErrorKind::Deadlock => Outcome::Deadlock,
+            ErrorKind::LockTableFull => Outcome::LockTableFull,
+            ErrorKind::ConnectionLost => Outcome::ConnectionLost,
+            ErrorKind::UnexpectedReply => Outcome::UnexpectedReply,
+            _ => Outcome::Error,
+        }
+    }
 
     /// The label value.
     pub(crate) const fn label(self) -> &'static str {
