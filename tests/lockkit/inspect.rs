@@ -54,6 +54,23 @@ fn rows_of(rows: &[AdvisoryLockRow], pid: i32, key: LockKey) -> Vec<&AdvisoryLoc
         .collect()
 }
 
+/// Takes a session lock with an unnamed statement, so that the holder's
+/// backend has nothing left to process once the reply is in.
+/// `execute(&str)` would not do: tokio-postgres prepares a named statement
+/// for it and, when that is dropped after the reply, sends its Close with a
+/// Sync. A Sync processed after an inspection began is a state change of the
+/// holder, so that inspection rightly says `Unknown`
+/// (`a_message_after_the_read_leaves_the_scope_unknown`).
+async fn lock_idle(client: &Client, key: i64) {
+    client
+        .query_typed(
+            "SELECT pg_advisory_lock($1)",
+            &[(&key, tokio_postgres::types::Type::INT8)],
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn lists_holders_waiters_and_blockers() {
     let db = TestServer::shared();
@@ -233,9 +250,7 @@ async fn session_holders_are_idle_since_the_read() {
     let LockKey::BigInt(k) = key else {
         unreachable!()
     };
-    idle.execute("SELECT pg_advisory_lock($1)", &[&k])
-        .await
-        .unwrap();
+    lock_idle(&idle, k).await;
     in_tx.batch_execute("BEGIN; SELECT 1").await.unwrap();
 
     // The inspector's transaction takes its activity snapshot now, with
@@ -289,6 +304,97 @@ async fn session_holders_are_idle_since_the_read() {
         .unwrap();
 }
 
+/// A protocol message the holder's backend processes after the read, even
+/// one that runs no transaction (a driver closing a prepared statement, with
+/// its Sync), moves its `state_change` past the read: the holder is then not
+/// named, and the inspection says `Unknown` rather than guess. The next
+/// inspection, read after the message, says `Session` again.
+///
+/// Found as a flake of `transaction_locks_are_never_reported_as_session_locks`
+/// (its first inspection said `Unknown`): the lock was taken with
+/// `execute(&str)`, whose named statement tokio-postgres closes after the
+/// reply. Step by step here, so the order is certain; the control is the
+/// same read before the message, which names the holder.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_after_the_read_leaves_the_scope_unknown() {
+    use lockkit::inspect::{Scope, CLEAR_ACTIVITY_SNAPSHOT, SESSION_HOLDERS};
+    use tokio_postgres::types::Type;
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let idle = connect(db, None, "scope-message").await;
+    let inspector = connect(db, None, "scope-message-inspector").await;
+    let idle_pid = pid(&idle).await;
+    let key = Invoice { id: 9401 }.lock_key();
+    let LockKey::BigInt(k) = key else {
+        unreachable!()
+    };
+    lock_idle(&idle, k).await;
+    let statement = idle.prepare("SELECT 1").await.unwrap();
+    let read_at: String = inspector
+        .query_one("SELECT statement_timestamp()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let holders = || async {
+        inspector
+            .query_typed(CLEAR_ACTIVITY_SNAPSHOT, &[])
+            .await
+            .unwrap();
+        inspector
+            .query_typed(SESSION_HOLDERS, &[(&read_at, Type::TEXT)])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect::<Vec<i32>>()
+    };
+    // The control: before the message, the holder is named.
+    let before = holders().await;
+    assert!(before.contains(&idle_pid), "{idle_pid} in {before:?}");
+
+    // Dropping the statement sends Close and Sync; wait until the backend
+    // has processed them (its `state_change` moves past the read).
+    drop(statement);
+    let mut polls = 0;
+    loop {
+        inspector
+            .query_typed(CLEAR_ACTIVITY_SNAPSHOT, &[])
+            .await
+            .unwrap();
+        let row = inspector
+            .query_typed(
+                "SELECT state, xact_start IS NULL, state_change > $1::timestamptz \
+                 FROM pg_stat_activity WHERE pid = $2",
+                &[(&read_at, Type::TEXT), (&idle_pid, Type::INT4)],
+            )
+            .await
+            .unwrap();
+        let (state, outside, moved): (String, bool, bool) =
+            (row[0].get(0), row[0].get(1), row[0].get(2));
+        // It ran no transaction: idle throughout, as far as anyone can see.
+        assert_eq!((state.as_str(), outside), ("idle", true));
+        if moved {
+            break;
+        }
+        polls += 1;
+        assert!(polls < 10_000, "the Close was never processed");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let after = holders().await;
+    assert!(!after.contains(&idle_pid), "{idle_pid} not in {after:?}");
+
+    // A fresh inspection reads after the message.
+    let registry = KeyRegistry::new().register::<Invoice>();
+    let rows = advisory_locks(&inspector, &registry).await.unwrap();
+    let ours = rows_of(&rows, idle_pid, key);
+    assert_eq!(ours.len(), 1, "{rows:?}");
+    assert_eq!(ours[0].scope, Scope::Session);
+    idle.query_typed("SELECT pg_advisory_unlock($1)", &[(&k, Type::INT8)])
+        .await
+        .unwrap();
+}
+
 /// Under churn, a transaction lock is never reported as session-level: a
 /// holder runs many short transactions, each taking a transaction lock,
 /// while `advisory_locks` runs again and again; a session lock held by an
@@ -309,9 +415,7 @@ async fn transaction_locks_are_never_reported_as_session_locks() {
     let (LockKey::BigInt(tk), LockKey::BigInt(sk)) = (tx_key, session_key) else {
         unreachable!()
     };
-    idle.execute("SELECT pg_advisory_lock($1)", &[&sk])
-        .await
-        .unwrap();
+    lock_idle(&idle, sk).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop2 = stop.clone();
     let churning = tokio::spawn(async move {
@@ -432,9 +536,7 @@ async fn an_idle_session_catching_up_with_invalidations_still_holds_a_session_lo
         )
         .await
         .unwrap();
-    idle.execute("SELECT pg_advisory_lock($1)", &[&k])
-        .await
-        .unwrap();
+    lock_idle(&idle, k).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut churners = Vec::new();

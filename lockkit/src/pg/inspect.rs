@@ -125,6 +125,13 @@ impl AdvisoryLockRow {
 ///   its own to catch up with invalidations take no advisory lock);
 /// - a session inside a transaction (active, or idle in transaction) may
 ///   hold either kind, and an awaited lock's kind is not shown anywhere.
+///
+/// "Idle since before" is read from `state_change`, which any message the
+/// holder's backend processes moves, even one that runs no transaction. So
+/// a session lock reads [`Scope::Unknown`] when its session sends anything
+/// while the inspection runs, e.g. tokio-postgres closing the statement
+/// that `execute(&str)` prepared, just after the reply. The next
+/// inspection reads it as [`Scope::Session`] again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Scope {
