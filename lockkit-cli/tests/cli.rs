@@ -374,6 +374,12 @@ async fn inspect_shows_scope_state_age_and_tags() {
         .await
         .unwrap();
     let (session_pid, tx_pid) = (pid(&session_holder).await, pid(&tx_holder).await);
+    // `execute(&str)` and `query_one(&str)` close their named statements
+    // after the reply, with a Close and a Sync that move the holder's
+    // `state_change`; one processed after the inspection began would rightly
+    // make the session lock `unknown`. A last round trip with no named
+    // statement leaves the holder with nothing in flight.
+    session_holder.batch_execute("SELECT 1").await.unwrap();
 
     let dir = std::env::temp_dir().join(format!("lockkit-cli-ns-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
