@@ -43,17 +43,28 @@ impl Database {
     /// When the throwaway server cannot be started (the message has its
     /// log) or `DATABASE_URL` is not a valid connection string.
     pub fn from_env(settings: &[(&str, &str)]) -> Database {
-        let server = match env::var("DATABASE_URL") {
-            Ok(url) if !url.is_empty() => Server::External(TestServer::shared()),
-            _ => {
-                let mut builder = TestServer::builder();
-                for (name, value) in settings {
-                    builder = builder.setting(*name, *value);
-                }
-                Server::Throwaway(Arc::new(builder.start()))
-            }
-        };
-        Database { server }
+        match env::var("DATABASE_URL") {
+            Ok(url) if !url.is_empty() => Database {
+                server: Server::External(TestServer::shared()),
+            },
+            _ => Database::throwaway(settings),
+        }
+    }
+
+    /// A throwaway server started with `settings`, whatever `DATABASE_URL`
+    /// says.
+    ///
+    /// # Panics
+    ///
+    /// When the server cannot be started (the message has its log).
+    pub fn throwaway(settings: &[(&str, &str)]) -> Database {
+        let mut builder = TestServer::builder();
+        for (name, value) in settings {
+            builder = builder.setting(*name, *value);
+        }
+        Database {
+            server: Server::Throwaway(Arc::new(builder.start())),
+        }
     }
 
     fn server(&self) -> &TestServer {

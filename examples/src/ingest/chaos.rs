@@ -4,6 +4,11 @@
 //! transaction, and pooled connections dropped and reopened. The workers
 //! retry what failed; the exactly-once check at the end says whether any
 //! event was lost or doubled.
+//!
+//! Faults follow the ingest's progress, not the clock. Once the ingest has
+//! passed the last fault's point, the workers start no new round until the
+//! agent has fired every fault, so a fast strategy cannot finish with
+//! faults untested however slow the faults are.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;

@@ -299,6 +299,11 @@ struct Shared {
     /// Events ingested so far: what the chaos schedule follows.
     ingested: watch::Sender<u64>,
     targets: chaos::Targets,
+    /// Progress at which every fault of the schedule is due (`u64::MAX`
+    /// without chaos): a round that starts there waits for [`Self::faults_done`].
+    faults_due_by: u64,
+    /// Set when the chaos agent is done, with every fault fired (or failed).
+    faults_done: watch::Sender<bool>,
 }
 
 /// A worker's connection (lockkit's statements prepared on it lazily) with
@@ -322,6 +327,7 @@ async fn run_strategy(
     let admin = db.connect().await?;
     admin.batch_execute(&strategy.schema()).await?;
     let (ingested, ingested_rx) = watch::channel(0_u64);
+    let (faults_done, _) = watch::channel(steps.is_empty());
     let progress = if options.quiet {
         ProgressBar::hidden()
     } else {
@@ -345,6 +351,8 @@ async fn run_strategy(
         progress: progress.clone(),
         ingested,
         targets: chaos::Targets::new(options.workers),
+        faults_due_by: steps.iter().map(|s| s.at_event).max().unwrap_or(u64::MAX),
+        faults_done,
     });
     // Connections are opened and statements prepared outside the measured
     // window.
@@ -379,9 +387,9 @@ async fn run_strategy(
         if steps.is_empty() {
             Ok(None)
         } else {
-            chaos::run(db, steps, ingested_rx, &shared.targets)
-                .await
-                .map(Some)
+            let survived = chaos::run(db, steps, ingested_rx, &shared.targets).await;
+            shared.faults_done.send_replace(true);
+            survived.map(Some)
         }
     };
     let (workers, survived) = tokio::join!(workers, agent);
@@ -629,8 +637,18 @@ impl Job {
 async fn worker(conn: Conn, shared: Arc<Shared>, id: usize) -> Tally {
     let slot = Arc::new(tokio::sync::Mutex::new(Some(conn)));
     let tally = Arc::new(Mutex::new(Tally::default()));
+    let mut round_starts_at = 0_u64;
     for (round, batches) in shared.workload.rounds.iter().enumerate() {
         let batch = batches[id].len();
+        // Once the ingest has passed every fault's point, the rest waits for
+        // the chaos agent to have fired them all: a fault that takes long
+        // (a restart, a kill aimed at a transaction) must not let a fast
+        // strategy finish untested.
+        if round_starts_at >= shared.faults_due_by {
+            let mut done = shared.faults_done.subscribe();
+            let _ = done.wait_for(|done| *done).await;
+        }
+        round_starts_at += batches.iter().map(|b| b.len() as u64).sum::<u64>();
         // Every worker starts the round together: the two copies of a
         // duplicate arrive at the same moment.
         shared.barrier.wait().await;
@@ -702,6 +720,7 @@ async fn ack_early(job: Job) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
     #[test]
     fn nearest_rank() {
@@ -722,5 +741,63 @@ mod tests {
         assert_eq!(weighted_percentile_ms(&v, 91.0), 5.0);
         assert_eq!(weighted_percentile_ms(&v, 99.0), 5.0);
         assert_eq!(weighted_percentile_ms(&[], 99.0), 0.0);
+    }
+
+    /// Every fault of a chaos run fires, even when the chaos agent falls
+    /// behind a fast strategy. Found in CI: `ingest --chaos` failed because
+    /// `ack-early` finished with 7 of its 10 faults fired. Here the worst
+    /// case on purpose: all ten faults are due when the last round starts,
+    /// so the agent (two restarts of about 0.2 s each, kills aimed at a
+    /// transaction) is far behind workers with one round left, and
+    /// `ack-early` does not slow down to retry. Without the workers' wait
+    /// for the agent, it failed in three runs of three (2 of 10 fired).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn every_fault_fires_when_the_agent_falls_behind() {
+        let options = Options::parse_from([
+            "ingest",
+            "--quiet",
+            "--chaos",
+            "--workers",
+            "4",
+            "--events",
+            "4000",
+            "--batch",
+            "50",
+        ]);
+        let db = Database::throwaway(&server_settings(&options));
+        let admin = db.connect().await.unwrap();
+        let locker = Locker::new(&admin, Config::default()).await.unwrap();
+        let budgeting = Budgeting::decide(options.batch, locker.budget(), options.budget_mode);
+        let workload = Arc::new(Workload::generate(
+            options.workers,
+            options.events,
+            options.batch,
+            options.duplicate_rate,
+            options.seed,
+        ));
+        // Every fault due when the last round starts.
+        let last_round = (options.workers * options.batch) as u64;
+        let mut steps = chaos::schedule(options.seed, workload.events, options.workers);
+        for step in &mut steps {
+            step.at_event = workload.events as u64 - last_round;
+        }
+        let outcome = run_strategy(
+            Strategy::AckEarly,
+            &options,
+            &db,
+            &locker,
+            budgeting,
+            &workload,
+            &steps,
+        )
+        .await
+        .unwrap();
+        let survived = outcome.survived.expect("a chaos run");
+        assert!(
+            survived.all_fired(),
+            "{} of {} faults fired: {survived:?}",
+            survived.fired(),
+            survived.scheduled
+        );
     }
 }
