@@ -364,16 +364,17 @@ async fn a_message_after_the_read_leaves_the_scope_unknown() {
             .unwrap();
         let row = inspector
             .query_typed(
-                "SELECT state, xact_start IS NULL, state_change > $1::timestamptz \
+                "SELECT state, state_change > $1::timestamptz \
                  FROM pg_stat_activity WHERE pid = $2",
                 &[(&read_at, Type::TEXT), (&idle_pid, Type::INT4)],
             )
             .await
             .unwrap();
-        let (state, outside, moved): (String, bool, bool) =
-            (row[0].get(0), row[0].get(1), row[0].get(2));
-        // It ran no transaction: idle throughout, as far as anyone can see.
-        assert_eq!((state.as_str(), outside), ("idle", true));
+        let (state, moved): (String, bool) = (row[0].get(0), row[0].get(1));
+        // Idle throughout, as far as anyone can see. (Not `xact_start IS
+        // NULL`: on the shared server, other tests' DDL makes the idle
+        // backend catch up in short transactions of its own.)
+        assert_eq!(state, "idle");
         if moved {
             break;
         }
