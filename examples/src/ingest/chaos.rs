@@ -211,12 +211,14 @@ pub(crate) async fn run(
 
 /// Terminates the worker's backend, waiting (up to [`KILL_AIM_POLLS`] ms)
 /// for a moment when it is inside a transaction; returns whether it was.
+/// An `idle` backend is not, even with an `xact_start`: that is a short
+/// transaction of its own, to catch up with catalog invalidations.
 async fn kill(admin: &Client, pid: &AtomicI32) -> Result<bool, BoxError> {
     for _ in 0..KILL_AIM_POLLS {
         let row = admin
             .query_opt(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-                 WHERE pid = $1 AND xact_start IS NOT NULL",
+                 WHERE pid = $1 AND xact_start IS NOT NULL AND state <> 'idle'",
                 &[&pid.load(Ordering::SeqCst)],
             )
             .await?;
