@@ -297,14 +297,17 @@ pub fn timeout_millis(timeout: std::time::Duration) -> i64 {
 /// `granted bool`, `pid int4` (`NULL` for a prepared transaction),
 /// `application_name text`, `usename text`, `state text`, `query text`,
 /// `waited float8` (seconds), `blocked_by int4[]`, `xact_age float8`
-/// (seconds since the holder's transaction began, `NULL` outside one),
+/// (seconds since the holder's transaction began, `NULL` outside one; an
+/// `idle` backend is outside any, even while `xact_start` shows one of the
+/// short transactions it runs on its own, see [`SESSION_HOLDERS`]),
 /// `read_at text` (this statement's start, a lower bound of the moment
 /// `pg_locks` was read, for [`SESSION_HOLDERS`]).
 pub const ADVISORY_LOCKS: &str = "SELECT l.classid::int8, l.objid::int8, l.objsubid::int2, \
      l.mode, l.granted, l.pid, a.application_name, a.usename::text, a.state, a.query, \
      extract(epoch FROM clock_timestamp() - (to_jsonb(l) ->> 'waitstart')::timestamptz)::float8, \
      CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::int4[] ELSE pg_blocking_pids(l.pid) END, \
-     extract(epoch FROM clock_timestamp() - a.xact_start)::float8, \
+     CASE WHEN a.state <> 'idle' THEN \
+         extract(epoch FROM clock_timestamp() - a.xact_start)::float8 END, \
      statement_timestamp()::text \
      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
      WHERE l.locktype = 'advisory' \

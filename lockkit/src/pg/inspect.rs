@@ -70,7 +70,9 @@ pub struct AdvisoryLockRow {
     /// Session- or transaction-level, as far as can be known ([`Scope`]).
     pub scope: Scope,
     /// How long the session's current transaction has been open; `None`
-    /// outside a transaction or when not visible.
+    /// outside a transaction or when not visible. An `idle` session is
+    /// outside any, even while it runs one of the short transactions a
+    /// backend runs on its own to catch up with catalog invalidations.
     pub transaction_age: Option<Duration>,
     /// How long an awaited lock has been waited for (PostgreSQL 14+).
     pub waited: Option<Duration>,
