@@ -204,21 +204,37 @@ fn reply<'r>(stmt: &Statement<'_>, answer: &'r Answer) -> Reply<'r> {
     }
 }
 
-/// Sends a cancel request for the statement in flight when dropped armed: a
-/// dropped lock future must not leave the server waiting for the lock.
+/// Cancels the statement in flight on a connection if dropped armed: a
+/// dropped lock call must not leave the server waiting for its lock. The
+/// one owner of that step, for transaction and session locks alike; each
+/// says how to send the request (`on_cancel`).
 ///
-/// The cancel token is made from the client only when it is needed, at the
-/// drop: a round that completes pays nothing for it.
-struct CancelOnDrop<'a> {
-    client: Option<&'a Client>,
-    cancelled: &'a AtomicBool,
+/// The cancel token (a copy of the connection's settings) is made from the
+/// client only when it is needed, at the drop: a call that completes pays
+/// nothing for it.
+pub(crate) struct CancelOnDrop<'a, C: FnOnce(CancelToken)> {
+    armed: Option<(&'a Client, C)>,
 }
 
-impl Drop for CancelOnDrop<'_> {
+impl<'a, C: FnOnce(CancelToken)> CancelOnDrop<'a, C> {
+    /// Armed: dropped before [`disarm`](Self::disarm), it hands
+    /// `client`'s cancel token to `on_cancel`.
+    pub(crate) fn new(client: &'a Client, on_cancel: C) -> Self {
+        CancelOnDrop {
+            armed: Some((client, on_cancel)),
+        }
+    }
+
+    /// The statements completed: nothing to cancel.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = None;
+    }
+}
+
+impl<C: FnOnce(CancelToken)> Drop for CancelOnDrop<'_, C> {
     fn drop(&mut self) {
-        if let Some(client) = self.client.take() {
-            self.cancelled.store(true, Ordering::SeqCst);
-            cancel(client.cancel_token());
+        if let Some((client, on_cancel)) = self.armed.take() {
+            on_cancel(client.cancel_token());
         }
     }
 }
@@ -226,26 +242,26 @@ impl Drop for CancelOnDrop<'_> {
 pin_project_lite::pin_project! {
     /// [`cancel_if_dropped`]'s future: `sending`, polled in place, and the
     /// guard that cancels it unless it completed.
-    struct CancelIfDropped<'a, F> {
-        guard: CancelOnDrop<'a>,
+    struct CancelIfDropped<'a, F, C: FnOnce(CancelToken)> {
+        guard: CancelOnDrop<'a, C>,
         #[pin]
         sending: F,
     }
 }
 
-impl<F: Future> Future for CancelIfDropped<'_, F> {
+impl<F: Future, C: FnOnce(CancelToken)> Future for CancelIfDropped<'_, F, C> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         let out = std::task::ready!(this.sending.poll(cx));
-        this.guard.client = None;
+        this.guard.disarm();
         Poll::Ready(out)
     }
 }
 
 /// Awaits `sending` (statements on `client`); dropped before it completes,
-/// sends a cancel request for them and records it in `cancelled`.
+/// records it in `cancelled` and sends a cancel request for them.
 ///
 /// A future of its own rather than an `async fn`: an `async fn` keeps its
 /// argument next to the future it awaits, two copies of the driver's
@@ -254,12 +270,12 @@ fn cancel_if_dropped<'a, F: Future>(
     client: &'a Client,
     cancelled: &'a AtomicBool,
     sending: F,
-) -> CancelIfDropped<'a, F> {
+) -> CancelIfDropped<'a, F, impl FnOnce(CancelToken) + 'a> {
     CancelIfDropped {
-        guard: CancelOnDrop {
-            client: Some(client),
-            cancelled,
-        },
+        guard: CancelOnDrop::new(client, move |token| {
+            cancelled.store(true, Ordering::SeqCst);
+            cancel(token);
+        }),
         sending,
     }
 }

@@ -77,6 +77,7 @@ use crate::engine::plan::Mode;
 use crate::engine::sql::{self, timeout_setting, CHECK_CLIENT, HOLDS};
 use crate::engine::{self, read_reply, Policy, ReplyRow, ReplyShape, Request, TxState};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
+use crate::pg::exec::CancelOnDrop;
 use crate::pg::locker::{server_facts, Locker};
 
 /// The keepalive cadence unless [`SessionLock::keepalive`] says otherwise.
@@ -453,7 +454,11 @@ impl SessionLock {
         let hashtext = K::KEY_SPEC.form() == KeyForm::HashText;
         let name = AppName(key);
         let (lease, canceller) = self.lease(&name).await?;
-        let cancel = CancelOnDrop(Some((lease.client(), canceller)));
+        let mut cancel = CancelOnDrop::new(lease.client(), |token| {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(canceller(token));
+            }
+        });
         let taken = match self.form {
             SessionForm::Transaction => {
                 self.lock_in_transaction(&lease, key, mode, wait, &name, hashtext)
@@ -465,6 +470,7 @@ impl SessionLock {
             }
         };
         cancel.disarm();
+        drop(cancel);
         match taken {
             Ok((true, backend_pid)) => Ok(Ok(self.hold(value, key, mode, backend_pid, lease))),
             Ok((false, _)) => {
@@ -1805,26 +1811,5 @@ fn one_bool(rows: &[Row]) -> Result<bool, Error> {
         None => Err(Error::unexpected(
             "the lock statement returned NULL, not a bool".into(),
         )),
-    }
-}
-
-/// Cancels the statement in flight on the server if the acquisition is
-/// dropped before it completes. The cancel token (a copy of the
-/// connection's settings) is made only then.
-struct CancelOnDrop<'a>(Option<(&'a Client, Canceller)>);
-
-impl CancelOnDrop<'_> {
-    fn disarm(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for CancelOnDrop<'_> {
-    fn drop(&mut self) {
-        if let (Some((client, cancel)), Ok(runtime)) =
-            (self.0.take(), tokio::runtime::Handle::try_current())
-        {
-            runtime.spawn(cancel(client.cancel_token()));
-        }
     }
 }
