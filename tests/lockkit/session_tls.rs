@@ -1,13 +1,14 @@
-//! Session locks over TLS, against a throwaway server started with
-//! `ssl = on`, a certificate this test generates, and a `pg_hba.conf` that
-//! admits TCP clients over TLS only (`hostssl`). The client trusts only the
-//! generated certificate, so `sslmode=require` here also verifies the
-//! server. A plain-text connection is refused with a clear error.
+//! Locks over TLS, against a throwaway server started with `ssl = on`, a
+//! certificate this test generates, and a `pg_hba.conf` that admits TCP
+//! clients over TLS only (`hostssl`). The client trusts only the generated
+//! certificate, so `sslmode=require` here also verifies the server. A
+//! plain-text connection is refused with a clear error.
 
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use lockkit::{AdvisoryKey, SessionForm, SessionLock};
+use lockkit::{AdvisoryKey, Config, LockClient, Locker, SessionForm, SessionLock};
+use lockkit_tests::observe::{held_by, wait_until_waiting};
 use lockkit_tests::TestServer;
 use openssl::asn1::Asn1Time;
 use openssl::bn::{BigNum, MsbOption};
@@ -175,4 +176,113 @@ async fn a_plain_text_connection_to_a_tls_only_server_fails_clearly() {
         source = cause.source();
     }
     assert!(text.contains("no encryption"), "{text}");
+}
+
+/// Transaction locks over TLS with `sslmode=require`: a lock call dropped
+/// while the server waits for the key is cancelled through the connector
+/// given to [`Locker::cancel_tls`], so the rollback returns while the
+/// holder still holds the key (issue 9's first finding, over TLS). Twelve
+/// rounds, unnamed and prepared statements, one key and a batch.
+///
+/// Found by reading the cancel path: the request went in plain text, which
+/// tokio-postgres refuses to send under `require` (it negotiates TLS for a
+/// cancel request as for the connection), so the server kept waiting and
+/// the rollback with it; this test failed at its first round then. The
+/// control is that default: the connection is
+/// still waiting for the key after the rollback has sent its cancel
+/// requests for 2 s. The holder keeps the key until the test ends, so a
+/// rollback that waited for it could not return.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_lock_call_is_cancelled_over_tls() {
+    let (db, tls) = tls_server();
+    let observer = observer(&db).await;
+    let mut config = db.config();
+    config.ssl_mode(SslMode::Require);
+    let connect = || {
+        let (config, tls) = (config.clone(), tls.clone());
+        async move {
+            let (client, connection) = config.connect(tls).await.unwrap();
+            tokio::spawn(connection);
+            client
+        }
+    };
+    let mut holder = connect().await;
+    let plain = Locker::new(&holder, Config::default()).await.unwrap();
+    let locker = plain.clone().cancel_tls(tls.clone());
+    let key = Secret { id: 20 };
+    let holder_pid = backend_pid(&holder).await;
+    let held = plain.begin(&mut holder).await.unwrap();
+    let _guard = held.lock(key).await.unwrap();
+    assert!(uses_tls(&observer, holder_pid).await);
+
+    let mut unnamed = connect().await;
+    let unnamed_pid = backend_pid(&unnamed).await;
+    let mut prepared = LockClient::new(&locker, connect().await);
+    let prepared_pid = backend_pid(&prepared).await;
+    for round in 0..12 {
+        let (tx, pid) = if round % 2 == 0 {
+            (locker.begin(&mut unnamed).await.unwrap(), unnamed_pid)
+        } else {
+            (prepared.begin().await.unwrap(), prepared_pid)
+        };
+        {
+            let call = async {
+                if round % 3 == 2 {
+                    let batch = lockkit::Batch::new().with(&key).with(&Secret { id: 21 });
+                    tx.lock_batch(&batch).await.map(drop)
+                } else {
+                    tx.lock(key).await.map(drop)
+                }
+            };
+            tokio::pin!(call);
+            tokio::select! {
+                r = &mut call => panic!("round {round}: granted while held: {r:?}"),
+                () = wait_until_waiting(&observer, pid) => {}
+            }
+            // Dropped here, while the server waits for the key.
+        }
+        assert!(tx.is_poisoned());
+        tokio::time::timeout(Duration::from_secs(20), tx.rollback())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the rollback waited for the holder"))
+            .unwrap();
+        assert!(held_by(&observer, holder_pid, key.lock_key()).await);
+    }
+
+    // The control: cancel requests in plain text do not get through.
+    let mut control = connect().await;
+    let control_pid = backend_pid(&control).await;
+    let tx = plain.begin(&mut control).await.unwrap();
+    {
+        let call = tx.lock(key);
+        tokio::pin!(call);
+        tokio::select! {
+            r = &mut call => panic!("the control: granted while held: {r:?}"),
+            () = wait_until_waiting(&observer, control_pid) => {}
+        }
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), tx.rollback())
+            .await
+            .is_err(),
+        "the control: the rollback returned while the key was held"
+    );
+    let waiting: bool = observer
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)",
+            &[&control_pid],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(waiting, "the control: still waiting for the key");
+    held.rollback().await.unwrap();
+}
+
+async fn backend_pid(client: &Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
 }

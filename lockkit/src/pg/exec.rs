@@ -4,14 +4,16 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures_util::future::{join, join_all, try_join_all};
+use futures_util::future::{join, join_all, try_join_all, BoxFuture};
 use futures_util::TryStreamExt;
 use smallvec::SmallVec;
 use tokio::sync::OnceCell;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{CancelToken, Client, NoTls, Row, RowStream};
+use tokio_postgres::{CancelToken, Client, NoTls, Row, RowStream, Socket};
 
 use crate::engine::error::Error;
 use crate::engine::guard::Busy;
@@ -261,34 +263,89 @@ impl<F: Future, C: FnOnce(CancelToken)> Future for CancelIfDropped<'_, F, C> {
 }
 
 /// Awaits `sending` (statements on `client`); dropped before it completes,
-/// records it in `cancelled` and sends a cancel request for them.
+/// records it in `cancelled` and sends a cancel request for them through
+/// `canceller`.
 ///
 /// A future of its own rather than an `async fn`: an `async fn` keeps its
 /// argument next to the future it awaits, two copies of the driver's
 /// future (about 1 KB) in every lock call's future.
 fn cancel_if_dropped<'a, F: Future>(
     client: &'a Client,
+    canceller: &'a Canceller,
     cancelled: &'a AtomicBool,
     sending: F,
 ) -> CancelIfDropped<'a, F, impl FnOnce(CancelToken) + 'a> {
     CancelIfDropped {
         guard: CancelOnDrop::new(client, move |token| {
             cancelled.store(true, Ordering::SeqCst);
-            cancel(token);
+            canceller.cancel(token);
         }),
         sending,
     }
 }
 
-/// Sends a cancel request in the background (no TLS: PostgreSQL reads a
-/// cancel request before any TLS negotiation and authentication).
-pub(crate) fn cancel(token: CancelToken) {
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+/// How a cancel request reaches the server: in plain text, or through the
+/// TLS connector the connection was made with.
+///
+/// PostgreSQL reads a cancel request before any TLS negotiation, so plain
+/// text works with `sslmode` `disable` and `prefer`. With `require` (and
+/// the `verify-*` modes), tokio-postgres negotiates TLS for the request as
+/// for the connection, so the request needs the connector
+/// ([`Locker::cancel_tls`](crate::Locker::cancel_tls),
+/// [`SessionLock::with_tls`](crate::SessionLock::with_tls)).
+#[derive(Clone)]
+pub(crate) struct Canceller(Option<Arc<SendCancel>>);
+
+type SendCancel =
+    dyn Fn(CancelToken) -> BoxFuture<'static, Result<(), tokio_postgres::Error>> + Send + Sync;
+
+impl Canceller {
+    /// In plain text (`NoTls`).
+    pub(crate) const PLAIN: Canceller = Canceller(None);
+
+    /// Through `tls`.
+    pub(crate) fn tls<T>(tls: T) -> Canceller
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send,
+        T::TlsConnect: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        Canceller(Some(Arc::new(move |token: CancelToken| {
+            let tls = tls.clone();
+            Box::pin(async move { token.cancel_query(tls).await }) as BoxFuture<'static, _>
+        })))
+    }
+
+    /// Sends the cancel request in the background; a failure is logged,
+    /// since nobody awaits it.
+    pub(crate) fn cancel(&self, token: CancelToken) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let send = match &self.0 {
+            None => Box::pin(async move { token.cancel_query(NoTls).await }),
+            Some(send) => send(token),
+        };
         handle.spawn(async move {
-            if let Err(e) = token.cancel_query(NoTls).await {
-                tracing::warn!(error = %e, "lockkit: could not send the cancel request of a dropped lock call");
+            if let Err(e) = send.await {
+                tracing::warn!(
+                    error = %e,
+                    "lockkit: could not send the cancel request of a dropped lock call \
+                     (behind TLS with sslmode=require, give lockkit the TLS connector: \
+                     Locker::cancel_tls)"
+                );
             }
         });
+    }
+}
+
+impl std::fmt::Debug for Canceller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            None => "Canceller(plain text)",
+            Some(_) => "Canceller(TLS)",
+        })
     }
 }
 
@@ -311,8 +368,8 @@ fn foreign_row(e: &tokio_postgres::Error) -> bool {
 /// Drives an acquisition to its outcome on `client`.
 ///
 /// If the future is dropped while a round is in flight, the acquisition
-/// poisons the transaction and a cancel request goes to the server;
-/// `cancelled` records that, for the transaction's rollback.
+/// poisons the transaction and a cancel request goes to the server through
+/// `canceller`; `cancelled` records that, for the transaction's rollback.
 ///
 /// An `async` block rather than an `async fn`: the block keeps what it
 /// captures once, where an `async fn` would keep a second copy of the
@@ -322,6 +379,7 @@ fn foreign_row(e: &tokio_postgres::Error) -> bool {
 pub(crate) fn drive<'a>(
     client: &'a Client,
     cache: Option<&'a StatementCache>,
+    canceller: &'a Canceller,
     cancelled: &'a AtomicBool,
     mut call: Acquisition<'a>,
 ) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 'a {
@@ -335,14 +393,19 @@ pub(crate) fn drive<'a>(
             false => None,
         };
         if let Some(statement) = single {
-            let result =
-                cancel_if_dropped(client, cancelled, send(client, prepared, &statement)).await;
+            let result = cancel_if_dropped(
+                client,
+                canceller,
+                cancelled,
+                send(client, prepared, &statement),
+            )
+            .await;
             call.receive_single(result.map_err(driver_error), reply);
             if call.is_finished() {
                 return call.finish();
             }
         }
-        Box::pin(drive_rounds(client, cache, cancelled, call)).await
+        Box::pin(drive_rounds(client, cache, canceller, cancelled, call)).await
     }
 }
 
@@ -350,11 +413,13 @@ pub(crate) fn drive<'a>(
 async fn drive_rounds(
     client: &Client,
     cache: Option<&StatementCache>,
+    canceller: &Canceller,
     cancelled: &AtomicBool,
     mut call: Acquisition<'_>,
 ) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
-        let result = cancel_if_dropped(client, cancelled, send_round(client, cache, &round)).await;
+        let sending = send_round(client, cache, &round);
+        let result = cancel_if_dropped(client, canceller, cancelled, sending).await;
         call.receive_answers(result.map_err(driver_error), reply);
     }
     call.finish()

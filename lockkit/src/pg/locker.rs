@@ -5,14 +5,15 @@
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Transaction};
+use tokio_postgres::{Client, Socket, Transaction};
 
 use crate::engine::config::{Config, StatementMode};
 use crate::engine::error::Error;
 use crate::engine::facts::{FactsRow, ServerFacts, HASHTEXT_PROBES};
 use crate::engine::{sql, Policy};
-use crate::pg::exec::StatementCache;
+use crate::pg::exec::{Canceller, StatementCache};
 use crate::pg::transaction::LockTx;
 
 /// Takes transaction-scoped advisory locks over tokio-postgres.
@@ -47,6 +48,7 @@ use crate::pg::transaction::LockTx;
 #[derive(Clone, Debug)]
 pub struct Locker {
     inner: Arc<Policy>,
+    canceller: Canceller,
 }
 
 impl Locker {
@@ -71,7 +73,56 @@ impl Locker {
     pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
         Locker {
             inner: Arc::new(Policy::new(config, facts)),
+            canceller: Canceller::PLAIN,
         }
+    }
+
+    /// Sends the cancel request of a dropped lock call through `tls`, the
+    /// TLS connector the connections were made with.
+    ///
+    /// A lock call whose future is dropped while the server waits for the
+    /// key sends a cancel request, so that the connection is usable again
+    /// within about a round trip. By default the request goes in plain
+    /// text, which PostgreSQL accepts before any TLS negotiation; that
+    /// works with `sslmode` `disable` and `prefer`. With `sslmode=require`
+    /// (or `verify-ca`, `verify-full`), tokio-postgres negotiates TLS for
+    /// the request too, and fails without the connector: the server would
+    /// go on waiting for the key, and the transaction's rollback with it.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+    /// # use tokio_postgres::Socket;
+    /// # async fn run<T>(client: tokio_postgres::Client, tls: T) -> Result<(), lockkit::Error>
+    /// # where
+    /// #     T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    /// #     T::Stream: Send,
+    /// #     T::TlsConnect: Send,
+    /// #     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    /// # {
+    /// use lockkit::{Config, Locker};
+    ///
+    /// // `client` was connected with `tls` (e.g. postgres-openssl's
+    /// // `MakeTlsConnector`), under `sslmode=require`.
+    /// let locker = Locker::new(&client, Config::default()).await?.cancel_tls(tls);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn cancel_tls<T>(mut self, tls: T) -> Locker
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send,
+        T::TlsConnect: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        self.canceller = Canceller::tls(tls);
+        self
+    }
+
+    /// How this locker sends cancel requests.
+    pub(crate) fn canceller(&self) -> &Canceller {
+        &self.canceller
     }
 
     /// The policy.

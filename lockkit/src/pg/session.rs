@@ -69,7 +69,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{CancelToken, Client, NoTls, Row, SimpleQueryMessage, Socket};
+use tokio_postgres::{Client, NoTls, Row, SimpleQueryMessage, Socket};
 
 use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
@@ -77,7 +77,7 @@ use crate::engine::plan::Mode;
 use crate::engine::sql::{self, timeout_setting, CHECK_CLIENT, HOLDS};
 use crate::engine::{self, read_reply, Policy, ReplyRow, ReplyShape, Request, TxState};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
-use crate::pg::exec::CancelOnDrop;
+use crate::pg::exec::{CancelOnDrop, Canceller};
 use crate::pg::locker::{server_facts, Locker};
 
 /// The keepalive cadence unless [`SessionLock::keepalive`] says otherwise.
@@ -454,11 +454,7 @@ impl SessionLock {
         let hashtext = K::KEY_SPEC.form() == KeyForm::HashText;
         let name = AppName(key);
         let (lease, canceller) = self.lease(&name).await?;
-        let mut cancel = CancelOnDrop::new(lease.client(), |token| {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(canceller(token));
-            }
-        });
+        let mut cancel = CancelOnDrop::new(lease.client(), |token| canceller.cancel(token));
         let taken = match self.form {
             SessionForm::Transaction => {
                 self.lock_in_transaction(&lease, key, mode, wait, &name, hashtext)
@@ -610,7 +606,7 @@ impl SessionLock {
                 // The pool's TLS connector is its own; a cancel request goes
                 // without TLS and may be refused. Closing the connection
                 // (what a drop does) ends the wait regardless.
-                Ok((Lease::pooled(object), no_tls_canceller()))
+                Ok((Lease::pooled(object), Canceller::PLAIN))
             }
         }
     }
@@ -1621,9 +1617,6 @@ impl fmt::Debug for Source {
     }
 }
 
-/// Sends a cancel request for a statement in flight.
-type Canceller = Arc<dyn Fn(CancelToken) -> BoxFuture<'static, ()> + Send + Sync>;
-
 /// Opens connections, whatever the TLS connector's type.
 trait Connect: Send + Sync {
     fn connect(
@@ -1668,30 +1661,12 @@ where
     }
 
     fn canceller(&self) -> Canceller {
-        let tls = self.tls.clone();
-        Arc::new(move |token: CancelToken| {
-            let tls = tls.clone();
-            Box::pin(async move {
-                let _ = token.cancel_query(tls).await;
-            }) as BoxFuture<'static, ()>
-        })
+        Canceller::tls(self.tls.clone())
     }
 
     fn config(&self) -> &tokio_postgres::Config {
         &self.config
     }
-}
-
-#[cfg(feature = "deadpool")]
-fn no_tls_canceller() -> Canceller {
-    static CANCELLER: std::sync::LazyLock<Canceller> = std::sync::LazyLock::new(|| {
-        Arc::new(|token: CancelToken| {
-            Box::pin(async move {
-                let _ = token.cancel_query(NoTls).await;
-            }) as BoxFuture<'static, ()>
-        })
-    });
-    CANCELLER.clone()
 }
 
 /// The pooler probe did not finish within its timeout

@@ -191,7 +191,9 @@ impl<'c> LockTx<'c> {
     /// After a lock call whose future was dropped, the cancel request sent
     /// then may have reached the server before the lock statement did; the
     /// rollback then sends one again every 100 ms until it completes, so it
-    /// never waits for another session to let go of the key.
+    /// never waits for another session to let go of the key (under
+    /// `sslmode=require`, given the TLS connector:
+    /// [`Locker::cancel_tls`](crate::Locker::cancel_tls)).
     ///
     /// # Errors
     ///
@@ -218,7 +220,7 @@ impl<'c> LockTx<'c> {
                 loop {
                     tokio::select! {
                         result = &mut rollback => break result,
-                        _ = tick.tick() => exec::cancel(token.clone()),
+                        _ = tick.tick() => self.locker.canceller().cancel(token.clone()),
                     }
                 }
             }
@@ -285,7 +287,8 @@ impl<'c> LockTx<'c> {
     /// request for it, so the connection is free again within about a round
     /// trip, and poisons the transaction (the server may have granted the
     /// lock): every later lock call fails with [`ErrorKind::Poisoned`]; roll
-    /// it back.
+    /// it back. Under `sslmode=require` the request needs the TLS connector:
+    /// see [`Locker::cancel_tls`](crate::Locker::cancel_tls).
     ///
     /// [`ErrorKind::BudgetExceeded`]: crate::ErrorKind::BudgetExceeded
     /// [`ErrorKind::LockOrder`]: crate::ErrorKind::LockOrder
@@ -585,7 +588,15 @@ impl<'c> LockTx<'c> {
         call: crate::engine::Acquisition<'s>,
     ) -> impl Future<Output = Result<Result<crate::engine::Grant, Busy>, Error>> + 's {
         let span = call.span().clone();
-        exec::drive(self.client(), self.cache, &self.shared.cancelled, call).instrument(span)
+        let canceller = self.locker.canceller();
+        exec::drive(
+            self.client(),
+            self.cache,
+            canceller,
+            &self.shared.cancelled,
+            call,
+        )
+        .instrument(span)
     }
 }
 
