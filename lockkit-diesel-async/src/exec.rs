@@ -23,8 +23,9 @@ use lockkit::engine::{
     sql, Acquisition, DriverError, FactsRow, Grant, ReplyShape, Statement, HASHTEXT_PROBES,
 };
 use lockkit::for_diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
+use lockkit::pg::Canceller;
 use lockkit::{Busy, Error, StatementMode};
-use tokio_postgres::{CancelToken, NoTls};
+use tokio_postgres::CancelToken;
 
 /// The future a closure of [`LockTx::savepoint`](crate::LockTx::savepoint)
 /// returns: boxed, so that it may borrow the `LockTx` it is given.
@@ -136,20 +137,14 @@ fn run<'a>(
 
 /// Sends a cancel request for the statement in flight when dropped armed: a
 /// dropped lock future must not leave the server waiting for the lock.
-struct CancelOnDrop {
-    token: Option<CancelToken>,
+struct CancelOnDrop<'a> {
+    armed: Option<(CancelToken, &'a Canceller)>,
 }
 
-impl Drop for CancelOnDrop {
+impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
-        if let Some(token) = self.token.take() {
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(async move {
-                    if let Err(e) = token.cancel_query(NoTls).await {
-                        tracing::warn!(error = %e, "lockkit: could not send the cancel request of a dropped lock call");
-                    }
-                });
-            }
+        if let Some((token, canceller)) = self.armed.take() {
+            canceller.cancel(token);
         }
     }
 }
@@ -157,23 +152,25 @@ impl Drop for CancelOnDrop {
 /// Drives an acquisition to its outcome on `conn`, one statement at a time.
 ///
 /// Dropped while a statement is in flight, the acquisition poisons the
-/// transaction and a cancel request goes to the server.
+/// transaction and a cancel request goes to the server through `canceller`.
 pub(crate) fn drive<'a>(
     conn: &'a mut AsyncPgConnection,
     mode: StatementMode,
+    canceller: &'a Canceller,
     call: Acquisition<'a>,
 ) -> BoxFuture<'a, Result<Result<Grant, Busy>, Error>> {
-    Box::pin(drive_inner(conn, mode, call))
+    Box::pin(drive_inner(conn, mode, canceller, call))
 }
 
 async fn drive_inner(
     conn: &mut AsyncPgConnection,
     mode: StatementMode,
+    canceller: &Canceller,
     mut call: Acquisition<'_>,
 ) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
         let mut guard = CancelOnDrop {
-            token: Some(conn.cancel_token()),
+            armed: Some((conn.cancel_token(), canceller)),
         };
         // One at a time, stopping at the first error.
         let (mut answers, mut failed) = (Vec::with_capacity(round.len()), None);
@@ -186,7 +183,7 @@ async fn drive_inner(
                 }
             }
         }
-        guard.token = None;
+        guard.armed = None;
         call.receive_answers(failed.map_or(Ok(answers), Err), |_, a| a.reply());
     }
     call.finish()

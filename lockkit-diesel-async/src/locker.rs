@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use diesel_async::AsyncPgConnection;
 use lockkit::for_diesel::DieselPolicy;
+use lockkit::pg::Canceller;
 use lockkit::{Config, Error, Policy, ServerFacts};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::Socket;
 
 use crate::exec;
 use crate::transaction::LockTx;
@@ -23,6 +26,7 @@ use crate::transaction::LockTx;
 #[derive(Clone, Debug)]
 pub struct Locker {
     inner: Arc<DieselPolicy>,
+    canceller: Canceller,
 }
 
 impl Locker {
@@ -53,6 +57,7 @@ impl Locker {
                 &messages,
                 "lockkit-diesel-async",
             )),
+            canceller: Canceller::plain(),
         })
     }
 
@@ -61,7 +66,37 @@ impl Locker {
     pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
         Locker {
             inner: Arc::new(DieselPolicy::assumed(config, facts)),
+            canceller: Canceller::plain(),
         }
+    }
+
+    /// Sends the cancel request of a dropped lock call through `tls`, the
+    /// TLS connector the connections were made with (diesel-async connects
+    /// over TLS through a tokio-postgres client, e.g. in
+    /// `ManagerConfig::custom_setup`).
+    ///
+    /// A lock call whose future is dropped while the server waits for the
+    /// key sends a cancel request, so that the connection is usable again
+    /// within about a round trip. By default the request goes in plain
+    /// text, which PostgreSQL accepts before any TLS negotiation; that
+    /// works with `sslmode` `disable` and `prefer`. With `sslmode=require`
+    /// (or `verify-ca`, `verify-full`), tokio-postgres negotiates TLS for
+    /// the request too, and fails without the connector: the server would
+    /// go on waiting for the key.
+    pub fn cancel_tls<T>(mut self, tls: T) -> Locker
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send,
+        T::TlsConnect: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        self.canceller = Canceller::tls(tls);
+        self
+    }
+
+    /// How this locker sends cancel requests.
+    pub(crate) fn canceller(&self) -> &Canceller {
+        &self.canceller
     }
 
     /// The configuration.

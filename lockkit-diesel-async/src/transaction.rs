@@ -222,7 +222,9 @@ impl<'t> LockTx<'t> {
     /// (the server may have granted the lock): every later lock call fails
     /// with [`ErrorKind::Poisoned`]; roll it back. A cancel request that
     /// reaches the server before the statement does is ignored by the
-    /// server; the statement then waits as long as its lock takes.
+    /// server; the statement then waits as long as its lock takes. Under
+    /// `sslmode=require` the request needs the TLS connector: see
+    /// [`Locker::cancel_tls`](crate::Locker::cancel_tls).
     pub async fn lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'t, K>, Error> {
         self.lock_one(key, Mode::Exclusive, Wait::Forever).await
     }
@@ -412,7 +414,8 @@ impl<'t> LockTx<'t> {
         }
         let policy = self.locker.policy();
         let call = self.state.acquire(policy, self.depth, request, wait)?;
-        exec::drive(self.conn, policy.config().statement_mode(), call).await
+        let canceller = self.locker.canceller();
+        exec::drive(self.conn, policy.config().statement_mode(), canceller, call).await
     }
 }
 

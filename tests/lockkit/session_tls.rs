@@ -215,15 +215,15 @@ async fn a_dropped_lock_call_is_cancelled_over_tls() {
     let _guard = held.lock(key).await.unwrap();
     assert!(uses_tls(&observer, holder_pid).await);
 
-    let mut unnamed = connect().await;
-    let unnamed_pid = backend_pid(&unnamed).await;
-    let mut prepared = LockClient::new(&locker, connect().await);
-    let prepared_pid = backend_pid(&prepared).await;
     for round in 0..12 {
-        let (tx, pid) = if round % 2 == 0 {
-            (locker.begin(&mut unnamed).await.unwrap(), unnamed_pid)
+        // A connection per round: one cancel request can cancel the
+        // connection's next statement too (see the diesel-async test).
+        let mut conn = LockClient::new(&locker, connect().await);
+        let pid = backend_pid(&conn).await;
+        let tx = if round % 2 == 0 {
+            locker.begin(&mut conn).await.unwrap() // unnamed statements
         } else {
-            (prepared.begin().await.unwrap(), prepared_pid)
+            conn.begin().await.unwrap() // prepared on the connection
         };
         {
             let call = async {
@@ -277,6 +277,137 @@ async fn a_dropped_lock_call_is_cancelled_over_tls() {
         .get(0);
     assert!(waiting, "the control: still waiting for the key");
     held.rollback().await.unwrap();
+}
+
+/// The same over diesel-async, whose TLS connections are made from a
+/// tokio-postgres client: a lock call dropped inside
+/// `conn.transaction(async |conn| …)` is cancelled through the connector
+/// given to `lockkit_diesel_async::Locker::cancel_tls`, so diesel-async's
+/// rollback returns while the holder still holds the key. Four rounds. The
+/// control, the plain-text default: the rollback has not returned after
+/// 2 s, and the connection still waits for the key.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_diesel_async_lock_call_is_cancelled_over_tls() {
+    use diesel_async::{AsyncConnection, AsyncPgConnection};
+    use lockkit_diesel_async::AsyncPgConnectionExt;
+
+    let (db, tls) = tls_server();
+    let observer = observer(&db).await;
+    let mut config = db.config();
+    config.ssl_mode(SslMode::Require);
+    let connect = || {
+        let (config, tls) = (config.clone(), tls.clone());
+        async move {
+            let (client, connection) = config.connect(tls).await.unwrap();
+            let mut conn = AsyncPgConnection::try_from_client_and_connection(client, connection)
+                .await
+                .unwrap();
+            let pid = diesel_async_pid(&mut conn).await;
+            (conn, pid)
+        }
+    };
+    let (mut holder, holder_pid) = connect().await;
+    let plain = lockkit_diesel_async::Locker::new(&mut holder, Config::default())
+        .await
+        .unwrap();
+    let locker = plain.clone().cancel_tls(tls.clone());
+    let key = Secret { id: 30 };
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let (taken, is_taken) = tokio::sync::oneshot::channel::<()>();
+    let holding = {
+        let plain = plain.clone();
+        tokio::spawn(async move {
+            holder
+                .transaction::<_, lockkit::Error, _>(async |conn| {
+                    let mut tx = conn.lock_tx(&plain)?;
+                    let _held = tx.lock(key).await?;
+                    taken.send(()).unwrap();
+                    released.await.unwrap();
+                    Ok(())
+                })
+                .await
+        })
+    };
+    is_taken.await.unwrap();
+    assert!(uses_tls(&observer, holder_pid).await);
+
+    for round in 0..4 {
+        // A connection per round: PostgreSQL can deliver one cancel request
+        // twice (to the backend and its process group), and a second
+        // delivery that comes after the first cancelled the lock statement
+        // cancels whatever the connection runs next, here the next round's
+        // lock (seen once: 2 cancel requests, 3 statements cancelled).
+        let (mut conn, pid) = connect().await;
+        let result = tokio::time::timeout(
+            Duration::from_secs(20),
+            conn.transaction::<(), lockkit::Error, _>(async |conn| {
+                let mut tx = conn.lock_tx(&locker)?;
+                {
+                    let call = tx.lock(key);
+                    tokio::pin!(call);
+                    tokio::select! {
+                        r = &mut call => panic!("round {round}: granted while held: {r:?}"),
+                        () = wait_until_waiting(&observer, pid) => {}
+                    }
+                }
+                assert!(tx.is_poisoned());
+                tx.lock(Secret { id: 31 }).await.map(drop)
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("round {round}: the rollback waited for the holder"));
+        let err = result.unwrap_err();
+        assert_eq!(err.kind(), lockkit::ErrorKind::Poisoned, "{err}");
+        assert!(held_by(&observer, holder_pid, key.lock_key()).await);
+    }
+
+    // The control: cancel requests in plain text do not get through.
+    let (mut control, control_pid) = connect().await;
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(2),
+        control.transaction::<(), lockkit::Error, _>(async |conn| {
+            let mut tx = conn.lock_tx(&plain)?;
+            {
+                let call = tx.lock(key);
+                tokio::pin!(call);
+                tokio::select! {
+                    r = &mut call => panic!("the control: granted while held: {r:?}"),
+                    () = wait_until_waiting(&observer, control_pid) => {}
+                }
+            }
+            tx.lock(Secret { id: 31 }).await.map(drop)
+        }),
+    )
+    .await;
+    assert!(
+        outcome.is_err(),
+        "the control: the rollback returned while the key was held: {outcome:?}"
+    );
+    let waiting: bool = observer
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)",
+            &[&control_pid],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(waiting, "the control: still waiting for the key");
+    release.send(()).unwrap();
+    holding.await.unwrap().unwrap();
+}
+
+async fn diesel_async_pid(conn: &mut diesel_async::AsyncPgConnection) -> i32 {
+    use diesel_async::RunQueryDsl;
+    #[derive(diesel::QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+    }
+    let row: Pid = diesel::sql_query("SELECT pg_backend_pid() AS pid")
+        .get_result(conn)
+        .await
+        .unwrap();
+    row.pid
 }
 
 async fn backend_pid(client: &Client) -> i32 {

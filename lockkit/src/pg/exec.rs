@@ -290,21 +290,27 @@ fn cancel_if_dropped<'a, F: Future>(
 /// PostgreSQL reads a cancel request before any TLS negotiation, so plain
 /// text works with `sslmode` `disable` and `prefer`. With `require` (and
 /// the `verify-*` modes), tokio-postgres negotiates TLS for the request as
-/// for the connection, so the request needs the connector
-/// ([`Locker::cancel_tls`](crate::Locker::cancel_tls),
-/// [`SessionLock::with_tls`](crate::SessionLock::with_tls)).
-#[derive(Clone)]
-pub(crate) struct Canceller(Option<Arc<SendCancel>>);
+/// for the connection, so the request needs the connector.
+///
+/// The tokio-postgres adapter's lockers take one with
+/// [`Locker::cancel_tls`](crate::Locker::cancel_tls) and
+/// [`SessionLock::with_tls`](crate::SessionLock::with_tls); adapters on
+/// other stacks that run on tokio-postgres (lockkit-diesel-async) send
+/// their cancel requests through it too.
+#[derive(Clone, Default)]
+pub struct Canceller(Option<Arc<SendCancel>>);
 
 type SendCancel =
     dyn Fn(CancelToken) -> BoxFuture<'static, Result<(), tokio_postgres::Error>> + Send + Sync;
 
 impl Canceller {
-    /// In plain text (`NoTls`).
-    pub(crate) const PLAIN: Canceller = Canceller(None);
+    /// In plain text (`NoTls`), the default.
+    pub const fn plain() -> Canceller {
+        Canceller(None)
+    }
 
-    /// Through `tls`.
-    pub(crate) fn tls<T>(tls: T) -> Canceller
+    /// Through `tls`, the connector the connections are made with.
+    pub fn tls<T>(tls: T) -> Canceller
     where
         T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
         T::Stream: Send,
@@ -317,9 +323,10 @@ impl Canceller {
         })))
     }
 
-    /// Sends the cancel request in the background; a failure is logged,
-    /// since nobody awaits it.
-    pub(crate) fn cancel(&self, token: CancelToken) {
+    /// Sends the cancel request for `token`'s connection in the background,
+    /// on the current tokio runtime (nothing without one). Nobody awaits
+    /// it, so a failure is logged as a `tracing` warning.
+    pub fn cancel(&self, token: CancelToken) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -333,7 +340,7 @@ impl Canceller {
                     error = %e,
                     "lockkit: could not send the cancel request of a dropped lock call \
                      (behind TLS with sslmode=require, give lockkit the TLS connector: \
-                     Locker::cancel_tls)"
+                     cancel_tls)"
                 );
             }
         });

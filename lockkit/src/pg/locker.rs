@@ -73,7 +73,7 @@ impl Locker {
     pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
         Locker {
             inner: Arc::new(Policy::new(config, facts)),
-            canceller: Canceller::PLAIN,
+            canceller: Canceller::plain(),
         }
     }
 

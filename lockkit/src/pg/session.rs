@@ -606,7 +606,7 @@ impl SessionLock {
                 // The pool's TLS connector is its own; a cancel request goes
                 // without TLS and may be refused. Closing the connection
                 // (what a drop does) ends the wait regardless.
-                Ok((Lease::pooled(object), Canceller::PLAIN))
+                Ok((Lease::pooled(object), Canceller::plain()))
             }
         }
     }
