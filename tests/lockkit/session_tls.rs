@@ -356,8 +356,16 @@ async fn a_dropped_diesel_async_lock_call_is_cancelled_over_tls() {
         )
         .await
         .unwrap_or_else(|_| panic!("round {round}: the rollback waited for the holder"));
+        // The closure's error, or, when the cancel request's second delivery
+        // (above) cancelled diesel-async's own ROLLBACK, that one.
         let err = result.unwrap_err();
-        assert_eq!(err.kind(), lockkit::ErrorKind::Poisoned, "{err}");
+        assert!(
+            matches!(
+                err.kind(),
+                lockkit::ErrorKind::Poisoned | lockkit::ErrorKind::Cancelled
+            ),
+            "{err}"
+        );
         assert!(held_by(&observer, holder_pid, key.lock_key()).await);
     }
 

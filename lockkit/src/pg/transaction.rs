@@ -7,6 +7,7 @@ use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use tokio_postgres::error::SqlState;
 use tokio_postgres::Transaction;
 use tracing::Instrument;
 
@@ -193,7 +194,10 @@ impl<'c> LockTx<'c> {
     /// rollback then sends one again every 100 ms until it completes, so it
     /// never waits for another session to let go of the key (under
     /// `sslmode=require`, given the TLS connector:
-    /// [`Locker::cancel_tls`](crate::Locker::cancel_tls)).
+    /// [`Locker::cancel_tls`](crate::Locker::cancel_tls)). PostgreSQL can
+    /// deliver one cancel request twice, and cancel the `ROLLBACK` too; a
+    /// transaction's `ROLLBACK` is then sent again (up to five times), so
+    /// the connection is not left in a transaction.
     ///
     /// # Errors
     ///
@@ -210,17 +214,46 @@ impl<'c> LockTx<'c> {
             .cancelled
             .load(Ordering::SeqCst)
             .then(|| tx.cancel_token());
-        let rollback = tx.rollback();
         let result = match token {
-            None => rollback.await,
+            None => tx.rollback().await,
             Some(token) => {
-                tokio::pin!(rollback);
-                let mut tick = tokio::time::interval(Duration::from_millis(100));
-                tick.tick().await;
-                loop {
+                let canceller = self.locker.canceller();
+                let cancels = async {
+                    let mut tick = tokio::time::interval(Duration::from_millis(100));
+                    tick.tick().await;
+                    loop {
+                        tick.tick().await;
+                        canceller.cancel(token.clone());
+                    }
+                };
+                if self.depth == 0 {
+                    // By hand, and again when a cancel request cancels the
+                    // ROLLBACK itself (57014, the transaction left open):
+                    // PostgreSQL can deliver one cancel request twice, and a
+                    // delivery after the lock statement's end lands on the
+                    // next statement. The transaction's own ROLLBACK, sent
+                    // when `tx` drops, then finds none open.
+                    let by_hand = async {
+                        let mut again = 0;
+                        loop {
+                            match tx.batch_execute("ROLLBACK").await {
+                                Err(e)
+                                    if again < 5 && e.code() == Some(&SqlState::QUERY_CANCELED) =>
+                                {
+                                    again += 1;
+                                }
+                                result => break result,
+                            }
+                        }
+                    };
                     tokio::select! {
-                        result = &mut rollback => break result,
-                        _ = tick.tick() => self.locker.canceller().cancel(token.clone()),
+                        result = by_hand => result,
+                        () = cancels => unreachable!("an endless loop"),
+                    }
+                } else {
+                    tokio::select! {
+                        result = tx.rollback() => result,
+                        () = cancels => unreachable!("an endless loop"),
                     }
                 }
             }
