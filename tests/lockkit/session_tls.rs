@@ -188,10 +188,10 @@ async fn a_plain_text_connection_to_a_tls_only_server_fails_clearly() {
 /// tokio-postgres refuses to send under `require` (it negotiates TLS for a
 /// cancel request as for the connection), so the server kept waiting and
 /// the rollback with it; this test failed at its first round then. The
-/// control is that default: the connection is
-/// still waiting for the key after the rollback has sent its cancel
-/// requests for 2 s. The holder keeps the key until the test ends, so a
-/// rollback that waited for it could not return.
+/// control is that default: the connection is still waiting for the key
+/// after the rollback has sent its cancel requests for 2 s. The holder
+/// keeps the key until the test ends, so a rollback that waited for it
+/// could not return.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dropped_lock_call_is_cancelled_over_tls() {
     let (db, tls) = tls_server();
