@@ -73,16 +73,9 @@ impl Locker {
     /// Sends the cancel request of a dropped lock call through `tls`, the
     /// TLS connector the connections were made with (diesel-async connects
     /// over TLS through a tokio-postgres client, e.g. in
-    /// `ManagerConfig::custom_setup`).
-    ///
-    /// A lock call whose future is dropped while the server waits for the
-    /// key sends a cancel request, so that the connection is usable again
-    /// within about a round trip. By default the request goes in plain
-    /// text, which PostgreSQL accepts before any TLS negotiation; that
-    /// works with `sslmode` `disable` and `prefer`. With `sslmode=require`
-    /// (or `verify-ca`, `verify-full`), tokio-postgres negotiates TLS for
-    /// the request too, and fails without the connector: the server would
-    /// go on waiting for the key.
+    /// `ManagerConfig::custom_setup`). Needed under `sslmode=require` and
+    /// the `verify-*` modes, where a request in plain text fails and the
+    /// server goes on waiting for the key: see [`lockkit::pg::Canceller`].
     pub fn cancel_tls<T>(mut self, tls: T) -> Locker
     where
         T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,

@@ -23,6 +23,8 @@ use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::{Client, NoTls};
 
+use crate::common::backend_pid;
+
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
 #[advisory_key(namespace = "lockkit-tests/session-tls")]
 struct Secret {
@@ -225,22 +227,15 @@ async fn a_dropped_lock_call_is_cancelled_over_tls() {
         } else {
             conn.begin().await.unwrap() // prepared on the connection
         };
-        {
-            let call = async {
-                if round % 3 == 2 {
-                    let batch = lockkit::Batch::new().with(&key).with(&Secret { id: 21 });
-                    tx.lock_batch(&batch).await.map(drop)
-                } else {
-                    tx.lock(key).await.map(drop)
-                }
-            };
-            tokio::pin!(call);
-            tokio::select! {
-                r = &mut call => panic!("round {round}: granted while held: {r:?}"),
-                () = wait_until_waiting(&observer, pid) => {}
+        let call = async {
+            if round % 3 == 2 {
+                let batch = lockkit::Batch::new().with(&key).with(&Secret { id: 21 });
+                tx.lock_batch(&batch).await.map(drop)
+            } else {
+                tx.lock(key).await.map(drop)
             }
-            // Dropped here, while the server waits for the key.
-        }
+        };
+        drop_once_waiting(&observer, pid, call, &format!("round {round}")).await;
         assert!(tx.is_poisoned());
         tokio::time::timeout(Duration::from_secs(20), tx.rollback())
             .await
@@ -253,14 +248,7 @@ async fn a_dropped_lock_call_is_cancelled_over_tls() {
     let mut control = connect().await;
     let control_pid = backend_pid(&control).await;
     let tx = plain.begin(&mut control).await.unwrap();
-    {
-        let call = tx.lock(key);
-        tokio::pin!(call);
-        tokio::select! {
-            r = &mut call => panic!("the control: granted while held: {r:?}"),
-            () = wait_until_waiting(&observer, control_pid) => {}
-        }
-    }
+    drop_once_waiting(&observer, control_pid, tx.lock(key), "the control").await;
     assert!(
         tokio::time::timeout(Duration::from_secs(2), tx.rollback())
             .await
@@ -342,14 +330,7 @@ async fn a_dropped_diesel_async_lock_call_is_cancelled_over_tls() {
             Duration::from_secs(20),
             conn.transaction::<(), lockkit::Error, _>(async |conn| {
                 let mut tx = conn.lock_tx(&locker)?;
-                {
-                    let call = tx.lock(key);
-                    tokio::pin!(call);
-                    tokio::select! {
-                        r = &mut call => panic!("round {round}: granted while held: {r:?}"),
-                        () = wait_until_waiting(&observer, pid) => {}
-                    }
-                }
+                drop_once_waiting(&observer, pid, tx.lock(key), &format!("round {round}")).await;
                 assert!(tx.is_poisoned());
                 tx.lock(Secret { id: 31 }).await.map(drop)
             }),
@@ -375,14 +356,7 @@ async fn a_dropped_diesel_async_lock_call_is_cancelled_over_tls() {
         Duration::from_secs(2),
         control.transaction::<(), lockkit::Error, _>(async |conn| {
             let mut tx = conn.lock_tx(&plain)?;
-            {
-                let call = tx.lock(key);
-                tokio::pin!(call);
-                tokio::select! {
-                    r = &mut call => panic!("the control: granted while held: {r:?}"),
-                    () = wait_until_waiting(&observer, control_pid) => {}
-                }
-            }
+            drop_once_waiting(&observer, control_pid, tx.lock(key), "the control").await;
             tx.lock(Secret { id: 31 }).await.map(drop)
         }),
     )
@@ -418,10 +392,17 @@ async fn diesel_async_pid(conn: &mut diesel_async::AsyncPgConnection) -> i32 {
     row.pid
 }
 
-async fn backend_pid(client: &Client) -> i32 {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0)
+/// Polls `call` (a lock call on backend `pid`) until the server is seen
+/// making it wait for its key, then drops it there; a call that completes
+/// first fails the test (`what` says which).
+async fn drop_once_waiting<F>(observer: &Client, pid: i32, call: F, what: &str)
+where
+    F: std::future::Future,
+    F::Output: std::fmt::Debug,
+{
+    tokio::pin!(call);
+    tokio::select! {
+        r = &mut call => panic!("{what}: granted while held: {r:?}"),
+        () = wait_until_waiting(observer, pid) => {}
+    }
 }

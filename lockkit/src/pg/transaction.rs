@@ -226,35 +226,30 @@ impl<'c> LockTx<'c> {
                         canceller.cancel(token.clone());
                     }
                 };
-                if self.depth == 0 {
+                let depth = self.depth;
+                let rollback = async move {
+                    if depth > 0 {
+                        return tx.rollback().await;
+                    }
                     // By hand, and again when a cancel request cancels the
                     // ROLLBACK itself (57014, the transaction left open):
                     // PostgreSQL can deliver one cancel request twice, and a
                     // delivery after the lock statement's end lands on the
                     // next statement. The transaction's own ROLLBACK, sent
-                    // when `tx` drops, then finds none open.
-                    let by_hand = async {
-                        let mut again = 0;
-                        loop {
-                            match tx.batch_execute("ROLLBACK").await {
-                                Err(e)
-                                    if again < 5 && e.code() == Some(&SqlState::QUERY_CANCELED) =>
-                                {
-                                    again += 1;
-                                }
-                                result => break result,
+                    // when `tx` drops here, then finds none open.
+                    let mut again = 0;
+                    loop {
+                        match tx.batch_execute("ROLLBACK").await {
+                            Err(e) if again < 5 && e.code() == Some(&SqlState::QUERY_CANCELED) => {
+                                again += 1;
                             }
+                            result => return result,
                         }
-                    };
-                    tokio::select! {
-                        result = by_hand => result,
-                        () = cancels => unreachable!("an endless loop"),
                     }
-                } else {
-                    tokio::select! {
-                        result = tx.rollback() => result,
-                        () = cancels => unreachable!("an endless loop"),
-                    }
+                };
+                tokio::select! {
+                    result = rollback => result,
+                    () = cancels => unreachable!("an endless loop"),
                 }
             }
         };
