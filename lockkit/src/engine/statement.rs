@@ -528,7 +528,10 @@ mod tests {
             ],
         );
         assert!(
-            pairs.contains("unnest(('{1,-2}'::int4[])::int4[], ('{3,4}'::int4[])::int4[], ('{t,f}'::bool[])::bool[])"),
+            pairs.contains(
+                "unnest(('{1,-2}'::int4[])::int4[]) AS c, unnest(('{3,4}'::int4[])::int4[]) AS o, \
+                 unnest(('{t,f}'::bool[])::bool[]) AS s"
+            ),
             "{pairs}"
         );
         assert!(
