@@ -60,6 +60,16 @@ pub(crate) fn transaction_depth(conn: &mut AsyncPgConnection) -> QueryResult<u32
     Ok(status.transaction_depth()?.map_or(0, NonZeroU32::get))
 }
 
+/// Puts diesel-async's transaction manager on `conn` in error: its commit
+/// and rollback then fail with `BrokenTransactionManager` instead of sending
+/// anything, and pools discard the connection.
+pub(crate) fn break_transaction_manager(conn: &mut AsyncPgConnection) {
+    <AnsiTransactionManager as TransactionManager<AsyncPgConnection>>::transaction_manager_status_mut(
+        conn,
+    )
+    .set_in_error();
+}
+
 /// Opens a savepoint (a transaction is open), as diesel-async's nested
 /// `transaction` does.
 pub(crate) fn begin(conn: &mut AsyncPgConnection) -> BoxFuture<'_, QueryResult<()>> {

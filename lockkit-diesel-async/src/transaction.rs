@@ -53,18 +53,25 @@ impl fmt::Debug for LockTx<'_> {
     }
 }
 
-/// Poisons the bookkeeping when dropped armed: a savepoint whose closure
-/// panicked or whose future was dropped is left open (diesel-async cannot
-/// roll back in a destructor), so what the transaction holds is unknown.
-struct SavepointGuard<'s> {
+/// Poisons the bookkeeping, and puts diesel-async's transaction manager in
+/// error, when dropped armed: a savepoint whose closure panicked or whose
+/// future was dropped (before its `RELEASE` or `ROLLBACK TO` completed) is
+/// left open, since diesel-async cannot roll back in a destructor. Its
+/// transaction manager would go on counting it, so the enclosing
+/// `conn.transaction`'s commit would only `RELEASE` the savepoint and report
+/// success with the transaction (its writes, its locks) still open; in
+/// error, that commit fails instead and pools discard the connection.
+struct SavepointGuard<'s, 'c> {
     state: &'s TxState,
+    conn: &'c mut AsyncPgConnection,
     armed: bool,
 }
 
-impl Drop for SavepointGuard<'_> {
+impl Drop for SavepointGuard<'_, '_> {
     fn drop(&mut self) {
         if self.armed {
             self.state.poison();
+            exec::break_transaction_manager(self.conn);
         }
     }
 }
@@ -125,9 +132,13 @@ impl<'t> LockTx<'t> {
     /// Locks taken in a rolled-back savepoint are released by the server and
     /// forgotten here (budget and held set); those of a released one belong
     /// to this transaction. If `f` panics or this future is dropped, the
-    /// savepoint stays open (diesel-async's transaction manager then counts
-    /// it, and rolls back the whole transaction when its closure ends) and
-    /// this transaction is poisoned.
+    /// savepoint stays open (diesel-async cannot roll back in a destructor):
+    /// this transaction is poisoned and diesel-async's transaction manager
+    /// is put in error, so the enclosing `conn.transaction` fails (with
+    /// Diesel's `BrokenTransactionManager`) rather than commit, the
+    /// transaction and its locks stay open until the connection closes, and
+    /// a pool discards the connection (as after a panic: see the crate
+    /// docs). A connection outside a pool must be established again.
     ///
     /// ```no_run
     /// # use lockkit_diesel_async::{AdvisoryKey, LockTx};
@@ -156,7 +167,8 @@ impl<'t> LockTx<'t> {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future poisons this transaction (see above).
+    /// Dropping the future poisons this transaction and breaks the
+    /// connection's transaction manager (see above).
     pub async fn savepoint<R, E, F>(&mut self, f: F) -> Result<R, E>
     where
         F: for<'a, 's> FnOnce(&'a mut LockTx<'s>) -> BoxFuture<'a, Result<R, E>>,
@@ -167,19 +179,24 @@ impl<'t> LockTx<'t> {
         exec::begin(self.conn)
             .await
             .map_err(|e| E::from(exec::lock_error(e)))?;
-        let mut guard = SavepointGuard { state, armed: true };
+        let mut guard = SavepointGuard {
+            state,
+            conn: &mut *self.conn,
+            armed: true,
+        };
         let result = {
             let mut inner = LockTx {
-                conn: &mut *self.conn,
+                conn: &mut *guard.conn,
                 state: TxSlot::Borrowed(state),
                 locker: self.locker.clone(),
                 depth,
             };
             f(&mut inner).await
         };
-        guard.armed = false;
-        match result {
-            Ok(value) => match exec::commit(self.conn).await {
+        // Armed until the bookkeeping records how the savepoint ended: a
+        // future dropped during `RELEASE` or `ROLLBACK TO` leaves it unknown.
+        let outcome = match result {
+            Ok(value) => match exec::commit(guard.conn).await {
                 Ok(()) => {
                     state.savepoint_released(depth);
                     Ok(value)
@@ -190,13 +207,15 @@ impl<'t> LockTx<'t> {
                 }
             },
             Err(user) => {
-                match exec::rollback(self.conn).await {
+                match exec::rollback(guard.conn).await {
                     Ok(()) => state.savepoint_rolled_back(depth),
                     Err(_) => state.poison(),
                 }
                 Err(user)
             }
-        }
+        };
+        guard.armed = false;
+        outcome
     }
 
     /// Takes `key` exclusive, waiting as long as it takes.

@@ -6,3 +6,4 @@
 
 mod api;
 mod common;
+mod dropped;

@@ -1,0 +1,234 @@
+//! Futures dropped inside diesel-async's `conn.transaction(async |conn| …)`:
+//! a `LockTx::savepoint` future dropped half-way (e.g. by
+//! `tokio::time::timeout`) must not let the enclosing transaction report a
+//! commit it did not make.
+
+use std::sync::Arc;
+
+use diesel_async::AsyncConnection;
+use lockkit_diesel_async::{AdvisoryKey, AsyncPgConnectionExt, Error};
+use lockkit_tests::observe::{advisory_rows, held_by, released};
+use lockkit_tests::TestServer;
+
+use crate::common::{backend_pid, locker, pool, wait_until_waiting};
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests/diesel-async-dropped")]
+struct Item {
+    id: i64,
+}
+
+/// Whether the session of `conn` is inside a transaction block, as the
+/// server sees it (not as diesel-async's bookkeeping does).
+async fn in_transaction_block(observer: &tokio_postgres::Client, pid: i32) -> bool {
+    let state: Option<String> = observer
+        .query_one(
+            "SELECT state FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .get(0);
+    matches!(
+        state.as_deref(),
+        Some("idle in transaction" | "idle in transaction (aborted)")
+    )
+}
+
+/// The savepoint future is dropped while its closure holds a lock and
+/// awaits something else (the timeout of a slow call). The closure of
+/// `conn.transaction` then returns `Ok`: diesel-async would "commit" at
+/// depth 2, i.e. `RELEASE SAVEPOINT`, and report success while the
+/// transaction (its writes, its locks) stays open on the server. lockkit
+/// must not let that pass as a commit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_savepoint_does_not_let_the_transaction_report_a_commit() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 1);
+    let locker = locker(&pool).await;
+    let observer = Arc::new(db.connect().await);
+    let mut conn = pool.get().await.unwrap();
+    let pid = backend_pid(&mut conn).await;
+    let (before, inside) = (Item { id: 1 }, Item { id: 2 });
+    let out = conn
+        .transaction::<_, Error, _>(async |conn| {
+            let mut tx = conn.lock_tx(&locker)?;
+            let _ = tx.lock(before).await?;
+            let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+            let savepoint = tx.savepoint(|sp| {
+                Box::pin(async move {
+                    let _ = sp.lock(inside).await?;
+                    let _ = entered_tx.send(());
+                    std::future::pending::<()>().await;
+                    Ok::<_, Error>(())
+                })
+            });
+            tokio::select! {
+                _ = savepoint => unreachable!("the savepoint's closure never returns"),
+                r = entered_rx => r.unwrap(),
+            }
+            assert!(tx.is_poisoned());
+            Ok(())
+        })
+        .await;
+    let open = in_transaction_block(&observer, pid).await;
+    let held = advisory_rows(&observer, pid).await;
+    println!("transaction: {out:?}; in a transaction block: {open}; advisory rows: {held}");
+    assert!(
+        out.is_err() || (!open && held == 0),
+        "the transaction reported Ok while still open on the server \
+         (in a transaction block: {open}, advisory locks held: {held})"
+    );
+    // Whatever it reported, the pool does not hand the open transaction out
+    // again: its locks go with the discarded connection.
+    drop(conn);
+    drop(pool.get().await.unwrap());
+    assert!(released(&observer, before.lock_key()).await);
+    assert!(released(&observer, inside.lock_key()).await);
+}
+
+/// The same with the lock statement in flight when the savepoint future is
+/// dropped (the key held elsewhere): the cancel request ends the wait, and
+/// the enclosing transaction must not report a commit either.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_savepoint_dropped_mid_wait_does_not_let_the_transaction_report_a_commit() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 2);
+    let locker = locker(&pool).await;
+    let observer = Arc::new(db.connect().await);
+    let (before, busy) = (Item { id: 10 }, Item { id: 11 });
+    let mut holder = pool.get().await.unwrap();
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let hold = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            holder
+                .transaction::<_, Error, _>(async |conn| {
+                    let _ = conn.lock_tx(&locker)?.lock(busy).await?;
+                    held_tx.send(()).unwrap();
+                    go_rx.await.unwrap();
+                    Ok(())
+                })
+                .await
+        })
+    };
+    held_rx.await.unwrap();
+
+    let mut conn = pool.get().await.unwrap();
+    let pid = backend_pid(&mut conn).await;
+    let obs = Arc::clone(&observer);
+    let out = conn
+        .transaction::<_, Error, _>(async |conn| {
+            let mut tx = conn.lock_tx(&locker)?;
+            let _ = tx.lock(before).await?;
+            let savepoint = tx.savepoint(|sp| {
+                Box::pin(async move {
+                    let _ = sp.lock(busy).await?;
+                    Ok::<_, Error>(())
+                })
+            });
+            tokio::select! {
+                _ = savepoint => unreachable!("the key is held elsewhere"),
+                () = wait_until_waiting(&obs, pid) => {}
+            }
+            assert!(tx.is_poisoned());
+            Ok(())
+        })
+        .await;
+    let open = in_transaction_block(&observer, pid).await;
+    let held = held_by(&observer, pid, before.lock_key()).await;
+    println!("transaction: {out:?}; in a transaction block: {open}; holds `before`: {held}");
+    assert!(
+        out.is_err() || (!open && !held),
+        "the transaction reported Ok while still open on the server \
+         (in a transaction block: {open}, holds `before`: {held})"
+    );
+    drop(conn);
+    go_tx.send(()).unwrap();
+    hold.await.unwrap().unwrap();
+    let both = (pool.get().await.unwrap(), pool.get().await.unwrap());
+    drop(both);
+    assert!(released(&observer, before.lock_key()).await);
+    assert!(released(&observer, busy.lock_key()).await);
+}
+
+/// A savepoint future dropped after its closure returned `Err`, while its
+/// `ROLLBACK TO` is in flight: the server releases the savepoint's locks,
+/// so the bookkeeping must not go on reporting them held (and must not
+/// grant them again without a round trip), unless it says it does not know
+/// (poisoned). A current-thread runtime: the connection's task cannot read
+/// the reply while the test polls the savepoint future; a poll that sees the
+/// savepoint end anyway is retried.
+#[tokio::test(flavor = "current_thread")]
+async fn a_savepoint_dropped_during_its_rollback_does_not_report_its_locks_held() {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::task::Poll;
+
+    use lockkit_diesel_async::Mode;
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 1);
+    let locker = locker(&pool).await;
+    let observer = db.connect().await;
+    for attempt in 0..50 {
+        let inside = Item { id: 100 + attempt };
+        let mut conn = pool.get().await.unwrap();
+        let pid = backend_pid(&mut conn).await;
+        let mut cut = false;
+        let _ = conn
+            .transaction::<_, Error, _>(async |conn| {
+                let mut tx = conn.lock_tx(&locker)?;
+                let ended = Arc::new(AtomicBool::new(false));
+                {
+                    let ended2 = Arc::clone(&ended);
+                    let savepoint = tx.savepoint(move |sp| {
+                        Box::pin(async move {
+                            let _ = sp.lock(inside).await?;
+                            ended2.store(true, SeqCst);
+                            Err::<(), _>(Error::other("roll back"))
+                        })
+                    });
+                    let mut savepoint = std::pin::pin!(savepoint);
+                    let finished = std::future::poll_fn(|cx| match savepoint.as_mut().poll(cx) {
+                        Poll::Ready(r) => Poll::Ready(Some(r)),
+                        Poll::Pending if ended.load(SeqCst) => Poll::Ready(None),
+                        Poll::Pending => Poll::Pending,
+                    })
+                    .await;
+                    if finished.is_some() {
+                        return Ok(()); // the savepoint ended in one poll: again
+                    }
+                }
+                cut = true;
+                // Let the ROLLBACK TO run: the connection's next statement
+                // follows it.
+                diesel_async::RunQueryDsl::execute(diesel::sql_query("SELECT 1"), tx.conn())
+                    .await?;
+                let on_server = held_by(&observer, pid, inside.lock_key()).await;
+                assert!(!on_server, "ROLLBACK TO released it");
+                if !tx.is_poisoned() {
+                    assert!(
+                        !tx.holds(&inside, Mode::Exclusive),
+                        "holds() reports a lock the server released"
+                    );
+                    if tx.lock(inside).await.is_ok() {
+                        assert!(
+                            held_by(&observer, pid, inside.lock_key()).await,
+                            "lock() returned Ok without the lock"
+                        );
+                    }
+                }
+                Err(Error::other("done"))
+            })
+            .await;
+        if cut {
+            return;
+        }
+    }
+    panic!("the savepoint's ROLLBACK TO was answered within the poll that sent it, 50 times");
+}
