@@ -70,19 +70,37 @@ impl DerefMut for LockTx<'_> {
     }
 }
 
-/// Marks a savepoint rolled back in the bookkeeping when dropped armed: a
-/// savepoint whose closure panicked or whose future was dropped is rolled
-/// back by sqlx before the connection's next use.
+/// Where a [`LockTx::savepoint`] future is, for its drop.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Running the closure: dropped, sqlx rolls the savepoint back before
+    /// the connection's next use.
+    Body,
+    /// Sending `RELEASE`: dropped, whether it ran is unknown (and sqlx then
+    /// queues a `ROLLBACK TO` of a savepoint that may be gone).
+    Release,
+    /// Sending `ROLLBACK TO`: it runs, and sqlx queues another.
+    RollBack,
+    /// The outcome is recorded.
+    Done,
+}
+
+/// Records a savepoint's end in the bookkeeping when its future is dropped
+/// before it did: rolled back (sqlx rolls the savepoint back before the
+/// connection's next use) while the closure runs or `ROLLBACK TO` is in
+/// flight; unknown, so poisoned, while `RELEASE` is.
 struct SavepointGuard<'s> {
     state: &'s TxState,
     depth: u32,
-    armed: bool,
+    phase: Phase,
 }
 
 impl Drop for SavepointGuard<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            self.state.savepoint_rolled_back(self.depth);
+        match self.phase {
+            Phase::Body | Phase::RollBack => self.state.savepoint_rolled_back(self.depth),
+            Phase::Release => self.state.poison(),
+            Phase::Done => {}
         }
     }
 }
@@ -138,7 +156,9 @@ impl<'t> LockTx<'t> {
     /// (budget and held set); those of a released one belong to this
     /// transaction. If `f` panics or this future is dropped, sqlx rolls the
     /// savepoint back before the connection's next use, and it is forgotten
-    /// here too.
+    /// here too; dropped while its `RELEASE` is in flight, this transaction
+    /// is poisoned (whether the savepoint's locks are still held is
+    /// unknown).
     ///
     /// ```no_run
     /// # use lockkit_sqlx::{AdvisoryKey, LockTx};
@@ -183,7 +203,7 @@ impl<'t> LockTx<'t> {
         let mut guard = SavepointGuard {
             state,
             depth,
-            armed: true,
+            phase: Phase::Body,
         };
         let result = {
             let mut inner = LockTx {
@@ -194,20 +214,27 @@ impl<'t> LockTx<'t> {
             };
             f(&mut inner).await
         };
-        guard.armed = false;
         match result {
-            Ok(value) => match sp.commit().await {
-                Ok(()) => {
-                    state.savepoint_released(depth);
-                    Ok(value)
+            Ok(value) => {
+                guard.phase = Phase::Release;
+                let released = sp.commit().await;
+                guard.phase = Phase::Done;
+                match released {
+                    Ok(()) => {
+                        state.savepoint_released(depth);
+                        Ok(value)
+                    }
+                    Err(e) => {
+                        state.poison();
+                        Err(E::from(lock_error(e)))
+                    }
                 }
-                Err(e) => {
-                    state.poison();
-                    Err(E::from(lock_error(e)))
-                }
-            },
+            }
             Err(user) => {
-                match sp.rollback().await {
+                guard.phase = Phase::RollBack;
+                let rolled_back = sp.rollback().await;
+                guard.phase = Phase::Done;
+                match rolled_back {
                     Ok(()) => state.savepoint_rolled_back(depth),
                     Err(_) => state.poison(),
                 }
