@@ -6,4 +6,6 @@
 
 mod api;
 mod common;
+mod dropped;
+mod pooler;
 mod release;

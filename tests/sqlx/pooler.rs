@@ -1,0 +1,169 @@
+//! lockkit-sqlx behind a transaction-mode pgbouncer (1.18: no prepared
+//! statement tracking), where one sqlx connection's transactions land on
+//! whichever server backend is free.
+//!
+//! sqlx names its cached statements `sqlx_s_1`, `sqlx_s_2`, … on every
+//! connection, so behind such a pooler a backend may hold another client's
+//! statement under the name lockkit's lock statement gets, or none. With
+//! the default [`StatementMode::Prepared`] a lock may then fail (typed, as
+//! `UnexpectedReply` or the server's error), never succeed without its
+//! lock; with [`StatementMode::Unnamed`] every lock is real.
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+
+use lockkit_sqlx::{AdvisoryKey, Config, Error, ErrorKind, Locker, OrderCheck, StatementMode};
+use lockkit_tests::{PgBouncer, TestServer};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection};
+
+use crate::common::{connect, granted_elsewhere};
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests/sqlx-pooler")]
+struct Job {
+    id: i64,
+}
+
+const CLIENTS: usize = 4;
+const ROUNDS: usize = 40;
+
+/// Outcomes of `CLIENTS` sqlx connections through `bouncer`, each taking
+/// `ROUNDS` locks (each client in its own form, after a query of its own
+/// so that statement names mean different statements on each client), each
+/// Ok checked in `pg_locks` from a direct connection while it is held:
+/// (granted, refused, the refusals' kinds).
+async fn run(
+    db: &TestServer,
+    bouncer: &PgBouncer,
+    mode: StatementMode,
+    base: i64,
+) -> (usize, usize, Vec<String>) {
+    let locker = Locker::new(
+        &mut connect(db).await,
+        Config::default()
+            .statements(mode)
+            .order_check(OrderCheck::Off),
+    )
+    .await
+    .unwrap();
+    let granted = Arc::new(AtomicUsize::new(0));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let kinds = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for client in 0..CLIENTS {
+        let (locker, url) = (locker.clone(), bouncer.url());
+        let (granted, refused, kinds) = (
+            Arc::clone(&granted),
+            Arc::clone(&refused),
+            Arc::clone(&kinds),
+        );
+        let observer = db.connect().await;
+        tasks.push(tokio::spawn(async move {
+            let options = PgConnectOptions::from_str(&url)
+                .unwrap()
+                .extra_float_digits(None);
+            let mut conn = options.connect().await.expect("through pgbouncer");
+            for round in 0..ROUNDS {
+                let job = Job {
+                    id: base + (client * ROUNDS + round) as i64,
+                };
+                let outcome: Result<(), Error> = async {
+                    let mut tx = conn
+                        .begin()
+                        .await
+                        .map_err(lockkit_sqlx::lock_error)?;
+                    {
+                        let mut ltx = locker.lock_tx(&mut tx)?;
+                        // A statement of the client's own first, on some
+                        // clients, so the names shift between clients.
+                        for _ in 0..client % 2 {
+                            // Named (as sqlx does by default) only in the
+                                // prepared run: unnamed, it cannot collide.
+                            sqlx::query("SELECT $1::int4 + 1")
+                                .persistent(mode == StatementMode::Prepared)
+                                .bind(client as i32)
+                                .execute(&mut *ltx)
+                                .await
+                                .map_err(|e| Error::other(format!("own query: {}", { let e = lockkit_sqlx::lock_error(e); format!("{:?} {:?}", e.kind(), e.code()) })))?;
+                        }
+                        let key = match client % 4 {
+                            0 => ltx.lock(job).await?.key(),
+                            1 => ltx
+                                .try_lock(job)
+                                .await?
+                                .expect("distinct keys are free")
+                                .key(),
+                            2 => ltx.lock_shared(job).await?.key(),
+                            _ => ltx
+                                .try_lock_shared(job)
+                                .await?
+                                .expect("distinct keys are free")
+                                .key(),
+                        };
+                        // Never a success without the lock.
+                        assert!(
+                            granted_elsewhere(&observer, key).await,
+                            "client {client}: a lock returned Ok without its row in \
+                             pg_locks ({mode:?})"
+                        );
+                    }
+                    tx.commit().await.map_err(|e| {
+                        let e = lockkit_sqlx::lock_error(e);
+                        Error::other(format!("commit: {:?} {:?}", e.kind(), e.code()))
+                    })
+                }
+                .await;
+                match outcome {
+                    Ok(()) => {
+                        granted.fetch_add(1, SeqCst);
+                    }
+                    Err(e) => {
+                        kinds
+                            .lock()
+                            .unwrap()
+                            .push(format!("{:?} {:?}: {e} ({e:?})", e.kind(), e.code()));
+                        refused.fetch_add(1, SeqCst);
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client panicked");
+    }
+    let kinds = std::mem::take(&mut *kinds.lock().unwrap());
+    (granted.load(SeqCst), refused.load(SeqCst), kinds)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn behind_a_transaction_pooler_a_lock_is_real_or_refused() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(2)
+        .start();
+
+    let (granted, refused, kinds) = run(db, &bouncer, StatementMode::Unnamed, 300_000).await;
+    assert_eq!(
+        (granted, refused),
+        (CLIENTS * ROUNDS, 0),
+        "unnamed statements cannot collide: {kinds:?}"
+    );
+
+    // sqlx's cached statements: whatever the pooler does, every Ok was
+    // checked in pg_locks, and a refusal is an error, never a lock call
+    // that said Ok.
+    let (granted, refused, kinds) = run(db, &bouncer, StatementMode::Prepared, 400_000).await;
+    assert_eq!(granted + refused, CLIENTS * ROUNDS);
+    eprintln!("prepared behind pgbouncer: {granted} granted, {refused} refused");
+    let mut distinct = kinds.clone();
+    distinct.sort();
+    distinct.dedup();
+    for k in distinct.iter().take(10) {
+        eprintln!("  {k}");
+    }
+    let _ = ErrorKind::UnexpectedReply;
+}
