@@ -20,6 +20,7 @@ mod session;
 mod session_forms;
 mod session_lost;
 mod session_pooler;
+mod session_probe;
 mod session_tls;
 mod smoke;
 mod standby;

@@ -687,19 +687,31 @@ impl SessionLock {
             backend_pid: first,
             evidence: Some(evidence),
         };
-        let again = backend_pid(client).await?;
+        // A session-wide mark of this probe on the backend, read back
+        // below: a backend that carries the mark of another client was
+        // handed over by a pooler (a direct connection, and a session-mode
+        // pooler's `DISCARD ALL`, start every client clean). Concurrent
+        // probes mark the pooled backends for one another, so they see the
+        // pooler where backend pids alone let several of them miss it.
+        let mark = format!("{:016x}", fastrand::u64(1..));
+        let (again, found) = read_mark(client, Some(&mark)).await?;
         if again != first {
             return Ok(pooled(format!(
                 "the next transaction ran on backend {again}"
             )));
         }
+        if let Some(found) = found {
+            return Ok(pooled(format!(
+                "backend {again} carries another client's pooler probe mark {found}"
+            )));
+        }
         let (mut other, _) = self.lease(PROBE_NAME).await?;
         other.client().batch_execute("BEGIN").await?;
-        let other_pid = backend_pid(other.client()).await?;
+        let (other_pid, other_found) = read_mark(other.client(), None).await?;
         let after = if other_pid == first {
             None
         } else {
-            Some(backend_pid(client).await?)
+            Some(read_mark(client, None).await?)
         };
         other.clean = other
             .client()
@@ -707,19 +719,69 @@ impl SessionLock {
             .await
             .is_ok();
         drop(other);
-        Ok(match after {
-            None => pooled(
+        let evidence = match (after, other_found) {
+            (None, _) => Some(
                 "another client's transaction was given it while this connection was idle".into(),
             ),
-            Some(after) if after != first => pooled(format!(
+            (_, Some(found)) => Some(format!(
+                "another client's transaction was given backend {other_pid}, which carries the pooler probe mark {found}"
+            )),
+            (Some((after, _)), None) if after != first => Some(format!(
                 "while another client's transaction was open, this connection moved to backend {after}"
             )),
-            Some(_) => PoolerProbe {
-                backend_pid: first,
-                evidence: None,
-            },
+            (Some((_, found)), None) if found.as_deref() != Some(mark.as_str()) => Some(format!(
+                "this connection's backend lost its pooler probe mark (found {found:?})"
+            )),
+            (Some(_), None) => None,
+        };
+        if let Some(evidence) = evidence {
+            return Ok(pooled(evidence));
+        }
+        // Directly connected (or session-pooled): take the mark off, so
+        // that a pooled connection leased again is not mistaken for one a
+        // pooler handed over.
+        client.batch_execute(PROBE_UNMARK).await?;
+        Ok(PoolerProbe {
+            backend_pid: first,
+            evidence: None,
         })
     }
+}
+
+/// The session-wide setting the pooler probe marks its backend with.
+const PROBE_MARK: &str = "lockkit.pooler_probe";
+
+/// Takes the pooler probe's mark off the session.
+const PROBE_UNMARK: &str = "SELECT set_config('lockkit.pooler_probe', '', false)";
+
+/// `pg_backend_pid()` and the pooler probe's mark on the backend, if any,
+/// in one transaction; with `set`, marks it with `set` afterwards, in the
+/// same transaction (so on the same backend). The mark answered is the one
+/// found before; with `set`, it is `None` when it was `set` already.
+async fn read_mark(client: &Client, set: Option<&str>) -> Result<(i32, Option<String>), Error> {
+    let mut query = format!("SELECT pg_backend_pid(), current_setting('{PROBE_MARK}', true)");
+    if let Some(set) = set {
+        query.push_str(&format!(
+            "; SELECT set_config('{PROBE_MARK}', '{set}', false)"
+        ));
+    }
+    let messages = client.simple_query(&query).await?;
+    let row = messages
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        })
+        .ok_or_else(|| Error::unexpected("the pooler probe's query returned no row".into()))?;
+    let pid = row
+        .get(0)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| Error::unexpected("pg_backend_pid() returned no pid".into()))?;
+    let found = row
+        .get(1)
+        .filter(|mark| !mark.is_empty() && Some(*mark) != set)
+        .map(str::to_owned);
+    Ok((pid, found))
 }
 
 impl Locker {
@@ -1718,11 +1780,18 @@ impl PoolerProbe {
 /// has another. Behind a transaction-mode pooler the backend is returned to
 /// the pool after each transaction: pgbouncer hands the one released last
 /// to the next client, so the second client gets the first one's backend,
-/// or, when it does not, the first client moves to another. A session-mode
-/// pooler keeps each client on one backend and is not reported. The probe
-/// is a heuristic (it relies on the pooler's reuse order and can miss a
-/// pooler under load); that is why the default session form does not rely
-/// on it.
+/// or, when it does not, the first client moves to another. The first
+/// connection also marks its backend with a session-wide setting
+/// (`lockkit.pooler_probe`, taken off again when no pooler was seen): a
+/// client that finds another client's mark on its fresh connection, or
+/// loses its own, was handed a backend by a pooler. Concurrent probes
+/// (a fleet of session-level lockers) thus mark the pooled backends for
+/// one another, where the pids alone let some of them miss the pooler. A
+/// session-mode pooler keeps each client on one backend (and its
+/// `DISCARD ALL` clears the mark) and is not reported. The probe is still
+/// a heuristic (the very first probes on a fresh pool rely on the pooler's
+/// reuse order); that is why the default session form does not rely on
+/// it.
 ///
 /// # Errors
 ///
