@@ -143,3 +143,78 @@ async fn control_plain_ddl_stalls_every_later_reader() {
     alter_call.await.unwrap();
     read_call.await.unwrap();
 }
+
+/// `run_ddl`'s cancel safety: a call dropped while its `COMMIT` is in
+/// flight has applied the DDL (the commit is in the WAL). Made
+/// deterministic with synchronous replication to a standby that never
+/// comes: the `COMMIT` waits (`SyncRep`) after committing locally; the
+/// call is dropped there, and the wait is cancelled, which makes the
+/// commit visible. The docs claimed "nothing of it is applied" for any
+/// dropped call.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_dropped_during_its_commit_may_have_applied_the_ddl() {
+    let db = TestServer::builder()
+        .setting("synchronous_standby_names", "nobody")
+        .setting("synchronous_commit", "local")
+        .start();
+    let observer = db.connect().await;
+    observer
+        .batch_execute("CREATE TABLE dropped_commit (id int)")
+        .await
+        .unwrap();
+    let mut client = db.connect().await;
+    client
+        .batch_execute("SET synchronous_commit = on")
+        .await
+        .unwrap();
+    let pid = backend_pid(&client).await;
+    let retry = DdlRetry::default();
+    {
+        let ddl = run_ddl(
+            &mut client,
+            "ALTER TABLE dropped_commit ADD COLUMN note text",
+            &retry,
+        );
+        tokio::pin!(ddl);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            tokio::select! {
+                done = &mut ddl => panic!("the COMMIT did not wait: {done:?}"),
+                () = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+            let waiting: bool = observer
+                .query_one(
+                    "SELECT count(*) > 0 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'",
+                    &[&pid],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the COMMIT never waited");
+        }
+        // Dropped here, mid-COMMIT.
+    }
+    observer
+        .execute("SELECT pg_cancel_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let applied: bool = observer
+        .query_one(
+            "SELECT count(*) > 0 FROM information_schema.columns \
+             WHERE table_name = 'dropped_commit' AND column_name = 'note'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // Before the docs were fixed this asserted `!applied` and failed: the
+    // DDL was applied although the call never returned. Nothing can undo a
+    // COMMIT already sent; the docs now say so.
+    assert!(
+        applied,
+        "the COMMIT was in the WAL before the call was dropped"
+    );
+}

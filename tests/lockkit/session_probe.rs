@@ -94,3 +94,51 @@ async fn concurrent_session_level_lockers_are_all_refused_behind_transaction_pgb
         other.lock().unwrap()
     );
 }
+
+/// A waiting `lock()` dropped while its holder releases at about the same
+/// moment: whether the late grant or the cancel wins, the key ends up held
+/// by nobody and is free for the next lock. (Direct only: pgbouncer 1.18,
+/// the harness's, crashes under this race, "disconnect_client(): bad
+/// client state: 0", its issue #801, fixed upstream in 1.20.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_wait_racing_the_release_strands_nothing() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    for (path, config) in [("direct", db.config())] {
+        let sessions = SessionLock::new(config);
+        for i in 0..60 {
+            let key = Chore { id: 90_000 + i };
+            let holder = sessions.lock(key).await.unwrap();
+            let waiter = tokio::spawn({
+                let sessions = sessions.clone();
+                async move { sessions.lock(key).await.map(|g| g.backend_pid()) }
+            });
+            lockkit_tests::waits::wait_until_awaited(&observer, key.lock_key()).await;
+            // Release and abort at the same moment, in varying order.
+            let release = tokio::spawn(async move { holder.release().await });
+            for _ in 0..(i % 5) {
+                tokio::task::yield_now().await;
+            }
+            waiter.abort();
+            assert!(release.await.unwrap().unwrap(), "{path} {i}: release");
+            let _ = waiter.await;
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while lockkit_tests::observe::granted_elsewhere(&observer, key.lock_key()).await {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{path} {i}: the key stayed held after the waiter was dropped"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            let again = sessions
+                .try_lock(key)
+                .await
+                .unwrap_or_else(|e| panic!("{path} {i}: try_lock: {e:?}"));
+            assert!(
+                again.is_ok(),
+                "{path} {i}: the dropped waiter kept the lock"
+            );
+        }
+    }
+}

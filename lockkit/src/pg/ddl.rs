@@ -106,9 +106,13 @@ pub struct DdlOutcome {
 ///
 /// # Cancel safety
 ///
-/// Cancel safe: a dropped attempt's transaction is rolled back by
-/// tokio-postgres before the client's next statement, so nothing of it is
-/// applied.
+/// Cancel safe up to the commit: an attempt dropped before its `COMMIT`
+/// was sent is rolled back by tokio-postgres before the client's next
+/// statement, so nothing of it is applied. Dropped while the `COMMIT` is in
+/// flight (e.g. waiting for a synchronous standby), the outcome is the
+/// server's: the DDL may well be applied (committed locally, durable) even
+/// though the call never returned. After a dropped call, check the schema
+/// (or rerun idempotent DDL) rather than assume nothing changed.
 pub async fn run_ddl(
     client: &mut Client,
     statement: &str,
