@@ -250,3 +250,71 @@ async fn wrap_takes_locks_in_the_callers_transaction() {
     tx.rollback().await.unwrap();
     assert_eq!(advisory_rows(&observer, pid).await, 0, "rollback releases");
 }
+
+/// A savepoint's rollback future dropped after it sent `ROLLBACK TO` (first
+/// poll) but before the reply: the server releases the savepoint's locks,
+/// so lockkit must not go on reporting them held, and a new lock call for
+/// the key must take it again rather than answer from the bookkeeping.
+#[tokio::test(flavor = "current_thread")]
+async fn a_savepoint_rollback_dropped_in_flight_forgets_its_locks() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut a = db.connect().await;
+    let observer = db.connect().await;
+    let pid = backend_pid(&a).await;
+    let locker = locker(&a, Config::default().order_check(OrderCheck::Warn)).await;
+    let key = Item { id: 24 };
+
+    let mut tx = locker.begin(&mut a).await.unwrap();
+    {
+        let sp = tx.savepoint().await.unwrap();
+        drop(sp.lock(key).await.unwrap());
+        let mut rollback = Box::pin(sp.rollback());
+        // On this one-thread runtime the connection task cannot run during
+        // the poll: `ROLLBACK TO` is sent and its reply cannot have come.
+        assert!(poll_once(rollback.as_mut()).await.is_pending());
+        drop(rollback);
+    }
+    assert!(
+        !tx.holds(&key, Mode::Exclusive),
+        "reported held after the rollback"
+    );
+    assert_eq!(tx.held_count(), 0);
+    drop(tx.lock(key).await.unwrap());
+    assert!(
+        held_by(&observer, pid, key.lock_key()).await,
+        "locked again"
+    );
+    tx.rollback().await.unwrap();
+}
+
+/// A savepoint's commit future dropped after it sent `RELEASE`: whether
+/// the savepoint's locks now belong to the transaction is unknown to lockkit,
+/// so the transaction is poisoned rather than guessed about.
+#[tokio::test(flavor = "current_thread")]
+async fn a_savepoint_commit_dropped_in_flight_poisons_the_transaction() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut a = db.connect().await;
+    let locker = locker(&a, Config::default()).await;
+
+    let mut tx = locker.begin(&mut a).await.unwrap();
+    {
+        let sp = tx.savepoint().await.unwrap();
+        drop(sp.lock(Item { id: 25 }).await.unwrap());
+        let mut commit = Box::pin(sp.commit());
+        assert!(poll_once(commit.as_mut()).await.is_pending());
+        drop(commit);
+    }
+    assert!(tx.is_poisoned());
+    let refused = tx.lock(Item { id: 26 }).await.unwrap_err();
+    assert_eq!(refused.kind(), lockkit::ErrorKind::Poisoned);
+    tx.rollback().await.unwrap();
+}
+
+/// Polls `fut` once and says what that poll returned.
+async fn poll_once<F: std::future::Future>(
+    mut fut: std::pin::Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await
+}

@@ -127,6 +127,34 @@ impl TxState {
         self.locks().rollback_savepoint(depth);
     }
 
+    /// Records how the savepoint at `depth` ended. Depth 0 is the
+    /// transaction itself, whose end leaves nothing to record.
+    pub fn end_savepoint(&self, depth: u32, end: SavepointEnd) {
+        if depth == 0 {
+            return;
+        }
+        match end {
+            SavepointEnd::Released => self.savepoint_released(depth),
+            SavepointEnd::RolledBack => self.savepoint_rolled_back(depth),
+            SavepointEnd::Unknown => self.poison(),
+        }
+    }
+
+    /// The record of the savepoint at `depth` while its end is in flight.
+    /// An adapter's savepoint future holds it from the savepoint's start,
+    /// says what a drop at each step would leave on the server
+    /// ([`SavepointEnding::if_dropped`]) and records what the server
+    /// answered ([`SavepointEnding::record`]). Dropped before that, it
+    /// records `if_dropped`: a future dropped half-way (a timeout around
+    /// it) leaves no lock reported held that the server released.
+    pub fn ending(&self, depth: u32, if_dropped: SavepointEnd) -> SavepointEnding<'_> {
+        SavepointEnding {
+            state: self,
+            depth,
+            if_dropped: Some(if_dropped),
+        }
+    }
+
     /// Starts acquiring `request` at savepoint `depth` under `policy`:
     /// checks everything that needs no round trip and plans the statements.
     /// On success the transaction counts as having a lock call in flight
@@ -199,6 +227,60 @@ impl TxState {
             },
             recorded: empty,
         })
+    }
+}
+
+/// How a savepoint ended, for its transaction's bookkeeping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SavepointEnd {
+    /// Released: its locks belong to the enclosing level.
+    Released,
+    /// Rolled back, or sure to be before the connection's next statement
+    /// (the driver has sent, or queued, its `ROLLBACK TO`): the server
+    /// releases its locks, and the bookkeeping forgets them.
+    RolledBack,
+    /// Not known (its `RELEASE` or `ROLLBACK TO` failed, or was cut off
+    /// where the outcome depends on whether the server ran it): the
+    /// transaction is poisoned.
+    Unknown,
+}
+
+/// A savepoint's end in flight: see [`TxState::ending`].
+#[derive(Debug)]
+#[must_use = "dropped, it records what a drop means, not what the server answered"]
+pub struct SavepointEnding<'s> {
+    state: &'s TxState,
+    depth: u32,
+    if_dropped: Option<SavepointEnd>,
+}
+
+impl SavepointEnding<'_> {
+    /// What a drop from now on records: the adapter is about to send the
+    /// savepoint's `RELEASE` (usually [`SavepointEnd::Unknown`]) or its
+    /// `ROLLBACK TO` ([`SavepointEnd::RolledBack`]).
+    pub fn if_dropped(&mut self, end: SavepointEnd) {
+        self.if_dropped = Some(end);
+    }
+
+    /// Whether nothing is recorded yet.
+    pub fn is_pending(&self) -> bool {
+        self.if_dropped.is_some()
+    }
+
+    /// Records how the savepoint ended, once the server answered; a drop
+    /// records nothing more.
+    pub fn record(&mut self, end: SavepointEnd) {
+        self.if_dropped = None;
+        self.state.end_savepoint(self.depth, end);
+    }
+}
+
+impl Drop for SavepointEnding<'_> {
+    fn drop(&mut self) {
+        if let Some(end) = self.if_dropped.take() {
+            self.state.end_savepoint(self.depth, end);
+        }
     }
 }
 

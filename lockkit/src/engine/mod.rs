@@ -58,7 +58,9 @@ pub(crate) mod plan;
 pub mod sql;
 mod statement;
 
-pub use acquire::{Acquisition, Grant, Policy, Request, TxSlot, TxState, Wait};
+pub use acquire::{
+    Acquisition, Grant, Policy, Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait,
+};
 pub use error::DriverError;
 pub use facts::{FactsRow, HASHTEXT_PROBES};
 pub use statement::{

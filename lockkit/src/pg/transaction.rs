@@ -14,7 +14,7 @@ use tracing::Instrument;
 use crate::engine::error::Error;
 use crate::engine::guard::{Busy, Held, HeldBatch};
 use crate::engine::plan::{Batch, Mode};
-use crate::engine::{Request, TxSlot, TxState, Wait};
+use crate::engine::{Request, SavepointEnd, TxSlot, TxState, Wait};
 use crate::key::AdvisoryKey;
 use crate::pg::exec::{self, StatementCache};
 use crate::pg::locker::Locker;
@@ -100,8 +100,10 @@ impl Drop for LockTx<'_> {
     fn drop(&mut self) {
         // Dropped without commit or rollback: tokio-postgres rolls the
         // transaction (or savepoint) back, and the server releases its locks.
-        if self.tx.is_some() && self.depth > 0 {
-            self.shared.state.savepoint_rolled_back(self.depth);
+        if self.tx.is_some() {
+            self.shared
+                .state
+                .end_savepoint(self.depth, SavepointEnd::RolledBack);
         }
     }
 }
@@ -173,17 +175,18 @@ impl<'c> LockTx<'c> {
     /// # Cancel safety
     ///
     /// Not cancel safe: if dropped while in flight, whether the transaction
-    /// committed is unknown (as with tokio-postgres).
+    /// committed is unknown (as with tokio-postgres). A savepoint's commit
+    /// dropped in flight poisons the transaction: whether the savepoint's
+    /// locks passed to it is unknown.
     pub async fn commit(mut self) -> Result<(), Error> {
         let tx = self.take();
+        // Dropped once `RELEASE` is sent, whether it ran is not known.
+        let mut ending = self.shared.state.ending(self.depth, SavepointEnd::Unknown);
         let result = tx.commit().await;
-        if self.depth > 0 {
-            if result.is_ok() {
-                self.shared.state.savepoint_released(self.depth);
-            } else {
-                self.shared.state.poison();
-            }
-        }
+        ending.record(match result {
+            Ok(()) => SavepointEnd::Released,
+            Err(_) => SavepointEnd::Unknown,
+        });
         Ok(result?)
     }
 
@@ -205,10 +208,17 @@ impl<'c> LockTx<'c> {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe in effect: a dropped rollback leaves the transaction to
-    /// roll back anyway.
+    /// Cancel safe in effect: a dropped rollback leaves the transaction (or
+    /// savepoint) to roll back anyway, and a savepoint's locks are
+    /// forgotten at once.
     pub async fn rollback(mut self) -> Result<(), Error> {
         let tx = self.take();
+        // Dropped, the savepoint is rolled back all the same: tokio-postgres
+        // sends its `ROLLBACK TO` at the first poll, or when `tx` drops.
+        let mut ending = self
+            .shared
+            .state
+            .ending(self.depth, SavepointEnd::RolledBack);
         let token = self
             .shared
             .cancelled
@@ -253,13 +263,10 @@ impl<'c> LockTx<'c> {
                 }
             }
         };
-        if self.depth > 0 {
-            if result.is_ok() {
-                self.shared.state.savepoint_rolled_back(self.depth);
-            } else {
-                self.shared.state.poison();
-            }
-        }
+        ending.record(match result {
+            Ok(()) => SavepointEnd::RolledBack,
+            Err(_) => SavepointEnd::Unknown,
+        });
         Ok(result?)
     }
 
