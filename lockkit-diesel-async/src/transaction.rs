@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use diesel_async::AsyncPgConnection;
-use lockkit::engine::{Grant, Request, TxSlot, TxState, Wait};
+use lockkit::engine::{Grant, Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait};
 use lockkit::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 
 use crate::exec::{self, BoxFuture};
@@ -54,23 +54,21 @@ impl fmt::Debug for LockTx<'_> {
 }
 
 /// Poisons the bookkeeping, and puts diesel-async's transaction manager in
-/// error, when dropped armed: a savepoint whose closure panicked or whose
-/// future was dropped (before its `RELEASE` or `ROLLBACK TO` completed) is
-/// left open, since diesel-async cannot roll back in a destructor. Its
+/// error, when dropped before the savepoint's end is recorded: a savepoint
+/// whose closure panicked or whose future was dropped (before its `RELEASE`
+/// or `ROLLBACK TO` completed) is left open, since diesel-async cannot roll back in a destructor. Its
 /// transaction manager would go on counting it, so the enclosing
 /// `conn.transaction`'s commit would only `RELEASE` the savepoint and report
 /// success with the transaction (its writes, its locks) still open; in
 /// error, that commit fails instead and pools discard the connection.
 struct SavepointGuard<'s, 'c> {
-    state: &'s TxState,
+    ending: SavepointEnding<'s>,
     conn: &'c mut AsyncPgConnection,
-    armed: bool,
 }
 
 impl Drop for SavepointGuard<'_, '_> {
     fn drop(&mut self) {
-        if self.armed {
-            self.state.poison();
+        if self.ending.is_pending() {
             exec::break_transaction_manager(self.conn);
         }
     }
@@ -180,9 +178,8 @@ impl<'t> LockTx<'t> {
             .await
             .map_err(|e| E::from(exec::lock_error(e)))?;
         let mut guard = SavepointGuard {
-            state,
+            ending: state.ending(depth, SavepointEnd::Unknown),
             conn: &mut *self.conn,
-            armed: true,
         };
         let result = {
             let mut inner = LockTx {
@@ -193,29 +190,27 @@ impl<'t> LockTx<'t> {
             };
             f(&mut inner).await
         };
-        // Armed until the bookkeeping records how the savepoint ended: a
+        // Pending until the bookkeeping records how the savepoint ended: a
         // future dropped during `RELEASE` or `ROLLBACK TO` leaves it unknown.
-        let outcome = match result {
+        match result {
             Ok(value) => match exec::commit(guard.conn).await {
                 Ok(()) => {
-                    state.savepoint_released(depth);
+                    guard.ending.record(SavepointEnd::Released);
                     Ok(value)
                 }
                 Err(e) => {
-                    state.poison();
+                    guard.ending.record(SavepointEnd::Unknown);
                     Err(E::from(exec::lock_error(e)))
                 }
             },
             Err(user) => {
-                match exec::rollback(guard.conn).await {
-                    Ok(()) => state.savepoint_rolled_back(depth),
-                    Err(_) => state.poison(),
-                }
+                guard.ending.record(match exec::rollback(guard.conn).await {
+                    Ok(()) => SavepointEnd::RolledBack,
+                    Err(_) => SavepointEnd::Unknown,
+                });
                 Err(user)
             }
-        };
-        guard.armed = false;
-        outcome
+        }
     }
 
     /// Takes `key` exclusive, waiting as long as it takes.

@@ -5,7 +5,7 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
-use lockkit::engine::{Grant, Request, TxSlot, TxState, Wait};
+use lockkit::engine::{Grant, Request, SavepointEnd, TxSlot, TxState, Wait};
 use lockkit::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 use sqlx::{Connection, PgConnection};
 
@@ -67,41 +67,6 @@ impl Deref for LockTx<'_> {
 impl DerefMut for LockTx<'_> {
     fn deref_mut(&mut self) -> &mut PgConnection {
         self.conn
-    }
-}
-
-/// Where a [`LockTx::savepoint`] future is, for its drop.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    /// Running the closure: dropped, sqlx rolls the savepoint back before
-    /// the connection's next use.
-    Body,
-    /// Sending `RELEASE`: dropped, whether it ran is unknown (and sqlx then
-    /// queues a `ROLLBACK TO` of a savepoint that may be gone).
-    Release,
-    /// Sending `ROLLBACK TO`: it runs, and sqlx queues another.
-    RollBack,
-    /// The outcome is recorded.
-    Done,
-}
-
-/// Records a savepoint's end in the bookkeeping when its future is dropped
-/// before it did: rolled back (sqlx rolls the savepoint back before the
-/// connection's next use) while the closure runs or `ROLLBACK TO` is in
-/// flight; unknown, so poisoned, while `RELEASE` is.
-struct SavepointGuard<'s> {
-    state: &'s TxState,
-    depth: u32,
-    phase: Phase,
-}
-
-impl Drop for SavepointGuard<'_> {
-    fn drop(&mut self) {
-        match self.phase {
-            Phase::Body | Phase::RollBack => self.state.savepoint_rolled_back(self.depth),
-            Phase::Release => self.state.poison(),
-            Phase::Done => {}
-        }
     }
 }
 
@@ -200,11 +165,10 @@ impl<'t> LockTx<'t> {
             .begin()
             .await
             .map_err(|e| E::from(lock_error(e)))?;
-        let mut guard = SavepointGuard {
-            state,
-            depth,
-            phase: Phase::Body,
-        };
+        // Dropped while `f` runs or `ROLLBACK TO` is in flight, sqlx rolls
+        // the savepoint back before the connection's next use; dropped
+        // while `RELEASE` is, whether it ran is unknown.
+        let mut ending = state.ending(depth, SavepointEnd::RolledBack);
         let result = {
             let mut inner = LockTx {
                 conn: &mut sp,
@@ -216,28 +180,23 @@ impl<'t> LockTx<'t> {
         };
         match result {
             Ok(value) => {
-                guard.phase = Phase::Release;
-                let released = sp.commit().await;
-                guard.phase = Phase::Done;
-                match released {
+                ending.if_dropped(SavepointEnd::Unknown);
+                match sp.commit().await {
                     Ok(()) => {
-                        state.savepoint_released(depth);
+                        ending.record(SavepointEnd::Released);
                         Ok(value)
                     }
                     Err(e) => {
-                        state.poison();
+                        ending.record(SavepointEnd::Unknown);
                         Err(E::from(lock_error(e)))
                     }
                 }
             }
             Err(user) => {
-                guard.phase = Phase::RollBack;
-                let rolled_back = sp.rollback().await;
-                guard.phase = Phase::Done;
-                match rolled_back {
-                    Ok(()) => state.savepoint_rolled_back(depth),
-                    Err(_) => state.poison(),
-                }
+                ending.record(match sp.rollback().await {
+                    Ok(()) => SavepointEnd::RolledBack,
+                    Err(_) => SavepointEnd::Unknown,
+                });
                 Err(user)
             }
         }
