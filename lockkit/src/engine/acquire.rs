@@ -1095,8 +1095,16 @@ mod tests {
     /// still a deadlock (the control).
     #[test]
     fn a_refused_bind_of_a_foreign_statement_is_an_unexpected_reply() {
-        let cases: [(Option<&str>, Option<&str>, ErrorKind); 6] = [
+        let cases: [(Option<&str>, Option<&str>, ErrorKind); 8] = [
             (Some("08P01"), None, ErrorKind::UnexpectedReply),
+            // lockkit's binary `int8` bound to another client's statement
+            // of that name, which takes another type.
+            (Some("22P03"), None, ErrorKind::UnexpectedReply),
+            (
+                None,
+                Some("incorrect binary data format in bind parameter 1"),
+                ErrorKind::UnexpectedReply,
+            ),
             (Some("26000"), None, ErrorKind::UnexpectedReply),
             (Some("42P05"), None, ErrorKind::UnexpectedReply),
             (
@@ -1129,6 +1137,7 @@ mod tests {
                     assert!(state.is_poisoned(), "{wait:?}");
                     let named = match message {
                         Some(m) if m.ends_with("already exists") => "42P05",
+                        Some(m) if m.starts_with("incorrect binary data") => "22P03",
                         _ => "08P01",
                     };
                     assert_eq!(err.code(), code.or(Some(named)));

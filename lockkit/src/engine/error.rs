@@ -42,6 +42,10 @@ pub mod sqlstate {
     /// `42P05 duplicate_prepared_statement`: a prepared statement of that
     /// name exists already.
     pub const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
+    /// `22P03 invalid_binary_representation`: among others, a binary
+    /// parameter of a `Bind` that the prepared statement of that name takes
+    /// as another type.
+    pub const INVALID_BINARY_REPRESENTATION: &str = "22P03";
 }
 
 /// What went wrong, to match on. New kinds may be added.
@@ -92,7 +96,8 @@ pub enum ErrorKind {
     /// The server answered a lockkit statement with something that is not
     /// its reply (e.g. a foreign prepared statement of the same name behind
     /// a pooler, whose row is not lockkit's, or whose columns or parameters
-    /// made the server refuse the `Bind`: `08P01`; no statement of that
+    /// made the server refuse the `Bind`: `08P01`, or `22P03` for a
+    /// parameter of another type; no statement of that
     /// name: `26000`; or, preparing lockkit's statement, another one of that
     /// name already: `42P05`). Nothing is known to be held; the transaction is
     /// poisoned.
@@ -579,6 +584,10 @@ impl DriverError {
             Some(
                 ADMIN_SHUTDOWN | CRASH_SHUTDOWN | CANNOT_CONNECT_NOW | IDLE_IN_TRANSACTION_TIMEOUT,
             ) => ErrorKind::ConnectionLost,
+            // A refused message (a `Bind` that does not fit the statement of
+            // that name) is an `ERROR` the session survives; a `FATAL` one
+            // closes the connection.
+            Some(PROTOCOL_VIOLATION) if !self.closed => ErrorKind::Database,
             Some(c) if c.starts_with("08") => ErrorKind::ConnectionLost,
             _ if self.closed => ErrorKind::ConnectionLost,
             _ => ErrorKind::Database,
@@ -595,6 +604,8 @@ impl DriverError {
     /// lockkit's own statements as not the
     /// statement lockkit prepared under that name: `08P01` at its `Bind`
     /// (the statement of that name has other columns or parameters),
+    /// `22P03` (it takes a parameter of another type: lockkit's own
+    /// statements take the types lockkit binds),
     /// `26000` (no statement of that name) or `42P05` (preparing it found
     /// one of that name already). Behind a transaction-mode pooler these
     /// mean the backend's statement of that name is another client's, or
@@ -616,6 +627,8 @@ impl DriverError {
                 || message.starts_with("bind message supplies ")
             {
                 sqlstate::PROTOCOL_VIOLATION
+            } else if message.starts_with("incorrect binary data format in bind parameter") {
+                sqlstate::INVALID_BINARY_REPRESENTATION
             } else if message.starts_with("prepared statement \"") {
                 if message.ends_with("\" already exists") {
                     sqlstate::DUPLICATE_PREPARED_STATEMENT
@@ -632,6 +645,7 @@ impl DriverError {
         match code.as_deref() {
             Some(
                 sqlstate::PROTOCOL_VIOLATION
+                | sqlstate::INVALID_BINARY_REPRESENTATION
                 | sqlstate::INVALID_SQL_STATEMENT_NAME
                 | sqlstate::DUPLICATE_PREPARED_STATEMENT,
             ) => Ok(Error::make(
@@ -822,6 +836,19 @@ mod tests {
             .into_error()
             .is_connection_lost());
         assert!(err("08006", "x").into_error().is_connection_lost());
+        // A refused message (a `Bind` that does not fit the statement of
+        // that name, behind a pooler) is an `ERROR`: the session goes on,
+        // its locks held. Only when the connection closed is it lost.
+        let refused =
+            "bind message supplies 1 parameters, but prepared statement \"s0\" requires 2";
+        assert_eq!(
+            err("08P01", refused).into_error().kind(),
+            ErrorKind::Database
+        );
+        assert!(err("08P01", refused)
+            .closed(true)
+            .into_error()
+            .is_connection_lost());
         assert!(DriverError::new("x")
             .closed(true)
             .into_error()
