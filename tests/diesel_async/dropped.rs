@@ -22,10 +22,7 @@ struct Item {
 /// server sees it (not as diesel-async's bookkeeping does).
 async fn in_transaction_block(observer: &tokio_postgres::Client, pid: i32) -> bool {
     let state: Option<String> = observer
-        .query_one(
-            "SELECT state FROM pg_stat_activity WHERE pid = $1",
-            &[&pid],
-        )
+        .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
         .await
         .expect("pg_stat_activity")
         .get(0);

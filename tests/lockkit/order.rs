@@ -36,8 +36,11 @@ async fn hold(client: &mut Client, key: LockKey) -> tokio_postgres::Transaction<
                 .await
         }
         LockKey::Pair(c, o) => {
-            tx.execute("SELECT pg_advisory_xact_lock($1::int4, $2::int4)", &[&c, &o])
-                .await
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1::int4, $2::int4)",
+                &[&c, &o],
+            )
+            .await
         }
     };
     locked.expect("the blocker locks");
@@ -84,7 +87,10 @@ async fn batch_while_blocked(
     });
     let locked = locked.expect("the batch is granted once the blocker lets go");
     for &key in &ordered {
-        assert!(held_by(&observer, pid, key).await, "{key:?} held after the batch");
+        assert!(
+            held_by(&observer, pid, key).await,
+            "{key:?} held after the batch"
+        );
     }
     drop(locked);
     tx.rollback().await.expect("rollback");
@@ -96,7 +102,10 @@ async fn batch_while_blocked(
 fn in_order(seen: &(Vec<bool>, i64), blocked_at: usize) {
     let (held, rows) = seen;
     let expected: Vec<bool> = (0..held.len()).map(|i| i < blocked_at).collect();
-    assert_eq!(held, &expected, "keys held while waiting for key {blocked_at}");
+    assert_eq!(
+        held, &expected,
+        "keys held while waiting for key {blocked_at}"
+    );
     assert_eq!(*rows, blocked_at as i64 + 1, "advisory rows while waiting");
 }
 
@@ -188,14 +197,11 @@ async fn control_a_batch_in_reverse_order_is_seen_out_of_order() {
     let held_elsewhere = hold(&mut blocker, big(52)).await;
     let tx = client.transaction().await.expect("begin");
     let params: [&(dyn ToSql + Sync); 1] = [&reversed];
-    let (locked, seen) = tokio::join!(
-        tx.query_one(sql::BATCH_BIGINT_EXCLUSIVE, &params),
-        async {
-            let seen = seen_while_waiting(&observer, pid, &ordered).await;
-            held_elsewhere.commit().await.expect("the blocker lets go");
-            seen
-        }
-    );
+    let (locked, seen) = tokio::join!(tx.query_one(sql::BATCH_BIGINT_EXCLUSIVE, &params), async {
+        let seen = seen_while_waiting(&observer, pid, &ordered).await;
+        held_elsewhere.commit().await.expect("the blocker lets go");
+        seen
+    });
     locked.expect("the hand-sent batch is granted");
     tx.rollback().await.expect("rollback");
     assert_eq!(seen.0, vec![false, false, true], "reverse order, seen");
