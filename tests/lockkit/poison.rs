@@ -247,3 +247,74 @@ async fn concurrent_lock_calls_on_one_transaction_are_refused() {
     tx.rollback().await.unwrap();
     assert_eq!(advisory_rows(&observer, pid).await, 0);
 }
+
+/// A transaction whose lock call was cut off (its future dropped while the
+/// server waited, so a cancel request went out) does not report a commit:
+/// the cancel aborts the transaction, and PostgreSQL answers `COMMIT` in an
+/// aborted transaction by rolling back, which tokio-postgres reports as
+/// success. A commit that said Ok would have lost the transaction's writes.
+/// The control commits the same writes without a cut-off call and sees them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_whose_lock_call_was_cut_off_does_not_report_a_commit() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut holder = db.connect().await;
+    let mut client = db.connect().await;
+    let observer = db.connect().await;
+    let pid = backend_pid(&client).await;
+    let locker = locker(&client, Config::default()).await;
+    let table = format!("lockkit_cut_off_{pid}");
+    client
+        .batch_execute(&format!("CREATE TABLE {table} (id int8)"))
+        .await
+        .unwrap();
+    let busy = Key { id: 30 };
+
+    for (round, cut_off) in [(1_i64, true), (2, false), (3, true), (4, false)] {
+        let held_elsewhere = holder.transaction().await.unwrap();
+        let LockKey::BigInt(k) = busy.lock_key() else {
+            unreachable!("Key is a BigInt key")
+        };
+        held_elsewhere
+            .execute("SELECT pg_advisory_xact_lock($1)", &[&k])
+            .await
+            .unwrap();
+
+        let tx = locker.begin(&mut client).await.unwrap();
+        tx.execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&round])
+            .await
+            .unwrap();
+        if cut_off {
+            let call = tx.lock(busy);
+            tokio::pin!(call);
+            tokio::select! {
+                r = &mut call => panic!("granted while held: {r:?}"),
+                () = wait_until_waiting(&observer, pid) => {}
+            }
+        }
+        let committed = tx.commit().await;
+        held_elsewhere.rollback().await.unwrap();
+        let rows: i64 = observer
+            .query_one(
+                &format!("SELECT count(*) FROM {table} WHERE id = $1"),
+                &[&round],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        match committed {
+            Ok(()) => assert_eq!(rows, 1, "round {round}: commit said Ok, the row is missing"),
+            Err(e) => {
+                assert!(cut_off, "round {round}: {e}");
+                assert_eq!(e.kind(), ErrorKind::Poisoned, "round {round}: {e}");
+                assert_eq!(rows, 0, "round {round}: refused, yet committed");
+            }
+        }
+        // The connection is clean for the next round.
+        assert_eq!(advisory_rows(&observer, pid).await, 0);
+    }
+    client
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}

@@ -11,7 +11,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Transaction;
 use tracing::Instrument;
 
-use crate::engine::error::Error;
+use crate::engine::error::{Error, ErrorKind};
 use crate::engine::guard::{Busy, Held, HeldBatch};
 use crate::engine::plan::{Batch, Mode};
 use crate::engine::{Request, SavepointEnd, TxSlot, TxState, Wait};
@@ -172,6 +172,14 @@ impl<'c> LockTx<'c> {
     /// When `COMMIT` (or `RELEASE`) fails; the locks are released either way
     /// once the transaction ends.
     ///
+    /// [`ErrorKind::Poisoned`](crate::ErrorKind::Poisoned), without
+    /// committing, when a lock call of this transaction was cut off while
+    /// the server waited (its future dropped): the cancel request it sent
+    /// aborts the transaction, whenever it lands, and PostgreSQL answers a
+    /// `COMMIT` in an aborted transaction by rolling back, which
+    /// tokio-postgres reports as success. The transaction is rolled back
+    /// instead (as [`LockTx::rollback`]), so the error says what happened.
+    ///
     /// # Cancel safety
     ///
     /// Not cancel safe: if dropped while in flight, whether the transaction
@@ -179,6 +187,21 @@ impl<'c> LockTx<'c> {
     /// dropped in flight poisons the transaction: whether the savepoint's
     /// locks passed to it is unknown.
     pub async fn commit(mut self) -> Result<(), Error> {
+        if self.depth == 0 && self.shared.cancelled.load(Ordering::SeqCst) {
+            const CUT_OFF: &str = "a lock call of this transaction was cut off and its \
+                cancel request aborts the transaction: it was not committed";
+            return Err(match self.rollback().await {
+                Ok(()) => Error::with_message(
+                    ErrorKind::Poisoned,
+                    format!("{CUT_OFF}, and is rolled back"),
+                ),
+                Err(e) => Error::with_source(
+                    ErrorKind::Poisoned,
+                    format!("{CUT_OFF}; its rollback failed"),
+                    e,
+                ),
+            });
+        }
         let tx = self.take();
         // Dropped once `RELEASE` is sent, whether it ran is not known.
         let mut ending = self.shared.state.ending(self.depth, SavepointEnd::Unknown);
