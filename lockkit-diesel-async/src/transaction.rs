@@ -234,11 +234,16 @@ impl<'t> LockTx<'t> {
     /// request for it (diesel-async's `cancel_token`), so the connection is
     /// free again within about a round trip, and poisons the transaction
     /// (the server may have granted the lock): every later lock call fails
-    /// with [`ErrorKind::Poisoned`]; roll it back. A cancel request that
-    /// reaches the server before the statement does is ignored by the
-    /// server; the statement then waits as long as its lock takes. Under
-    /// `sslmode=require` the request needs the TLS connector: see
-    /// [`Locker::cancel_tls`](crate::Locker::cancel_tls).
+    /// with [`ErrorKind::Poisoned`]; roll it back by returning an error from
+    /// the closure of `conn.transaction`. The cancel request aborts the
+    /// transaction, whenever it lands, and PostgreSQL answers a `COMMIT` in
+    /// an aborted transaction by rolling back, which diesel-async reports as
+    /// success: a closure that returns `Ok` after a cut-off call is told its
+    /// transaction committed when it did not ([`LockTx::is_poisoned`] says
+    /// so). A cancel request that reaches the server before the statement
+    /// does is ignored by the server; the statement then waits as long as
+    /// its lock takes. Under `sslmode=require` the request needs the TLS
+    /// connector: see [`Locker::cancel_tls`](crate::Locker::cancel_tls).
     pub async fn lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'t, K>, Error> {
         self.lock_one(key, Mode::Exclusive, Wait::Forever).await
     }
