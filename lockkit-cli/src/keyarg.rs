@@ -191,6 +191,7 @@ pub fn parse_value(arg: &str) -> Result<Value, ValueError> {
         s: arg,
         pos: 0,
         depth: 0,
+        nesting: 0,
     };
     let value = p.value()?;
     if p.pos != arg.len() {
@@ -204,6 +205,21 @@ struct Parser<'a> {
     pos: usize,
     /// Brackets open around the current position.
     depth: usize,
+    /// Values being parsed around the current position (brackets and
+    /// `some:`), bounded by [`MAX_NESTING`].
+    nesting: usize,
+}
+
+/// How deep values may nest (`some:`, `seq:[…]`, `(…)`, `variant:X(…)`):
+/// far beyond any real key type, and far below what would overflow the
+/// parser's stack (the parser, the encoder and `Display` all recurse).
+pub const MAX_NESTING: usize = 128;
+
+/// Whether `text` is an optionally signed run of decimal digits (an integer
+/// too large for any integer type when it does not parse).
+fn is_decimal(text: &str) -> bool {
+    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
 fn is_terminator(c: char) -> bool {
@@ -242,6 +258,18 @@ impl<'a> Parser<'a> {
     }
 
     fn value(&mut self) -> Result<Value, ValueError> {
+        if self.nesting >= MAX_NESTING {
+            return Err(self.error(format!(
+                "values nest more than {MAX_NESTING} levels deep (some:, seq:[…], (…), variant:X(…))"
+            )));
+        }
+        self.nesting += 1;
+        let value = self.nested_value();
+        self.nesting -= 1;
+        value
+    }
+
+    fn nested_value(&mut self) -> Result<Value, ValueError> {
         if self.rest().starts_with('(') {
             self.pos += 1;
             return Ok(Value::Tuple(self.list(')')?));
@@ -374,6 +402,16 @@ impl<'a> Parser<'a> {
             Some(v) if in_range(&v) => Ok(v),
             Some(_) => {
                 let message = format!("{text} is out of range for {ty}");
+                self.pos = at;
+                Err(self.error(message))
+            }
+            None if is_decimal(text) => {
+                let message = match ty {
+                    "i" | "int" => {
+                        format!("{text} is out of range for every integer type (i128, u128)")
+                    }
+                    ty => format!("{text} is out of range for {ty}"),
+                };
                 self.pos = at;
                 Err(self.error(message))
             }

@@ -163,6 +163,52 @@ fn key_refuses_untyped_values_and_encodes_variants() {
     assert!(stdout(&out).contains("variant:Name"), "{}", stdout(&out));
 }
 
+/// A hostile value that nests deeply (`((((…`, `some:some:…`, `seq:[seq:[…`,
+/// well within the argument length limit) is refused with a clear error and
+/// exit code 1; the recursive parser overflowed the stack and aborted the
+/// process (exit 134) instead. Out-of-range integers say "out of range"
+/// rather than "not an integer".
+#[test]
+fn key_refuses_deep_nesting_and_says_out_of_range() {
+    let deep = [
+        "(".repeat(100_000),
+        format!("{}i:1{}", "(".repeat(5_000), ")".repeat(5_000)),
+        format!("{}i:1", "some:".repeat(20_000)),
+        format!("{}i:1", "seq:[".repeat(20_000)),
+        format!("{}i:1", "variant:A(".repeat(10_000)),
+    ];
+    for arg in &deep {
+        let out = lockkit(&["key", "Order", arg]);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}…: {}",
+            &arg[..20],
+            stderr(&out)
+        );
+        assert!(stderr(&out).contains("nest"), "{}", stderr(&out));
+        assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    }
+    // Nesting a real type would use still works.
+    let ok = format!("{}i:1", "some:".repeat(32));
+    let out = lockkit(&["key", "Order", &ok]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    for arg in [
+        "i:999999999999999999999999999999999999999999999",
+        "u128:340282366920938463463374607431768211456",
+        "i:-170141183460469231731687303715884105729",
+    ] {
+        let out = lockkit(&["key", "Order", arg]);
+        assert_eq!(out.status.code(), Some(1), "{arg}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("out of range"),
+            "{arg}: {}",
+            stderr(&out)
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn inspect_shows_holders_waiters_and_the_chain() {
     let db = TestServer::shared();
