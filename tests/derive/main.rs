@@ -7,4 +7,5 @@ mod hash;
 mod keys_doc;
 mod props;
 mod shapes;
+mod spec_reimpl;
 mod ui;
