@@ -651,3 +651,113 @@ async fn a_prepared_transactions_lock_is_transaction_level() {
         .await
         .unwrap();
 }
+
+/// The inspecting session's `TimeZone` and `DateStyle` (a server, database or
+/// role default, or a pooled connection's `SET`) must not matter. With a
+/// non-ISO `DateStyle` PostgreSQL prints a time zone abbreviation, and
+/// reading `statement_timestamp()::text` back as a `timestamptz` fails for an
+/// abbreviation it does not know (`WIB`, Asia/Jakarta): every inspection
+/// with an idle holder failed.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspection_works_under_any_time_zone_and_date_style() {
+    use lockkit::inspect::Scope;
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let idle = connect(db, None, "tz-idle").await;
+    let inspector = connect(db, None, "tz-inspector").await;
+    let idle_pid = pid(&idle).await;
+    let key = Invoice { id: 9301 }.lock_key();
+    let LockKey::BigInt(k) = key else {
+        unreachable!()
+    };
+    lock_idle(&idle, k).await;
+    let registry = KeyRegistry::new().register::<Invoice>();
+    for (zone, style) in [
+        ("Asia/Jakarta", "Postgres, MDY"),
+        ("Asia/Jakarta", "SQL, DMY"),
+        ("Asia/Kolkata", "German"),
+        ("UTC+3", "Postgres, DMY"),
+        ("Europe/Berlin", "ISO, YMD"),
+    ] {
+        inspector
+            .batch_execute(&format!(
+                "SET TimeZone = '{zone}'; SET DateStyle = '{style}'"
+            ))
+            .await
+            .unwrap();
+        let rows = advisory_locks(&inspector, &registry)
+            .await
+            .unwrap_or_else(|e| panic!("{zone}, {style}: {e}"));
+        let held = rows_of(&rows, idle_pid, key);
+        assert_eq!(held.len(), 1, "{zone}, {style}: {rows:?}");
+        assert_eq!(held[0].scope, Scope::Session, "{zone}, {style}");
+    }
+    idle.execute("SELECT pg_advisory_unlock($1)", &[&k])
+        .await
+        .unwrap();
+}
+
+/// `ADVISORY_LOCKS`' `read_at` means the same instant to `SESSION_HOLDERS`
+/// whatever the session's `TimeZone` and `DateStyle`. Printed as
+/// `... 2024 IST` (Asia/Kolkata, +05:30) and read back as Israel Standard
+/// Time (+02:00), it was 3.5 hours late: a session that held a transaction
+/// lock when `pg_locks` was read, then committed and went idle before
+/// `SESSION_HOLDERS` ran, was named a session holder, and its transaction
+/// lock reported as `Scope::Session`. The statements are run one by one
+/// here, with the commit in between, as `advisory_locks` runs them.
+#[tokio::test(flavor = "multi_thread")]
+async fn read_at_is_the_same_instant_under_any_time_zone() {
+    use lockkit::inspect::{ADVISORY_LOCKS, CLEAR_ACTIVITY_SNAPSHOT, SESSION_HOLDERS};
+    use tokio_postgres::types::Type;
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let in_tx = connect(db, None, "tz-in-tx").await;
+    let inspector = connect(db, None, "tz-inspector").await;
+    let in_tx_pid = pid(&in_tx).await;
+    for (i, (zone, style)) in [
+        ("Asia/Kolkata", "Postgres, MDY"),
+        ("Asia/Shanghai", "SQL, MDY"),
+        ("Asia/Manila", "German"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let k = 9310 + i as i64;
+        in_tx
+            .batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({k})"))
+            .await
+            .unwrap();
+        inspector
+            .batch_execute(&format!(
+                "SET TimeZone = '{zone}'; SET DateStyle = '{style}'"
+            ))
+            .await
+            .unwrap();
+        let rows = inspector.query_typed(ADVISORY_LOCKS, &[]).await.unwrap();
+        let held = rows
+            .iter()
+            .any(|r| r.get::<_, Option<i32>>(5) == Some(in_tx_pid) && r.get::<_, i64>(1) == k);
+        assert!(held, "{zone}: the transaction lock is in pg_locks");
+        let read_at: String = rows[0].get(13);
+        // After the read: the transaction ends, the session goes idle.
+        in_tx.batch_execute("COMMIT").await.unwrap();
+        inspector
+            .query_typed(CLEAR_ACTIVITY_SNAPSHOT, &[])
+            .await
+            .unwrap();
+        let holders: Vec<i32> = inspector
+            .query_typed(SESSION_HOLDERS, &[(&read_at, Type::TEXT)])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(
+            !holders.contains(&in_tx_pid),
+            "{zone}, {style}: read_at {read_at:?} names {in_tx_pid}, idle only since after the read, \
+             a session holder: its transaction lock would read as Scope::Session"
+        );
+    }
+}

@@ -464,3 +464,42 @@ async fn retry_survives_a_real_deadlock() {
         assert!(na.max(nb) > 1, "round {round}: the victim was retried");
     }
 }
+
+/// A timed batch of `BigInt` and `Pair` keys re-arms its timeouts between
+/// the two lock statements from a deadline the server keeps as text. That
+/// text was `timestamptz::text`, in the session's `DateStyle` and
+/// `TimeZone`: under a non-ISO `DateStyle` it carries a zone abbreviation,
+/// which the server cannot always read back (`WIB`, Asia/Jakarta: the call
+/// failed with 22007) or reads as another zone (`IST`, Asia/Kolkata, read as
+/// Israel time: 3.5 hours more to wait than the timeout allows; `UTC` of
+/// `UTC+3`: 3 hours less, so 1 ms). A server, database or role default
+/// `DateStyle` is enough.
+#[tokio::test(flavor = "multi_thread")]
+async fn batch_timeout_works_under_any_time_zone_and_date_style() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut b = db.connect().await;
+    let observer = db.connect().await;
+    let pid = backend_pid(&b).await;
+    let locker = locker(&b, Config::default().order_check(OrderCheck::Warn)).await;
+    let pair = LockKey::Pair(-77_002, 1);
+    for (zone, style) in [
+        ("Asia/Jakarta", "Postgres, MDY"),
+        ("Asia/Jakarta", "SQL, DMY"),
+        ("Asia/Jakarta", "German"),
+    ] {
+        b.batch_execute(&format!(
+            "SET TimeZone = '{zone}'; SET DateStyle = '{style}'"
+        ))
+        .await
+        .unwrap();
+        let mut batch = Batch::new().with(&Key { id: 71 });
+        batch.add_key(pair, Mode::Exclusive);
+        let tx = locker.begin(&mut b).await.unwrap();
+        let held = tx.lock_batch_timeout(&batch, NO_WAIT).await;
+        assert!(held.is_ok(), "{zone}, {style}: {:?}", held.err());
+        drop(held);
+        assert_eq!(advisory_rows(&observer, pid).await, 2, "{zone}, {style}");
+        tx.rollback().await.unwrap();
+    }
+}

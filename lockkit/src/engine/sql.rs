@@ -108,13 +108,15 @@ pub const ROLLBACK: &str =
     "ROLLBACK TO SAVEPOINT lockkit_acquire; RELEASE SAVEPOINT lockkit_acquire";
 
 /// `$1 int8` (milliseconds, at least 1): saves the caller's `lock_timeout`
-/// and `statement_timeout` (transaction-local), records the deadline, and
-/// sets both timeouts to `$1`; `(tag, 0)`. The target list is evaluated left
+/// and `statement_timeout` (transaction-local), records the deadline (as
+/// ISO 8601 with a numeric offset, through `to_json`, so that
+/// [`ARM_TIMEOUTS`] reads back the same instant whatever the session's
+/// `DateStyle` and `TimeZone`), and sets both timeouts to `$1`; `(tag, 0)`. The target list is evaluated left
 /// to right, so the saved values are the caller's.
 pub const SET_TIMEOUTS: &str = "SELECT 'lockkit:set_timeouts'::text AS tag, 0::int8 AS n, \
      set_config('lockkit.saved_lock_timeout', current_setting('lock_timeout'), true) AS a, \
      set_config('lockkit.saved_statement_timeout', current_setting('statement_timeout'), true) AS b, \
-     set_config('lockkit.deadline', (clock_timestamp() + p.ms * interval '1 millisecond')::text, true) AS c, \
+     set_config('lockkit.deadline', to_json(clock_timestamp() + p.ms * interval '1 millisecond') #>> '{}', true) AS c, \
      set_config('lock_timeout', p.ms::text || 'ms', true) AS d, \
      set_config('statement_timeout', p.ms::text || 'ms', true) AS e \
      FROM (SELECT $1::int8 AS ms) AS p";
@@ -308,14 +310,17 @@ pub fn timeout_millis(timeout: std::time::Duration) -> i64 {
 /// `idle` backend is outside any, even while `xact_start` shows one of the
 /// short transactions it runs on its own, see [`SESSION_HOLDERS`]),
 /// `read_at text` (this statement's start, a lower bound of the moment
-/// `pg_locks` was read, for [`SESSION_HOLDERS`]).
+/// `pg_locks` was read, for [`SESSION_HOLDERS`]; ISO 8601 with a numeric
+/// offset, through `to_json`, so it reads back as the same instant whatever
+/// the session's `DateStyle` and `TimeZone`: `timestamptz::text` may carry a
+/// zone abbreviation that reads back as another zone, or not at all).
 pub const ADVISORY_LOCKS: &str = "SELECT l.classid::int8, l.objid::int8, l.objsubid::int2, \
      l.mode, l.granted, l.pid, a.application_name, a.usename::text, a.state, a.query, \
      extract(epoch FROM clock_timestamp() - (to_jsonb(l) ->> 'waitstart')::timestamptz)::float8, \
      CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::int4[] ELSE pg_blocking_pids(l.pid) END, \
      CASE WHEN a.state <> 'idle' THEN \
          extract(epoch FROM clock_timestamp() - a.xact_start)::float8 END, \
-     statement_timestamp()::text \
+     to_json(statement_timestamp()) #>> '{}' \
      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
      WHERE l.locktype = 'advisory' \
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
