@@ -122,6 +122,19 @@ fn one_line(text: &str, max: usize) -> String {
     }
 }
 
+/// The pid `pg_blocking_pids` gives a prepared transaction.
+const PREPARED_PID: i32 = 0;
+
+/// A blocker of `blocked_by`: a pid, or `prepared` for a prepared
+/// transaction.
+fn blocker_text(pid: i32) -> String {
+    if pid == PREPARED_PID {
+        "prepared".into()
+    } else {
+        pid.to_string()
+    }
+}
+
 fn pid_text(pid: Option<i32>) -> String {
     pid.map_or_else(|| "prepared".into(), |p| p.to_string())
 }
@@ -157,7 +170,7 @@ pub(crate) fn inspect_text(
             "TYPE"
         );
         for r in rows {
-            let blocked: Vec<String> = r.blocked_by.iter().map(i32::to_string).collect();
+            let blocked: Vec<String> = r.blocked_by.iter().map(|&b| blocker_text(b)).collect();
             let query = match (&r.query, r.query_hidden) {
                 (_, true) => "<hidden: needs pg_read_all_stats>".to_owned(),
                 (Some(q), false) => one_line(q, 60),
@@ -197,7 +210,7 @@ pub(crate) fn inspect_text(
             "RELATION"
         );
         for r in relations {
-            let blocked: Vec<String> = r.blocked_by.iter().map(i32::to_string).collect();
+            let blocked: Vec<String> = r.blocked_by.iter().map(|&b| blocker_text(b)).collect();
             let _ = writeln!(
                 out,
                 "{:<9} {:<16} {:<20} {:<7} {:<19} {:>8} {:>8} {:<12} {:<24} {}",
@@ -315,11 +328,13 @@ pub(crate) fn wait_chains(entries: &[Entry<'_>]) -> String {
     if waits.is_empty() {
         return String::new();
     }
+    // A prepared transaction's locks have no pid; `pg_blocking_pids` names
+    // a prepared transaction as process 0, so they are drawn under 0.
     let mut held: BTreeMap<i32, Vec<&Entry<'_>>> = BTreeMap::new();
     for e in entries.iter().filter(|e| e.granted) {
-        if let Some(pid) = e.pid {
-            held.entry(pid).or_default().push(e);
-        }
+        held.entry(e.pid.unwrap_or(PREPARED_PID))
+            .or_default()
+            .push(e);
     }
     let label = |pid: i32| -> String {
         let app = |e: &Entry<'_>| {
@@ -352,6 +367,25 @@ pub(crate) fn wait_chains(entries: &[Entry<'_>]) -> String {
                 .map(|q| format!(": {}", one_line(q, 60)))
                 .unwrap_or_default();
             format!("{pid}{} waits{waited} for {}{query}", app(e), e.what)
+        } else if pid == PREPARED_PID {
+            let what: Vec<&str> = held
+                .get(&pid)
+                .into_iter()
+                .flatten()
+                .take(3)
+                .map(|e| e.what.as_str())
+                .collect();
+            let count = held.get(&pid).map_or(0, Vec::len);
+            let more = if count > 3 {
+                format!(" and {} more", count - 3)
+            } else {
+                String::new()
+            };
+            if what.is_empty() {
+                "a prepared transaction (pg_blocking_pids 0)".to_owned()
+            } else {
+                format!("prepared transaction holds {}{more}", what.join(", "))
+            }
         } else if let Some(es) = held.get(&pid) {
             let what: Vec<&str> = es.iter().take(3).map(|e| e.what.as_str()).collect();
             let more = if es.len() > 3 {

@@ -305,6 +305,65 @@ async fn inspect_shows_holders_waiters_and_the_chain() {
         .unwrap();
 }
 
+/// A waiter blocked by a prepared transaction: `pg_blocking_pids` names the
+/// prepared transaction as process 0. The wait chain drew a root
+/// `0 (holds no lock shown here)` although the table lists the prepared
+/// transaction's lock just above it; it must name the prepared transaction
+/// as the holder.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_names_a_prepared_transaction_as_the_blocker() {
+    let db = TestServer::builder()
+        .setting("max_prepared_transactions", "2")
+        .start();
+    let _log = db.guard();
+    let preparer = db.connect().await;
+    let waiter = connect_as(&db, None, "cli-prep-waiter").await;
+    let observer = db.connect().await;
+    let key = match KeySpec::new("CliPrepared").key_of(&1_i64) {
+        LockKey::BigInt(v) => v,
+        LockKey::Pair(..) => unreachable!(),
+    };
+    preparer
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({key}); PREPARE TRANSACTION 'cli-prepared'"
+        ))
+        .await
+        .unwrap();
+    let waiter_pid = pid(&waiter).await;
+    let waiting = tokio::spawn(async move {
+        waiter
+            .execute("SELECT pg_advisory_xact_lock($1)", &[&key])
+            .await
+            .unwrap();
+    });
+    until_waiting(&observer, waiter_pid).await;
+
+    let out = lockkit(&["--url", db.url(), "inspect", "-n", "CliPrepared"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let chain = text
+        .split("wait chains")
+        .nth(1)
+        .unwrap_or_else(|| panic!("a wait chain section: {text}"));
+    assert!(!chain.contains("holds no lock shown here"), "{text}");
+    assert!(
+        chain.contains(&format!(
+            "prepared transaction holds exclusive {key} (CliPrepared)"
+        )),
+        "{text}"
+    );
+    assert!(
+        chain.contains(&format!("└── {waiter_pid} [cli-prep-waiter] waits")),
+        "{text}"
+    );
+
+    preparer
+        .batch_execute("ROLLBACK PREPARED 'cli-prepared'")
+        .await
+        .unwrap();
+    waiting.await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn clear_errors_for_url_refusal_and_permissions() {
     let out = lockkit(&["inspect"]);

@@ -76,7 +76,8 @@ pub struct AdvisoryLockRow {
     pub transaction_age: Option<Duration>,
     /// How long an awaited lock has been waited for (PostgreSQL 14+).
     pub waited: Option<Duration>,
-    /// The processes an awaited lock waits for (`pg_blocking_pids`).
+    /// The processes an awaited lock waits for (`pg_blocking_pids`); `0`
+    /// stands for a prepared transaction (whose rows have no `pid`).
     pub blocked_by: Vec<i32>,
     /// The session's current or last query; `None` when not visible (see
     /// [`query_hidden`](Self::query_hidden)).
@@ -268,7 +269,8 @@ pub struct RelationLockRow {
     /// How long an awaited lock has been waited for (PostgreSQL 14+).
     pub waited: Option<Duration>,
     /// The processes an awaited lock waits for (`pg_blocking_pids`): the
-    /// holders of conflicting locks and the requests queued ahead of it.
+    /// holders of conflicting locks and the requests queued ahead of it; `0`
+    /// stands for a prepared transaction (whose rows have no `pid`).
     pub blocked_by: Vec<i32>,
     /// How long the session's transaction has been open.
     pub transaction_age: Option<Duration>,
