@@ -231,6 +231,12 @@ async fn run(cli: Cli) -> Result<()> {
             watch,
             json,
         } => {
+            // Checked before connecting, so a bad interval is reported
+            // first and nothing is printed.
+            let watch = watch
+                .map(|seconds| Duration::try_from_secs_f64(seconds.max(0.1)))
+                .transpose()
+                .map_err(|e| format!("invalid --watch interval: {e}"))?;
             let registry =
                 lockkit_cli::registry::build(&namespaces, namespaces_file.as_deref(), &|k| {
                     std::env::var(k).ok()
@@ -244,14 +250,12 @@ async fn run(cli: Cli) -> Result<()> {
                         print!("{text}");
                         return Ok(());
                     }
-                    Some(seconds) => {
+                    Some(wait) => {
                         if !json {
                             // Clear the screen and home the cursor.
                             print!("\x1b[2J\x1b[H");
                         }
                         print!("{text}");
-                        let wait = Duration::try_from_secs_f64(seconds.max(0.1))
-                            .map_err(|e| format!("invalid --watch interval: {e}"))?;
                         tokio::time::sleep(wait).await;
                     }
                 }

@@ -364,6 +364,29 @@ async fn inspect_names_a_prepared_transaction_as_the_blocker() {
     waiting.await.unwrap();
 }
 
+/// An invalid `--watch` interval (`inf`, or too large for a duration) is an
+/// error before anything else happens: it was found only after connecting
+/// and printing the first inspection, and a wrong URL hid it.
+#[test]
+fn inspect_checks_the_watch_interval_first() {
+    for watch in ["inf", "1e300"] {
+        let out = lockkit(&[
+            "--url",
+            "postgres://postgres@127.0.0.1:1/postgres",
+            "inspect",
+            "--watch",
+            watch,
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("invalid --watch interval"),
+            "{watch}: {}",
+            stderr(&out)
+        );
+        assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn clear_errors_for_url_refusal_and_permissions() {
     let out = lockkit(&["inspect"]);
