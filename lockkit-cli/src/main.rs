@@ -184,11 +184,17 @@ const APPLICATION_NAME: &str = "lockkit-cli";
 
 /// An error for the user: what went wrong and what to do.
 #[derive(Debug)]
-struct Failure(String);
+enum Failure {
+    /// Printed to stderr, exit code 1.
+    Message(String),
+    /// Stdout was closed (`lockkit inspect | head`): the reader has what it
+    /// wanted, so the run ends quietly.
+    ClosedStdout,
+}
 
 impl<T: Into<String>> From<T> for Failure {
     fn from(message: T) -> Self {
-        Failure(message.into())
+        Failure::Message(message.into())
     }
 }
 
@@ -208,7 +214,8 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure(message)) => {
+        Err(Failure::ClosedStdout) => ExitCode::SUCCESS,
+        Err(Failure::Message(message)) => {
             eprintln!("lockkit: {message}");
             ExitCode::FAILURE
         }
@@ -247,15 +254,14 @@ async fn run(cli: Cli) -> Result<()> {
                 let text = inspect(&client, &registry, all, json).await?;
                 match watch {
                     None => {
-                        print!("{text}");
-                        return Ok(());
+                        return emit(&text);
                     }
                     Some(wait) => {
                         if !json {
                             // Clear the screen and home the cursor.
-                            print!("\x1b[2J\x1b[H");
+                            emit("\x1b[2J\x1b[H")?;
                         }
-                        print!("{text}");
+                        emit(&text)?;
                         tokio::time::sleep(wait).await;
                     }
                 }
@@ -268,8 +274,7 @@ async fn run(cli: Cli) -> Result<()> {
             let keepalive = Duration::try_from_secs_f64(session_keepalive)
                 .map_err(|e| format!("invalid --session-keepalive: {e}"))?;
             let (client, config) = connect(cli.url.as_deref()).await?;
-            print!("{}", check(&client, &config, keepalive, json).await?);
-            Ok(())
+            emit(&check(&client, &config, keepalive, json).await?)
         }
     }
 }
@@ -297,7 +302,7 @@ fn key(
                 } else {
                     " (raw and hashtext keys take no namespace)"
                 };
-                Failure(format!("{e}{hint}"))
+                Failure::Message(format!("{e}{hint}"))
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -321,8 +326,7 @@ fn key(
         if let Some(key) = keys.pair {
             doc["pair"] = render::key_json(key);
         }
-        println!("{doc:#}");
-        return Ok(());
+        return emit(&format!("{doc:#}\n"));
     }
     let mut out = String::new();
     if let Some(namespace) = namespace {
@@ -348,8 +352,19 @@ fn key(
             id.objsubid
         );
     }
-    print!("{out}");
-    Ok(())
+    emit(&out)
+}
+
+/// Writes `text` to stdout. A closed stdout ends the run quietly
+/// ([`Failure::ClosedStdout`]); `print!` panicked (exit 101) on it.
+fn emit(text: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Err(Failure::ClosedStdout),
+        Err(e) => Err(format!("cannot write to stdout: {e}").into()),
+    }
 }
 
 async fn inspect(client: &Client, registry: &KeyRegistry, all: bool, json: bool) -> Result<String> {

@@ -387,6 +387,51 @@ fn inspect_checks_the_watch_interval_first() {
     }
 }
 
+/// `lockkit … | head`: stdout closed by its reader. `print!` panicked
+/// ("failed printing to stdout: Broken pipe", exit 101); the run now ends
+/// quietly. The pipe's reader is gone before lockkit starts (a FIFO opened
+/// read-write to open its write end, then closed), so the write fails for
+/// certain.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    use std::fs::OpenOptions;
+    use std::process::Stdio;
+
+    let dir = std::env::temp_dir().join(format!("lockkit-cli-fifo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("out");
+    let _ = std::fs::remove_file(&fifo);
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    for args in [
+        &["key", "Order", "i:42"][..],
+        &["key", "Order", "i:42", "--json"][..],
+    ] {
+        let reader = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&fifo)
+            .unwrap();
+        let writer = OpenOptions::new().write(true).open(&fifo).unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_lockkit"))
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .stdout(Stdio::from(writer))
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run lockkit");
+        assert!(
+            !stderr(&out).contains("panicked"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn clear_errors_for_url_refusal_and_permissions() {
     let out = lockkit(&["inspect"]);
