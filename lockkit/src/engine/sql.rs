@@ -111,8 +111,9 @@ pub const ROLLBACK: &str =
 /// and `statement_timeout` (transaction-local), records the deadline (as
 /// ISO 8601 with a numeric offset, through `to_json`, so that
 /// [`ARM_TIMEOUTS`] reads back the same instant whatever the session's
-/// `DateStyle` and `TimeZone`), and sets both timeouts to `$1`; `(tag, 0)`. The target list is evaluated left
-/// to right, so the saved values are the caller's.
+/// `DateStyle` and `TimeZone`), and sets both timeouts to `$1`; `(tag, 0)`.
+/// The target list is evaluated left to right, so the saved values are the
+/// caller's.
 pub const SET_TIMEOUTS: &str = "SELECT 'lockkit:set_timeouts'::text AS tag, 0::int8 AS n, \
      set_config('lockkit.saved_lock_timeout', current_setting('lock_timeout'), true) AS a, \
      set_config('lockkit.saved_statement_timeout', current_setting('statement_timeout'), true) AS b, \
