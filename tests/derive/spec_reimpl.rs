@@ -123,15 +123,15 @@ impl Enc {
 
 // ---- a small deterministic generator ----
 
-struct Rng(u64);
+/// `fastrand`, seeded, with the draws these tests need.
+struct Rng(fastrand::Rng);
 
 impl Rng {
+    fn seeded(seed: u64) -> Rng {
+        Rng(fastrand::Rng::with_seed(seed))
+    }
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.u64(..)
     }
     fn u128(&mut self) -> u128 {
         let v = (u128::from(self.next()) << 64) | u128::from(self.next());
@@ -219,7 +219,7 @@ fn nz(v: u128) -> u128 {
 
 #[test]
 fn integers_match_the_spec() {
-    let mut rng = Rng(11);
+    let mut rng = Rng::seeded(11);
     for _ in 0..ROUNDS {
         let r: Vec<u128> = (0..12).map(|_| rng.u128()).collect();
         let v = AllInts {
@@ -329,7 +329,7 @@ struct Texts<'a> {
 
 #[test]
 fn text_and_pointers_match_the_spec() {
-    let mut rng = Rng(12);
+    let mut rng = Rng::seeded(12);
     for _ in 0..ROUNDS {
         let s: Vec<String> = (0..7).map(|_| rng.string()).collect();
         let c = rng.char();
@@ -386,7 +386,7 @@ struct Containers<'a> {
 
 #[test]
 fn options_sequences_and_tuples_match_the_spec() {
-    let mut rng = Rng(13);
+    let mut rng = Rng::seeded(13);
     for _ in 0..ROUNDS {
         let a = rng.bool().then(|| rng.next());
         let b = match rng.next() % 3 {
@@ -545,7 +545,7 @@ fn enc_kind(e: &mut Enc, k: &Kind) {
 
 #[test]
 fn enums_nested_types_and_uuids_match_the_spec() {
-    let mut rng = Rng(14);
+    let mut rng = Rng::seeded(14);
     for _ in 0..ROUNDS {
         let kind = gen_kind(&mut rng, 0);
         let mut inner = || Inner {
@@ -649,7 +649,7 @@ struct RawPair((i32, i32));
 #[test]
 fn forms_and_namespaces_match_the_spec() {
     assert_eq!(LONGEST.len(), 64);
-    let mut rng = Rng(15);
+    let mut rng = Rng::seeded(15);
     for _ in 0..ROUNDS {
         let s = rng.string();
         let mut e = Enc::default();
