@@ -235,7 +235,7 @@ impl<'t> LockTx<'t> {
     /// free again within about a round trip, and poisons the transaction
     /// (the server may have granted the lock): every later lock call fails
     /// with [`ErrorKind::Poisoned`]; roll it back by returning an error from
-    /// the closure of `conn.transaction`. The cancel request aborts the
+    /// the closure of `conn.transaction`. The cancel request may abort the
     /// transaction, whenever it lands, and PostgreSQL answers a `COMMIT` in
     /// an aborted transaction by rolling back, which diesel-async reports as
     /// success: a closure that returns `Ok` after a cut-off call is told its

@@ -175,7 +175,7 @@ impl<'c> LockTx<'c> {
     /// [`ErrorKind::Poisoned`](crate::ErrorKind::Poisoned), without
     /// committing, when a lock call of this transaction was cut off while
     /// the server waited (its future dropped): the cancel request it sent
-    /// aborts the transaction, whenever it lands, and PostgreSQL answers a
+    /// may abort the transaction, whenever it lands, and PostgreSQL answers a
     /// `COMMIT` in an aborted transaction by rolling back, which
     /// tokio-postgres reports as success. The transaction is rolled back
     /// instead (as [`LockTx::rollback`]), so the error says what happened.
@@ -189,7 +189,7 @@ impl<'c> LockTx<'c> {
     pub async fn commit(mut self) -> Result<(), Error> {
         if self.depth == 0 && self.shared.cancelled.load(Ordering::SeqCst) {
             const CUT_OFF: &str = "a lock call of this transaction was cut off and its \
-                cancel request aborts the transaction: it was not committed";
+                cancel request may abort the transaction: it was not committed";
             return Err(match self.rollback().await {
                 Ok(()) => Error::with_message(
                     ErrorKind::Poisoned,
