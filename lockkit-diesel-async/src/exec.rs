@@ -25,7 +25,6 @@ use lockkit::engine::{
 use lockkit::for_diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
 use lockkit::pg::Canceller;
 use lockkit::{Busy, Error, StatementMode};
-use tokio_postgres::CancelToken;
 
 /// The future a closure of [`LockTx::savepoint`](crate::LockTx::savepoint)
 /// returns: boxed, so that it may borrow the `LockTx` it is given.
@@ -145,16 +144,20 @@ fn run<'a>(
     })
 }
 
-/// Sends a cancel request for the statement in flight when dropped armed: a
-/// dropped lock future must not leave the server waiting for the lock.
-struct CancelOnDrop<'a> {
-    armed: Option<(CancelToken, &'a Canceller)>,
+/// Sends a cancel request for the statement in flight on `conn` when dropped
+/// armed: a dropped lock future must not leave the server waiting for the
+/// lock. The statements go through the guard's `conn`, so that the cancel
+/// token (a copy of the connection's settings) is made only at the drop: a
+/// call that completes pays nothing for it.
+struct CancelOnDrop<'a, 'c> {
+    conn: &'c mut AsyncPgConnection,
+    armed: Option<&'a Canceller>,
 }
 
-impl Drop for CancelOnDrop<'_> {
+impl Drop for CancelOnDrop<'_, '_> {
     fn drop(&mut self) {
-        if let Some((token, canceller)) = self.armed.take() {
-            canceller.cancel(token);
+        if let Some(canceller) = self.armed.take() {
+            canceller.cancel(self.conn.cancel_token());
         }
     }
 }
@@ -180,12 +183,13 @@ async fn drive_inner(
 ) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
         let mut guard = CancelOnDrop {
-            armed: Some((conn.cancel_token(), canceller)),
+            conn: &mut *conn,
+            armed: Some(canceller),
         };
         // One at a time, stopping at the first error.
         let (mut answers, mut failed) = (Vec::with_capacity(round.len()), None);
         for stmt in round.iter().copied() {
-            match run(&mut *conn, stmt, mode).await {
+            match run(&mut *guard.conn, stmt, mode).await {
                 Ok(answer) => answers.push(answer),
                 Err(e) => {
                     failed = Some(e);

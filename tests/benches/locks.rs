@@ -98,6 +98,12 @@ const BATCHES: usize = 64;
 /// The baseline's lock statement, as a user would write it.
 const RAW_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 
+/// lockkit's exclusive batch statement as it was before 2026-12-01, with
+/// `unnest` in `FROM` (a function scan, which materializes every row before
+/// the first lock): the diagnostic row that backs `engine::sql`'s figures.
+const FUNCTION_SCAN_BATCH: &str = "SELECT 'lockkit:batch_bigint_exclusive'::text AS tag, \
+     count(pg_advisory_xact_lock(k)) AS n FROM unnest($1::int8[]) AS t(k)";
+
 /// A connection and what the benchmarks prepare once on it.
 struct Bench {
     client: Mutex<LockClient>,
@@ -106,6 +112,8 @@ struct Bench {
     lock: Statement,
     /// lockkit's exclusive batch statement, prepared once (diagnostic).
     lock_unnest: Statement,
+    /// [`FUNCTION_SCAN_BATCH`], prepared once (diagnostic).
+    lock_function_scan: Statement,
     /// `INSERT INTO <table> (id) VALUES ($1)`, prepared once.
     insert: Statement,
     table: String,
@@ -185,6 +193,7 @@ impl Bench {
             .prepare(sql::BATCH_BIGINT_EXCLUSIVE)
             .await
             .expect("prepare");
+        let lock_function_scan = client.prepare(FUNCTION_SCAN_BATCH).await.expect("prepare");
         let insert = client
             .prepare(&format!("INSERT INTO {table} (id) VALUES ($1)"))
             .await
@@ -220,6 +229,7 @@ impl Bench {
             locker,
             lock,
             lock_unnest,
+            lock_function_scan,
             insert,
             table,
             keys,
@@ -453,12 +463,22 @@ async fn batch_raw_sequential(b: &Bench, iters: u64) -> Duration {
 }
 
 async fn batch_raw_unnest_prepared(b: &Bench, iters: u64) -> Duration {
+    batch_by_hand(b, iters, &b.lock_unnest).await
+}
+
+/// lockkit's earlier batch statement, `unnest` in `FROM` (diagnostic).
+async fn batch_raw_function_scan(b: &Bench, iters: u64) -> Duration {
+    batch_by_hand(b, iters, &b.lock_function_scan).await
+}
+
+/// 64 keys in one batch statement `lock`, prepared by hand, per transaction.
+async fn batch_by_hand(b: &Bench, iters: u64, lock: &Statement) -> Duration {
     let mut client = b.client.lock().await;
     let start = Instant::now();
     for i in 0..iters {
         let keys = &b.raw64[(i % BATCHES as u64) as usize];
         let tx = client.transaction().await.expect("begin");
-        tx.execute(&b.lock_unnest, &[keys]).await.expect("lock");
+        tx.execute(lock, &[keys]).await.expect("lock");
         tx.commit().await.expect("commit");
     }
     start.elapsed()
@@ -1021,6 +1041,13 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
             "tp: 16-key pipelined vs by hand",
             Async(routine!(insert_lockkit_pipelined_prepared)),
             Async(routine!(insert_raw_pipelined_prepared)),
+            false,
+            None,
+        ),
+        pair(
+            "tp: 64 keys by hand, unnest in the target list vs in FROM",
+            Async(routine!(batch_raw_unnest_prepared)),
+            Async(routine!(batch_raw_function_scan)),
             false,
             None,
         ),

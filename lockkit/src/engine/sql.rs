@@ -12,10 +12,12 @@
 //! lockstep. Nothing here sorts, so the order cannot be lost to a query plan
 //! (the `ORDER BY` in a hand-rolled lock query may be applied *after* the
 //! lock function ran). `unnest` in `FROM`, a function scan, yields the same
-//! order but first materializes every row: it cost 4–7 % more per 16-key
-//! call and 8–13 % per 64-key call. `BigInt` keys come before `Pair` keys;
-//! an adapter sends the bigint statement first and the pair statement
-//! second, pipelined.
+//! order but first materializes every row: a whole 64-key transaction with
+//! the statement sent by hand costs 0.97× the function-scan form (the
+//! paired report's "64 keys by hand, unnest in the target list vs in FROM"
+//! row, `cargo bench -p lockkit-tests --bench locks`). `BigInt` keys come
+//! before `Pair` keys; an adapter sends the bigint statement first and the
+//! pair statement second, pipelined.
 //!
 //! Every lock statement answers one row that starts with a tag naming the
 //! statement (`lockkit:lock_bigint`, …) and a count, and the engine checks
