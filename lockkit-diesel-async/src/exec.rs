@@ -10,7 +10,8 @@
 
 use std::future::Future;
 use std::num::NonZeroU32;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
+use std::task::{Context, Waker};
 
 use diesel::connection::TransactionManagerStatus;
 use diesel::sql_types::{Array, Text};
@@ -144,11 +145,24 @@ fn run<'a>(
     })
 }
 
-/// Sends a cancel request for the statement in flight on `conn` when dropped
-/// armed: a dropped lock future must not leave the server waiting for the
-/// lock. The statements go through the guard's `conn`, so that the cancel
-/// token (a copy of the connection's settings) is made only at the drop: a
-/// call that completes pays nothing for it.
+/// What a lock call cut off in flight (its future dropped while a statement
+/// was sent) leaves on `conn`, when dropped armed:
+///
+/// - [`sql::ABORT_CUT_OFF`] queued behind the cut-off statement, so the
+///   transaction ends aborted, its locks released at once, whether or not
+///   the cancel request below aborts it (the server ignores a request that
+///   lands after the lock was granted and the session is idle);
+/// - diesel-async's transaction manager in error, so that the `COMMIT` of
+///   `conn.transaction` is never sent: PostgreSQL would answer it, in the
+///   aborted transaction, by rolling back, and diesel-async would report
+///   that as a commit. The transaction then fails with
+///   `BrokenTransactionManager`, and pools discard the connection;
+/// - a cancel request for the statement, so the server stops waiting for
+///   the lock.
+///
+/// The statements go through the guard's `conn`, so that the cancel token (a
+/// copy of the connection's settings) is made only at the drop: a call that
+/// completes pays nothing for it.
 struct CancelOnDrop<'a, 'c> {
     conn: &'c mut AsyncPgConnection,
     armed: Option<&'a Canceller>,
@@ -157,6 +171,13 @@ struct CancelOnDrop<'a, 'c> {
 impl Drop for CancelOnDrop<'_, '_> {
     fn drop(&mut self) {
         if let Some(canceller) = self.armed.take() {
+            // tokio-postgres puts a query on the connection at its first
+            // poll; what it answers nobody reads (it fails by design).
+            {
+                let abort = pin!(self.conn.batch_execute(sql::ABORT_CUT_OFF));
+                let _ = abort.poll(&mut Context::from_waker(Waker::noop()));
+            }
+            break_transaction_manager(self.conn);
             canceller.cancel(self.conn.cancel_token());
         }
     }

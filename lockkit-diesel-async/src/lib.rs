@@ -5,8 +5,9 @@
 //! errors as lockkit's tokio-postgres core and `lockkit-diesel`, from the
 //! same code: planning, checking every reply, bookkeeping and error typing
 //! are lockkit's engine ([`lockkit::engine`]); this crate only runs the
-//! engine's statements through diesel-async, and sends a cancel request for
-//! a dropped lock future. A diesel-async session and a tokio-postgres,
+//! engine's statements through diesel-async and, for a lock future dropped
+//! in flight, sends a cancel request and aborts the transaction so that
+//! diesel-async cannot report its commit ([`LockTx::lock`]). A diesel-async session and a tokio-postgres,
 //! Diesel or sqlx session locking the same typed key exclude each other.
 //!
 //! Depending on this crate alone is enough: it re-exports [`lockkit`] (so

@@ -230,20 +230,25 @@ impl<'t> LockTx<'t> {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future after its statement was sent sends a cancel
-    /// request for it (diesel-async's `cancel_token`), so the connection is
-    /// free again within about a round trip, and poisons the transaction
-    /// (the server may have granted the lock): every later lock call fails
-    /// with [`ErrorKind::Poisoned`]; roll it back by returning an error from
-    /// the closure of `conn.transaction`. The cancel request may abort the
-    /// transaction, whenever it lands, and PostgreSQL answers a `COMMIT` in
-    /// an aborted transaction by rolling back, which diesel-async reports as
-    /// success: a closure that returns `Ok` after a cut-off call is told its
-    /// transaction committed when it did not ([`LockTx::is_poisoned`] says
-    /// so). A cancel request that reaches the server before the statement
-    /// does is ignored by the server; the statement then waits as long as
-    /// its lock takes. Under `sslmode=require` the request needs the TLS
-    /// connector: see [`Locker::cancel_tls`](crate::Locker::cancel_tls).
+    /// Dropping the future after its statement was sent (a
+    /// `tokio::time::timeout` around it, a `select!`) cuts the call off:
+    ///
+    /// - the transaction is poisoned (the server may have granted the
+    ///   lock): every later lock call fails with [`ErrorKind::Poisoned`];
+    /// - lockkit queues a failing statement behind the cut-off one, which
+    ///   aborts the transaction and so releases its locks at once, and sends
+    ///   a cancel request (diesel-async's `cancel_token`), so the server
+    ///   stops waiting and the connection is free again within about a
+    ///   round trip; the closure's later statements fail (`25P02`);
+    /// - diesel-async's transaction manager is put in error, so that
+    ///   `conn.transaction` fails rather than send a `COMMIT` that
+    ///   PostgreSQL would answer, in the aborted transaction, by rolling
+    ///   back, and that diesel-async would report as a commit. It fails
+    ///   even when the closure returns `Ok`, and pools (deadpool, bb8)
+    ///   discard the connection; a connection of your own must be replaced.
+    ///
+    /// Under `sslmode=require` the cancel request needs the TLS connector:
+    /// see [`Locker::cancel_tls`](crate::Locker::cancel_tls).
     pub async fn lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'t, K>, Error> {
         self.lock_one(key, Mode::Exclusive, Wait::Forever).await
     }
@@ -428,7 +433,13 @@ impl<'t> LockTx<'t> {
     /// Checks diesel-async's transaction depth, then lets the engine run the
     /// call.
     async fn drive(&mut self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
-        if exec::transaction_depth(self.conn).map_err(exec::lock_error)? == 0 {
+        let depth = exec::transaction_depth(self.conn);
+        // A call cut off in flight breaks diesel-async's transaction manager
+        // on purpose (see `lock`): a call after it is refused as what it is.
+        if depth.is_err() && self.state.is_poisoned() {
+            return Err(Error::from(ErrorKind::Poisoned));
+        }
+        if depth.map_err(exec::lock_error)? == 0 {
             return Err(Error::from(ErrorKind::NotInTransaction));
         }
         let policy = self.locker.policy();

@@ -341,7 +341,7 @@ pub(crate) mod with_diesel_async {
     impl Adapter for DieselAsync {
         const NAME: &'static str = "diesel-async";
         const ID: i64 = 2;
-        const CANCEL: Option<Cancel> = Some(Cancel::Request);
+        const CANCEL: Option<Cancel> = Some(Cancel::RequestAndDiscard);
 
         async fn open(db: &TestServer, config: Config, _sessions: usize) -> Self {
             let url = db.url().to_string();

@@ -444,6 +444,11 @@ pub(crate) enum Cancel {
     /// connection is free at once (a rollback returns while the other
     /// holder still holds the key).
     Request,
+    /// As `Request`, and the stack's own transaction manager, which owns
+    /// the `COMMIT`, is left broken so that it cannot report one
+    /// (diesel-async): the transaction fails, and the pool discards the
+    /// connection at its next checkout.
+    RequestAndDiscard,
     /// No cancel request (sqlx): the transaction is poisoned and the
     /// connection answers nothing until the server answers the lock
     /// statement.

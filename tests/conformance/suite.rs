@@ -564,8 +564,9 @@ pub(crate) async fn cancel<A: Adapter>() {
     assert_eq!(lock.await.unwrap().unwrap(), Out::Dropped);
     let err = s.lock(other, Mode::Exclusive).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Poisoned, "{err}");
-    match A::CANCEL.expect("an async stack") {
-        Cancel::Request => {
+    let cancel = A::CANCEL.expect("an async stack");
+    match cancel {
+        Cancel::Request | Cancel::RequestAndDiscard => {
             s.rollback().await.unwrap();
             assert!(
                 held_by(&observer, holder.pid(), key).await,
@@ -586,6 +587,15 @@ pub(crate) async fn cancel<A: Adapter>() {
         }
     }
     assert!(released(&observer, key).await);
+    if cancel == Cancel::RequestAndDiscard {
+        // The pool's next checkout discards the broken connection.
+        let pid = s.pid();
+        assert_ne!(
+            s.ping().await,
+            pid,
+            "the broken connection was handed out again"
+        );
+    }
     // The connection is usable and holds nothing.
     s.begin().await;
     assert!(s.try_lock(key, Mode::Exclusive).await.unwrap());

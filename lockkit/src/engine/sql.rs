@@ -109,6 +109,17 @@ pub const RELEASE: &str = "RELEASE SAVEPOINT lockkit_acquire";
 pub const ROLLBACK: &str =
     "ROLLBACK TO SAVEPOINT lockkit_acquire; RELEASE SAVEPOINT lockkit_acquire";
 
+/// Fails, and so aborts the transaction it runs in, which releases every
+/// transaction-scoped lock at once. An adapter that does not own its
+/// stack's `COMMIT` queues it behind a lock call cut off in flight: the
+/// cancel request it also sends may or may not abort the transaction (it
+/// is ignored when it lands after the lock was granted and the session is
+/// idle), and this makes the outcome one, whatever the cancel did. Simple
+/// query protocol. A server without PL/pgSQL fails it too.
+pub const ABORT_CUT_OFF: &str = "DO $lockkit$ BEGIN RAISE EXCEPTION \
+     'lockkit: a lock call was cut off in flight; this transaction is aborted and must roll back'; \
+     END $lockkit$";
+
 /// `$1 int8` (milliseconds, at least 1): saves the caller's `lock_timeout`
 /// and `statement_timeout` (transaction-local), records the deadline (as
 /// ISO 8601 with a numeric offset, through `to_json`, so that
