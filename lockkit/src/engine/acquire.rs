@@ -15,7 +15,7 @@ use crate::engine::config::Config;
 use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::guard::{Busy, Held, HeldBatch};
-use crate::engine::observe::{observe, KeyType, Outcome};
+use crate::engine::observe::{key_type, observe, KeyType, Outcome};
 use crate::engine::plan::{Batch, Mode, Plan};
 use crate::engine::sql::timeout_millis;
 use crate::engine::statement::{Param, Reply, ReplyShape, Round, Sql, Statement};
@@ -192,7 +192,10 @@ impl TxState {
             locks.start();
         }
         drop(locks);
-        let span = if empty {
+        // No subscriber takes debug spans (or none is set): `none` costs
+        // nothing to make, enter, record and drop, where a disabled span
+        // still goes through `tracing`'s `log` bridge at each of those.
+        let span = if empty || !tracing::level_enabled!(tracing::Level::DEBUG) {
             tracing::Span::none()
         } else {
             let span = tracing::debug_span!(
@@ -203,9 +206,7 @@ impl TxState {
                 outcome = tracing::field::Empty,
                 wait_ms = tracing::field::Empty,
             );
-            // No subscriber wants it: `none` costs nothing to enter,
-            // record and drop (a disabled span still goes through
-            // `tracing`'s `log` bridge at each of those).
+            // No subscriber wants this one: `none` as well.
             if span.is_disabled() {
                 tracing::Span::none()
             } else {
@@ -305,7 +306,7 @@ impl Request {
         Request {
             keys: Keys::One(key.lock_key(), mode),
             hashtext: K::KEY_SPEC.form() == KeyForm::HashText,
-            key_type: const { &KeyType::new(K::KEY_SPEC.namespace()) },
+            key_type: key_type!(K::KEY_SPEC.namespace()),
             site: None,
         }
     }

@@ -156,12 +156,15 @@ impl TxLocks {
         if self.aborted_at.is_some() {
             return Err(Error::new(ErrorKind::TransactionAborted));
         }
-        let plan = Plan::from_sorted(
-            request
-                .into_iter()
-                .filter(|(k, m)| !self.mode(*k).is_some_and(|h| h.covers(*m))),
-        );
-        let new = plan.keys().filter(|k| self.held.get(*k).is_none()).count();
+        // One pass, one lookup per key: most calls are of one key.
+        let (mut plan, mut new) = (Plan::default(), 0);
+        for (key, mode) in request {
+            let held = self.held.get(key);
+            if !held.and_then(Entry::mode).is_some_and(|h| h.covers(mode)) {
+                new += usize::from(held.is_none());
+                plan.push(key, mode);
+            }
+        }
         if self.held.len() + new > allowed {
             return Err(Error::budget(self.held.len(), new, allowed));
         }

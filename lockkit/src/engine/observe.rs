@@ -2,8 +2,9 @@
 //! the `metrics` feature, the wait-time histogram and the counters of busy
 //! keys, timeouts and deadlocks (see the crate docs, "Observability").
 //!
-//! A call's labels are made at compile time, one set per key type
-//! ([`KeyType::of`]), so that reporting a call allocates nothing.
+//! A call's metric keys are made and hashed at compile time, one set per key
+//! type ([`key_type!`]), so that reporting a call allocates and hashes
+//! nothing.
 
 use std::time::Duration;
 
@@ -70,46 +71,40 @@ impl Outcome {
         }
     }
 
-    /// The counter this outcome also increments, if any.
+    /// The counter this outcome also increments, if any: its index in
+    /// [`KeyType`]'s counters.
     #[cfg(feature = "metrics")]
-    fn counter(self) -> Option<&'static str> {
+    fn counter(self) -> Option<usize> {
         match self {
-            Outcome::Busy => Some("lockkit_lock_busy_total"),
-            Outcome::Timeout => Some("lockkit_lock_timeouts_total"),
-            Outcome::Deadlock => Some("lockkit_lock_deadlocks_total"),
+            Outcome::Busy => Some(0),
+            Outcome::Timeout => Some(1),
+            Outcome::Deadlock => Some(2),
             _ => None,
         }
     }
 }
 
-/// The key type a lock call reports: the span's `key_type` field and, with
-/// the `metrics` feature, its metrics' labels, made once.
+/// The labels of a key type's metrics, made at compile time: the
+/// [`KeyType`]'s metric keys borrow them, so they must live in a constant of
+/// their own (see [`key_type!`]).
 #[derive(Debug)]
-pub(crate) struct KeyType {
-    name: &'static str,
+pub(crate) struct Labels {
     /// `key_type` and `outcome`, one pair per [`Outcome`], in the order of
     /// [`Outcome::ALL`].
     #[cfg(feature = "metrics")]
-    wait_labels: [[Label; 2]; Outcome::ALL.len()],
+    wait: [[Label; 2]; Outcome::ALL.len()],
     /// `key_type` alone, for the counters.
     #[cfg(feature = "metrics")]
-    counter_labels: [Label; 1],
+    counter: [Label; 1],
 }
 
-impl KeyType {
-    /// A plain key given as its `LockKey`.
-    pub(crate) const RAW: &'static KeyType = &KeyType::new("raw");
-    /// A batch.
-    pub(crate) const BATCH: &'static KeyType = &KeyType::new("batch");
-
-    /// The key type `name` (an [`AdvisoryKey`](crate::AdvisoryKey)'s
-    /// namespace). Made in a constant (`const { &KeyType::new(..) }`), it
-    /// lives as long as the program.
+impl Labels {
+    /// The labels of the key type `name`.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) const fn new(name: &'static str) -> Self {
-        KeyType {
-            name,
+        Labels {
             #[cfg(feature = "metrics")]
-            wait_labels: {
+            wait: {
                 const fn pair(name: &'static str, outcome: Outcome) -> [Label; 2] {
                     [
                         Label::from_static_parts("key_type", name),
@@ -130,7 +125,77 @@ impl KeyType {
                 ]
             },
             #[cfg(feature = "metrics")]
-            counter_labels: [Label::from_static_parts("key_type", name)],
+            counter: [Label::from_static_parts("key_type", name)],
+        }
+    }
+}
+
+/// The key type a lock call reports: the span's `key_type` field and, with
+/// the `metrics` feature, its metric keys, hashed at compile time (a key
+/// made at run time hashes its name and labels on every call).
+#[derive(Debug)]
+pub(crate) struct KeyType {
+    name: &'static str,
+    /// The wait-time histogram's key per [`Outcome`], in the order of
+    /// [`Outcome::ALL`].
+    #[cfg(feature = "metrics")]
+    wait: [Key; Outcome::ALL.len()],
+    /// The counters' keys: busy keys, timeouts, deadlocks.
+    #[cfg(feature = "metrics")]
+    counters: [Key; 3],
+}
+
+/// The `&'static KeyType` named `$name` (a constant expression, which may
+/// use the caller's generic parameters), with its labels in a constant of
+/// their own.
+macro_rules! key_type {
+    ($name:expr) => {
+        const {
+            &$crate::engine::observe::KeyType::new(
+                $name,
+                const { &$crate::engine::observe::Labels::new($name) },
+            )
+        }
+    };
+}
+pub(crate) use key_type;
+
+impl KeyType {
+    /// A plain key given as its `LockKey`.
+    pub(crate) const RAW: &'static KeyType = key_type!("raw");
+    /// A batch.
+    pub(crate) const BATCH: &'static KeyType = key_type!("batch");
+
+    /// The key type `name` (an [`AdvisoryKey`](crate::AdvisoryKey)'s
+    /// namespace), whose metrics carry `labels`; made with [`key_type!`].
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) const fn new(name: &'static str, labels: &'static Labels) -> Self {
+        KeyType {
+            name,
+            #[cfg(feature = "metrics")]
+            wait: {
+                const fn wait(labels: &'static [Label; 2]) -> Key {
+                    Key::from_static_parts("lockkit_lock_wait_seconds", labels)
+                }
+                let w = &labels.wait;
+                [
+                    wait(&w[0]),
+                    wait(&w[1]),
+                    wait(&w[2]),
+                    wait(&w[3]),
+                    wait(&w[4]),
+                    wait(&w[5]),
+                    wait(&w[6]),
+                    wait(&w[7]),
+                    wait(&w[8]),
+                ]
+            },
+            #[cfg(feature = "metrics")]
+            counters: [
+                Key::from_static_parts("lockkit_lock_busy_total", &labels.counter),
+                Key::from_static_parts("lockkit_lock_timeouts_total", &labels.counter),
+                Key::from_static_parts("lockkit_lock_deadlocks_total", &labels.counter),
+            ],
         }
     }
 
@@ -157,13 +222,12 @@ pub(crate) fn observe(
     {
         static METADATA: Metadata<'static> =
             Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
-        let labels = &key_type.wait_labels[outcome as usize];
-        let key = Key::from_static_labels("lockkit_lock_wait_seconds", labels);
-        metrics::with_recorder(|r| r.register_histogram(&key, &METADATA))
+        let key = &key_type.wait[outcome as usize];
+        metrics::with_recorder(|r| r.register_histogram(key, &METADATA))
             .record(waited.as_secs_f64());
-        if let Some(name) = outcome.counter() {
-            let key = Key::from_static_labels(name, &key_type.counter_labels);
-            metrics::with_recorder(|r| r.register_counter(&key, &METADATA)).increment(1);
+        if let Some(i) = outcome.counter() {
+            let key = &key_type.counters[i];
+            metrics::with_recorder(|r| r.register_counter(key, &METADATA)).increment(1);
         }
     }
     #[cfg(not(feature = "metrics"))]
@@ -174,23 +238,53 @@ pub(crate) fn observe(
 mod tests {
     use super::*;
 
-    /// Each outcome's labels name it: the table is in [`Outcome::ALL`]'s
-    /// order, which is the enum's.
+    /// Each outcome's key names the histogram and the outcome: the table is
+    /// in [`Outcome::ALL`]'s order, which is the enum's. Each key, made at
+    /// compile time, is the key `metrics` makes at run time (same hash).
     #[test]
-    fn every_outcome_has_its_labels() {
-        let key_type = const { &KeyType::new("some.type") };
+    fn every_outcome_has_its_key() {
+        let key_type = key_type!("some.type");
+        let labels = |name: &str, outcome: Option<Outcome>| {
+            let mut labels = vec![Label::new("key_type", name.to_owned())];
+            labels.extend(outcome.map(|o| Label::new("outcome", o.label())));
+            labels
+        };
         for (i, outcome) in Outcome::ALL.into_iter().enumerate() {
             assert_eq!(outcome as usize, i);
-            let labels = &key_type.wait_labels[outcome as usize];
-            assert_eq!(
-                (labels[0].key(), labels[0].value()),
-                ("key_type", "some.type")
+            let key = &key_type.wait[outcome as usize];
+            let made = Key::from_parts(
+                "lockkit_lock_wait_seconds",
+                labels("some.type", Some(outcome)),
             );
-            assert_eq!(
-                (labels[1].key(), labels[1].value()),
-                ("outcome", outcome.label())
-            );
+            assert_eq!(key, &made);
+            assert_eq!(key.get_hash(), made.get_hash());
+            match outcome.counter() {
+                Some(c) => {
+                    let counter = &key_type.counters[c];
+                    assert!(counter.name().starts_with("lockkit_lock_"), "{counter:?}");
+                    let made =
+                        Key::from_parts(counter.name().to_owned(), labels("some.type", None));
+                    assert_eq!((counter, counter.get_hash()), (&made, made.get_hash()));
+                }
+                None => assert!(matches!(
+                    outcome,
+                    Outcome::Granted
+                        | Outcome::Cancelled
+                        | Outcome::LockTableFull
+                        | Outcome::ConnectionLost
+                        | Outcome::UnexpectedReply
+                        | Outcome::Error
+                )),
+            }
         }
-        assert_eq!(key_type.counter_labels[0].value(), "some.type");
+        let names: Vec<_> = key_type.counters.iter().map(Key::name).collect();
+        assert_eq!(
+            names,
+            [
+                "lockkit_lock_busy_total",
+                "lockkit_lock_timeouts_total",
+                "lockkit_lock_deadlocks_total"
+            ]
+        );
     }
 }

@@ -156,25 +156,40 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// Builds the parameters from keys in ascending order.
+    #[cfg(test)]
     pub(crate) fn from_sorted(keys: impl IntoIterator<Item = (LockKey, Mode)>) -> Self {
         let mut plan = Plan::default();
-        let mut last = None;
         for (key, mode) in keys {
-            debug_assert!(last < Some(key), "plan keys must be sorted and distinct");
-            last = Some(key);
-            match key {
-                LockKey::BigInt(k) => {
-                    plan.bigint.push(k);
-                    plan.bigint_shared.push(mode == Mode::Shared);
-                }
-                LockKey::Pair(c, o) => {
-                    plan.class.push(c);
-                    plan.object.push(o);
-                    plan.pair_shared.push(mode == Mode::Shared);
-                }
-            }
+            plan.push(key, mode);
         }
         plan
+    }
+
+    /// Appends `key` in `mode`, which sorts after every key of the plan.
+    pub(crate) fn push(&mut self, key: LockKey, mode: Mode) {
+        debug_assert!(
+            self.last() < Some(key),
+            "plan keys must be sorted and distinct"
+        );
+        match key {
+            LockKey::BigInt(k) => {
+                self.bigint.push(k);
+                self.bigint_shared.push(mode == Mode::Shared);
+            }
+            LockKey::Pair(c, o) => {
+                self.class.push(c);
+                self.object.push(o);
+                self.pair_shared.push(mode == Mode::Shared);
+            }
+        }
+    }
+
+    /// The last key (`Pair` keys sort after `BigInt` keys).
+    fn last(&self) -> Option<LockKey> {
+        match (self.class.last(), self.object.last()) {
+            (Some(c), Some(o)) => Some(LockKey::Pair(*c, *o)),
+            _ => self.bigint.last().map(|k| LockKey::BigInt(*k)),
+        }
     }
 
     /// Number of keys.
