@@ -16,9 +16,10 @@ use lockkit::engine::{
 };
 use lockkit::{Busy, Error, StatementMode};
 use smallvec::SmallVec;
-use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::postgres::types::Oid;
+use sqlx::postgres::{PgArguments, PgRow, PgTypeInfo};
 use sqlx::query::Query;
-use sqlx::{Executor, PgConnection, Postgres, Row};
+use sqlx::{Decode, Either, Executor, PgConnection, Postgres, Row, TypeInfo, ValueRef};
 
 use crate::error::driver_error;
 
@@ -33,25 +34,55 @@ enum Answer {
 /// column layout of lockkit's replies; this adapter only decodes columns).
 pub(crate) struct SqlxRow(pub(crate) PgRow);
 
+impl SqlxRow {
+    /// Column `i` decoded as `T`, when the server typed it `ty`: the type
+    /// lockkit's statement gives that column, checked by its OID (sqlx's
+    /// `try_get` accepts any of a Rust type's compatible types, at many
+    /// times the cost, for every reply of every lock call).
+    fn column<'r, T: Decode<'r, Postgres>>(&'r self, i: usize, ty: Oid) -> Result<T, sqlx::Error> {
+        let value = self.0.try_get_raw(i)?;
+        let decode_error = |source| sqlx::Error::ColumnDecode {
+            index: i.to_string(),
+            source,
+        };
+        if !value.is_null() && value.type_info().oid() != Some(ty) {
+            let expected = PgTypeInfo::with_oid(ty);
+            let found = value.type_info();
+            return Err(decode_error(
+                format!("a column of type {}, not {}", found.name(), expected.name()).into(),
+            ));
+        }
+        T::decode(value).map_err(decode_error)
+    }
+}
+
+// The OIDs of the types of lockkit's reply columns (`pg_type.dat`).
+const BOOL: Oid = Oid(16);
+const INT8: Oid = Oid(20);
+const INT4: Oid = Oid(23);
+const TEXT: Oid = Oid(25);
+const INT4_ARRAY: Oid = Oid(1007);
+const INT8_ARRAY: Oid = Oid(1016);
+
 impl ReplyRow for SqlxRow {
     type Error = sqlx::Error;
     fn text(&self, i: usize) -> Result<&str, Self::Error> {
-        self.0.try_get(i)
+        self.column(i, TEXT)
     }
     fn int8(&self, i: usize) -> Result<i64, Self::Error> {
-        self.0.try_get(i)
+        self.column(i, INT8)
     }
     fn int4(&self, i: usize) -> Result<i32, Self::Error> {
-        self.0.try_get(i)
+        self.column(i, INT4)
     }
     fn bool(&self, i: usize) -> Result<bool, Self::Error> {
-        self.0.try_get(i)
+        self.column(i, BOOL)
     }
     fn int8_array(&self, i: usize) -> Result<Vec<i64>, Self::Error> {
-        self.0.try_get(i)
+        self.column(i, INT8_ARRAY)
     }
     fn int4_array(&self, i: usize) -> Result<Vec<i32>, Self::Error> {
-        self.0.try_get(i)
+        self.column(i, INT4_ARRAY)
     }
 }
 
@@ -93,10 +124,13 @@ async fn run(
     for param in stmt.params() {
         query = bind(query, param)?;
     }
+    // `fetch_many`: `fetch` would wrap it in one more boxed stream.
     let mut rows = SmallVec::new();
-    let mut stream = conn.fetch(query);
-    while let Some(row) = stream.try_next().await.map_err(driver_error)? {
-        rows.push(SqlxRow(row));
+    let mut stream = conn.fetch_many(query);
+    while let Some(step) = stream.try_next().await.map_err(driver_error)? {
+        if let Either::Right(row) = step {
+            rows.push(SqlxRow(row));
+        }
     }
     Ok(Answer::Rows(rows))
 }
