@@ -63,15 +63,36 @@ pub(crate) fn transaction_depth(conn: &mut AsyncPgConnection) -> QueryResult<u32
 /// Puts diesel-async's transaction manager on `conn` in error: its commit
 /// and rollback then fail with `BrokenTransactionManager` instead of sending
 /// anything, and pools discard the connection.
-pub(crate) fn break_transaction_manager(conn: &mut AsyncPgConnection) {
+fn break_transaction_manager(conn: &mut AsyncPgConnection) {
     <AnsiTransactionManager as TransactionManager<AsyncPgConnection>>::transaction_manager_status_mut(
         conn,
     )
     .set_in_error();
 }
 
-/// Opens a savepoint (a transaction is open), as diesel-async's nested
-/// `transaction` does.
+/// Gives up the transaction open on `conn`, from a destructor (a lock call
+/// or a savepoint cut off in flight), where nothing can be awaited:
+///
+/// - queues [`sql::GIVE_UP`] behind what is in flight (tokio-postgres puts
+///   a query on the connection at its first poll; what it answers nobody
+///   reads): the transaction is rolled back, its locks released, whatever
+///   happens to the statements before it, and what the application still
+///   sends fails instead of running outside a transaction;
+/// - puts diesel-async's transaction manager in error, so that the
+///   enclosing `conn.transaction` never sends its `COMMIT`: PostgreSQL
+///   would answer it, in the aborted transaction, by rolling back, and
+///   diesel-async would report that as a commit (and at a savepoint's
+///   depth it would only `RELEASE`). The transaction fails instead, even
+///   when its closure returns `Ok`, and pools discard the connection (a
+///   session left in a failed transaction, which holds nothing).
+pub(crate) fn abandon_transaction(conn: &mut AsyncPgConnection) {
+    {
+        let give_up = pin!(conn.batch_execute(sql::GIVE_UP));
+        let _ = give_up.poll(&mut Context::from_waker(Waker::noop()));
+    }
+    break_transaction_manager(conn);
+}
+
 pub(crate) fn begin(conn: &mut AsyncPgConnection) -> BoxFuture<'_, QueryResult<()>> {
     Box::pin(<AnsiTransactionManager as TransactionManager<
         AsyncPgConnection,
@@ -146,19 +167,12 @@ fn run<'a>(
 }
 
 /// What a lock call cut off in flight (its future dropped while a statement
-/// was sent) leaves on `conn`, when dropped armed:
-///
-/// - [`sql::ABORT_CUT_OFF`] queued behind the cut-off statement, so the
-///   transaction ends aborted, its locks released at once, whether or not
-///   the cancel request below aborts it (the server ignores a request that
-///   lands after the lock was granted and the session is idle);
-/// - diesel-async's transaction manager in error, so that the `COMMIT` of
-///   `conn.transaction` is never sent: PostgreSQL would answer it, in the
-///   aborted transaction, by rolling back, and diesel-async would report
-///   that as a commit. The transaction then fails with
-///   `BrokenTransactionManager`, and pools discard the connection;
-/// - a cancel request for the statement, so the server stops waiting for
-///   the lock.
+/// was sent) leaves on `conn`, when dropped armed: the transaction given up
+/// ([`abandon_transaction`]: rolled back, so its locks are released whether
+/// or not the cancel request aborts it, which the server ignores when it
+/// lands after the lock was granted and the session is idle; and never
+/// reported committed), and a cancel request for the statement, so the
+/// server stops waiting for the lock.
 ///
 /// The statements go through the guard's `conn`, so that the cancel token (a
 /// copy of the connection's settings) is made only at the drop: a call that
@@ -171,13 +185,7 @@ struct CancelOnDrop<'a, 'c> {
 impl Drop for CancelOnDrop<'_, '_> {
     fn drop(&mut self) {
         if let Some(canceller) = self.armed.take() {
-            // tokio-postgres puts a query on the connection at its first
-            // poll; what it answers nobody reads (it fails by design).
-            {
-                let abort = pin!(self.conn.batch_execute(sql::ABORT_CUT_OFF));
-                let _ = abort.poll(&mut Context::from_waker(Waker::noop()));
-            }
-            break_transaction_manager(self.conn);
+            abandon_transaction(self.conn);
             canceller.cancel(self.conn.cancel_token());
         }
     }

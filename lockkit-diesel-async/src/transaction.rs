@@ -53,14 +53,16 @@ impl fmt::Debug for LockTx<'_> {
     }
 }
 
-/// Poisons the bookkeeping, and puts diesel-async's transaction manager in
-/// error, when dropped before the savepoint's end is recorded: a savepoint
-/// whose closure panicked or whose future was dropped (before its `RELEASE`
-/// or `ROLLBACK TO` completed) is left open, since diesel-async cannot roll back in a destructor. Its
-/// transaction manager would go on counting it, so the enclosing
-/// `conn.transaction`'s commit would only `RELEASE` the savepoint and report
-/// success with the transaction (its writes, its locks) still open; in
-/// error, that commit fails instead and pools discard the connection.
+/// Poisons the bookkeeping, and gives the transaction up
+/// ([`exec::abandon_transaction`]), when dropped before the savepoint's end
+/// is recorded: a savepoint whose closure panicked or whose future was
+/// dropped (before its `RELEASE` or `ROLLBACK TO` completed) is left open,
+/// since diesel-async cannot roll back in a destructor. Its transaction
+/// manager would go on counting it, so the enclosing `conn.transaction`'s
+/// commit would only `RELEASE` the savepoint and report success with the
+/// transaction (its writes, its locks) still open. Given up, the
+/// transaction is rolled back at once, which releases its locks while the
+/// connection waits to be discarded, and that commit fails.
 struct SavepointGuard<'s, 'c> {
     ending: SavepointEnding<'s>,
     conn: &'c mut AsyncPgConnection,
@@ -69,7 +71,7 @@ struct SavepointGuard<'s, 'c> {
 impl Drop for SavepointGuard<'_, '_> {
     fn drop(&mut self) {
         if self.ending.is_pending() {
-            exec::break_transaction_manager(self.conn);
+            exec::abandon_transaction(self.conn);
         }
     }
 }
@@ -165,8 +167,10 @@ impl<'t> LockTx<'t> {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future poisons this transaction and breaks the
-    /// connection's transaction manager (see above).
+    /// Dropping the future poisons this transaction and gives it up: it is
+    /// rolled back at once (which releases its locks) and the enclosing
+    /// `conn.transaction` fails, even when its closure returns `Ok`; pools
+    /// discard the connection.
     pub async fn savepoint<R, E, F>(&mut self, f: F) -> Result<R, E>
     where
         F: for<'a, 's> FnOnce(&'a mut LockTx<'s>) -> BoxFuture<'a, Result<R, E>>,
@@ -235,17 +239,17 @@ impl<'t> LockTx<'t> {
     ///
     /// - the transaction is poisoned (the server may have granted the
     ///   lock): every later lock call fails with [`ErrorKind::Poisoned`];
-    /// - lockkit queues a failing statement behind the cut-off one, which
-    ///   aborts the transaction and so releases its locks at once, and sends
-    ///   a cancel request (diesel-async's `cancel_token`), so the server
-    ///   stops waiting and the connection is free again within about a
-    ///   round trip; the closure's later statements fail (`25P02`);
+    /// - lockkit queues behind the cut-off statement a rollback of the
+    ///   transaction, which releases its locks at once, and sends a cancel
+    ///   request (diesel-async's `cancel_token`), so the server stops
+    ///   waiting and the connection is free again within about a round
+    ///   trip; the closure's later statements fail (`25P02`: the session is
+    ///   left in a failed transaction, not outside one);
     /// - diesel-async's transaction manager is put in error, so that
-    ///   `conn.transaction` fails rather than send a `COMMIT` that
-    ///   PostgreSQL would answer, in the aborted transaction, by rolling
-    ///   back, and that diesel-async would report as a commit. It fails
-    ///   even when the closure returns `Ok`, and pools (deadpool, bb8)
-    ///   discard the connection; a connection of your own must be replaced.
+    ///   `conn.transaction` fails rather than send a `COMMIT` and report
+    ///   the rollback as a commit. It fails even when the closure returns
+    ///   `Ok`, and pools (deadpool, bb8) discard the connection; a
+    ///   connection of your own must be replaced.
     ///
     /// Under `sslmode=require` the cancel request needs the TLS connector:
     /// see [`Locker::cancel_tls`](crate::Locker::cancel_tls).

@@ -74,16 +74,20 @@ async fn a_dropped_savepoint_does_not_let_the_transaction_report_a_commit() {
     let held = advisory_rows(&observer, pid).await;
     println!("transaction: {out:?}; in a transaction block: {open}; advisory rows: {held}");
     assert!(
-        out.is_err() || (!open && held == 0),
-        "the transaction reported Ok while still open on the server \
-         (in a transaction block: {open}, advisory locks held: {held})"
+        out.is_err(),
+        "the transaction reported Ok (in a transaction block: {open}, advisory locks held: {held})"
     );
-    // Whatever it reported, the pool does not hand the open transaction out
-    // again: its locks go with the discarded connection.
+    // Back in the pool, the connection holds no lock while it waits to be
+    // discarded at the next checkout: the transaction was aborted.
     drop(conn);
-    drop(pool.get().await.unwrap());
-    assert!(released(&observer, before.lock_key()).await);
+    assert!(
+        released(&observer, before.lock_key()).await,
+        "a pooled connection keeps the transaction's lock"
+    );
     assert!(released(&observer, inside.lock_key()).await);
+    // The pool does not hand the given-up transaction out again.
+    let mut next = pool.get().await.unwrap();
+    assert_ne!(backend_pid(&mut next).await, pid);
 }
 
 /// The same with the lock statement in flight when the savepoint future is
@@ -140,11 +144,16 @@ async fn a_savepoint_dropped_mid_wait_does_not_let_the_transaction_report_a_comm
     let held = held_by(&observer, pid, before.lock_key()).await;
     println!("transaction: {out:?}; in a transaction block: {open}; holds `before`: {held}");
     assert!(
-        out.is_err() || (!open && !held),
-        "the transaction reported Ok while still open on the server \
-         (in a transaction block: {open}, holds `before`: {held})"
+        out.is_err(),
+        "the transaction reported Ok (in a transaction block: {open}, holds `before`: {held})"
     );
+    // Back in the pool, the connection holds no lock while it waits to be
+    // discarded at the next checkout: the transaction was aborted.
     drop(conn);
+    assert!(
+        released(&observer, before.lock_key()).await,
+        "a pooled connection keeps the transaction's lock"
+    );
     go_tx.send(()).unwrap();
     hold.await.unwrap().unwrap();
     let both = (pool.get().await.unwrap(), pool.get().await.unwrap());
@@ -322,42 +331,55 @@ async fn a_cut_off_lock_call_does_not_let_the_transaction_report_a_commit() {
         .unwrap();
 }
 
-/// Polls `call` until backend `pid` holds `key` (its statement was sent and
-/// granted), never past that: the call's reply is then on its way, unread.
-/// The 30 s deadline guards a hang and is no timing claim.
-async fn poll_until_granted<F: Future + Unpin>(
+/// Drives `call` (a lock on `key` from backend `pid`) until the server makes
+/// it wait for `holder`, which holds `key` in a transaction; then, without
+/// polling `call` again, ends `holder`'s transaction and waits until the
+/// server grants `key` to `pid`. The call's reply is then on its way,
+/// unread. The 30 s deadline guards a hang and is no timing claim.
+async fn granted_unread<F: Future + Unpin>(
     call: &mut F,
     observer: &tokio_postgres::Client,
+    holder: &tokio_postgres::Client,
     pid: i32,
     key: lockkit::LockKey,
 ) where
     F::Output: std::fmt::Debug,
 {
+    tokio::select! {
+        out = &mut *call => panic!("granted while held elsewhere: {out:?}"),
+        () = wait_until_waiting(observer, pid) => {}
+    }
+    holder.batch_execute("ROLLBACK").await.unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !held_by(observer, pid, key).await {
         assert!(
             std::time::Instant::now() < deadline,
-            "the lock statement never reached the server"
+            "the server never granted the key"
         );
-        let polled = std::future::poll_fn(|cx| {
-            std::task::Poll::Ready(std::pin::Pin::new(&mut *call).poll(cx))
-        })
-        .await;
-        if let std::task::Poll::Ready(out) = polled {
-            panic!("the lock call finished before the observer saw its grant: {out:?}");
-        }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+}
+
+/// `holder` takes `key` in a transaction of its own.
+async fn hold(holder: &tokio_postgres::Client, key: lockkit::LockKey) {
+    let lockkit::LockKey::BigInt(k) = key else {
+        unreachable!("Item is a BigInt key")
+    };
+    holder
+        .batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({k})"))
+        .await
+        .unwrap();
 }
 
 /// A lock call dropped after the server granted its lock, its reply unread
 /// (e.g. by a `tokio::time::timeout` that fires just then): the cancel
 /// request that goes out finds the session idle, and the server ignores it,
 /// so nothing aborts the transaction. A closure that returns `Ok` anyway
-/// must not be told its transaction committed, and the lock must not stay
-/// held by the connection back in the pool: lockkit aborts the transaction
-/// at the cut-off, which releases it. The control rounds (no cut-off)
-/// commit their rows.
+/// must not be told its transaction committed, what it writes after the
+/// cut-off must not land (outside any transaction), and the lock must not
+/// stay held by the connection back in the pool: lockkit rolls the
+/// transaction back at the cut-off. The control rounds (no cut-off) commit
+/// their rows.
 ///
 /// The other control is the test's premise: the same cut-off by hand, with
 /// a cancel request and without lockkit, leaves the key held after the
@@ -371,6 +393,7 @@ async fn a_lock_call_dropped_after_its_grant_neither_commits_nor_strands_its_loc
     let pool = pool(db, 1);
     let locker = locker(&pool).await;
     let observer = db.connect().await;
+    let holder = db.connect().await;
     let table = format!("lockkit_da_granted_cut_off_{}", std::process::id());
     observer
         .batch_execute(&format!(
@@ -386,14 +409,27 @@ async fn a_lock_call_dropped_after_its_grant_neither_commits_nor_strands_its_loc
         let mut conn = pool.get().await.unwrap();
         let pid = backend_pid(&mut conn).await;
         let insert = format!("INSERT INTO {table} VALUES ({round})");
-        let observer = &observer;
+        let (observer, holder) = (&observer, &holder);
+        if cut_off {
+            hold(holder, key.lock_key()).await;
+        }
         let out = conn
             .transaction::<_, Error, _>(async |conn| {
                 diesel::sql_query(insert).execute(conn).await?;
                 let mut tx = conn.lock_tx(&locker)?;
                 if cut_off {
-                    let mut call = std::pin::pin!(tx.lock(key));
-                    poll_until_granted(&mut call, observer, pid, key.lock_key()).await;
+                    {
+                        let mut call = std::pin::pin!(tx.lock(key));
+                        granted_unread(&mut call, observer, holder, pid, key.lock_key()).await;
+                    }
+                    // What the closure still writes must not land either
+                    // (e.g. outside any transaction, committed at once).
+                    let after = format!("INSERT INTO {table} VALUES ({})", -round);
+                    let refused = diesel::sql_query(after).execute(tx.conn()).await;
+                    assert!(
+                        refused.is_err(),
+                        "round {round}: a write after the cut-off ran"
+                    );
                 } else {
                     let _ = tx.lock(key).await?;
                 }
@@ -408,7 +444,7 @@ async fn a_lock_call_dropped_after_its_grant_neither_commits_nor_strands_its_loc
         );
         let rows: i64 = observer
             .query_one(
-                &format!("SELECT count(*) FROM {table} WHERE id = $1"),
+                &format!("SELECT count(*) FROM {table} WHERE abs(id) = $1"),
                 &[&round],
             )
             .await
@@ -441,12 +477,13 @@ async fn a_lock_call_dropped_after_its_grant_neither_commits_nor_strands_its_loc
     diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "BEGIN")
         .await
         .unwrap();
+    hold(&holder, key.lock_key()).await;
     {
         let mut call = std::pin::pin!(diesel::sql_query(format!(
             "SELECT pg_advisory_xact_lock({k})"
         ))
         .execute(&mut conn));
-        poll_until_granted(&mut call, &observer, pid, key.lock_key()).await;
+        granted_unread(&mut call, &observer, &holder, pid, key.lock_key()).await;
     }
     conn.cancel_token()
         .cancel_query(tokio_postgres::NoTls)

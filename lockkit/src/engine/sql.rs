@@ -109,15 +109,22 @@ pub const RELEASE: &str = "RELEASE SAVEPOINT lockkit_acquire";
 pub const ROLLBACK: &str =
     "ROLLBACK TO SAVEPOINT lockkit_acquire; RELEASE SAVEPOINT lockkit_acquire";
 
-/// Fails, and so aborts the transaction it runs in, which releases every
-/// transaction-scoped lock at once. An adapter that does not own its
-/// stack's `COMMIT` queues it behind a lock call cut off in flight: the
-/// cancel request it also sends may or may not abort the transaction (it
-/// is ignored when it lands after the lock was granted and the session is
-/// idle), and this makes the outcome one, whatever the cancel did. Simple
-/// query protocol. A server without PL/pgSQL fails it too.
-pub const ABORT_CUT_OFF: &str = "DO $lockkit$ BEGIN RAISE EXCEPTION \
-     'lockkit: a lock call was cut off in flight; this transaction is aborted and must roll back'; \
+/// Gives up the transaction open on the session: rolls it back, which
+/// releases every transaction-scoped lock it holds (an error alone would
+/// not, inside a savepoint: it releases only the savepoint's locks), then
+/// leaves the session in a new transaction that has failed, so that the
+/// statements the application still sends fail (`25P02`) instead of
+/// running outside any transaction. Simple query protocol (three
+/// statements; the last one fails, on a server without PL/pgSQL too).
+///
+/// An adapter that does not own its stack's `COMMIT` queues it from a
+/// destructor, behind a lock call or a savepoint cut off in flight, and
+/// puts its stack's transaction manager in error so that nothing is
+/// reported committed: whatever the cut-off statements and their cancel
+/// request do on the server (the request is ignored when it lands after
+/// the lock was granted and the session is idle), no lock stays held.
+pub const GIVE_UP: &str = "ROLLBACK; BEGIN; DO $lockkit$ BEGIN RAISE EXCEPTION \
+     'lockkit: a lock call or a savepoint was cut off in flight; its transaction was rolled back'; \
      END $lockkit$";
 
 /// `$1 int8` (milliseconds, at least 1): saves the caller's `lock_timeout`
