@@ -130,21 +130,12 @@ pub use transaction::LockTx;
 /// and not on `lockkit`: keep it.
 pub use lockkit;
 
-/// lockkit's key trait (and, with the `derive` feature, its derive macro).
-pub use lockkit::AdvisoryKey;
-// Keys: what a key type is made of, and lockkit's key functions.
-pub use lockkit::{
-    hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, parts_bytes, ByteOrder,
-    HashText, KeyForm, KeyPart, KeySpec, LockKey, NamespaceError, Parts, PgLocksId,
-    MAX_NAMESPACE_LEN,
-};
-// What the lock calls take and return.
-pub use lockkit::{
-    sqlstate, Batch, BoxError, Busy, Config, Error, ErrorKind, Held, HeldBatch, Mode, OrderCheck,
-    Policy, ServerFacts, StatementMode,
-};
-// Retrying transient failures (deadlocks, serialization failures, timeouts).
-pub use lockkit::{retry_blocking, RetryPolicy, Transient};
+/// The key trait and its derive, the key functions, and what the lock calls
+/// take and return ([`lockkit::adapter`]).
+pub use lockkit::adapter::*;
+/// Retrying a whole transaction after a transient failure (deadlock,
+/// serialization failure, timeout), for blocking code.
+pub use lockkit::retry_blocking;
 
 #[cfg(test)]
 mod tests {

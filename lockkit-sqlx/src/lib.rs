@@ -9,8 +9,10 @@
 //! locking the same typed key exclude each other.
 //!
 //! Depending on this crate alone is enough: it re-exports [`lockkit`] (so
-//! `#[derive(AdvisoryKey)]` finds it), the derive, the key trait, and the
-//! types its API uses.
+//! `#[derive(AdvisoryKey)]` finds it), the derive, the key trait, what a key
+//! is made of and lockkit's key functions, the types its API uses (the same
+//! names as every lockkit adapter: [`lockkit::adapter`]), and the async
+//! [`retry`] loop.
 //!
 //! # Example
 //!
@@ -112,9 +114,9 @@ pub use transaction::LockTx;
 /// lockkit itself, so that `#[derive(AdvisoryKey)]` and applications that
 /// depend only on this crate find it.
 pub use lockkit;
-/// lockkit's key trait (and, with the `derive` feature, its derive macro).
-pub use lockkit::AdvisoryKey;
-pub use lockkit::{
-    Batch, Busy, Config, Error, ErrorKind, Held, HeldBatch, KeySpec, LockKey, Mode, OrderCheck,
-    RetryPolicy, ServerFacts, StatementMode, Transient,
-};
+/// The key trait and its derive, the key functions, and what the lock calls
+/// take and return ([`lockkit::adapter`]).
+pub use lockkit::adapter::*;
+/// Retrying a whole transaction after a transient failure (deadlock,
+/// serialization failure, timeout).
+pub use lockkit::retry;

@@ -165,7 +165,7 @@ pub use pg::{
 };
 #[cfg(feature = "tokio-postgres")]
 pub use pg::{run_ddl, DdlOutcome, DdlRetry, LockClient, LockTx, Locker};
-#[cfg(feature = "tokio-postgres")]
+#[cfg(feature = "tokio")]
 pub use retry::retry;
 
 /// `#[derive(AdvisoryKey)]`: see the [`AdvisoryKey`] trait and
@@ -245,6 +245,28 @@ pub use retry::retry;
 /// ```
 #[cfg(feature = "derive")]
 pub use lockkit_derive::AdvisoryKey;
+
+/// What every adapter crate re-exports (`pub use lockkit::adapter::*;`), so
+/// that an application depending on one adapter alone finds everything it
+/// uses: the key trait (and its derive, with the `derive` feature), what a
+/// key is made of, lockkit's key functions, and what the lock calls take
+/// and return. Each adapter adds its retry loop (`retry` or
+/// `retry_blocking`) and its own types.
+pub mod adapter {
+    // Keys: what a key type is made of, and lockkit's key functions.
+    pub use crate::{
+        hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, parts_bytes,
+        AdvisoryKey, ByteOrder, HashText, KeyForm, KeyPart, KeySpec, LockKey, NamespaceError,
+        Parts, PgLocksId, MAX_NAMESPACE_LEN,
+    };
+    // What the lock calls take and return.
+    pub use crate::{
+        sqlstate, Batch, BoxError, Busy, Config, Error, ErrorKind, Held, HeldBatch, Mode,
+        OrderCheck, Policy, ServerFacts, StatementMode,
+    };
+    // Retrying transient failures: the policy (the loop is the adapter's).
+    pub use crate::{RetryPolicy, Transient};
+}
 
 /// Not public API: what `#[derive(AdvisoryKey)]` expands to.
 #[doc(hidden)]

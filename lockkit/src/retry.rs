@@ -159,7 +159,7 @@ impl RetryPolicy {
 ///
 /// As cancel safe as `op`'s futures: dropping the future drops the attempt
 /// in flight (whose transaction then rolls back).
-#[cfg(feature = "tokio-postgres")]
+#[cfg(feature = "tokio")]
 pub async fn retry<T, E, F, Fut>(policy: &RetryPolicy, mut op: F) -> Result<T, E>
 where
     F: FnMut(u32) -> Fut,
@@ -262,7 +262,7 @@ mod tests {
         assert_eq!(calls, 1);
     }
 
-    #[cfg(feature = "tokio-postgres")]
+    #[cfg(feature = "tokio")]
     #[tokio::test(start_paused = true)]
     async fn retries_transient_errors_only() {
         let policy = RetryPolicy::default().max_attempts(4);
@@ -292,7 +292,7 @@ mod tests {
     }
 
     /// The finding of the engine issue: `retry` must run in a spawned task.
-    #[cfg(feature = "tokio-postgres")]
+    #[cfg(feature = "tokio")]
     #[test]
     fn retry_future_is_send() {
         fn assert_send<T: Send>(_: &T) {}
