@@ -6,9 +6,10 @@
 //! same code: planning, checking every reply, bookkeeping and error typing
 //! are lockkit's engine ([`lockkit::engine`]); this crate only runs the
 //! engine's statements through diesel-async and, for a lock future dropped
-//! in flight, sends a cancel request and aborts the transaction so that
-//! diesel-async cannot report its commit ([`LockTx::lock`]). A diesel-async session and a tokio-postgres,
-//! Diesel or sqlx session locking the same typed key exclude each other.
+//! in flight, sends a cancel request and rolls the transaction back so that
+//! diesel-async cannot report its commit ([`LockTx::lock`]). A diesel-async
+//! session and a tokio-postgres, Diesel or sqlx session locking the same
+//! typed key exclude each other.
 //!
 //! Depending on this crate alone is enough: it re-exports [`lockkit`] (so
 //! `#[derive(AdvisoryKey)]` finds it), the derive, the key trait, what a key
