@@ -572,6 +572,31 @@ pub(crate) async fn cancel<A: Adapter>() {
                 held_by(&observer, holder.pid(), key).await,
                 "the rollback returned while the holder still holds the key"
             );
+            if cancel == Cancel::RequestAndDiscard {
+                // The rollback sends nothing there (the stack's transaction
+                // manager is broken): that the request got through is seen
+                // on the server, which stops waiting for the key.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let waits: bool = observer
+                        .query_one(
+                            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)",
+                            &[&s.pid()],
+                        )
+                        .await
+                        .unwrap()
+                        .get(0);
+                    if !waits {
+                        break;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "the lock statement still waits for the holder"
+                    );
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                assert!(held_by(&observer, holder.pid(), key).await);
+            }
             holder.commit().await.unwrap();
         }
         Cancel::WaitsForReply => {
