@@ -1,7 +1,7 @@
 //! Futures dropped inside diesel-async's `conn.transaction(async |conn| …)`:
-//! a `LockTx::savepoint` future dropped half-way (e.g. by
+//! a lock call or a `LockTx::savepoint` future dropped half-way (e.g. by
 //! `tokio::time::timeout`) must not let the enclosing transaction report a
-//! commit it did not make.
+//! commit it did not make, nor leave a lock held by a pooled connection.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -78,7 +78,7 @@ async fn a_dropped_savepoint_does_not_let_the_transaction_report_a_commit() {
         "the transaction reported Ok (in a transaction block: {open}, advisory locks held: {held})"
     );
     // Back in the pool, the connection holds no lock while it waits to be
-    // discarded at the next checkout: the transaction was aborted.
+    // discarded at the next checkout: the transaction was rolled back.
     drop(conn);
     assert!(
         released(&observer, before.lock_key()).await,
@@ -148,7 +148,7 @@ async fn a_savepoint_dropped_mid_wait_does_not_let_the_transaction_report_a_comm
         "the transaction reported Ok (in a transaction block: {open}, holds `before`: {held})"
     );
     // Back in the pool, the connection holds no lock while it waits to be
-    // discarded at the next checkout: the transaction was aborted.
+    // discarded at the next checkout: the transaction was rolled back.
     drop(conn);
     assert!(
         released(&observer, before.lock_key()).await,
