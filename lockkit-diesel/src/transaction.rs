@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use diesel::result::Error as DieselError;
 use diesel::PgConnection;
-use lockkit::engine::{Acquisition, Grant, Request, TxSlot, TxState, Wait};
+use lockkit::engine::{Acquisition, Grant, Request, SavepointEnd, TxSlot, TxState, Wait};
 use lockkit::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 
 use crate::locker::Locker;
@@ -78,35 +78,38 @@ where
     match outcome {
         Ok(Ok(value)) => match pg::commit(conn) {
             Ok(()) => {
-                locks.savepoint_released(depth);
+                locks.end_savepoint(depth, SavepointEnd::Released);
                 Ok(value)
             }
             Err(e) => {
                 // Diesel rolled back, or the connection is gone; either way
                 // what is held is not known any more.
-                locks.poison();
+                locks.end_savepoint(depth, SavepointEnd::Unknown);
                 Err(e.into())
             }
         },
         Ok(Err(user)) => match pg::rollback(conn) {
             Ok(()) => {
-                locks.savepoint_rolled_back(depth);
+                locks.end_savepoint(depth, SavepointEnd::RolledBack);
                 Err(user)
             }
             Err(DieselError::BrokenTransactionManager) => {
-                locks.poison();
+                locks.end_savepoint(depth, SavepointEnd::Unknown);
                 Err(user)
             }
             Err(e) => {
-                locks.poison();
+                locks.end_savepoint(depth, SavepointEnd::Unknown);
                 Err(e.into())
             }
         },
         Err(panic) => {
-            match pg::rollback(conn) {
-                Ok(()) => locks.savepoint_rolled_back(depth),
-                Err(_) => locks.poison(),
-            }
+            locks.end_savepoint(
+                depth,
+                match pg::rollback(conn) {
+                    Ok(()) => SavepointEnd::RolledBack,
+                    Err(_) => SavepointEnd::Unknown,
+                },
+            );
             resume_unwind(panic)
         }
     }

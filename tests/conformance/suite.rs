@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockkit::{Config, ErrorKind, Mode, OrderCheck};
-use lockkit_tests::observe::{self, advisory_rows, granted_elsewhere};
+use lockkit_tests::observe::{self, advisory_rows, granted_elsewhere, wait_until_not_waiting};
 use lockkit_tests::waits::{wait_until_awaited, WaitCounter, Waits};
 use lockkit_tests::workload::{deadlock, exclusion, seed, worker_rng};
 use lockkit_tests::TestServer;
@@ -576,25 +576,7 @@ pub(crate) async fn cancel<A: Adapter>() {
                 // The rollback sends nothing there (the stack's transaction
                 // manager is broken): that the request got through is seen
                 // on the server, which stops waiting for the key.
-                let deadline = Instant::now() + Duration::from_secs(30);
-                loop {
-                    let waits: bool = observer
-                        .query_one(
-                            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)",
-                            &[&s.pid()],
-                        )
-                        .await
-                        .unwrap()
-                        .get(0);
-                    if !waits {
-                        break;
-                    }
-                    assert!(
-                        Instant::now() < deadline,
-                        "the lock statement still waits for the holder"
-                    );
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
+                wait_until_not_waiting(&observer, s.pid()).await;
                 assert!(held_by(&observer, holder.pid(), key).await);
             }
             holder.commit().await.unwrap();

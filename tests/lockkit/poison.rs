@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use lockkit::{AdvisoryKey, Batch, Config, Error, ErrorKind, LockKey, OrderCheck};
+use lockkit_tests::observe::wait_until_not_waiting;
 use lockkit_tests::TestServer;
-use tokio_postgres::Client;
 
 use crate::common::{advisory_rows, backend_pid, held_by, locker, wait_until_waiting};
 
@@ -81,27 +81,6 @@ async fn dropped_lock_future_poisons_until_the_transaction_ends() {
     let _ = tx.lock(fresh).await.unwrap();
     assert_eq!(advisory_rows(&observer, pid).await, 2);
     tx.commit().await.unwrap();
-}
-
-/// Waits (up to 30 s, else panics) until backend `pid` waits for no
-/// advisory lock.
-async fn wait_until_not_waiting(observer: &Client, pid: i32) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let waiting: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
-                &[&pid],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting == 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "backend {pid} still waits");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// The engine issue's finding 1: a dropped lock future held the connection

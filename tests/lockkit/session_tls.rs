@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use lockkit::{AdvisoryKey, Config, LockClient, Locker, SessionForm, SessionLock};
-use lockkit_tests::observe::{held_by, wait_until_waiting};
+use lockkit_tests::observe::{held_by, wait_until_not_waiting, wait_until_waiting, waiting};
 use lockkit_tests::TestServer;
 use openssl::asn1::Asn1Time;
 use openssl::bn::{BigNum, MsbOption};
@@ -255,15 +255,10 @@ async fn a_dropped_lock_call_is_cancelled_over_tls() {
             .is_err(),
         "the control: the rollback returned while the key was held"
     );
-    let waiting: bool = observer
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)",
-            &[&control_pid],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(waiting, "the control: still waiting for the key");
+    assert!(
+        waiting(&observer, control_pid).await,
+        "the control: still waiting for the key"
+    );
     held.rollback().await.unwrap();
 }
 
@@ -350,14 +345,7 @@ async fn a_dropped_diesel_async_lock_call_is_cancelled_over_tls() {
             "{err}"
         );
         // The cancel request got through: the server stops waiting.
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while waits(&observer, pid).await {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "round {round}: the lock statement still waits for the holder"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_until_not_waiting(&observer, pid).await;
         assert!(held_by(&observer, holder_pid, key.lock_key()).await);
     }
 
@@ -375,7 +363,7 @@ async fn a_dropped_diesel_async_lock_call_is_cancelled_over_tls() {
     // through (which takes milliseconds), however slow the machine.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
-        waits(&observer, control_pid).await,
+        waiting(&observer, control_pid).await,
         "the control: the lock statement stopped waiting for the key"
     );
     release.send(()).unwrap();
@@ -394,18 +382,6 @@ async fn diesel_async_pid(conn: &mut diesel_async::AsyncPgConnection) -> i32 {
         .await
         .unwrap();
     row.pid
-}
-
-/// Whether backend `pid` waits for a lock.
-async fn waits(observer: &Client, pid: i32) -> bool {
-    observer
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)",
-            &[&pid],
-        )
-        .await
-        .unwrap()
-        .get(0)
 }
 
 /// Polls `call` (a lock call on backend `pid`) until the server is seen

@@ -67,24 +67,36 @@ pub async fn advisory_rows(observer: &Client, pid: i32) -> i64 {
         .get(0)
 }
 
+/// Whether backend `pid` waits for an advisory lock.
+pub async fn waiting(observer: &Client, pid: i32) -> bool {
+    observer
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+             AND NOT granted AND pid = $1)",
+            &[&pid],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0)
+}
+
 /// Waits (up to 30 s, else panics) until backend `pid` waits for an
 /// advisory lock: the event a test synchronizes on instead of a sleep.
 pub async fn wait_until_waiting(observer: &Client, pid: i32) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let n: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
-                 AND NOT granted AND pid = $1",
-                &[&pid],
-            )
-            .await
-            .expect("pg_locks")
-            .get(0);
-        if n > 0 {
-            return;
-        }
+    while !waiting(observer, pid).await {
         assert!(Instant::now() < deadline, "backend {pid} never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits (up to 30 s, else panics) until backend `pid` waits for no
+/// advisory lock: a cancelled or given-up lock statement, seen on the
+/// server. The deadline guards a hang and is no timing claim.
+pub async fn wait_until_not_waiting(observer: &Client, pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while waiting(observer, pid).await {
+        assert!(Instant::now() < deadline, "backend {pid} still waits");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -117,26 +117,19 @@ impl TxState {
         self.locks().poison();
     }
 
-    /// The savepoint at `depth` committed: its locks belong to `depth - 1`.
-    pub fn savepoint_released(&self, depth: u32) {
-        self.locks().release_savepoint(depth);
-    }
-
-    /// The savepoint at `depth` rolled back: the server released its locks.
-    pub fn savepoint_rolled_back(&self, depth: u32) {
-        self.locks().rollback_savepoint(depth);
-    }
-
-    /// Records how the savepoint at `depth` ended. Depth 0 is the
-    /// transaction itself, whose end leaves nothing to record.
+    /// Records how the savepoint at `depth` ended: released, its locks
+    /// belong to `depth - 1`; rolled back, the server released them; not
+    /// known, the transaction is poisoned. Depth 0 is the transaction
+    /// itself, whose end leaves nothing to record.
     pub fn end_savepoint(&self, depth: u32, end: SavepointEnd) {
         if depth == 0 {
             return;
         }
+        let mut locks = self.locks();
         match end {
-            SavepointEnd::Released => self.savepoint_released(depth),
-            SavepointEnd::RolledBack => self.savepoint_rolled_back(depth),
-            SavepointEnd::Unknown => self.poison(),
+            SavepointEnd::Released => locks.release_savepoint(depth),
+            SavepointEnd::RolledBack => locks.rollback_savepoint(depth),
+            SavepointEnd::Unknown => locks.poison(),
         }
     }
 
