@@ -26,7 +26,7 @@ macro_rules! suite {
 suite!(tokio_postgres: crate::adapters::with_tokio_postgres::TokioPg;
     exclusion, exclusion_control, deadlock_freedom, deadlock_control,
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
-    release_on_terminate, budget, timeout, cancel, savepoints,
+    release_on_terminate, budget, timeout, cancel, savepoints, drifting_key,
     // No lock_outside_transaction_refused: it does not compile
     // (tests/ui-guards/lock_without_transaction.rs).
 );
@@ -34,21 +34,21 @@ suite!(tokio_postgres: crate::adapters::with_tokio_postgres::TokioPg;
 suite!(sqlx: crate::adapters::with_sqlx::Sqlx;
     exclusion, exclusion_control, deadlock_freedom, deadlock_control,
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
-    release_on_terminate, budget, timeout, cancel, savepoints,
+    release_on_terminate, budget, timeout, cancel, savepoints, drifting_key,
     lock_outside_transaction_refused,
 );
 
 suite!(diesel_async: crate::adapters::with_diesel_async::DieselAsync;
     exclusion, exclusion_control, deadlock_freedom, deadlock_control,
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
-    release_on_terminate, budget, timeout, cancel, savepoints,
+    release_on_terminate, budget, timeout, cancel, savepoints, drifting_key,
     lock_outside_transaction_refused,
 );
 
 suite!(diesel: crate::adapters::with_diesel::Diesel;
     exclusion, exclusion_control, deadlock_freedom, deadlock_control,
     release_on_commit, release_on_rollback, release_on_panic,
-    release_on_terminate, budget, timeout, savepoints,
+    release_on_terminate, budget, timeout, savepoints, drifting_key,
     lock_outside_transaction_refused,
     // No release_on_drop: a blocking transaction closure cannot be
     // abandoned half-way, only unwound (release_on_panic). No cancel: no

@@ -9,7 +9,7 @@
 //! test body, written against [`Session`], keeps a Diesel transaction open
 //! across the test's awaits exactly as it does a sqlx one.
 
-use std::sync::atomic::{AtomicI32, Ordering::SeqCst};
+use std::sync::atomic::{AtomicI32, AtomicI64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +29,20 @@ pub(crate) struct Big {
 #[advisory_key(namespace = "lockkit-tests/conformance-pair", pair)]
 pub(crate) struct Pair {
     pub(crate) id: i64,
+}
+
+/// A hand-written key whose `lock_key` answers the next key at each call
+/// (a counter; in the field, a key read from a field that changes): the
+/// guard must name the key the server granted, whatever a second call says.
+#[derive(Debug)]
+pub(crate) struct Drifting(pub(crate) AtomicI64);
+
+impl AdvisoryKey for Drifting {
+    const KEY_SPEC: lockkit::KeySpec<'static> =
+        lockkit::KeySpec::new("lockkit-tests/conformance-drifting").raw();
+    fn lock_key(&self) -> LockKey {
+        LockKey::BigInt(self.0.fetch_add(1, SeqCst))
+    }
 }
 
 /// A key of either space; every adapter locks it through its own typed
@@ -78,6 +92,10 @@ pub(crate) enum Op {
     TryLockBatch(Vec<(Key, Mode)>),
     /// `lock`, its future dropped when the receiver fires (async stacks).
     LockDropped(Key, Mode, oneshot::Receiver<()>),
+    /// `lock` of a [`Drifting`] key that starts at this `BigInt` key.
+    LockDrifting(i64),
+    /// `try_lock` of a [`Drifting`] key that starts at this `BigInt` key.
+    TryLockDrifting(i64),
     /// `holds` (lockkit's bookkeeping).
     Holds(Key, Mode),
     /// Read-modify-write of row `id` of the counter table, through the
@@ -94,6 +112,8 @@ pub(crate) enum Out {
     LockedBatch(usize),
     /// A try call: granted or busy; or `holds`.
     Bool(bool),
+    /// A lock call that returned its guard, which names this key.
+    Guard(LockKey),
     /// The lock future was dropped before it finished.
     Dropped,
     /// An increment done.
@@ -501,6 +521,8 @@ macro_rules! exec_op {
             Op::LockTimeout(Key::Pair(id), Mode::Shared, t) => tx.lock_shared_timeout(Pair { id }, t) $($aw)* .map(|_| Out::Locked),
             Op::LockBatch(keys) => tx.lock_batch(&batch(&keys)) $($aw)* .map(|held| Out::LockedBatch(held.keys().len())),
             Op::TryLockBatch(keys) => tx.try_lock_batch(&batch(&keys)) $($aw)* .map(|r| Out::Bool(r.is_ok())),
+            Op::LockDrifting(from) => tx.lock($crate::session::Drifting(from.into())) $($aw)* .map(|held| Out::Guard(held.key())),
+            Op::TryLockDrifting(from) => tx.try_lock($crate::session::Drifting(from.into())) $($aw)* .map(|r| r.map_or(Out::Bool(false), |held| Out::Guard(held.key()))),
             Op::Holds(Key::Big(id), mode) => Ok(Out::Bool(tx.holds(&Big { id }, mode))),
             Op::Holds(Key::Pair(id), mode) => Ok(Out::Bool(tx.holds(&Pair { id }, mode))),
             Op::Increment(row) => $increment(tx, row) $($aw)* .map(|()| Out::Done),

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockkit::{Config, ErrorKind, Mode, OrderCheck};
+use lockkit::{Config, ErrorKind, LockKey, Mode, OrderCheck};
 use lockkit_tests::observe::{self, advisory_rows, granted_elsewhere, wait_until_not_waiting};
 use lockkit_tests::waits::{wait_until_awaited, WaitCounter, Waits};
 use lockkit_tests::workload::{deadlock, exclusion, seed, worker_rng};
@@ -734,4 +734,32 @@ pub(crate) async fn cross<A: Adapter, B: Adapter>() {
     holds_against(&sa, &sb, &observer, base).await;
     holds_against(&sb, &sa, &observer, base + 10).await;
     println!("{} and {}: exclusion in both directions", A::NAME, B::NAME);
+}
+
+/// A hand-written key type whose `lock_key` answers another key at each
+/// call ([`Drifting`]): lockkit computes the key once, sends it, and the
+/// guard names the key the server granted, the one `pg_locks` shows held.
+/// It made a granted `lock` panic ("the grant is for this key") and a
+/// granted `try_lock` report the key busy while it was held: the guard was
+/// checked against the key computed a second time. The control: the key a
+/// second call computes is not held.
+pub(crate) async fn drifting_key<A: Adapter>() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let stack = A::open(db, Config::default(), 1).await;
+    let s = stack.session().await;
+    let (locked, tried) = (id::<A>(30, 0), id::<A>(30, 10));
+    s.begin().await;
+    let out = s.op(Op::LockDrifting(locked)).await.expect("granted");
+    assert_eq!(out, Out::Guard(LockKey::BigInt(locked)));
+    let out = s.op(Op::TryLockDrifting(tried)).await.expect("granted");
+    assert_eq!(out, Out::Guard(LockKey::BigInt(tried)), "granted, not busy");
+    for key in [locked, tried] {
+        let held = |key| observe::held_by(&observer, s.pid(), LockKey::BigInt(key));
+        assert!(held(key).await, "{key} held");
+        assert!(!held(key + 1).await, "{} not held", key + 1);
+    }
+    s.rollback().await.unwrap();
+    assert_eq!(advisory_rows(&observer, s.pid()).await, 0, "released");
 }

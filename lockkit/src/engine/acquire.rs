@@ -890,16 +890,19 @@ pub struct Grant {
 }
 
 impl Grant {
-    /// The guard of a one-key call for `value`, whose key was the request.
+    /// The guard of a one-key call for `value`, the value the request was
+    /// made of ([`Request::one`]). The guard names the key granted: the one
+    /// the request computed from `value` and sent, not computed again (a
+    /// hand-written [`AdvisoryKey`] may answer another key at each call).
     /// The lifetime `'t` is the adapter's to tie to its transaction.
     ///
     /// # Errors
     ///
-    /// Gives `value` back when its key is not the one granted.
+    /// Gives `value` back when the grant is not of a one-key call.
     pub fn held<'t, K: AdvisoryKey>(self, value: K) -> Result<Held<'t, K>, K> {
         match self.key {
-            Some((key, mode)) if key == value.lock_key() => Ok(Held::new(value, key, mode)),
-            _ => Err(value),
+            Some((key, mode)) => Ok(Held::new(value, key, mode)),
+            None => Err(value),
         }
     }
 
