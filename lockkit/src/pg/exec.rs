@@ -2,10 +2,8 @@
 //! thing this adapter does for a lock call.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use futures_util::future::{join, join_all, try_join_all, BoxFuture};
 use futures_util::TryStreamExt;
@@ -241,47 +239,22 @@ impl<C: FnOnce(CancelToken)> Drop for CancelOnDrop<'_, C> {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// [`cancel_if_dropped`]'s future: `sending`, polled in place, and the
-    /// guard that cancels it unless it completed.
-    struct CancelIfDropped<'a, F, C: FnOnce(CancelToken)> {
-        guard: CancelOnDrop<'a, C>,
-        #[pin]
-        sending: F,
-    }
-}
-
-impl<F: Future, C: FnOnce(CancelToken)> Future for CancelIfDropped<'_, F, C> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        let out = std::task::ready!(this.sending.poll(cx));
-        this.guard.disarm();
-        Poll::Ready(out)
-    }
-}
-
-/// Awaits `sending` (statements on `client`); dropped before it completes,
-/// records it in `cancelled` and sends a cancel request for them through
-/// `canceller`.
+/// The guard of statements in flight on `client`: dropped armed (the lock
+/// call's future dropped before they completed), it records that in
+/// `cancelled` and sends a cancel request for them through `canceller`.
 ///
-/// A future of its own rather than an `async fn`: an `async fn` keeps its
-/// argument next to the future it awaits, two copies of the driver's
-/// future (about 1 KB) in every lock call's future.
-fn cancel_if_dropped<'a, F: Future>(
+/// A local of the caller's `async` block, armed before it awaits the
+/// statements and disarmed after: the driver's future (about 1 KB) is then
+/// built in the block's state once, not moved into a wrapper future first.
+fn cancel_guard<'a>(
     client: &'a Client,
     canceller: &'a Canceller,
     cancelled: &'a AtomicBool,
-    sending: F,
-) -> CancelIfDropped<'a, F, impl FnOnce(CancelToken) + 'a> {
-    CancelIfDropped {
-        guard: CancelOnDrop::new(client, move |token| {
-            cancelled.store(true, Ordering::SeqCst);
-            canceller.cancel(token);
-        }),
-        sending,
-    }
+) -> CancelOnDrop<'a, impl FnOnce(CancelToken) + 'a> {
+    CancelOnDrop::new(client, move |token| {
+        cancelled.store(true, Ordering::SeqCst);
+        canceller.cancel(token);
+    })
 }
 
 /// How a cancel request reaches the server: in plain text, or through the
@@ -400,13 +373,9 @@ pub(crate) fn drive<'a>(
             false => None,
         };
         if let Some(statement) = single {
-            let result = cancel_if_dropped(
-                client,
-                canceller,
-                cancelled,
-                send(client, prepared, &statement),
-            )
-            .await;
+            let mut guard = cancel_guard(client, canceller, cancelled);
+            let result = send(client, prepared, &statement).await;
+            guard.disarm();
             call.receive_single(result.map_err(driver_error), reply);
             if call.is_finished() {
                 return call.finish();
@@ -425,8 +394,9 @@ async fn drive_rounds(
     mut call: Acquisition<'_>,
 ) -> Result<Result<Grant, Busy>, Error> {
     while let Some(round) = call.round() {
-        let sending = send_round(client, cache, &round);
-        let result = cancel_if_dropped(client, canceller, cancelled, sending).await;
+        let mut guard = cancel_guard(client, canceller, cancelled);
+        let result = send_round(client, cache, &round).await;
+        guard.disarm();
         call.receive_answers(result.map_err(driver_error), reply);
     }
     call.finish()
