@@ -755,8 +755,8 @@ pub(crate) async fn drifting_key<A: Adapter>() {
     assert_eq!(out, Out::Guard(LockKey::BigInt(locked)));
     let out = s.op(Op::TryLockDrifting(tried)).await.expect("granted");
     assert_eq!(out, Out::Guard(LockKey::BigInt(tried)), "granted, not busy");
+    let held = |key| observe::held_by(&observer, s.pid(), LockKey::BigInt(key));
     for key in [locked, tried] {
-        let held = |key| observe::held_by(&observer, s.pid(), LockKey::BigInt(key));
         assert!(held(key).await, "{key} held");
         assert!(!held(key + 1).await, "{} not held", key + 1);
     }

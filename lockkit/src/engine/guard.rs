@@ -46,7 +46,8 @@ impl<K: fmt::Debug> fmt::Debug for Held<'_, K> {
 }
 
 impl<K> Held<'_, K> {
-    /// The lock key.
+    /// The lock key the server granted: the one the lock call computed
+    /// from the value, once, and sent.
     pub fn key(&self) -> LockKey {
         self.key
     }

@@ -364,6 +364,11 @@ pub trait AdvisoryKey {
     const KEY_SPEC: KeySpec<'static>;
 
     /// The value's lock key.
+    ///
+    /// Every process must compute the same key for the same value, so a
+    /// hand-written implementation should depend on the value alone. A lock
+    /// call computes it once and sends that key; the guard it returns
+    /// ([`Held::key`](crate::Held::key)) names the key the server granted.
     fn lock_key(&self) -> LockKey;
 }
 
