@@ -117,11 +117,14 @@ async fn two_hundred_locks(
             .lock_timeout(key, Duration::from_secs(30))
             .await
             .unwrap_or_else(|e| panic!("lock {i}: {e}"));
-        assert!(
-            held_by(observer, guard.backend_pid(), lock_key).await,
-            "lock {i}: not granted to its backend {}",
-            guard.backend_pid()
-        );
+        if !held_by(observer, guard.backend_pid(), lock_key).await {
+            panic!(
+                "lock {i}: not granted to its backend {} (guard held: {}); {}",
+                guard.backend_pid(),
+                guard.is_held(),
+                seen(observer, guard.backend_pid(), lock_key).await
+            );
+        }
         assert_eq!(granted(observer, lock_key).await, 1, "lock {i}: holders");
         match rival.try_lock(key).await.expect("rival try") {
             Err(_) => refused += 1,
@@ -144,6 +147,46 @@ async fn two_hundred_locks(
         }
     }
     refused
+}
+
+/// What the server shows of `key` and of backend `pid`, for a failure's
+/// message: every `pg_locks` row of the key (pid, mode, granted) and the
+/// backend's `pg_stat_activity` row.
+async fn seen(observer: &Client, pid: i32, key: LockKey) -> String {
+    let id = key.to_pg_locks();
+    let locks = observer
+        .query(
+            "SELECT pid, mode, granted FROM pg_locks WHERE locktype = 'advisory' \
+             AND classid = $1 AND objid = $2 AND objsubid = $3",
+            &[&id.classid, &id.objid, &id.objsubid],
+        )
+        .await
+        .map(|rows| {
+            rows.iter()
+                .map(|r| {
+                    format!(
+                        "{:?}",
+                        (
+                            r.get::<_, Option<i32>>(0),
+                            r.get::<_, String>(1),
+                            r.get::<_, bool>(2)
+                        )
+                    )
+                })
+                .collect::<Vec<_>>()
+        });
+    let activity = observer
+        .query(
+            "SELECT state, application_name, xact_start IS NOT NULL FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .map(|rows| {
+            rows.iter()
+                .map(|r| format!("{:?}", (r.get::<_, Option<String>>(0), r.get::<_, Option<String>>(1), r.get::<_, Option<bool>>(2))))
+                .collect::<Vec<_>>()
+        });
+    format!("pg_locks rows of the key (pid, mode, granted): {locks:?}; pg_stat_activity of {pid}: {activity:?}")
 }
 
 async fn none_idle_in_transaction(observer: &Client) -> i64 {
