@@ -604,7 +604,7 @@ impl<'c> LockTx<'c> {
         match self.drive(call).await? {
             Ok(grant) => Ok(grant
                 .held(value)
-                .unwrap_or_else(|_| unreachable!("the grant is for this key"))),
+                .unwrap_or_else(|_| unreachable!("a one-key call's grant names its key"))),
             Err(_) => unreachable!("only a try is busy"),
         }
     }
