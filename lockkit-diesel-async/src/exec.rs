@@ -158,6 +158,7 @@ fn run<'a>(
         }
         let query = EngineQuery::new(&stmt, mode);
         let answer = match stmt.reply() {
+            ReplyShape::Locked => query.get_result(conn).await.map(Answer::Locked),
             ReplyShape::TriedBigint => query.get_result(conn).await.map(Answer::TriedBigint),
             ReplyShape::TriedPair => query.get_result(conn).await.map(Answer::TriedPair),
             _ => query.get_result(conn).await.map(Answer::Tagged),

@@ -69,6 +69,7 @@ fn run(conn: &mut PgConnection, stmt: &Statement<'_>, mode: StatementMode) -> Qu
             conn.batch_execute(stmt.text())?;
             Answer::Done
         }
+        ReplyShape::Locked => Answer::Locked(query.get_result(conn)?),
         ReplyShape::TriedBigint => Answer::TriedBigint(query.get_result(conn)?),
         ReplyShape::TriedPair => Answer::TriedPair(query.get_result(conn)?),
         _ => Answer::Tagged(query.get_result(conn)?),

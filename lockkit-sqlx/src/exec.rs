@@ -60,15 +60,11 @@ impl SqlxRow {
 const BOOL: Oid = Oid(16);
 const INT8: Oid = Oid(20);
 const INT4: Oid = Oid(23);
-const TEXT: Oid = Oid(25);
 const INT4_ARRAY: Oid = Oid(1007);
 const INT8_ARRAY: Oid = Oid(1016);
 
 impl ReplyRow for SqlxRow {
     type Error = sqlx::Error;
-    fn text(&self, i: usize) -> Result<&str, Self::Error> {
-        self.column(i, TEXT)
-    }
     fn int8(&self, i: usize) -> Result<i64, Self::Error> {
         self.column(i, INT8)
     }
@@ -136,7 +132,7 @@ async fn run(
 }
 
 /// Reads one answer in the shape the statement promises.
-fn reply<'r>(stmt: &Statement<'_>, answer: &'r Answer) -> Reply<'r> {
+fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
     match answer {
         Answer::Done => read_reply::<SqlxRow>(stmt, None),
         Answer::Rows(rows) => read_reply(stmt, Some(rows)),

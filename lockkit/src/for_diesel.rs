@@ -89,11 +89,19 @@ impl QueryFragment<Pg> for EngineQuery<'_, '_> {
     }
 }
 
+/// The row of a [`ReplyShape::Locked`](crate::engine::ReplyShape::Locked) statement (its
+/// `void` column is not read).
+#[derive(Debug, QueryableByName)]
+pub struct LockedRow {
+    #[diesel(sql_type = BigInt)]
+    tag: i64,
+}
+
 /// The row of a [`ReplyShape::Tagged`](crate::engine::ReplyShape::Tagged) statement.
 #[derive(Debug, QueryableByName)]
 pub struct TaggedRow {
-    #[diesel(sql_type = Text)]
-    tag: String,
+    #[diesel(sql_type = BigInt)]
+    tag: i64,
     #[diesel(sql_type = BigInt)]
     n: i64,
 }
@@ -101,8 +109,8 @@ pub struct TaggedRow {
 /// The row of a [`ReplyShape::TriedBigint`](crate::engine::ReplyShape::TriedBigint) statement.
 #[derive(Debug, QueryableByName)]
 pub struct TriedBigintRow {
-    #[diesel(sql_type = Text)]
-    tag: String,
+    #[diesel(sql_type = BigInt)]
+    tag: i64,
     #[diesel(sql_type = BigInt)]
     n: i64,
     #[diesel(sql_type = Array<BigInt>)]
@@ -112,8 +120,8 @@ pub struct TriedBigintRow {
 /// The row of a [`ReplyShape::TriedPair`](crate::engine::ReplyShape::TriedPair) statement.
 #[derive(Debug, QueryableByName)]
 pub struct TriedPairRow {
-    #[diesel(sql_type = Text)]
-    tag: String,
+    #[diesel(sql_type = BigInt)]
+    tag: i64,
     #[diesel(sql_type = BigInt)]
     n: i64,
     #[diesel(sql_type = Array<Integer>)]
@@ -128,6 +136,8 @@ pub struct TriedPairRow {
 pub enum Answer {
     /// A simple-protocol statement ([`ReplyShape::Done`](crate::engine::ReplyShape::Done)) completed.
     Done,
+    /// See [`LockedRow`].
+    Locked(LockedRow),
     /// See [`TaggedRow`].
     Tagged(TaggedRow),
     /// See [`TriedBigintRow`].
@@ -138,20 +148,18 @@ pub enum Answer {
 
 impl Answer {
     /// The reply the engine checks.
-    pub fn reply(&self) -> Reply<'_> {
+    pub fn reply(&self) -> Reply {
         match self {
             Answer::Done => Reply::Done,
-            Answer::Tagged(r) => Reply::Tagged {
-                tag: &r.tag,
-                n: r.n,
-            },
+            Answer::Locked(r) => Reply::Locked { tag: r.tag },
+            Answer::Tagged(r) => Reply::Tagged { tag: r.tag, n: r.n },
             Answer::TriedBigint(r) => Reply::TriedBigint {
-                tag: &r.tag,
+                tag: r.tag,
                 n: r.n,
                 busy: r.busy.clone(),
             },
             Answer::TriedPair(r) => Reply::TriedPair {
-                tag: &r.tag,
+                tag: r.tag,
                 n: r.n,
                 classes: r.busy_class.clone(),
                 objects: r.busy_object.clone(),

@@ -16,7 +16,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::Criterion;
-use lockkit::engine::{expected_rows, Reply, Request, TxState, Wait};
+use lockkit::engine::{Reply, Request, TxState, Wait};
 use lockkit::{AdvisoryKey, Config, KeySpec, Mode, Policy, ServerFacts};
 use lockkit_tests::fixtures::{Document, Posting, StripedEvent, Tenanted, TenantedPair};
 
@@ -82,9 +82,8 @@ fn engine(c: &mut Criterion) {
             let mut call = state
                 .acquire(&policy, 0, request, Wait::Forever)
                 .expect("nothing refuses it");
-            let granted = call.single().map(|statement| Reply::Tagged {
+            let granted = call.single().map(|statement| Reply::Locked {
                 tag: statement.sql().tag().expect("a lock statement has a tag"),
-                n: expected_rows(&statement),
             });
             let granted = granted.expect("one statement");
             call.receive_single(Ok(()), |_, ()| granted.clone());

@@ -50,7 +50,7 @@ const SIDES: [&str; 5] = [
 fn lock_text(id: i64) -> String {
     let key = Job { id }.raw();
     format!(
-        "SELECT 'lockkit:lock_bigint'::text AS tag, 1::int8 AS n, \
+        "/* lockkit:lock_bigint */ SELECT 7813573191525823489::int8 AS tag, \
          pg_advisory_xact_lock(('{key}'::int8)) AS locked"
     )
 }

@@ -396,7 +396,7 @@ struct Prepared {
 /// backend.
 fn lockkit_statements(conn: &mut diesel::PgConnection) -> i64 {
     sql_query(
-        "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '%''lockkit:%' \
+        "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '/* lockkit:%' \
          AND statement NOT LIKE '%pg_prepared_statements%'",
     )
     .get_result::<Prepared>(conn)

@@ -232,7 +232,7 @@ async fn statement_mode_decides_what_is_prepared() {
             .unwrap();
         }
         let n = diesel::sql_query(
-            "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '%''lockkit:%' \
+            "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '/* lockkit:%' \
              AND statement NOT LIKE '%pg_prepared_statements%'",
         )
         .get_result::<Prepared>(&mut conn)

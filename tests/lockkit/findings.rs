@@ -129,12 +129,14 @@ async fn a_foreign_statement_behind_a_pooler_is_never_a_lock() {
         names.len() >= 4,
         "lockkit's statements are prepared there: {names:?}"
     );
-    // Two foreign statements: one of another shape (two columns, which the
-    // driver cannot read as lockkit's three), and one of the same shape with
-    // another tag.
+    // Three foreign statements: two of other shapes (three columns, which
+    // the driver cannot read as the one-key lock's two; a `text` first
+    // column, which it cannot read as its `int8` tag), and one of the same
+    // shape with another tag.
     for foreign in [
-        "SELECT 'x'::text AS tag, 1::int8 AS n",
         "SELECT 'x'::text AS tag, 1::int8 AS n, pg_sleep(0) AS locked",
+        "SELECT 'x'::text AS tag, pg_sleep(0) AS locked",
+        "SELECT 7::int8 AS tag, pg_sleep(0) AS locked",
     ] {
         for (name, types) in &names {
             let params = if types.is_empty() {
@@ -188,8 +190,8 @@ async fn a_foreign_statement_behind_a_pooler_is_never_a_lock() {
         .await
         .unwrap();
     assert_eq!(
-        raw.get::<_, &str>(0),
-        "x",
+        raw.get::<_, i64>(0),
+        7,
         "the foreign statement answers silently"
     );
 

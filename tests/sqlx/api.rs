@@ -288,7 +288,7 @@ async fn server_errors_are_typed() {
 /// backend.
 async fn lockkit_statements(conn: &mut sqlx::PgConnection) -> i64 {
     sqlx::query_scalar(
-        "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%''lockkit:%' \
+        "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '/* lockkit:%' \
          AND statement NOT LIKE '%pg_prepared_statements%'",
     )
     .fetch_one(conn)

@@ -479,7 +479,7 @@ impl Acquisition<'_> {
     pub fn receive_single<A>(
         &mut self,
         answer: Result<A, DriverError>,
-        read: impl for<'r> Fn(&Statement<'_>, &'r A) -> Reply<'r>,
+        read: impl Fn(&Statement<'_>, &A) -> Reply,
     ) {
         let Some(statement) = self.single() else {
             return self.receive_answers(answer.map(|a| [a]), read);
@@ -547,7 +547,7 @@ impl Acquisition<'_> {
     pub fn receive_answers<A, S: AsRef<[A]>>(
         &mut self,
         answers: Result<S, DriverError>,
-        read: impl for<'r> Fn(&Statement<'_>, &'r A) -> Reply<'r>,
+        read: impl Fn(&Statement<'_>, &A) -> Reply,
     ) {
         let answers = match answers {
             Ok(answers) => answers,
@@ -558,7 +558,7 @@ impl Acquisition<'_> {
             return;
         };
         let sent = round.kinds();
-        let replies: SmallVec<[Reply<'_>; 2]> = round
+        let replies: SmallVec<[Reply; 2]> = round
             .iter()
             .zip(answers)
             .map(|(statement, answer)| read(statement, answer))
@@ -568,7 +568,7 @@ impl Acquisition<'_> {
 
     /// Takes the outcome of the round [`Acquisition::round`] listed: a reply
     /// per statement, in order, or the first error. Decides what comes next.
-    pub fn receive(&mut self, result: Result<Vec<Reply<'_>>, DriverError>) {
+    pub fn receive(&mut self, result: Result<Vec<Reply>, DriverError>) {
         let Some(round) = self.round() else {
             return;
         };
@@ -580,7 +580,7 @@ impl Acquisition<'_> {
     }
 
     /// [`Acquisition::receive`], with the kinds of the round's statements.
-    fn received(&mut self, sent: &[Sql], result: Result<&[Reply<'_>], DriverError>) {
+    fn received(&mut self, sent: &[Sql], result: Result<&[Reply], DriverError>) {
         let stage = std::mem::replace(&mut self.stage, Stage::Main);
         self.stage = match (stage, result) {
             (Stage::Main, Ok(replies)) => match self.check(sent, replies) {
@@ -684,7 +684,7 @@ impl Acquisition<'_> {
 
     /// Checks every reply of a round against what was sent; returns the busy
     /// keys of a try.
-    fn check(&self, sent: &[Sql], replies: &[Reply<'_>]) -> Result<Vec<LockKey>, Error> {
+    fn check(&self, sent: &[Sql], replies: &[Reply]) -> Result<Vec<LockKey>, Error> {
         if sent.len() != replies.len() {
             return Err(Error::unexpected(format!(
                 "{} replies to {} statements",
@@ -699,9 +699,11 @@ impl Acquisition<'_> {
                     "the reply to lockkit's {sql:?} statement {what}: {reply:?}"
                 )))
             };
-            let tag_ok = |tag: &str| Some(tag) == sql.tag();
+            let tag_ok = |tag: &i64| Some(*tag) == sql.tag();
             match (sql.reply(), reply) {
                 (ReplyShape::Done, Reply::Done) => {}
+                // A one-key lock's row exists only once its key is locked.
+                (ReplyShape::Locked, Reply::Locked { tag }) if tag_ok(tag) => {}
                 (ReplyShape::Tagged, Reply::Tagged { tag, n }) if tag_ok(tag) => {
                     let expected = self.expected_count(*sql);
                     match (sql, *n) {
@@ -766,13 +768,8 @@ impl Acquisition<'_> {
     /// How many keys a lock statement must report.
     fn expected_count(&self, sql: Sql) -> i64 {
         let n = match sql {
-            Sql::LockBigint
-            | Sql::LockBigintShared
-            | Sql::BatchBigint
-            | Sql::BatchBigintExclusive => self.plan.bigint().len(),
-            Sql::LockPair | Sql::LockPairShared | Sql::BatchPair | Sql::BatchPairExclusive => {
-                self.plan.pair_classes().len()
-            }
+            Sql::BatchBigint | Sql::BatchBigintExclusive => self.plan.bigint().len(),
+            Sql::BatchPair | Sql::BatchPairExclusive => self.plan.pair_classes().len(),
             _ => 0,
         };
         n as i64
@@ -947,11 +944,14 @@ mod tests {
     }
 
     /// What a server answers when every key is free.
-    fn granted(round: &[Statement<'_>]) -> Vec<Reply<'static>> {
+    fn granted(round: &[Statement<'_>]) -> Vec<Reply> {
         round
             .iter()
             .map(|s| match s.reply() {
                 ReplyShape::Done => Reply::Done,
+                ReplyShape::Locked => Reply::Locked {
+                    tag: s.sql().tag().unwrap(),
+                },
                 ReplyShape::Tagged => Reply::Tagged {
                     tag: s.sql().tag().unwrap(),
                     n: expected_rows(s),
@@ -1065,7 +1065,7 @@ mod tests {
             )
             .unwrap();
         // A foreign `SELECT $1` under lockkit's statement name.
-        call.receive(Ok(vec![Reply::Tagged { tag: "7", n: 1 }]));
+        call.receive(Ok(vec![Reply::Locked { tag: 7 }]));
         let err = call.finish().unwrap_err();
         assert_eq!(err.kind(), ErrorKind::UnexpectedReply, "{err}");
         assert!(state.is_poisoned());
@@ -1145,14 +1145,21 @@ mod tests {
 
     #[test]
     fn wrong_counts_shapes_and_tags_are_refused() {
-        let bad: [Reply<'static>; 4] = [
+        let tag = |sql: Sql| sql.tag().unwrap();
+        let bad: [Reply; 6] = [
             Reply::Tagged {
-                tag: "lockkit:batch_bigint_exclusive",
+                tag: tag(Sql::BatchBigintExclusive),
                 n: 1,
             },
             Reply::Tagged {
-                tag: "lockkit:lock_bigint",
+                tag: tag(Sql::BatchBigint),
                 n: 2,
+            },
+            Reply::Locked {
+                tag: tag(Sql::BatchBigintExclusive),
+            },
+            Reply::Locked {
+                tag: tag(Sql::LockBigint),
             },
             Reply::Done,
             Reply::Malformed("2 rows".into()),
@@ -1289,7 +1296,7 @@ mod tests {
         );
         let mut replies = granted(&call.round().unwrap());
         replies[1] = Reply::TriedBigint {
-            tag: "lockkit:try_batch_bigint",
+            tag: Sql::TryBatchBigint.tag().unwrap(),
             n: 2,
             busy: vec![2],
         };
@@ -1306,7 +1313,7 @@ mod tests {
             .unwrap();
         let mut replies = granted(&call.round().unwrap());
         replies[1] = Reply::TriedBigint {
-            tag: "lockkit:try_batch_bigint",
+            tag: Sql::TryBatchBigint.tag().unwrap(),
             n: 2,
             busy: vec![99],
         };

@@ -18,15 +18,18 @@
 //! loop:
 //!
 //! ```
-//! use lockkit::engine::{DriverError, Policy, Reply, Request, Statement, TxState, Wait};
+//! use lockkit::engine::{
+//!     DriverError, Policy, Reply, ReplyShape, Request, Statement, TxState, Wait,
+//! };
 //! use lockkit::{Config, HeldBatch, Batch, ServerFacts};
 //!
 //! /// A stand-in for a driver: answers every statement as the server would
 //! /// when nothing else holds the keys.
-//! fn send(round: &[Statement<'_>]) -> Result<Vec<Reply<'static>>, DriverError> {
-//!     Ok(round.iter().map(|s| match s.sql().tag() {
-//!         None => Reply::Done,
-//!         Some(tag) => Reply::Tagged { tag, n: lockkit::engine::expected_rows(s) },
+//! fn send(round: &[Statement<'_>]) -> Result<Vec<Reply>, DriverError> {
+//!     Ok(round.iter().map(|s| match (s.reply(), s.sql().tag()) {
+//!         (_, None) => Reply::Done,
+//!         (ReplyShape::Locked, Some(tag)) => Reply::Locked { tag },
+//!         (_, Some(tag)) => Reply::Tagged { tag, n: lockkit::engine::expected_rows(s) },
 //!     }).collect())
 //! }
 //!

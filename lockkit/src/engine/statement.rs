@@ -78,12 +78,15 @@ pub enum ReplyShape {
     /// No row: a utility statement sent with the simple query protocol.
     /// Reply: [`Reply::Done`].
     Done,
-    /// One row `(tag text, n int8)`. Reply: [`Reply::Tagged`].
+    /// One row `(tag int8, locked void)`, from a one-key lock, which locks
+    /// its key or fails. Reply: [`Reply::Locked`].
+    Locked,
+    /// One row `(tag int8, n int8)`. Reply: [`Reply::Tagged`].
     Tagged,
-    /// One row `(tag text, n int8, busy int8[])`. Reply:
+    /// One row `(tag int8, n int8, busy int8[])`. Reply:
     /// [`Reply::TriedBigint`].
     TriedBigint,
-    /// One row `(tag text, n int8, busy_class int4[], busy_object int4[])`.
+    /// One row `(tag int8, n int8, busy_class int4[], busy_object int4[])`.
     /// Reply: [`Reply::TriedPair`].
     TriedPair,
 }
@@ -164,6 +167,9 @@ impl Sql {
     /// What the statement answers.
     pub fn reply(self) -> ReplyShape {
         match self {
+            Sql::LockBigint | Sql::LockBigintShared | Sql::LockPair | Sql::LockPairShared => {
+                ReplyShape::Locked
+            }
             Sql::TryBatchBigint => ReplyShape::TriedBigint,
             Sql::TryBatchPair => ReplyShape::TriedPair,
             Sql::Savepoint | Sql::Release | Sql::Rollback => ReplyShape::Done,
@@ -172,28 +178,33 @@ impl Sql {
     }
 
     /// The tag the statement's row starts with (`None` for the
-    /// simple-protocol ones, which answer no row).
-    pub fn tag(self) -> Option<&'static str> {
-        Some(match self {
-            Sql::LockBigint => "lockkit:lock_bigint",
-            Sql::LockBigintShared => "lockkit:lock_bigint_shared",
-            Sql::LockPair => "lockkit:lock_pair",
-            Sql::LockPairShared => "lockkit:lock_pair_shared",
-            Sql::TryBigint => "lockkit:try_bigint",
-            Sql::TryBigintShared => "lockkit:try_bigint_shared",
-            Sql::TryPair => "lockkit:try_pair",
-            Sql::TryPairShared => "lockkit:try_pair_shared",
-            Sql::BatchBigint => "lockkit:batch_bigint",
-            Sql::BatchPair => "lockkit:batch_pair",
-            Sql::BatchBigintExclusive => "lockkit:batch_bigint_exclusive",
-            Sql::BatchPairExclusive => "lockkit:batch_pair_exclusive",
-            Sql::TryBatchBigint => "lockkit:try_batch_bigint",
-            Sql::TryBatchPair => "lockkit:try_batch_pair",
-            Sql::SetTimeouts => "lockkit:set_timeouts",
-            Sql::ArmTimeouts => "lockkit:arm_timeouts",
-            Sql::RestoreTimeouts => "lockkit:restore_timeouts",
+    /// simple-protocol ones, which answer no row): the ASCII bytes of
+    /// `lockkit` and, in the last byte, the statement's number. A number is
+    /// never given to another statement, so a reply is never read as that
+    /// of another statement, of this version or of any other.
+    pub const fn tag(self) -> Option<i64> {
+        const LOCKKIT: i64 = i64::from_be_bytes(*b"lockkit\0");
+        let number = match self {
+            Sql::LockBigint => 1,
+            Sql::LockBigintShared => 2,
+            Sql::LockPair => 3,
+            Sql::LockPairShared => 4,
+            Sql::TryBigint => 5,
+            Sql::TryBigintShared => 6,
+            Sql::TryPair => 7,
+            Sql::TryPairShared => 8,
+            Sql::BatchBigint => 9,
+            Sql::BatchPair => 10,
+            Sql::BatchBigintExclusive => 11,
+            Sql::BatchPairExclusive => 12,
+            Sql::TryBatchBigint => 13,
+            Sql::TryBatchPair => 14,
+            Sql::SetTimeouts => 15,
+            Sql::ArmTimeouts => 16,
+            Sql::RestoreTimeouts => 17,
             Sql::Savepoint | Sql::Release | Sql::Rollback => return None,
-        })
+        };
+        Some(LOCKKIT | number)
     }
 
     /// A dense index, `0..`[`Sql::COUNT`], for an adapter's statement cache.
@@ -403,20 +414,25 @@ impl fmt::Debug for Round<'_> {
 /// [`Statement::reply`]. The engine checks every one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Reply<'r> {
+pub enum Reply {
     /// A simple-protocol statement completed.
     Done,
+    /// The row of a [`ReplyShape::Locked`] statement.
+    Locked {
+        /// Column `tag`.
+        tag: i64,
+    },
     /// The row of a [`ReplyShape::Tagged`] statement.
     Tagged {
         /// Column `tag`.
-        tag: &'r str,
+        tag: i64,
         /// Column `n`.
         n: i64,
     },
     /// The row of a [`ReplyShape::TriedBigint`] statement.
     TriedBigint {
         /// Column `tag`.
-        tag: &'r str,
+        tag: i64,
         /// Column `n`: keys tried.
         n: i64,
         /// Column `busy`.
@@ -425,7 +441,7 @@ pub enum Reply<'r> {
     /// The row of a [`ReplyShape::TriedPair`] statement.
     TriedPair {
         /// Column `tag`.
-        tag: &'r str,
+        tag: i64,
         /// Column `n`: keys tried.
         n: i64,
         /// Column `busy_class`.
@@ -445,8 +461,6 @@ pub enum Reply<'r> {
 pub trait ReplyRow {
     /// The driver's decoding error, kept as text in [`Reply::Malformed`].
     type Error: fmt::Display;
-    /// Column `i` as `text`.
-    fn text(&self, i: usize) -> Result<&str, Self::Error>;
     /// Column `i` as `int8`.
     fn int8(&self, i: usize) -> Result<i64, Self::Error>;
     /// Column `i` as `int4`.
@@ -462,7 +476,7 @@ pub trait ReplyRow {
 /// The reply to `statement` from the rows a driver returned for it (`None`
 /// for a simple-protocol statement that returns none): exactly one row, in
 /// the statement's [`ReplyShape`], else [`Reply::Malformed`].
-pub fn read_reply<'r, R: ReplyRow>(statement: &Statement<'_>, rows: Option<&'r [R]>) -> Reply<'r> {
+pub fn read_reply<R: ReplyRow>(statement: &Statement<'_>, rows: Option<&[R]>) -> Reply {
     let rows = match (statement.reply(), rows) {
         (ReplyShape::Done, None) => return Reply::Done,
         (_, Some(rows)) => rows,
@@ -471,19 +485,20 @@ pub fn read_reply<'r, R: ReplyRow>(statement: &Statement<'_>, rows: Option<&'r [
     let [row] = rows else {
         return Reply::Malformed(format!("{} rows", rows.len()));
     };
-    let read = || -> Result<Reply<'r>, R::Error> {
+    let read = || -> Result<Reply, R::Error> {
         Ok(match statement.reply() {
+            ReplyShape::Locked => Reply::Locked { tag: row.int8(0)? },
             ReplyShape::Tagged => Reply::Tagged {
-                tag: row.text(0)?,
+                tag: row.int8(0)?,
                 n: row.int8(1)?,
             },
             ReplyShape::TriedBigint => Reply::TriedBigint {
-                tag: row.text(0)?,
+                tag: row.int8(0)?,
                 n: row.int8(1)?,
                 busy: row.int8_array(2)?,
             },
             ReplyShape::TriedPair => Reply::TriedPair {
-                tag: row.text(0)?,
+                tag: row.int8(0)?,
                 n: row.int8(1)?,
                 classes: row.int4_array(2)?,
                 objects: row.int4_array(3)?,
@@ -508,7 +523,7 @@ mod tests {
     fn simple_text_has_typed_literals() {
         assert_eq!(
             simple(Sql::LockBigint, &[Param::Int8(i64::MIN)]),
-            "SELECT 'lockkit:lock_bigint'::text AS tag, 1::int8 AS n, \
+            "/* lockkit:lock_bigint */ SELECT 7813573191525823489::int8 AS tag, \
              pg_advisory_xact_lock(('-9223372036854775808'::int8)) AS locked"
         );
         assert_eq!(
@@ -516,7 +531,7 @@ mod tests {
                 Sql::TryPairShared,
                 &[Param::Int4(-1), Param::Int4(i32::MAX)]
             ),
-            "SELECT 'lockkit:try_pair_shared'::text AS tag, \
+            "/* lockkit:try_pair_shared */ SELECT 7813573191525823496::int8 AS tag, \
              pg_try_advisory_xact_lock_shared(('-1'::int4), ('2147483647'::int4))::int::int8 AS n"
         );
         let pairs = simple(
@@ -569,6 +584,28 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    /// Each statement's row starts with its own tag, which its text names:
+    /// a reply is never read as another statement's.
+    #[test]
+    fn every_row_starts_with_the_statements_own_tag() {
+        let mut tags = std::collections::HashSet::new();
+        for sql in Sql::PREPARABLE {
+            let tag = sql.tag().expect("a statement that answers a row has a tag");
+            assert_eq!(tag.to_be_bytes()[..7], *b"lockkit", "{sql:?}");
+            assert!(tags.insert(tag), "{sql:?}: tag {tag} given twice");
+            let text = sql.text();
+            assert!(text.starts_with("/* lockkit:"), "{sql:?}: {text}");
+            assert!(
+                text.contains(&format!("*/ SELECT {tag}::int8 AS tag, ")),
+                "{sql:?}: {text}"
+            );
+        }
+        for sql in [Sql::Savepoint, Sql::Release, Sql::Rollback] {
+            assert_eq!(sql.tag(), None);
+        }
+        assert_eq!(Sql::LockBigint.tag(), Some(7813573191525823489));
     }
 
     #[test]

@@ -176,9 +176,6 @@ async fn collect(stream: RowStream) -> Result<SmallVec<[Row; 1]>, tokio_postgres
 
 impl ReplyRow for Row {
     type Error = tokio_postgres::Error;
-    fn text(&self, i: usize) -> Result<&str, Self::Error> {
-        self.try_get(i)
-    }
     fn int8(&self, i: usize) -> Result<i64, Self::Error> {
         self.try_get(i)
     }
@@ -197,7 +194,7 @@ impl ReplyRow for Row {
 }
 
 /// Reads one answer in the shape the statement promises.
-fn reply<'r>(stmt: &Statement<'_>, answer: &'r Answer) -> Reply<'r> {
+fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
     match answer {
         Answer::Done => read_reply::<Row>(stmt, None),
         Answer::Rows(rows) => read_reply(stmt, Some(rows)),

@@ -1006,6 +1006,15 @@ impl fmt::Display for BadColumn {
 }
 
 impl SimpleRow {
+    /// Column `i`'s text.
+    fn text(&self, i: usize) -> Result<&str, BadColumn> {
+        match self.0.try_get(i) {
+            Ok(Some(text)) => Ok(text),
+            Ok(None) => Err(BadColumn(format!("column {i} is NULL"))),
+            Err(e) => Err(BadColumn(e.to_string())),
+        }
+    }
+
     fn parse<T: std::str::FromStr>(&self, i: usize, ty: &str) -> Result<T, BadColumn> {
         let text = self.text(i)?;
         text.parse()
@@ -1031,13 +1040,6 @@ impl SimpleRow {
 
 impl ReplyRow for SimpleRow {
     type Error = BadColumn;
-    fn text(&self, i: usize) -> Result<&str, BadColumn> {
-        match self.0.try_get(i) {
-            Ok(Some(text)) => Ok(text),
-            Ok(None) => Err(BadColumn(format!("column {i} is NULL"))),
-            Err(e) => Err(BadColumn(e.to_string())),
-        }
-    }
     fn int8(&self, i: usize) -> Result<i64, BadColumn> {
         self.parse(i, "int8")
     }
