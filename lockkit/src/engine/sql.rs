@@ -28,7 +28,7 @@
 //! are produced by the rows of the lock functions, so a tag proves the
 //! function ran. An `int8` rather than the statement's name as `text`: the
 //! name in a leading comment still shows in `pg_stat_activity`, and a
-//! one-lock transaction costs about 1 µs less (see [`LOCK_BIGINT`]).
+//! one-lock transaction costs 1–3 µs less (see [`LOCK_BIGINT`]).
 
 use std::fmt::{self, Write as _};
 
@@ -41,9 +41,11 @@ use crate::key::LockKey;
 /// whole one-lock transaction); the row exists only once the function has
 /// returned, so the tag alone proves it ran, and no count follows it (the
 /// statement locks one key or fails). The second column (`void`) is not
-/// read. Tag and count as `text` and `int8`, as before 2026-12-01, cost a
-/// one-lock transaction 1.4–1.5 µs more, 0.8 % (statements sent by hand,
-/// paired, `cargo bench -p lockkit-tests --bench locks`, BENCHMARKS.md).
+/// read. The tag as `text` followed by a count, as before 2026-12-01,
+/// cost a whole one-lock transaction 1.1–2.7 µs more (this statement
+/// against that one, both sent by hand: 0.98–0.99× in four paired runs,
+/// the "lockkit's statement vs its text-tagged form" row of
+/// `cargo bench -p lockkit-tests --bench locks`; BENCHMARKS.md).
 pub const LOCK_BIGINT: &str =
     "/* lockkit:lock_bigint */ SELECT 7813573191525823489::int8 AS tag, pg_advisory_xact_lock($1) AS locked";
 /// `$1 int8`: one shared `BigInt` lock; `(tag, void)`.
