@@ -7,6 +7,7 @@ use std::time::Duration;
 use diesel_async::AsyncPgConnection;
 use lockkit::engine::{Grant, Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait};
 use lockkit::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
+use tracing::Instrument;
 
 use crate::exec::{self, BoxFuture};
 use crate::locker::Locker;
@@ -449,7 +450,12 @@ impl<'t> LockTx<'t> {
         let policy = self.locker.policy();
         let call = self.state.acquire(policy, self.depth, request, wait)?;
         let canceller = self.locker.canceller();
-        exec::drive(self.conn, policy.config().statement_mode(), canceller, call).await
+        // In the call's span, so that what the connection's instrumentation
+        // reports of the statements is nested under the call.
+        let span = call.span().clone();
+        exec::drive(self.conn, policy.config().statement_mode(), canceller, call)
+            .instrument(span)
+            .await
     }
 }
 

@@ -83,7 +83,9 @@
 //! Every lock call that goes to the server runs in a `tracing` span
 //! `lockkit.lock` at debug level, with `key_type`, `keys`, `wait`, and, when
 //! it ends, `outcome` (`granted`, `busy`, `timeout`, `deadlock`, …) and
-//! `wait_ms`. Release builds log out-of-order acquisition as a warning, once
+//! `wait_ms`. Its statements run inside it, in every adapter, so what the
+//! driver reports of them (sqlx's `sqlx::query` events, what a Diesel or
+//! diesel-async instrumentation emits) is nested under the call. Release builds log out-of-order acquisition as a warning, once
 //! per call site. With the `metrics` feature, the standard `metrics` facade
 //! gets a histogram `lockkit_lock_wait_seconds` (labels `key_type`,
 //! `outcome`) and counters `lockkit_lock_busy_total`,

@@ -443,3 +443,44 @@ fn statement_mode_decides_what_is_prepared() {
         );
     }
 }
+
+/// A lock call's statements run in its `lockkit.lock` span: what the
+/// connection's diesel instrumentation reports of each (here, as a
+/// `tracing` event, as an application's instrumentation would) is inside
+/// it, for a lock, a try, a batch and a timed lock (a round of five
+/// statements); the transaction's own statement is in no lock's span (the
+/// control).
+#[test]
+fn instrumentation_sees_a_lock_calls_statements_inside_its_span() {
+    use diesel::connection::InstrumentationEvent;
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let events = lockkit_tests::spans::Events::new("lockkit_tests::sql");
+    events.blocking(|| {
+        let mut conn = connect(db);
+        conn.set_instrumentation(|event: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::StartQuery { query, .. } = event {
+                tracing::info!(target: "lockkit_tests::sql", "{query}");
+            }
+        });
+        let locker = locker(&mut conn, Config::default().order_check(OrderCheck::Off));
+        conn.transaction::<(), Error, _>(|conn| {
+            {
+                let mut tx = conn.lock_tx(&locker)?;
+                let _held = tx.lock(Item { id: 7070 })?;
+                assert!(tx.try_lock(Item { id: 7071 })?.is_ok());
+                let _batch = tx.lock_batch(
+                    &Batch::new()
+                        .with(&Item { id: 7072 })
+                        .with(&Item { id: 7073 }),
+                )?;
+                let _timed = tx.lock_timeout(Item { id: 7074 }, Duration::from_secs(5))?;
+            }
+            sql_query("SELECT 'the application''s own' AS mine").execute(conn)?;
+            Ok(())
+        })
+        .unwrap();
+    });
+    lockkit_tests::spans::assert_lock_statements_in_span(&events.seen());
+}

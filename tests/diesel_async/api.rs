@@ -246,3 +246,56 @@ async fn statement_mode_decides_what_is_prepared() {
         );
     }
 }
+
+/// A lock call's statements run in its `lockkit.lock` span: what the
+/// connection's diesel instrumentation reports of each (here, as a
+/// `tracing` event, as an application's instrumentation would) is inside
+/// it, for a lock, a try, a batch and a timed lock (a round of five
+/// statements); the transaction's own statement is in no lock's span (the
+/// control).
+#[test]
+fn instrumentation_sees_a_lock_calls_statements_inside_its_span() {
+    use diesel::connection::InstrumentationEvent;
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let events = lockkit_tests::spans::Events::new("lockkit_tests::sql");
+    events.run(async {
+        let mut conn = diesel_async::AsyncPgConnection::establish(db.url())
+            .await
+            .expect("diesel-async connects");
+        conn.set_instrumentation(|event: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::StartQuery { query, .. } = event {
+                tracing::info!(target: "lockkit_tests::sql", "{query}");
+            }
+        });
+        let locker = lockkit_diesel_async::Locker::new(
+            &mut conn,
+            lockkit_diesel_async::Config::default()
+                .order_check(lockkit_diesel_async::OrderCheck::Off),
+        )
+        .await
+        .expect("locker");
+        conn.transaction::<_, Error, _>(async |conn| {
+            {
+                let mut tx = conn.lock_tx(&locker)?;
+                let _held = tx.lock(Item { id: 7070 }).await?;
+                assert!(tx.try_lock(Item { id: 7071 }).await?.is_ok());
+                let batch = Batch::new()
+                    .with(&Item { id: 7072 })
+                    .with(&Item { id: 7073 });
+                let _batch = tx.lock_batch(&batch).await?;
+                let _timed = tx
+                    .lock_timeout(Item { id: 7074 }, Duration::from_secs(5))
+                    .await?;
+            }
+            diesel::sql_query("SELECT 'the application''s own' AS mine")
+                .execute(conn)
+                .await?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    });
+    lockkit_tests::spans::assert_lock_statements_in_span(&events.seen());
+}

@@ -339,3 +339,41 @@ async fn statement_mode_decides_what_is_prepared() {
         );
     }
 }
+
+/// A lock call's statements run in its `lockkit.lock` span: sqlx's own
+/// report of each (its `sqlx::query` event) is inside it, for a lock, a
+/// try, a batch and a timed lock (a round of five statements); the
+/// transaction's own statement is in no lock's span (the control).
+#[test]
+fn sqlx_reports_a_lock_calls_statements_inside_its_span() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let events = lockkit_tests::spans::Events::new("sqlx::query");
+    events.run(async {
+        let mut conn = connect(db).await;
+        let locker =
+            lockkit_sqlx::Locker::new(&mut conn, Config::default().order_check(OrderCheck::Off))
+                .await
+                .expect("locker");
+        let mut tx = conn.begin().await.unwrap();
+        {
+            let mut ltx = locker.lock_tx(&mut tx).unwrap();
+            let _held = ltx.lock(Item { id: 7070 }).await.unwrap();
+            assert!(ltx.try_lock(Item { id: 7071 }).await.unwrap().is_ok());
+            let batch = Batch::new()
+                .with(&Item { id: 7072 })
+                .with(&Item { id: 7073 });
+            let _batch = ltx.lock_batch(&batch).await.unwrap();
+            let _timed = ltx
+                .lock_timeout(Item { id: 7074 }, Duration::from_secs(5))
+                .await
+                .unwrap();
+        }
+        sqlx::query("SELECT 'the application''s own' AS mine")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    });
+    lockkit_tests::spans::assert_lock_statements_in_span(&events.seen());
+}

@@ -75,6 +75,7 @@ mod instance;
 pub mod observe;
 mod pgbouncer;
 mod server;
+pub mod spans;
 pub mod waits;
 pub mod workload;
 
