@@ -36,16 +36,8 @@ async fn a_savepoint_dropped_during_its_rollback_does_not_report_its_locks_held(
     let pid = backend_pid(&mut conn).await;
     // Under CPU contention the server's answer often lands before the
     // poll that sent the ROLLBACK TO ends (the write wakes the server,
-    // which preempts the client): retried until a minute has passed, not a
-    // fixed number of times, so that a busy spell does not use them up.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    for attempt in 0.. {
-        if std::time::Instant::now() > deadline {
-            panic!(
-                "the savepoint's ROLLBACK TO was answered within the poll that sent it, \
-                 {attempt} times in a minute"
-            );
-        }
+    // which preempts the client): retried for a minute.
+    for attempt in lockkit_tests::attempts_for(std::time::Duration::from_secs(60)) {
         let inside = Item {
             id: 100_000 + attempt,
         };
@@ -100,5 +92,5 @@ async fn a_savepoint_dropped_during_its_rollback_does_not_report_its_locks_held(
         tx.rollback().await.unwrap();
         return;
     }
-    unreachable!("the loop returns or panics")
+    panic!("the savepoint's ROLLBACK TO was answered within the poll that sent it, for a minute");
 }

@@ -84,3 +84,13 @@ mod tests;
 
 pub use pgbouncer::{PgBouncer, PgBouncerBuilder};
 pub use server::{Builder, LogGuard, StopMode, TestServer};
+
+/// Attempt numbers, from 0, for as long as `limit` has not passed: for a
+/// test that retries until its premise holds (a statement still in flight,
+/// say), which a busy spell on a shared machine can defeat many times in a
+/// row. A count of attempts would be used up by such a spell; a minute of
+/// them is not.
+pub fn attempts_for(limit: std::time::Duration) -> impl Iterator<Item = i64> {
+    let deadline = std::time::Instant::now() + limit;
+    (0..).take_while(move |_| std::time::Instant::now() < deadline)
+}

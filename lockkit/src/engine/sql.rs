@@ -125,11 +125,25 @@ pub const ROLLBACK: &str =
 
 /// Gives up the transaction open on the session: rolls it back, which
 /// releases every transaction-scoped lock it holds (an error alone would
-/// not, inside a savepoint: it releases only the savepoint's locks), then
-/// leaves the session in a new transaction that has failed, so that the
+/// not, inside a savepoint: it releases only the savepoint's locks), and
+/// in the same statement begins a new transaction (`AND CHAIN`,
+/// PostgreSQL 12+), which the second statement fails, so that the
 /// statements the application still sends fail (`25P02`) instead of
-/// running outside any transaction. Simple query protocol (three
-/// statements; the last one fails, on a server without PL/pgSQL too).
+/// running outside any transaction. Simple query protocol (two
+/// statements; the second fails, on a server without PL/pgSQL too).
+///
+/// The session is never outside a transaction block in between: the
+/// cancel request of the cut-off call may land during this query, and the
+/// server checks for a cancel before each statement of a simple query. A
+/// separate `ROLLBACK; BEGIN`, as before 2026-12-01, left the session
+/// outside any transaction when the cancel landed between the two, and the
+/// application's next write committed at once
+/// (`tests/lockkit/findings.rs`, finding 5). A cancel landing anywhere now
+/// fails the transaction it lands in: the new one, as the second statement
+/// does; or, before the rollback, the old one, whose statements then fail
+/// as well (inside a savepoint, its locks outside the savepoint go when the
+/// stack's pool discards the connection, its transaction manager in
+/// error).
 ///
 /// An adapter that does not own its stack's `COMMIT` queues it from a
 /// destructor, behind a lock call or a savepoint cut off in flight, and
@@ -137,7 +151,7 @@ pub const ROLLBACK: &str =
 /// reported committed: whatever the cut-off statements and their cancel
 /// request do on the server (the request is ignored when it lands after
 /// the lock was granted and the session is idle), no lock stays held.
-pub const GIVE_UP: &str = "ROLLBACK; BEGIN; DO $lockkit$ BEGIN RAISE EXCEPTION \
+pub const GIVE_UP: &str = "ROLLBACK AND CHAIN; DO $lockkit$ BEGIN RAISE EXCEPTION \
      'lockkit: a lock call or a savepoint was cut off in flight; its transaction was rolled back'; \
      END $lockkit$";
 
