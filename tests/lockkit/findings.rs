@@ -1,6 +1,6 @@
-//! Regression tests of the engine issue's findings, each reproduced on a
-//! real server first (finding 1, the dropped lock future, is in
-//! `poison.rs`).
+//! Regression tests of reported findings (the engine issue's, and later
+//! ones), each reproduced on a real server first (finding 1, the dropped
+//! lock future, is in `poison.rs`).
 
 use std::time::{Duration, Instant};
 
@@ -359,7 +359,7 @@ fn statements_of(query: &str) -> Vec<&str> {
     out
 }
 
-/// Finding 5 (diesel-async, `a_lock_call_dropped_after_its_grant_…`, seen
+/// Finding 6 (diesel-async, `a_lock_call_dropped_after_its_grant_…`, seen
 /// once in about 26 runs): a write after a cut-off lock call ran outside
 /// any transaction. The adapter queues `GIVE_UP` (roll back, begin, fail)
 /// behind the cut-off call, and the call's cancel request may land at any

@@ -138,7 +138,7 @@ pub const ROLLBACK: &str =
 /// separate `ROLLBACK; BEGIN`, as before 2026-12-01, left the session
 /// outside any transaction when the cancel landed between the two, and the
 /// application's next write committed at once
-/// (`tests/lockkit/findings.rs`, finding 5). A cancel landing anywhere now
+/// (`tests/lockkit/findings.rs`, finding 6). A cancel landing anywhere now
 /// fails the transaction it lands in: the new one, as the second statement
 /// does; or, before the rollback, the old one, whose statements then fail
 /// as well (inside a savepoint, its locks outside the savepoint go when the
