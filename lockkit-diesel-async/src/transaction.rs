@@ -7,7 +7,6 @@ use std::time::Duration;
 use diesel_async::AsyncPgConnection;
 use lockkit::engine::{Grant, Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait};
 use lockkit::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
-use tracing::Instrument;
 
 use crate::exec::{self, BoxFuture};
 use crate::locker::Locker;
@@ -450,11 +449,8 @@ impl<'t> LockTx<'t> {
         let policy = self.locker.policy();
         let call = self.state.acquire(policy, self.depth, request, wait)?;
         let canceller = self.locker.canceller();
-        // In the call's span, so that what the connection's instrumentation
-        // reports of the statements is nested under the call.
-        let span = call.span().clone();
-        exec::drive(self.conn, policy.config().statement_mode(), canceller, call)
-            .instrument(span)
+        let mode = policy.config().statement_mode();
+        call.run(|call| exec::drive(self.conn, mode, canceller, call))
             .await
     }
 }

@@ -343,8 +343,8 @@ impl<'c> LockTx<'c> {
         let request = request.at(std::panic::Location::caller());
         let policy = self.locker.policy();
         let call: Acquisition<'_> = self.state.acquire(policy, self.depth, request, wait)?;
-        let _span = call.span().clone().entered();
-        pg::drive(self.conn, policy.config().statement_mode(), call)
+        let mode = policy.config().statement_mode();
+        call.run_blocking(|call| pg::drive(self.conn, mode, call))
     }
 }
 

@@ -8,7 +8,6 @@ use std::time::Duration;
 use lockkit::engine::{Grant, Request, SavepointEnd, TxSlot, TxState, Wait};
 use lockkit::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 use sqlx::{Connection, PgConnection};
-use tracing::Instrument;
 
 use crate::error::lock_error;
 use crate::exec;
@@ -419,12 +418,8 @@ impl<'t> LockTx<'t> {
         }
         let policy = self.locker.policy();
         let call = self.state.acquire(policy, self.depth, request, wait)?;
-        // In the call's span, so that what sqlx reports of the statements
-        // (its `sqlx::query` events) is nested under the call.
-        let span = call.span().clone();
-        exec::drive(self.conn, policy.config().statement_mode(), call)
-            .instrument(span)
-            .await
+        let mode = policy.config().statement_mode();
+        call.run(|call| exec::drive(self.conn, mode, call)).await
     }
 }
 

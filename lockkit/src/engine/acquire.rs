@@ -677,9 +677,30 @@ impl Acquisition<'_> {
 
     /// The span of this call (`lockkit.lock`, at debug level, with the key
     /// type, the key count and the wait; the outcome and `wait_ms` are
-    /// recorded when it finishes). An adapter runs its rounds in it.
+    /// recorded when it finishes). An adapter runs its rounds in it, through
+    /// [`Acquisition::run`] or [`Acquisition::run_blocking`].
     pub fn span(&self) -> &tracing::Span {
         &self.span
+    }
+
+    /// Runs the call: `drive` is the adapter's future that sends its rounds
+    /// and finishes it, and runs inside the call's span (entered at each
+    /// poll), so that what the driver reports of the statements is nested
+    /// under the call.
+    pub fn run<F: std::future::Future>(
+        self,
+        drive: impl FnOnce(Self) -> F,
+    ) -> tracing::instrument::Instrumented<F> {
+        use tracing::Instrument as _;
+        let span = self.span.clone();
+        drive(self).instrument(span)
+    }
+
+    /// [`Acquisition::run`] for a blocking adapter: `drive` runs inside the
+    /// call's span.
+    pub fn run_blocking<T>(self, drive: impl FnOnce(Self) -> T) -> T {
+        let _entered = self.span.clone().entered();
+        drive(self)
     }
 
     /// Checks every reply of a round against what was sent; returns the busy

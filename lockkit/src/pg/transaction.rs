@@ -7,10 +7,8 @@ use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures_util::future::Either;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Transaction;
-use tracing::Instrument;
 
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::guard::{Busy, Held, HeldBatch};
@@ -643,26 +641,21 @@ impl<'c> LockTx<'c> {
         }
     }
 
-    /// Runs `call` on this transaction's connection, in its span (when a
-    /// subscriber takes it: a span that is none is not entered at each
-    /// poll).
+    /// Runs `call` on this transaction's connection, in its span.
     fn drive<'s>(
         &'s self,
         call: crate::engine::Acquisition<'s>,
     ) -> impl Future<Output = Result<Result<crate::engine::Grant, Busy>, Error>> + 's {
-        let span = call.span().clone();
         let canceller = self.locker.canceller();
-        let drive = exec::drive(
-            self.client(),
-            self.cache,
-            canceller,
-            &self.shared.cancelled,
-            call,
-        );
-        match span.is_none() {
-            true => Either::Left(drive),
-            false => Either::Right(drive.instrument(span)),
-        }
+        call.run(|call| {
+            exec::drive(
+                self.client(),
+                self.cache,
+                canceller,
+                &self.shared.cancelled,
+                call,
+            )
+        })
     }
 }
 
