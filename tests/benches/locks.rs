@@ -78,7 +78,7 @@ use criterion::Criterion;
 use diesel::sql_types::{Array, BigInt};
 use diesel::{sql_query, Connection, PgConnection, RunQueryDsl};
 use lockkit::engine::sql;
-use lockkit::{AdvisoryKey, Batch, Config, Error, LockClient, LockKey, LockTx, Locker};
+use lockkit::{AdvisoryKey, Batch, Config, Error, LockClient, LockKey, Locker};
 use lockkit_tests::TestServer;
 use tokio::runtime::Runtime;
 use tokio::sync::Mutex;
@@ -260,18 +260,6 @@ impl Bench {
         }
     }
 
-    /// A lockkit transaction: the default API (`LockClient::begin`,
-    /// statements prepared once per connection) when `prepared`, else
-    /// `Locker::begin` on the plain client (statements sent unnamed).
-    async fn begin<'c>(&self, client: &'c mut LockClient, prepared: bool) -> LockTx<'c> {
-        let tx = if prepared {
-            client.begin().await
-        } else {
-            self.locker.begin(client).await
-        };
-        tx.expect("begin")
-    }
-
     /// A new id for the insert table, never used before in this run (the
     /// table is never truncated: a TRUNCATE before a sample made its first
     /// INSERT pay for the new relation and a re-plan, which swamped what
@@ -291,6 +279,22 @@ impl Bench {
     }
 }
 
+/// A lockkit transaction: the default API (`LockClient::begin`,
+/// statements prepared once per connection) when `prepared`, else
+/// `Locker::begin` on the plain client (statements sent unnamed). A macro,
+/// not a method: the routine awaits lockkit's own future, as an application
+/// does, rather than a wrapper of the bench's holding both.
+macro_rules! begin {
+    ($b:expr, $client:expr, $prepared:expr) => {
+        if $prepared {
+            $client.begin().await
+        } else {
+            $b.locker.begin(&mut $client).await
+        }
+        .expect("begin")
+    };
+}
+
 // ---- single_lock ---------------------------------------------------------
 
 async fn single_lockkit_tx(b: &Bench, iters: u64, prepared: bool) -> Duration {
@@ -298,7 +302,7 @@ async fn single_lockkit_tx(b: &Bench, iters: u64, prepared: bool) -> Duration {
     let start = Instant::now();
     for i in 0..iters {
         let id = (i % RING as u64) as i64;
-        let tx = b.begin(&mut client, prepared).await;
+        let tx = begin!(b, client, prepared);
         let held = tx.lock(Item { id }).await.expect("lock");
         black_box(&held);
         drop(held);
@@ -360,7 +364,7 @@ async fn single_lockkit_call(b: &Bench, iters: u64, prepared: bool) -> Duration 
     let mut total = Duration::ZERO;
     for i in 0..iters {
         let id = (i % RING as u64) as i64;
-        let tx = b.begin(&mut client, prepared).await;
+        let tx = begin!(b, client, prepared);
         let start = Instant::now();
         let held = tx.lock(Item { id }).await.expect("lock");
         total += start.elapsed();
@@ -468,7 +472,7 @@ async fn batch_lockkit(b: &Bench, iters: u64, prepared: bool) -> Duration {
     let start = Instant::now();
     for i in 0..iters {
         let batch = &b.batch64[(i % BATCHES as u64) as usize];
-        let tx = b.begin(&mut client, prepared).await;
+        let tx = begin!(b, client, prepared);
         let held = tx.lock_batch(batch).await.expect("lock_batch");
         black_box(&held);
         drop(held);
@@ -531,7 +535,7 @@ async fn insert_lockkit_pipelined(b: &Bench, iters: u64, prepared: bool) -> Dura
     let start = Instant::now();
     for i in 0..iters {
         let batch = &b.batch16[(i % BATCHES as u64) as usize];
-        let tx = b.begin(&mut client, prepared).await;
+        let tx = begin!(b, client, prepared);
         let (held, n) = tokio::try_join!(tx.lock_batch(batch), async {
             Ok::<_, Error>(tx.execute(&b.insert, &[&b.row_id()]).await?)
         })
