@@ -687,6 +687,9 @@ impl Acquisition<'_> {
     /// and finishes it, and runs inside the call's span (entered at each
     /// poll), so that what the driver reports of the statements is nested
     /// under the call.
+    // Always inlined: the adapter's future is then built where the lock
+    // call keeps it, not returned from here and copied there.
+    #[inline(always)]
     pub fn run<F: std::future::Future>(
         self,
         drive: impl FnOnce(Self) -> F,

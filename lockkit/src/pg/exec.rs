@@ -351,8 +351,10 @@ fn foreign_row(e: &tokio_postgres::Error) -> bool {
 /// An `async` block rather than an `async fn`: the block keeps what it
 /// captures once, where an `async fn` would keep a second copy of the
 /// acquisition next to its arguments.
-// An `async fn` would double the future (above).
+// An `async fn` would double the future (above). Always inlined: see
+// `LockTx::drive`.
 #[allow(clippy::manual_async_fn)]
+#[inline(always)]
 pub(crate) fn drive<'a>(
     client: &'a Client,
     cache: Option<&'a StatementCache>,
