@@ -294,9 +294,7 @@ impl<'c> LockTx<'c> {
     /// As [`LockTx::lock`].
     #[track_caller]
     pub fn try_lock_batch(&mut self, batch: &Batch) -> Result<Result<HeldBatch<'c>, Busy>, Error> {
-        Ok(self
-            .drive(Request::batch(batch), Wait::Try)?
-            .map(Grant::batch))
+        Grant::try_lock_batch(self.drive(Request::batch(batch), Wait::Try))
     }
 
     #[track_caller]
@@ -306,12 +304,7 @@ impl<'c> LockTx<'c> {
         mode: Mode,
         wait: Wait,
     ) -> Result<Held<'c, K>, Error> {
-        match self.drive(Request::one(&value, mode), wait)? {
-            Ok(grant) => Ok(grant
-                .held(value)
-                .unwrap_or_else(|_| unreachable!("a one-key call's grant names its key"))),
-            Err(_) => unreachable!("only a try is busy"),
-        }
+        Grant::lock(self.drive(Request::one(&value, mode), wait), value)
     }
 
     #[track_caller]
@@ -320,18 +313,12 @@ impl<'c> LockTx<'c> {
         value: K,
         mode: Mode,
     ) -> Result<Result<Held<'c, K>, K>, Error> {
-        Ok(match self.drive(Request::one(&value, mode), Wait::Try)? {
-            Ok(grant) => grant.held(value),
-            Err(_) => Err(value),
-        })
+        Grant::try_lock(self.drive(Request::one(&value, mode), Wait::Try), value)
     }
 
     #[track_caller]
     fn acquire(&mut self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'c>, Error> {
-        match self.drive(Request::batch(batch), wait)? {
-            Ok(grant) => Ok(grant.batch()),
-            Err(_) => unreachable!("only a try is busy"),
-        }
+        Grant::lock_batch(self.drive(Request::batch(batch), wait))
     }
 
     /// Checks Diesel's transaction depth, then lets the engine run the call.

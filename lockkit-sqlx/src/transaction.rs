@@ -371,10 +371,7 @@ impl<'t> LockTx<'t> {
         &mut self,
         batch: &Batch,
     ) -> Result<Result<HeldBatch<'t>, Busy>, Error> {
-        Ok(self
-            .drive(Request::batch(batch), Wait::Try)
-            .await?
-            .map(Grant::batch))
+        Grant::try_lock_batch(self.drive(Request::batch(batch), Wait::Try).await)
     }
 
     async fn lock_one<K: AdvisoryKey>(
@@ -383,12 +380,7 @@ impl<'t> LockTx<'t> {
         mode: Mode,
         wait: Wait,
     ) -> Result<Held<'t, K>, Error> {
-        match self.drive(Request::one(&value, mode), wait).await? {
-            Ok(grant) => grant
-                .held(value)
-                .map_err(|_| Error::from(ErrorKind::UnexpectedReply)),
-            Err(_) => Err(Error::from(ErrorKind::UnexpectedReply)),
-        }
+        Grant::lock(self.drive(Request::one(&value, mode), wait).await, value)
     }
 
     async fn try_lock_one<K: AdvisoryKey>(
@@ -396,19 +388,14 @@ impl<'t> LockTx<'t> {
         value: K,
         mode: Mode,
     ) -> Result<Result<Held<'t, K>, K>, Error> {
-        Ok(
-            match self.drive(Request::one(&value, mode), Wait::Try).await? {
-                Ok(grant) => grant.held(value),
-                Err(_) => Err(value),
-            },
+        Grant::try_lock(
+            self.drive(Request::one(&value, mode), Wait::Try).await,
+            value,
         )
     }
 
     async fn acquire(&mut self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'t>, Error> {
-        match self.drive(Request::batch(batch), wait).await? {
-            Ok(grant) => Ok(grant.batch()),
-            Err(_) => Err(Error::from(ErrorKind::UnexpectedReply)),
-        }
+        Grant::lock_batch(self.drive(Request::batch(batch), wait).await)
     }
 
     /// Checks sqlx's transaction depth, then lets the engine run the call.

@@ -809,8 +809,10 @@ impl Acquisition<'_> {
         self.started.elapsed()
     }
 
-    /// The outcome, once [`Acquisition::round`] is `None`: the grant, from
-    /// which the adapter makes its guards, or the busy keys of a try.
+    /// The outcome, once [`Acquisition::round`] is `None`: the grant, or the
+    /// busy keys of a try. The adapter hands it to [`Grant::lock`] (or
+    /// [`Grant::try_lock`], [`Grant::lock_batch`], [`Grant::try_lock_batch`])
+    /// for what its lock call returns.
     ///
     /// # Errors
     ///
@@ -936,6 +938,71 @@ impl Grant {
         };
         HeldBatch::new(keys)
     }
+
+    /// What a one-key lock call that waits ([`Request::one`] with
+    /// [`Wait::Forever`] or [`Wait::Timeout`]) answers its caller, from the
+    /// call's outcome ([`Acquisition::finish`]): its guard for `value`. The
+    /// adapters' one mapping from that outcome to what they return.
+    ///
+    /// # Errors
+    ///
+    /// The call's error.
+    pub fn lock<'t, K: AdvisoryKey>(
+        outcome: Result<Result<Grant, Busy>, Error>,
+        value: K,
+    ) -> Result<Held<'t, K>, Error> {
+        match outcome? {
+            Ok(grant) => Ok(grant
+                .held(value)
+                .unwrap_or_else(|_| unreachable!("a one-key call's grant names its key"))),
+            Err(_) => unreachable!("only a try is busy"),
+        }
+    }
+
+    /// [`Grant::lock`] for a one-key try ([`Wait::Try`]): the guard, or
+    /// `value` back when the key is busy.
+    ///
+    /// # Errors
+    ///
+    /// The call's error.
+    pub fn try_lock<'t, K: AdvisoryKey>(
+        outcome: Result<Result<Grant, Busy>, Error>,
+        value: K,
+    ) -> Result<Result<Held<'t, K>, K>, Error> {
+        Ok(match outcome? {
+            Ok(grant) => Ok(grant
+                .held(value)
+                .unwrap_or_else(|_| unreachable!("a one-key call's grant names its key"))),
+            Err(_) => Err(value),
+        })
+    }
+
+    /// [`Grant::lock`] for a batch that waits ([`Request::batch`]): the
+    /// batch's guard.
+    ///
+    /// # Errors
+    ///
+    /// The call's error.
+    pub fn lock_batch<'t>(
+        outcome: Result<Result<Grant, Busy>, Error>,
+    ) -> Result<HeldBatch<'t>, Error> {
+        match outcome? {
+            Ok(grant) => Ok(grant.batch()),
+            Err(_) => unreachable!("only a try is busy"),
+        }
+    }
+
+    /// [`Grant::lock`] for a batch try: the batch's guard, or the busy keys
+    /// (nothing of the batch is held then).
+    ///
+    /// # Errors
+    ///
+    /// The call's error.
+    pub fn try_lock_batch<'t>(
+        outcome: Result<Result<Grant, Busy>, Error>,
+    ) -> Result<Result<HeldBatch<'t>, Busy>, Error> {
+        Ok(outcome?.map(Grant::batch))
+    }
 }
 
 #[cfg(test)]
@@ -945,6 +1012,7 @@ mod tests {
     use crate::engine::error::ErrorKind;
     use crate::engine::expected_rows;
 
+    #[derive(Debug)]
     struct K(i64);
     impl AdvisoryKey for K {
         const KEY_SPEC: crate::KeySpec<'static> = crate::KeySpec::new("K").raw();
@@ -1345,6 +1413,129 @@ mod tests {
         assert_eq!(
             call.finish().unwrap_err().kind(),
             ErrorKind::UnexpectedReply
+        );
+    }
+
+    /// Runs `request` against a server on which the keys of `busy` are
+    /// taken by another session, and returns the outcome.
+    fn outcome(
+        state: &TxState,
+        request: Request,
+        wait: Wait,
+        busy: &[i64],
+    ) -> Result<Result<Grant, Busy>, Error> {
+        let mut call = state.acquire(&policy(), 0, request, wait).unwrap();
+        while let Some(round) = call.round() {
+            let replies = granted(&round)
+                .into_iter()
+                .zip(round.iter())
+                .map(|(reply, s)| match (reply, s.params()) {
+                    (Reply::Tagged { tag, .. }, [Param::Int8(k)]) if busy.contains(k) => {
+                        Reply::Tagged { tag, n: 0 }
+                    }
+                    (Reply::TriedBigint { tag, n, .. }, [Param::Int8Array(keys), ..]) => {
+                        Reply::TriedBigint {
+                            tag,
+                            n,
+                            busy: keys.iter().copied().filter(|k| busy.contains(k)).collect(),
+                        }
+                    }
+                    (reply, _) => reply,
+                })
+                .collect();
+            call.receive(Ok(replies));
+        }
+        call.finish()
+    }
+
+    /// The one mapping from an outcome to what every adapter's lock call
+    /// returns: the guard names the key and mode the server granted (an
+    /// upgrade names exclusive; a relock, the mode held), a busy try gives
+    /// the value or the busy keys back, and an error is the call's.
+    #[test]
+    fn the_guards_come_from_the_outcome() {
+        let state = TxState::new();
+        let held = Grant::lock(
+            outcome(
+                &state,
+                Request::one(&K(5), Mode::Shared),
+                Wait::Forever,
+                &[],
+            ),
+            K(5),
+        )
+        .unwrap();
+        assert_eq!(
+            (held.key(), held.mode()),
+            (LockKey::BigInt(5), Mode::Shared)
+        );
+        let upgraded = Grant::lock(
+            outcome(
+                &state,
+                Request::one(&K(5), Mode::Exclusive),
+                Wait::Forever,
+                &[],
+            ),
+            K(5),
+        )
+        .unwrap();
+        assert_eq!(upgraded.mode(), Mode::Exclusive);
+        // Held already in a covering mode: nothing sent, the held mode named.
+        let relocked = Grant::lock(
+            outcome(
+                &state,
+                Request::one(&K(5), Mode::Shared),
+                Wait::Forever,
+                &[],
+            ),
+            K(5),
+        )
+        .unwrap();
+        assert_eq!(relocked.mode(), Mode::Exclusive);
+
+        let tried = Grant::try_lock(
+            outcome(
+                &state,
+                Request::one(&K(6), Mode::Exclusive),
+                Wait::Try,
+                &[6],
+            ),
+            K(6),
+        )
+        .unwrap();
+        assert_eq!(tried.map(|h| h.key()).unwrap_err().0, 6);
+        let tried = Grant::try_lock(
+            outcome(&state, Request::one(&K(7), Mode::Exclusive), Wait::Try, &[]),
+            K(7),
+        )
+        .unwrap();
+        assert_eq!(tried.map(|h| h.key()).ok(), Some(LockKey::BigInt(7)));
+
+        let batch = Batch::new().with(&K(10)).with(&K(11));
+        let busy = Grant::try_lock_batch(outcome(&state, Request::batch(&batch), Wait::Try, &[11]))
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(busy.keys(), [LockKey::BigInt(11)]);
+        let held =
+            Grant::lock_batch(outcome(&state, Request::batch(&batch), Wait::Forever, &[])).unwrap();
+        let keys: Vec<_> = held.keys().iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, [LockKey::BigInt(10), LockKey::BigInt(11)]);
+
+        let state = TxState::new();
+        state.poison();
+        let poisoned = state
+            .acquire(
+                &policy(),
+                0,
+                Request::one(&K(1), Mode::Exclusive),
+                Wait::Forever,
+            )
+            .map(Acquisition::finish);
+        assert_eq!(
+            Grant::lock(poisoned.and_then(|o| o), K(1))
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Poisoned
         );
     }
 }

@@ -8,8 +8,8 @@
 //! statement per key space), lists the statements to send, round by round
 //! ([`Acquisition::round`]), takes the replies back and checks every one
 //! ([`Acquisition::receive`]), records the outcome or poisons the
-//! transaction, and makes the guards ([`Grant`]). Only the engine makes
-//! guards.
+//! transaction, and makes the guards from the outcome ([`Grant::lock`] and
+//! its siblings, which every adapter calls). Only the engine makes guards.
 //!
 //! An adapter (tokio-postgres in [`crate::pg`], `lockkit-diesel`, …) only
 //! sends [`Statement`]s on its connection, pipelined where its driver allows,
@@ -19,7 +19,7 @@
 //!
 //! ```
 //! use lockkit::engine::{
-//!     DriverError, Policy, Reply, ReplyShape, Request, Statement, TxState, Wait,
+//!     DriverError, Grant, Policy, Reply, ReplyShape, Request, Statement, TxState, Wait,
 //! };
 //! use lockkit::{Config, HeldBatch, Batch, ServerFacts};
 //!
@@ -43,7 +43,9 @@
 //!     let replies = send(&round);
 //!     call.receive(replies);
 //! }
-//! let held: HeldBatch<'_> = call.finish()?.expect("not a try").batch();
+//! // The guard from the outcome: `Grant::lock` for one key, `try_lock`
+//! // and `try_lock_batch` for the tries.
+//! let held: HeldBatch<'_> = Grant::lock_batch(call.finish())?;
 //! assert_eq!(held.keys().len(), 2);
 //! assert_eq!(state.held_count(), 2);
 //! # Ok(())

@@ -13,7 +13,7 @@ use tokio_postgres::Transaction;
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::guard::{Busy, Held, HeldBatch};
 use crate::engine::plan::{Batch, Mode};
-use crate::engine::{Request, SavepointEnd, TxSlot, TxState, Wait};
+use crate::engine::{Grant, Request, SavepointEnd, TxSlot, TxState, Wait};
 use crate::key::AdvisoryKey;
 use crate::pg::exec::{self, StatementCache};
 use crate::pg::locker::Locker;
@@ -582,7 +582,7 @@ impl<'c> LockTx<'c> {
                 self.shared
                     .state
                     .acquire(self.locker.policy(), self.depth, request, Wait::Try)?;
-            Ok(self.drive(call).await?.map(|grant| grant.batch()))
+            Grant::try_lock_batch(self.drive(call).await)
         }
     }
 
@@ -599,12 +599,7 @@ impl<'c> LockTx<'c> {
             Request::one(&value, mode).at(site),
             wait,
         )?;
-        match self.drive(call).await? {
-            Ok(grant) => Ok(grant
-                .held(value)
-                .unwrap_or_else(|_| unreachable!("a one-key call's grant names its key"))),
-            Err(_) => unreachable!("only a try is busy"),
-        }
+        Grant::lock(self.drive(call).await, value)
     }
 
     async fn try_lock_one<K: AdvisoryKey>(
@@ -619,10 +614,7 @@ impl<'c> LockTx<'c> {
             Request::one(&value, mode).at(site),
             Wait::Try,
         )?;
-        Ok(match self.drive(call).await? {
-            Ok(grant) => grant.held(value),
-            Err(_) => Err(value),
-        })
+        Grant::try_lock(self.drive(call).await, value)
     }
 
     async fn acquire_batch(
@@ -635,10 +627,7 @@ impl<'c> LockTx<'c> {
             self.shared
                 .state
                 .acquire(self.locker.policy(), self.depth, request.at(site), wait)?;
-        match self.drive(call).await? {
-            Ok(grant) => Ok(grant.batch()),
-            Err(_) => unreachable!("only a try is busy"),
-        }
+        Grant::lock_batch(self.drive(call).await)
     }
 
     /// Runs `call` on this transaction's connection, in its span.
@@ -651,7 +640,7 @@ impl<'c> LockTx<'c> {
     fn drive<'s>(
         &'s self,
         call: crate::engine::Acquisition<'s>,
-    ) -> impl Future<Output = Result<Result<crate::engine::Grant, Busy>, Error>> + 's {
+    ) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 's {
         let canceller = self.locker.canceller();
         call.run(|call| {
             exec::drive(
