@@ -191,20 +191,7 @@ impl TxState {
         let span = if empty || !tracing::level_enabled!(tracing::Level::DEBUG) {
             tracing::Span::none()
         } else {
-            let span = tracing::debug_span!(
-                "lockkit.lock",
-                key_type = request.key_type.name(),
-                keys = plan.len(),
-                wait = ?wait,
-                outcome = tracing::field::Empty,
-                wait_ms = tracing::field::Empty,
-            );
-            // No subscriber wants this one: `none` as well.
-            if span.is_disabled() {
-                tracing::Span::none()
-            } else {
-                span
-            }
+            lock_span(request.key_type, plan.len(), wait)
         };
         Ok(Acquisition {
             span,
@@ -289,7 +276,8 @@ pub struct Request {
 
 #[derive(Debug)]
 enum Keys {
-    One(LockKey, Mode),
+    /// One key: a slice of one, as the planner reads every request.
+    One([(LockKey, Mode); 1]),
     Many(Vec<(LockKey, Mode)>),
 }
 
@@ -297,7 +285,7 @@ impl Request {
     /// One key in `mode`.
     pub fn one<K: AdvisoryKey + ?Sized>(key: &K, mode: Mode) -> Self {
         Request {
-            keys: Keys::One(key.lock_key(), mode),
+            keys: Keys::One([(key.lock_key(), mode)]),
             hashtext: K::KEY_SPEC.form() == KeyForm::HashText,
             key_type: key_type!(K::KEY_SPEC.namespace()),
             site: None,
@@ -308,7 +296,7 @@ impl Request {
     /// `hashtext` check; the key type is reported as `raw`).
     pub fn key(key: LockKey, mode: Mode) -> Self {
         Request {
-            keys: Keys::One(key, mode),
+            keys: Keys::One([(key, mode)]),
             hashtext: false,
             key_type: KeyType::RAW,
             site: None,
@@ -333,12 +321,11 @@ impl Request {
         self
     }
 
-    fn keys(&self) -> impl Iterator<Item = (LockKey, Mode)> + '_ {
-        let (one, many) = match &self.keys {
-            Keys::One(k, m) => (Some((*k, *m)), &[][..]),
-            Keys::Many(v) => (None, &v[..]),
-        };
-        one.into_iter().chain(many.iter().copied())
+    fn keys(&self) -> &[(LockKey, Mode)] {
+        match &self.keys {
+            Keys::One(one) => one,
+            Keys::Many(many) => many,
+        }
     }
 }
 
@@ -830,7 +817,7 @@ impl Acquisition<'_> {
             }
         };
         let key = match &self.request.keys {
-            Keys::One(k, m) => Some((*k, self.state.locks().mode(*k).unwrap_or(*m))),
+            Keys::One([(k, m)]) => Some((*k, self.state.locks().mode(*k).unwrap_or(*m))),
             Keys::Many(_) => None,
         };
         match outcome {
@@ -855,6 +842,28 @@ impl Drop for Acquisition<'_> {
             locks.finish(&self.plan, self.depth, false, false);
             locks.poison();
         }
+    }
+}
+
+/// The `lockkit.lock` span of a call (see [`Acquisition::span`]), or `none`
+/// when no subscriber wants it. Out of line: the span's construction is
+/// large, and only calls with a debug subscriber run it.
+#[cold]
+#[inline(never)]
+fn lock_span(key_type: &KeyType, keys: usize, wait: Wait) -> tracing::Span {
+    let span = tracing::debug_span!(
+        "lockkit.lock",
+        key_type = key_type.name(),
+        keys = keys,
+        wait = ?wait,
+        outcome = tracing::field::Empty,
+        wait_ms = tracing::field::Empty,
+    );
+    // No subscriber wants this one: `none` as well.
+    if span.is_disabled() {
+        tracing::Span::none()
+    } else {
+        span
     }
 }
 

@@ -143,7 +143,7 @@ impl TxLocks {
     /// order violations are errors.
     pub(crate) fn plan(
         &self,
-        request: impl IntoIterator<Item = (LockKey, Mode)>,
+        request: &[(LockKey, Mode)],
         allowed: usize,
         config: &Config,
     ) -> Result<(Plan, Option<(LockKey, LockKey)>), Error> {
@@ -158,7 +158,7 @@ impl TxLocks {
         }
         // One pass, one lookup per key: most calls are of one key.
         let (mut plan, mut new) = (Plan::default(), 0);
-        for (key, mode) in request {
+        for &(key, mode) in request {
             let held = self.held.get(key);
             if !held.and_then(Entry::mode).is_some_and(|h| h.covers(mode)) {
                 new += usize::from(held.is_none());
@@ -261,28 +261,28 @@ mod tests {
         let mut t = TxLocks::default();
         let c = cfg(OrderCheck::Error);
         let p = t
-            .plan(req(&[(1, Mode::Shared), (2, Mode::Exclusive)]), 10, &c)
+            .plan(&req(&[(1, Mode::Shared), (2, Mode::Exclusive)]), 10, &c)
             .unwrap()
             .0;
         t.start();
         t.finish(&p, 0, true, false);
         assert_eq!(t.len(), 2);
         assert_eq!(
-            t.plan(req(&[(1, Mode::Shared), (2, Mode::Shared)]), 10, &c)
+            t.plan(&req(&[(1, Mode::Shared), (2, Mode::Shared)]), 10, &c)
                 .unwrap()
                 .0
                 .len(),
             0
         );
-        let up = t.plan(req(&[(2, Mode::Exclusive)]), 10, &c).unwrap().0;
+        let up = t.plan(&req(&[(2, Mode::Exclusive)]), 10, &c).unwrap().0;
         assert_eq!(up.len(), 0);
         // Upgrading 1 sorts below 2, already held: an order violation.
         assert!(matches!(
-            t.plan(req(&[(1, Mode::Exclusive)]), 10, &c),
+            t.plan(&req(&[(1, Mode::Exclusive)]), 10, &c),
             Err(e) if e.kind() == ErrorKind::LockOrder
         ));
         let up = t
-            .plan(req(&[(1, Mode::Exclusive)]), 10, &cfg(OrderCheck::Off))
+            .plan(&req(&[(1, Mode::Exclusive)]), 10, &cfg(OrderCheck::Off))
             .unwrap()
             .0;
         assert_eq!(up.len(), 1);
@@ -293,14 +293,14 @@ mod tests {
         let mut t = TxLocks::default();
         let c = cfg(OrderCheck::Off);
         let p = t
-            .plan(req(&[(1, Mode::Exclusive), (2, Mode::Exclusive)]), 3, &c)
+            .plan(&req(&[(1, Mode::Exclusive), (2, Mode::Exclusive)]), 3, &c)
             .unwrap()
             .0;
         t.start();
         t.finish(&p, 0, true, false);
         let err = t
             .plan(
-                req(&[
+                &req(&[
                     (2, Mode::Exclusive),
                     (3, Mode::Exclusive),
                     (4, Mode::Exclusive),
@@ -311,7 +311,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.budget_counts(), Some((2, 2, 3)), "{err}");
         assert_eq!(
-            t.plan(req(&[(2, Mode::Exclusive), (3, Mode::Exclusive)]), 3, &c)
+            t.plan(&req(&[(2, Mode::Exclusive), (3, Mode::Exclusive)]), 3, &c)
                 .unwrap()
                 .0
                 .len(),
@@ -324,11 +324,11 @@ mod tests {
         let mut t = TxLocks::default();
         let c = cfg(OrderCheck::Off);
         for (key, depth) in [(1, 0), (2, 1), (3, 2)] {
-            let p = t.plan(req(&[(key, Mode::Shared)]), 10, &c).unwrap().0;
+            let p = t.plan(&req(&[(key, Mode::Shared)]), 10, &c).unwrap().0;
             t.start();
             t.finish(&p, depth, true, false);
         }
-        let p = t.plan(req(&[(1, Mode::Exclusive)]), 10, &c).unwrap().0;
+        let p = t.plan(&req(&[(1, Mode::Exclusive)]), 10, &c).unwrap().0;
         t.start();
         t.finish(&p, 2, true, false);
         t.release_savepoint(2);
@@ -343,30 +343,30 @@ mod tests {
     fn unfinished_request_poisons_and_abort_needs_rollback() {
         let mut t = TxLocks::default();
         let c = cfg(OrderCheck::Off);
-        let p = t.plan(req(&[(1, Mode::Exclusive)]), 10, &c).unwrap().0;
+        let p = t.plan(&req(&[(1, Mode::Exclusive)]), 10, &c).unwrap().0;
         t.start();
         assert!(matches!(
-            t.plan(req(&[(2, Mode::Exclusive)]), 10, &c),
+            t.plan(&req(&[(2, Mode::Exclusive)]), 10, &c),
             Err(e) if e.kind() == ErrorKind::LockInFlight
         ));
         t.finish(&p, 1, false, true);
         assert!(matches!(
-            t.plan(req(&[(2, Mode::Exclusive)]), 10, &c),
+            t.plan(&req(&[(2, Mode::Exclusive)]), 10, &c),
             Err(e) if e.kind() == ErrorKind::TransactionAborted
         ));
         t.rollback_savepoint(1);
         assert_eq!(t.len(), 0);
-        assert!(t.plan(req(&[(2, Mode::Exclusive)]), 10, &c).is_ok());
+        assert!(t.plan(&req(&[(2, Mode::Exclusive)]), 10, &c).is_ok());
         t.start();
         t.poison();
         assert!(matches!(
-            t.plan(req(&[(2, Mode::Exclusive)]), 10, &c),
+            t.plan(&req(&[(2, Mode::Exclusive)]), 10, &c),
             Err(e) if e.kind() == ErrorKind::Poisoned
         ));
         t.rollback_savepoint(0);
         assert!(
             matches!(
-                t.plan(req(&[(2, Mode::Exclusive)]), 10, &c),
+                t.plan(&req(&[(2, Mode::Exclusive)]), 10, &c),
                 Err(e) if e.kind() == ErrorKind::Poisoned
             ),
             "poison lasts until the transaction ends"
