@@ -1464,61 +1464,28 @@ mod tests {
     #[test]
     fn the_guards_come_from_the_outcome() {
         let state = TxState::new();
-        let held = Grant::lock(
-            outcome(
-                &state,
-                Request::one(&K(5), Mode::Shared),
-                Wait::Forever,
-                &[],
-            ),
-            K(5),
-        )
-        .unwrap();
+        let lock = |id: i64, mode: Mode| {
+            let outcome = outcome(&state, Request::one(&K(id), mode), Wait::Forever, &[]);
+            Grant::lock(outcome, K(id)).unwrap()
+        };
+        let try_lock = |id: i64, busy: &[i64]| {
+            let request = Request::one(&K(id), Mode::Exclusive);
+            Grant::try_lock(outcome(&state, request, Wait::Try, busy), K(id)).unwrap()
+        };
+        let held = lock(5, Mode::Shared);
         assert_eq!(
             (held.key(), held.mode()),
             (LockKey::BigInt(5), Mode::Shared)
         );
-        let upgraded = Grant::lock(
-            outcome(
-                &state,
-                Request::one(&K(5), Mode::Exclusive),
-                Wait::Forever,
-                &[],
-            ),
-            K(5),
-        )
-        .unwrap();
-        assert_eq!(upgraded.mode(), Mode::Exclusive);
+        assert_eq!(lock(5, Mode::Exclusive).mode(), Mode::Exclusive);
         // Held already in a covering mode: nothing sent, the held mode named.
-        let relocked = Grant::lock(
-            outcome(
-                &state,
-                Request::one(&K(5), Mode::Shared),
-                Wait::Forever,
-                &[],
-            ),
-            K(5),
-        )
-        .unwrap();
-        assert_eq!(relocked.mode(), Mode::Exclusive);
+        assert_eq!(lock(5, Mode::Shared).mode(), Mode::Exclusive);
 
-        let tried = Grant::try_lock(
-            outcome(
-                &state,
-                Request::one(&K(6), Mode::Exclusive),
-                Wait::Try,
-                &[6],
-            ),
-            K(6),
-        )
-        .unwrap();
-        assert_eq!(tried.map(|h| h.key()).unwrap_err().0, 6);
-        let tried = Grant::try_lock(
-            outcome(&state, Request::one(&K(7), Mode::Exclusive), Wait::Try, &[]),
-            K(7),
-        )
-        .unwrap();
-        assert_eq!(tried.map(|h| h.key()).ok(), Some(LockKey::BigInt(7)));
+        assert_eq!(try_lock(6, &[6]).map(|h| h.key()).unwrap_err().0, 6);
+        assert_eq!(
+            try_lock(7, &[]).map(|h| h.key()).ok(),
+            Some(LockKey::BigInt(7))
+        );
 
         let batch = Batch::new().with(&K(10)).with(&K(11));
         let busy = Grant::try_lock_batch(outcome(&state, Request::batch(&batch), Wait::Try, &[11]))
