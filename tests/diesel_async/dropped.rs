@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use diesel_async::AsyncConnection;
 use lockkit_diesel_async::{AdvisoryKey, AsyncPgConnectionExt, Error};
-use lockkit_tests::observe::{advisory_rows, held_by, released};
+use lockkit_tests::observe::{advisory_rows, held_by, released, wait_until_idle_in_transaction};
 use lockkit_tests::TestServer;
 
 use crate::common::{backend_pid, locker, pool, wait_until_waiting};
@@ -494,7 +494,11 @@ async fn a_lock_call_dropped_after_its_grant_neither_commits_nor_strands_its_loc
     // signalled. (A cancel request returns once it is sent, and the server
     // may signal the backend later, during the statement below, which the
     // cancel would then abort.) The backend, idle, ignores it when it reads
-    // the next statement.
+    // the next statement; so the control waits for it to be idle: seen
+    // granted, the lock statement may still be running, and a signal then
+    // cancels it (CI saw that once: the `SELECT 1` below found the
+    // transaction aborted).
+    wait_until_idle_in_transaction(&observer, pid).await;
     let signalled: bool = observer
         .query_one("SELECT pg_cancel_backend($1)", &[&pid])
         .await

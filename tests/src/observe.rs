@@ -100,3 +100,28 @@ pub async fn wait_until_not_waiting(observer: &Client, pid: i32) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Waits (up to 30 s, else panics) until backend `pid` has finished its
+/// statement and waits for the next one inside its transaction
+/// (`pg_stat_activity.state` is `idle in transaction`, which the backend
+/// reports once the statement's reply is sent). Seen granted in
+/// `pg_locks`, a lock statement may still be running. The deadline guards
+/// a hang and is no timing claim.
+pub async fn wait_until_idle_in_transaction(observer: &Client, pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let state: Option<String> = observer
+            .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        if state.as_deref() == Some("idle in transaction") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "backend {pid} never went idle in its transaction (state {state:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
