@@ -268,13 +268,7 @@ async fn a_cut_off_lock_call_does_not_let_the_transaction_report_a_commit() {
         .batch_execute("SET lock_timeout = '30s'")
         .await
         .unwrap();
-    let table = format!("lockkit_da_cut_off_{}", std::process::id());
-    observer
-        .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (id int8)"
-        ))
-        .await
-        .unwrap();
+    let table = lockkit_tests::scratch_table(&observer, "lockkit_da_cut_off").await;
     let busy = Item { id: 30 };
     let lockkit::LockKey::BigInt(k) = busy.lock_key() else {
         unreachable!("Item is a BigInt key")
@@ -399,13 +393,7 @@ async fn a_lock_call_dropped_after_its_grant_neither_commits_nor_strands_its_loc
     let locker = locker(&pool).await;
     let observer = db.connect().await;
     let holder = db.connect().await;
-    let table = format!("lockkit_da_granted_cut_off_{}", std::process::id());
-    observer
-        .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (id int8)"
-        ))
-        .await
-        .unwrap();
+    let table = lockkit_tests::scratch_table(&observer, "lockkit_da_granted_cut_off").await;
 
     let mut cut_offs = 0;
     for round in 1..=20_i64 {

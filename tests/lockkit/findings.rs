@@ -382,13 +382,7 @@ async fn no_prefix_of_give_up_leaves_the_session_outside_a_transaction() {
     let db = TestServer::shared();
     let _log = db.guard();
     let observer = db.connect().await;
-    let table = format!("lockkit_give_up_{}", std::process::id());
-    observer
-        .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (id int8)"
-        ))
-        .await
-        .unwrap();
+    let table = lockkit_tests::scratch_table(&observer, "lockkit_give_up").await;
     let client = db.connect().await;
     let pid = backend_pid(&client).await;
     // Whether the write after the first `n` statements of `query` landed,

@@ -94,3 +94,17 @@ pub fn attempts_for(limit: std::time::Duration) -> impl Iterator<Item = i64> {
     let deadline = std::time::Instant::now() + limit;
     (0..).take_while(move |_| std::time::Instant::now() < deadline)
 }
+
+/// Creates the table `{prefix}_{pid}` (`id int8`), dropping one of that
+/// name first, through `client`, and returns its name: the table a test
+/// writes into to see whether a write landed.
+pub async fn scratch_table(client: &tokio_postgres::Client, prefix: &str) -> String {
+    let table = format!("{prefix}_{}", std::process::id());
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (id int8)"
+        ))
+        .await
+        .expect("create the scratch table");
+    table
+}

@@ -960,12 +960,7 @@ impl Grant {
         outcome: Result<Result<Grant, Busy>, Error>,
         value: K,
     ) -> Result<Held<'t, K>, Error> {
-        match outcome? {
-            Ok(grant) => Ok(grant
-                .held(value)
-                .unwrap_or_else(|_| unreachable!("a one-key call's grant names its key"))),
-            Err(_) => unreachable!("only a try is busy"),
-        }
+        Ok(Self::try_lock(outcome, value)?.unwrap_or_else(|_| unreachable!("only a try is busy")))
     }
 
     /// [`Grant::lock`] for a one-key try ([`Wait::Try`]): the guard, or
@@ -995,10 +990,7 @@ impl Grant {
     pub fn lock_batch<'t>(
         outcome: Result<Result<Grant, Busy>, Error>,
     ) -> Result<HeldBatch<'t>, Error> {
-        match outcome? {
-            Ok(grant) => Ok(grant.batch()),
-            Err(_) => unreachable!("only a try is busy"),
-        }
+        Ok(Self::try_lock_batch(outcome)?.unwrap_or_else(|_| unreachable!("only a try is busy")))
     }
 
     /// [`Grant::lock`] for a batch try: the batch's guard, or the busy keys
