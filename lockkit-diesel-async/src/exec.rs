@@ -192,6 +192,28 @@ impl Drop for CancelOnDrop<'_, '_> {
     }
 }
 
+/// Sends a one-key call's statement on `conn` (see
+/// [`OneCall`](lockkit::engine::OneCall)) and
+/// returns its answer. Dropped while the statement is in flight, it gives
+/// up the transaction and sends a cancel request through `canceller` (see
+/// [`CancelOnDrop`]); the dropped call poisons the transaction.
+pub(crate) fn send_one<'a>(
+    conn: &'a mut AsyncPgConnection,
+    mode: StatementMode,
+    canceller: &'a Canceller,
+    statement: Statement<'a>,
+) -> BoxFuture<'a, Result<Answer, DriverError>> {
+    Box::pin(async move {
+        let mut guard = CancelOnDrop {
+            conn,
+            armed: Some(canceller),
+        };
+        let answer = run(&mut *guard.conn, statement, mode).await;
+        guard.armed = None;
+        answer
+    })
+}
+
 /// Drives an acquisition to its outcome on `conn`, one statement at a time.
 ///
 /// Dropped while a statement is in flight, the acquisition poisons the

@@ -403,7 +403,11 @@ impl<'t> LockTx<'t> {
         mode: Mode,
         wait: Wait,
     ) -> Result<Held<'t, K>, Error> {
-        Grant::lock(self.drive(Request::one(&value, mode), wait).await, value)
+        let outcome = match wait {
+            Wait::Forever => self.send_one(&value, mode, false).await,
+            wait => self.drive(Request::one(&value, mode), wait).await,
+        };
+        Grant::lock(outcome, value)
     }
 
     async fn try_lock_one<K: AdvisoryKey>(
@@ -411,19 +415,53 @@ impl<'t> LockTx<'t> {
         value: K,
         mode: Mode,
     ) -> Result<Result<Held<'t, K>, K>, Error> {
-        Grant::try_lock(
-            self.drive(Request::one(&value, mode), Wait::Try).await,
-            value,
-        )
+        Grant::try_lock(self.send_one(&value, mode, true).await, value)
     }
 
     async fn acquire(&mut self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'t>, Error> {
         Grant::lock_batch(self.drive(Request::batch(batch), wait).await)
     }
 
+    /// Checks diesel-async's transaction depth, then runs a one-key call of
+    /// one statement (a lock that waits, or a try).
+    async fn send_one<K: AdvisoryKey>(
+        &mut self,
+        value: &K,
+        mode: Mode,
+        try_only: bool,
+    ) -> Result<Result<Grant, Busy>, Error> {
+        self.check_depth()?;
+        let policy = self.locker.policy();
+        let mut call = self
+            .state
+            .acquire_one(policy, self.depth, (value, mode), try_only, None)?;
+        if let Some(statement) = call.statement() {
+            let canceller = self.locker.canceller();
+            let mode = policy.config().statement_mode();
+            let send = exec::send_one(self.conn, mode, canceller, statement);
+            let answer = call.in_span(send).await;
+            call.receive(answer, |_, a| a.reply());
+        }
+        call.finish()
+    }
+
     /// Checks diesel-async's transaction depth, then lets the engine run the
     /// call.
     async fn drive(&mut self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
+        self.check_depth()?;
+        let policy = self.locker.policy();
+        let call = self.state.acquire(policy, self.depth, request, wait)?;
+        let canceller = self.locker.canceller();
+        let mode = policy.config().statement_mode();
+        call.run(|call| exec::drive(self.conn, mode, canceller, call))
+            .await
+    }
+}
+
+impl LockTx<'_> {
+    /// A lock call outside a transaction (diesel-async's transaction
+    /// already ended) is refused before anything is sent.
+    fn check_depth(&mut self) -> Result<(), Error> {
         let depth = exec::transaction_depth(self.conn);
         // A call cut off in flight breaks diesel-async's transaction manager
         // on purpose (see `lock`): a call after it is refused as what it is.
@@ -433,12 +471,7 @@ impl<'t> LockTx<'t> {
         if depth.map_err(exec::lock_error)? == 0 {
             return Err(Error::from(ErrorKind::NotInTransaction));
         }
-        let policy = self.locker.policy();
-        let call = self.state.acquire(policy, self.depth, request, wait)?;
-        let canceller = self.locker.canceller();
-        let mode = policy.config().statement_mode();
-        call.run(|call| exec::drive(self.conn, mode, canceller, call))
-            .await
+        Ok(())
     }
 }
 

@@ -62,7 +62,11 @@ pub(crate) fn rollback(conn: &mut PgConnection) -> QueryResult<()> {
 
 /// Runs one statement (Diesel cannot pipeline: one round trip each), as
 /// `mode` says: through Diesel's statement cache, or unnamed.
-fn run(conn: &mut PgConnection, stmt: &Statement<'_>, mode: StatementMode) -> QueryResult<Answer> {
+pub(crate) fn run(
+    conn: &mut PgConnection,
+    stmt: &Statement<'_>,
+    mode: StatementMode,
+) -> QueryResult<Answer> {
     let query = EngineQuery::new(stmt, mode);
     Ok(match stmt.reply() {
         ReplyShape::Done => {

@@ -304,7 +304,11 @@ impl<'c> LockTx<'c> {
         mode: Mode,
         wait: Wait,
     ) -> Result<Held<'c, K>, Error> {
-        Grant::lock(self.drive(Request::one(&value, mode), wait), value)
+        let outcome = match wait {
+            Wait::Forever => self.send_one(&value, mode, false),
+            wait => self.drive(Request::one(&value, mode), wait),
+        };
+        Grant::lock(outcome, value)
     }
 
     #[track_caller]
@@ -313,12 +317,40 @@ impl<'c> LockTx<'c> {
         value: K,
         mode: Mode,
     ) -> Result<Result<Held<'c, K>, K>, Error> {
-        Grant::try_lock(self.drive(Request::one(&value, mode), Wait::Try), value)
+        Grant::try_lock(self.send_one(&value, mode, true), value)
     }
 
     #[track_caller]
     fn acquire(&mut self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'c>, Error> {
         Grant::lock_batch(self.drive(Request::batch(batch), wait))
+    }
+
+    /// Checks Diesel's transaction depth, then runs a one-key call of one
+    /// statement (a lock that waits, or a try).
+    #[track_caller]
+    fn send_one<K: AdvisoryKey>(
+        &mut self,
+        value: &K,
+        mode: Mode,
+        try_only: bool,
+    ) -> Result<Result<Grant, Busy>, Error> {
+        if pg::transaction_depth(self.conn)? == 0 {
+            return Err(not_in_transaction());
+        }
+        let site = Some(std::panic::Location::caller());
+        let policy = self.locker.policy();
+        let mut call = self
+            .state
+            .acquire_one(policy, self.depth, (value, mode), try_only, site)?;
+        if let Some(statement) = call.statement() {
+            let mode = policy.config().statement_mode();
+            let answer = call
+                .span()
+                .in_scope(|| pg::run(self.conn, &statement, mode))
+                .map_err(lockkit::engine::DriverError::from);
+            call.receive(answer, |_, a| a.reply());
+        }
+        call.finish()
     }
 
     /// Checks Diesel's transaction depth, then lets the engine run the call.

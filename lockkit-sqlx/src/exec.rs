@@ -8,8 +8,6 @@
 //! connection in sqlx's statement cache; the engine checks every reply
 //! either way.
 
-use std::future::Future;
-
 use futures_util::TryStreamExt;
 use lockkit::engine::{
     read_reply, Acquisition, DriverError, Grant, Param, Reply, ReplyRow, ReplyShape, Statement,
@@ -25,7 +23,7 @@ use crate::error::driver_error;
 
 /// What the server answered one statement: lockkit's statements answer at
 /// most one row, kept inline.
-enum Answer {
+pub(crate) enum Answer {
     Done,
     Rows(SmallVec<[SqlxRow; 1]>),
 }
@@ -102,7 +100,7 @@ fn bind<'q>(
 }
 
 /// Runs one statement.
-async fn run(
+pub(crate) async fn run(
     conn: &mut PgConnection,
     stmt: Statement<'_>,
     mode: StatementMode,
@@ -132,44 +130,19 @@ async fn run(
 }
 
 /// Reads one answer in the shape the statement promises.
-fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
+pub(crate) fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
     match answer {
         Answer::Done => read_reply::<SqlxRow>(stmt, None),
         Answer::Rows(rows) => read_reply(stmt, Some(rows)),
     }
 }
 
-/// Drives an acquisition to its outcome on `conn`, one statement at a time.
+/// Drives an acquisition to its outcome on `conn`, round after round, one
+/// statement at a time.
 ///
 /// Dropped while a statement is in flight, the acquisition poisons the
 /// transaction (the server may grant what was sent).
-///
-/// An `async` block rather than an `async fn`: the block keeps what it
-/// captures once, where an `async fn` would keep a second copy of the
-/// acquisition next to its arguments (rust-lang/rust#62958).
-// An `async fn` would double the future (above).
-#[allow(clippy::manual_async_fn)]
-pub(crate) fn drive<'a>(
-    conn: &'a mut PgConnection,
-    mode: StatementMode,
-    mut call: Acquisition<'a>,
-) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 'a {
-    async move {
-        // Most calls are one statement: sent and received without the
-        // general rounds, whose larger future is boxed below.
-        if let Some(statement) = call.single() {
-            let answer = run(&mut *conn, statement, mode).await;
-            call.receive_single(answer, reply);
-            if call.is_finished() {
-                return call.finish();
-            }
-        }
-        Box::pin(drive_rounds(conn, mode, call)).await
-    }
-}
-
-/// [`drive`]'s general case: round after round.
-async fn drive_rounds(
+pub(crate) async fn drive(
     conn: &mut PgConnection,
     mode: StatementMode,
     mut call: Acquisition<'_>,

@@ -380,7 +380,11 @@ impl<'t> LockTx<'t> {
         mode: Mode,
         wait: Wait,
     ) -> Result<Held<'t, K>, Error> {
-        Grant::lock(self.drive(Request::one(&value, mode), wait).await, value)
+        let outcome = match wait {
+            Wait::Forever => self.send_one(&value, mode, false).await,
+            wait => self.drive(Request::one(&value, mode), wait).await,
+        };
+        Grant::lock(outcome, value)
     }
 
     async fn try_lock_one<K: AdvisoryKey>(
@@ -388,25 +392,52 @@ impl<'t> LockTx<'t> {
         value: K,
         mode: Mode,
     ) -> Result<Result<Held<'t, K>, K>, Error> {
-        Grant::try_lock(
-            self.drive(Request::one(&value, mode), Wait::Try).await,
-            value,
-        )
+        Grant::try_lock(self.send_one(&value, mode, true).await, value)
     }
 
     async fn acquire(&mut self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'t>, Error> {
         Grant::lock_batch(self.drive(Request::batch(batch), wait).await)
     }
 
+    /// Checks sqlx's transaction depth, then runs a one-key call of one
+    /// statement (a lock that waits, or a try).
+    async fn send_one<K: AdvisoryKey>(
+        &mut self,
+        value: &K,
+        mode: Mode,
+        try_only: bool,
+    ) -> Result<Result<Grant, Busy>, Error> {
+        self.check_in_transaction()?;
+        let policy = self.locker.policy();
+        let mut call = self
+            .state
+            .acquire_one(policy, self.depth, (value, mode), try_only, None)?;
+        if let Some(statement) = call.statement() {
+            let mode = policy.config().statement_mode();
+            let answer = call.in_span(exec::run(self.conn, statement, mode)).await;
+            call.receive(answer, exec::reply);
+        }
+        call.finish()
+    }
+
     /// Checks sqlx's transaction depth, then lets the engine run the call.
     async fn drive(&mut self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
-        if !self.conn.is_in_transaction() {
-            return Err(Error::from(ErrorKind::NotInTransaction));
-        }
+        self.check_in_transaction()?;
         let policy = self.locker.policy();
         let call = self.state.acquire(policy, self.depth, request, wait)?;
         let mode = policy.config().statement_mode();
         call.run(|call| exec::drive(self.conn, mode, call)).await
+    }
+}
+
+impl LockTx<'_> {
+    /// A lock call outside a transaction (sqlx's transaction already
+    /// ended) is refused before anything is sent.
+    fn check_in_transaction(&mut self) -> Result<(), Error> {
+        match self.conn.is_in_transaction() {
+            true => Ok(()),
+            false => Err(Error::from(ErrorKind::NotInTransaction)),
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::Criterion;
-use lockkit::engine::{Reply, Request, TxState, Wait};
+use lockkit::engine::{Reply, TxState};
 use lockkit::{AdvisoryKey, Config, KeySpec, Mode, Policy, ServerFacts};
 use lockkit_tests::fixtures::{Document, Posting, StripedEvent, Tenanted, TenantedPair};
 
@@ -78,15 +78,15 @@ fn engine(c: &mut Criterion) {
     group.bench_function("one_key_call", |b| {
         b.iter(|| {
             let state = TxState::new();
-            let request = Request::one(black_box(&tenanted), Mode::Exclusive);
+            let key = (black_box(&tenanted), Mode::Exclusive);
             let mut call = state
-                .acquire(&policy, 0, request, Wait::Forever)
+                .acquire_one(&policy, 0, key, false, None)
                 .expect("nothing refuses it");
-            let granted = call.single().map(|statement| Reply::Locked {
+            let statement = call.statement().expect("one statement");
+            let granted = Reply::Locked {
                 tag: statement.sql().tag().expect("a lock statement has a tag"),
-            });
-            let granted = granted.expect("one statement");
-            call.receive_single(Ok(()), |_, ()| granted.clone());
+            };
+            call.receive(Ok(()), |_, ()| granted);
             let grant = call.finish().expect("granted").expect("not busy");
             black_box(grant.held(black_box(&tenanted)).is_ok())
         })

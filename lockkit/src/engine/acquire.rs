@@ -154,6 +154,9 @@ impl TxState {
     /// until the [`Acquisition`] is finished; dropped unfinished, it poisons
     /// the transaction.
     ///
+    /// A one-key call that waits as long as it takes, or not at all, is one
+    /// statement: [`TxState::acquire_one`] runs it with less work.
+    ///
     /// # Errors
     ///
     /// [`ErrorKind::HotStandby`], [`ErrorKind::HashtextMismatch`],
@@ -167,20 +170,122 @@ impl TxState {
         request: Request,
         wait: Wait,
     ) -> Result<Acquisition<'a>, Error> {
+        let (locks, plan) = self.open(policy, &request)?;
+        let empty = plan.is_empty();
+        let ledger = Ledger::start(self, locks, depth, request.key_type, plan.len(), wait);
+        Ok(Acquisition {
+            ledger,
+            plan,
+            request,
+            wait,
+            stage: if empty {
+                Stage::Finished(Ok(Granted::Now))
+            } else {
+                Stage::Main
+            },
+        })
+    }
+
+    /// Starts a one-key call of one statement: `value`'s key in `mode`,
+    /// waiting as long as it takes, or not at all when `try_only` (the
+    /// calls behind an adapter's `lock`, `lock_shared`, `try_lock` and
+    /// `try_lock_shared`). The same checks and bookkeeping as
+    /// [`TxState::acquire`], without its rounds: the adapter sends
+    /// [`OneCall::statement`], hands the answer to [`OneCall::receive`], and
+    /// makes the guard from [`OneCall::finish`]. `site` is the
+    /// application's call site, when the adapter knows it (see
+    /// [`Request::at`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`TxState::acquire`]; nothing is to be sent.
+    pub fn acquire_one<'a, K: AdvisoryKey + ?Sized>(
+        &'a self,
+        policy: &Policy,
+        depth: u32,
+        (value, mode): (&K, Mode),
+        try_only: bool,
+        site: Option<&'static Location<'static>>,
+    ) -> Result<OneCall<'a>, Error> {
+        let request = Request {
+            site,
+            ..Request::one(value, mode)
+        };
+        let (locks, plan) = self.open(policy, &request)?;
+        let key = request.keys()[0].0;
+        // Held already in a mode that covers `mode`: granted, nothing to
+        // send, and the guard names the mode held. Sent and granted, the
+        // key is held in `mode` (an upgrade is to `mode`).
+        let (outcome, held) = match plan.is_empty() {
+            true => (Some(Ok(Granted::Now)), locks.mode(key).unwrap_or(mode)),
+            false => (None, mode),
+        };
+        let wait = if try_only { Wait::Try } else { Wait::Forever };
+        let ledger = Ledger::start(self, locks, depth, request.key_type, plan.len(), wait);
+        Ok(OneCall {
+            ledger,
+            key,
+            mode,
+            held,
+            try_only,
+            outcome,
+        })
+    }
+
+    /// The checks every lock call passes before anything is sent (hot
+    /// standby, `hashtext`, then [`TxLocks::plan`]: poisoning, a call in
+    /// flight, an aborted transaction, the budget, the lock order), and
+    /// the keys it must send, with the bookkeeping still locked for
+    /// [`Ledger::start`].
+    #[inline]
+    fn open(
+        &self,
+        policy: &Policy,
+        request: &Request,
+    ) -> Result<(MutexGuard<'_, TxLocks>, Plan), Error> {
         if policy.facts.in_recovery() && !policy.config.standby_allowed() {
             return Err(Error::new(ErrorKind::HotStandby));
         }
         if request.hashtext {
             policy.facts.check_hashtext()?;
         }
-        let mut locks = self.locks();
+        let locks = self.locks();
         let (plan, out_of_order) = locks.plan(request.keys(), policy.budget(), &policy.config)?;
         if let Some((held, requested)) = out_of_order {
             warn_out_of_order(request.site, held, requested);
         }
-        // Nothing to send (every key is held already): the outcome is known
-        // and nothing is in flight.
-        let empty = plan.is_empty();
+        Ok((locks, plan))
+    }
+}
+
+/// What a lock call records in its transaction, for both kinds of call
+/// ([`Acquisition`], [`OneCall`]): that it is in flight, its outcome, its
+/// span and its metrics. Dropped before the outcome is recorded, it
+/// poisons the transaction: the server may have granted what was sent.
+#[derive(Debug)]
+struct Ledger<'a> {
+    span: tracing::Span,
+    state: &'a TxState,
+    depth: u32,
+    key_type: &'static KeyType,
+    started: Instant,
+    /// The outcome is recorded, or nothing was to be sent.
+    recorded: bool,
+}
+
+impl<'a> Ledger<'a> {
+    /// A call that sends `keys` keys (none: its outcome is known), marked
+    /// in flight in `locks` until its outcome is recorded.
+    #[inline]
+    fn start(
+        state: &'a TxState,
+        mut locks: MutexGuard<'_, TxLocks>,
+        depth: u32,
+        key_type: &'static KeyType,
+        keys: usize,
+        wait: Wait,
+    ) -> Self {
+        let empty = keys == 0;
         if !empty {
             locks.start();
         }
@@ -191,23 +296,68 @@ impl TxState {
         let span = if empty || !tracing::level_enabled!(tracing::Level::DEBUG) {
             tracing::Span::none()
         } else {
-            lock_span(request.key_type, plan.len(), wait)
+            lock_span(key_type, keys, wait)
         };
-        Ok(Acquisition {
+        Ledger {
             span,
-            state: self,
+            state,
             depth,
-            plan,
-            request,
-            wait,
+            key_type,
             started: Instant::now(),
-            stage: if empty {
-                Stage::Finished(Ok(Granted::Now))
-            } else {
-                Stage::Main
-            },
             recorded: empty,
-        })
+        }
+    }
+
+    /// Records the outcome: the keys `taken` are held when granted, and
+    /// may be when the failure `aborted` the transaction (every later call
+    /// then fails until a rollback).
+    #[inline]
+    fn settle(
+        &mut self,
+        taken: impl Iterator<Item = (LockKey, Mode)>,
+        outcome: &Result<Granted, Error>,
+        aborted: bool,
+    ) {
+        let acquired = matches!(outcome, Ok(Granted::Now));
+        self.state
+            .locks()
+            .finish(taken, self.depth, acquired, aborted);
+        self.recorded = true;
+        self.observe(outcome);
+    }
+
+    /// A reply that is not lockkit's: nothing is known any more, and the
+    /// transaction is poisoned.
+    fn cut_off(&mut self, error: Error) -> Result<Granted, Error> {
+        let mut locks = self.state.locks();
+        locks.finish(std::iter::empty(), self.depth, false, false);
+        locks.poison();
+        drop(locks);
+        self.recorded = true;
+        let outcome = Err(error);
+        self.observe(&outcome);
+        outcome
+    }
+
+    /// Reports a call that went to the server (see [`observe`]).
+    fn observe(&self, outcome: &Result<Granted, Error>) {
+        let outcome = match outcome {
+            Ok(Granted::Now) => Outcome::Granted,
+            Ok(Granted::Busy(_)) => Outcome::Busy,
+            Err(e) => Outcome::of(e.kind()),
+        };
+        observe(&self.span, self.key_type, outcome, self.started.elapsed());
+    }
+}
+
+impl Drop for Ledger<'_> {
+    fn drop(&mut self) {
+        if !self.recorded {
+            // Cut off while the server may be granting what was sent.
+            let mut locks = self.state.locks();
+            locks.finish(std::iter::empty(), self.depth, false, false);
+            locks.poison();
+        }
     }
 }
 
@@ -366,15 +516,11 @@ enum Granted {
 #[derive(Debug)]
 #[must_use = "an acquisition must be driven to its outcome, or it poisons the transaction"]
 pub struct Acquisition<'a> {
-    span: tracing::Span,
-    state: &'a TxState,
-    depth: u32,
+    ledger: Ledger<'a>,
     plan: Plan,
     request: Request,
     wait: Wait,
-    started: Instant,
     stage: Stage,
-    recorded: bool,
 }
 
 impl Acquisition<'_> {
@@ -440,44 +586,6 @@ impl Acquisition<'_> {
             ([k], []) => one_bigint(*k, shared, try_only),
             ([], [c]) => one_pair(*c, plan.pair_objects()[0], shared, try_only),
             _ => unreachable!("a plan of one key has one key"),
-        }
-    }
-
-    /// The next round's statement when the round is that one statement and
-    /// nothing else: an untimed lock or a try of one key, the most common
-    /// calls. An adapter may send it and hand the answer to
-    /// [`Acquisition::receive_single`], skipping the general
-    /// [`Acquisition::round`] (which lists the same statement); `None`
-    /// says to use `round`.
-    pub fn single(&self) -> Option<Statement<'_>> {
-        match (&self.stage, self.wait) {
-            (Stage::Main, Wait::Forever | Wait::Try) if self.plan.len() == 1 => {
-                Some(self.one_key(self.wait == Wait::Try))
-            }
-            _ => None,
-        }
-    }
-
-    /// [`Acquisition::receive_answers`] for the round of
-    /// [`Acquisition::single`]: its one answer, read by `read`, or the
-    /// error. Called for any other round, the answer counts as that
-    /// round's only one (and the engine's check refuses a round of more
-    /// statements).
-    pub fn receive_single<A>(
-        &mut self,
-        answer: Result<A, DriverError>,
-        read: impl Fn(&Statement<'_>, &A) -> Reply,
-    ) {
-        let Some(statement) = self.single() else {
-            return self.receive_answers(answer.map(|a| [a]), read);
-        };
-        let sent = [statement.sql()];
-        match answer {
-            Ok(answer) => {
-                let reply = read(&statement, &answer);
-                self.received(&sent, Ok(std::slice::from_ref(&reply)));
-            }
-            Err(e) => self.received(&sent, Err(e)),
         }
     }
 
@@ -603,7 +711,7 @@ impl Acquisition<'_> {
     /// The main round failed with the server's or the driver's error.
     fn main_failed(&mut self, e: DriverError) -> Stage {
         let timed = match self.wait {
-            Wait::Timeout(t) => Some((t, self.started.elapsed())),
+            Wait::Timeout(t) => Some((t, self.ledger.started.elapsed())),
             _ => None,
         };
         let error = e.into_error_in(timed, self.plan.len());
@@ -626,40 +734,13 @@ impl Acquisition<'_> {
 
     /// Records the outcome in the transaction's bookkeeping.
     fn settled(&mut self, outcome: Result<Granted, Error>, aborted: bool) -> Stage {
-        let acquired = matches!(outcome, Ok(Granted::Now));
-        self.state
-            .locks()
-            .finish(&self.plan, self.depth, acquired, aborted);
-        self.recorded = true;
-        self.observe(&outcome);
+        self.ledger.settle(self.plan.taken(), &outcome, aborted);
         Stage::Finished(outcome)
     }
 
     /// A reply that is not lockkit's: nothing is known any more.
     fn cut_off(&mut self, error: Error) -> Stage {
-        let mut locks = self.state.locks();
-        locks.finish(&self.plan, self.depth, false, false);
-        locks.poison();
-        drop(locks);
-        self.recorded = true;
-        let outcome = Err(error);
-        self.observe(&outcome);
-        Stage::Finished(outcome)
-    }
-
-    /// Reports a call that went to the server (see [`observe`]).
-    fn observe(&self, outcome: &Result<Granted, Error>) {
-        let outcome = match outcome {
-            Ok(Granted::Now) => Outcome::Granted,
-            Ok(Granted::Busy(_)) => Outcome::Busy,
-            Err(e) => Outcome::of(e.kind()),
-        };
-        observe(
-            &self.span,
-            self.request.key_type,
-            outcome,
-            self.started.elapsed(),
-        );
+        Stage::Finished(self.ledger.cut_off(error))
     }
 
     /// The span of this call (`lockkit.lock`, at debug level, with the key
@@ -667,7 +748,7 @@ impl Acquisition<'_> {
     /// recorded when it finishes). An adapter runs its rounds in it, through
     /// [`Acquisition::run`] or [`Acquisition::run_blocking`].
     pub fn span(&self) -> &tracing::Span {
-        &self.span
+        &self.ledger.span
     }
 
     /// Runs the call: `drive` is the adapter's future that sends its rounds
@@ -682,14 +763,14 @@ impl Acquisition<'_> {
         drive: impl FnOnce(Self) -> F,
     ) -> tracing::instrument::Instrumented<F> {
         use tracing::Instrument as _;
-        let span = self.span.clone();
+        let span = self.ledger.span.clone();
         drive(self).instrument(span)
     }
 
     /// [`Acquisition::run`] for a blocking adapter: `drive` runs inside the
     /// call's span.
     pub fn run_blocking<T>(self, drive: impl FnOnce(Self) -> T) -> T {
-        let _entered = self.span.clone().entered();
+        let _entered = self.ledger.span.clone().entered();
         drive(self)
     }
 
@@ -713,27 +794,15 @@ impl Acquisition<'_> {
             let tag_ok = |tag: &i64| Some(*tag) == sql.tag();
             match (sql.reply(), reply) {
                 (ReplyShape::Done, Reply::Done) => {}
-                // A one-key lock's row exists only once its key is locked.
-                (ReplyShape::Locked, Reply::Locked { tag }) if tag_ok(tag) => {}
+                _ if sql.is_one_key() => {
+                    if !check_one(*sql, reply)? {
+                        busy.extend(self.plan.keys());
+                    }
+                }
                 (ReplyShape::Tagged, Reply::Tagged { tag, n }) if tag_ok(tag) => {
                     let expected = self.expected_count(*sql);
-                    match (sql, *n) {
-                        (
-                            Sql::TryBigint
-                            | Sql::TryBigintShared
-                            | Sql::TryPair
-                            | Sql::TryPairShared,
-                            1,
-                        ) => {}
-                        (
-                            Sql::TryBigint
-                            | Sql::TryBigintShared
-                            | Sql::TryPair
-                            | Sql::TryPairShared,
-                            0,
-                        ) => busy.extend(self.plan.keys()),
-                        (_, n) if n == expected => {}
-                        _ => return bad(&format!("counts {n}, not {expected}")),
+                    if *n != expected {
+                        return bad(&format!("counts {n}, not {expected}"));
                     }
                 }
                 (ReplyShape::TriedBigint, Reply::TriedBigint { tag, n, busy: b })
@@ -793,7 +862,7 @@ impl Acquisition<'_> {
 
     /// How long the call has been running.
     pub fn elapsed(&self) -> Duration {
-        self.started.elapsed()
+        self.ledger.started.elapsed()
     }
 
     /// The outcome, once [`Acquisition::round`] is `None`: the grant, or the
@@ -817,7 +886,7 @@ impl Acquisition<'_> {
             }
         };
         let key = match &self.request.keys {
-            Keys::One([(k, m)]) => Some((*k, self.state.locks().mode(*k).unwrap_or(*m))),
+            Keys::One([(k, m)]) => Some((*k, self.ledger.state.locks().mode(*k).unwrap_or(*m))),
             Keys::Many(_) => None,
         };
         match outcome {
@@ -834,15 +903,139 @@ impl Acquisition<'_> {
     }
 }
 
-impl Drop for Acquisition<'_> {
-    fn drop(&mut self) {
-        if !self.recorded {
-            // Cut off while the server may be granting what was sent.
-            let mut locks = self.state.locks();
-            locks.finish(&self.plan, self.depth, false, false);
-            locks.poison();
+/// A one-key call of one statement, started by [`TxState::acquire_one`]:
+/// a lock that waits as long as it takes, or a try. The adapter sends
+/// [`OneCall::statement`] (when there is one) in [`OneCall::span`], hands
+/// the answer to [`OneCall::receive`], and the outcome of
+/// [`OneCall::finish`] to [`Grant::lock`] or [`Grant::try_lock`].
+///
+/// Dropped after its statement was sent and before its answer was
+/// received, it poisons the transaction: the server may have granted the
+/// key.
+#[derive(Debug)]
+#[must_use = "a lock call must be driven to its outcome, or it poisons the transaction"]
+pub struct OneCall<'a> {
+    ledger: Ledger<'a>,
+    key: LockKey,
+    mode: Mode,
+    /// The mode the key is held in once granted.
+    held: Mode,
+    try_only: bool,
+    /// The outcome once known: from the start when the key is held
+    /// already.
+    outcome: Option<Result<Granted, Error>>,
+}
+
+impl OneCall<'_> {
+    /// The statement to send, or `None` when the outcome is known (the key
+    /// was held already, or the answer is received): then call
+    /// [`OneCall::finish`].
+    #[inline]
+    pub fn statement(&self) -> Option<Statement<'static>> {
+        if self.outcome.is_some() {
+            return None;
+        }
+        let shared = self.mode == Mode::Shared;
+        Some(match self.key {
+            LockKey::BigInt(k) => one_bigint(k, shared, self.try_only),
+            LockKey::Pair(c, o) => one_pair(c, o, shared, self.try_only),
+        })
+    }
+
+    /// The span of this call (as [`Acquisition::span`]): an async adapter
+    /// sends the statement inside it ([`OneCall::in_span`]), a blocking one
+    /// in `Span::in_scope`.
+    pub fn span(&self) -> &tracing::Span {
+        &self.ledger.span
+    }
+
+    /// `send`, the adapter's future that sends [`OneCall::statement`], run
+    /// inside the call's span (entered at each poll), so that what the
+    /// driver reports of the statement is nested under the call.
+    pub fn in_span<F: std::future::Future>(&self, send: F) -> tracing::instrument::Instrumented<F> {
+        use tracing::Instrument as _;
+        send.instrument(self.ledger.span.clone())
+    }
+
+    /// Takes the answer to [`OneCall::statement`], read into its reply by
+    /// `read` (as for [`Acquisition::receive_answers`]), or the driver's
+    /// error, checks it and records the outcome. Without a statement to
+    /// answer, it does nothing.
+    pub fn receive<A>(
+        &mut self,
+        answer: Result<A, DriverError>,
+        read: impl FnOnce(&Statement<'_>, &A) -> Reply,
+    ) {
+        let Some(statement) = self.statement() else {
+            return;
+        };
+        let taken = std::iter::once((self.key, self.mode));
+        let outcome = match answer {
+            Ok(answer) => match check_one(statement.sql(), &read(&statement, &answer)) {
+                Ok(granted) => {
+                    let outcome = Ok(match granted {
+                        true => Granted::Now,
+                        false => Granted::Busy(vec![self.key]),
+                    });
+                    self.ledger.settle(taken, &outcome, false);
+                    outcome
+                }
+                Err(e) => self.ledger.cut_off(e),
+            },
+            Err(e) => match e.into_unexpected() {
+                // Not lockkit's statement: nothing is known any more.
+                Ok(error) => self.ledger.cut_off(error),
+                // The failed statement aborted the transaction.
+                Err(e) => {
+                    let outcome = Err(e.into_error_in(None, 1));
+                    self.ledger.settle(taken, &outcome, true);
+                    outcome
+                }
+            },
+        };
+        self.outcome = Some(outcome);
+    }
+
+    /// The outcome, once [`OneCall::statement`] is `None`: the grant, or
+    /// the busy key of a try. The adapter hands it to [`Grant::lock`] or
+    /// [`Grant::try_lock`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Acquisition::finish`].
+    pub fn finish(mut self) -> Result<Result<Grant, Busy>, Error> {
+        match self.outcome.take() {
+            // Unanswered: the ledger's drop poisons the transaction.
+            None => Err(Error::new(ErrorKind::Poisoned)),
+            Some(Err(e)) => Err(e),
+            Some(Ok(Granted::Busy(busy))) => Ok(Err(Busy::new(busy))),
+            Some(Ok(Granted::Now)) => Ok(Ok(Grant {
+                key: Some((self.key, self.held)),
+                keys: Vec::new(),
+            })),
         }
     }
+}
+
+/// Checks the reply to a one-key statement (a lock, or its try): `true`
+/// when the key is granted, `false` when the try found it busy.
+#[inline]
+fn check_one(sql: Sql, reply: &Reply) -> Result<bool, Error> {
+    let tag_ok = |tag: &i64| Some(*tag) == sql.tag();
+    let what = match (sql.reply(), reply) {
+        // A one-key lock's row exists only once its key is locked.
+        (ReplyShape::Locked, Reply::Locked { tag }) if tag_ok(tag) => return Ok(true),
+        // A try counts the keys it took: its one key, or none.
+        (ReplyShape::Tagged, Reply::Tagged { tag, n }) if tag_ok(tag) => match n {
+            1 => return Ok(true),
+            0 => return Ok(false),
+            n => format!("counts {n}, not 0 or 1"),
+        },
+        _ => "is not its reply".to_owned(),
+    };
+    Err(Error::unexpected(format!(
+        "the reply to lockkit's {sql:?} statement {what}: {reply:?}"
+    )))
 }
 
 /// The `lockkit.lock` span of a call (see [`Acquisition::span`]), or `none`
@@ -1068,54 +1261,152 @@ mod tests {
         call.round().unwrap().iter().map(Statement::sql).collect()
     }
 
-    /// `single` is the round's statement whenever the round is that one
-    /// statement alone, and `receive_single` settles the call as
-    /// `receive_answers` does; every other round says `None`.
-    #[test]
-    fn single_is_the_round_of_one_statement() {
-        let policy = policy();
-        let waits = [
-            Wait::Forever,
-            Wait::Try,
-            Wait::Timeout(Duration::from_secs(1)),
-        ];
-        let requests = || {
-            [
-                Request::one(&K(1), Mode::Exclusive),
-                Request::one(&K(1), Mode::Shared),
-                Request::one(&P(2), Mode::Exclusive),
-                Request::one(&P(2), Mode::Shared),
-                Request::batch(&Batch::new().with(&K(1)).with(&K(2))),
-                Request::batch(&Batch::new().with(&K(1)).with(&P(2))),
-            ]
+    /// What a call left: its outcome, what its transaction holds, whether
+    /// it is poisoned, and what the next call meets.
+    fn left(state: &TxState, outcome: Result<Result<Grant, Busy>, Error>) -> String {
+        let outcome = match outcome {
+            Ok(Ok(grant)) => format!("granted {:?} {:?}", grant.key, grant.keys),
+            Ok(Err(busy)) => format!("busy {:?}", busy.keys()),
+            Err(e) => format!("{:?}: {e}", e.kind()),
         };
-        let mut singles = 0;
-        for wait in waits {
-            for request in requests() {
+        let (held, poisoned) = (state.held(), state.is_poisoned());
+        // Dropped unanswered, this call poisons the transaction: it comes
+        // last.
+        let next = state
+            .acquire(
+                &policy(),
+                0,
+                Request::one(&K(9), Mode::Exclusive),
+                Wait::Forever,
+            )
+            .map(|call| call.round().map(|r| r.len()))
+            .map_err(|e| e.kind());
+        format!("{outcome}; held {held:?}; poisoned {poisoned}; next {next:?}")
+    }
+
+    /// The answers a one-key statement may meet: granted, a try's busy,
+    /// a wrong tag, a malformed row, the server's error, a foreign
+    /// statement's row.
+    fn answers(statement: &Statement<'_>) -> Vec<Result<Reply, DriverError>> {
+        let tag = statement.sql().tag().unwrap();
+        let shaped = |n| match statement.reply() {
+            ReplyShape::Locked => Reply::Locked { tag },
+            _ => Reply::Tagged { tag, n },
+        };
+        vec![
+            Ok(shaped(1)),
+            Ok(Reply::Tagged { tag, n: 0 }),
+            Ok(Reply::Tagged { tag, n: 2 }),
+            Ok(Reply::Locked { tag: tag + 1 }),
+            Ok(Reply::Malformed("2 rows".into())),
+            Err(DriverError::new("x")
+                .code(Some("40P01"))
+                .message(Some("deadlock detected"))),
+            Err(DriverError::new("DataRow field count").foreign_reply(true)),
+        ]
+    }
+
+    /// Runs `key` in `mode` through both kinds of call, from each starting
+    /// state (nothing held, the key held shared, held exclusive), for each
+    /// answer, and compares what they leave; returns how many were compared.
+    fn compare<K: AdvisoryKey>(key: &K, mode: Mode, try_only: bool) -> usize {
+        let policy = policy();
+        let wait = if try_only { Wait::Try } else { Wait::Forever };
+        let site = Location::caller();
+        let mut compared = 0;
+        for before in [None, Some(Mode::Shared), Some(Mode::Exclusive)] {
+            // A transaction that holds `key` in `before`.
+            let state = || {
                 let state = TxState::new();
-                let mut call = state.acquire(&policy, 0, request, wait).unwrap();
-                let round: Vec<_> = call.round().unwrap().iter().copied().collect();
-                match call.single() {
-                    Some(single) => {
-                        singles += 1;
-                        assert_eq!(round.len(), 1, "{wait:?}");
-                        assert_eq!(single.sql(), round[0].sql());
-                        assert_eq!(single.params(), round[0].params());
-                        let answer = granted(&round).remove(0);
-                        call.receive_single(Ok::<_, DriverError>(answer), |_, a| a.clone());
-                        assert!(call.is_finished());
-                        assert!(call.finish().unwrap().is_ok());
-                        assert_eq!(state.held_count(), 1);
-                    }
-                    None => assert!(
-                        round.len() > 1 || matches!(wait, Wait::Timeout(_)) || call.plan.len() > 1,
-                        "{wait:?}: {round:?}"
-                    ),
+                if let Some(before) = before {
+                    let mut call = state
+                        .acquire(&policy, 0, Request::one(key, before), Wait::Forever)
+                        .unwrap();
+                    let round = call.round().unwrap();
+                    let replies = granted(&round);
+                    call.receive(Ok(replies));
+                    call.finish().unwrap().unwrap();
                 }
+                state
+            };
+            let (one_state, general_state) = (state(), state());
+            let one = one_state
+                .acquire_one(&policy, 0, (key, mode), try_only, Some(site))
+                .unwrap();
+            let general = general_state
+                .acquire(&policy, 0, Request::one(key, mode).at(site), wait)
+                .unwrap();
+            let statement = one.statement();
+            let sent = general.round().map(|r| {
+                assert_eq!(r.len(), 1, "{r:?}");
+                (r[0].sql(), r[0].params().to_vec())
+            });
+            assert_eq!(
+                statement.map(|s| (s.sql(), s.params().to_vec())),
+                sent,
+                "{mode:?} {wait:?} held {before:?}"
+            );
+            let Some(statement) = statement else {
+                // Held already: granted, nothing sent, nothing in flight.
+                assert_eq!(
+                    left(&one_state, one.finish()),
+                    left(&general_state, general.finish())
+                );
+                compared += 1;
+                continue;
+            };
+            for i in 0..answers(&statement).len() {
+                let answer = || answers(&statement).into_iter().nth(i).unwrap();
+                let (one_state, general_state) = (state(), state());
+                let mut one = one_state
+                    .acquire_one(&policy, 0, (key, mode), try_only, Some(site))
+                    .unwrap();
+                let mut general = general_state
+                    .acquire(&policy, 0, Request::one(key, mode).at(site), wait)
+                    .unwrap();
+                one.receive(answer(), |_, reply| reply.clone());
+                general.receive(answer().map(|reply| vec![reply]));
+                assert!(one.statement().is_none());
+                assert!(general.round().is_none());
+                let (one, general) = (
+                    left(&one_state, one.finish()),
+                    left(&general_state, general.finish()),
+                );
+                assert_eq!(one, general, "{mode:?} {wait:?} held {before:?}");
+                compared += 1;
             }
         }
-        // Forever and Try, four one-key requests each.
-        assert_eq!(singles, 8);
+        // Dropped unanswered, both poison the transaction.
+        let (one_state, general_state) = (TxState::new(), TxState::new());
+        let one = one_state
+            .acquire_one(&policy, 0, (key, mode), try_only, None)
+            .unwrap();
+        let general = general_state
+            .acquire(&policy, 0, Request::one(key, mode), wait)
+            .unwrap();
+        drop((one, general));
+        assert!(one_state.is_poisoned() && general_state.is_poisoned());
+        compared
+    }
+
+    /// A one-key call ([`TxState::acquire_one`]) is the general call of the
+    /// same key ([`TxState::acquire`] of [`Request::one`]) in less work:
+    /// the same statement, and for every answer the same outcome,
+    /// bookkeeping and poisoning; held already, the same grant and no
+    /// statement; dropped unanswered, the same poisoning.
+    #[test]
+    fn a_one_key_call_is_the_general_call_of_its_key() {
+        let mut compared = 0;
+        for try_only in [false, true] {
+            for mode in [Mode::Exclusive, Mode::Shared] {
+                compared += compare(&K(1), mode, try_only);
+                compared += compare(&P(2), mode, try_only);
+            }
+        }
+        // Each: 7 answers when nothing is held, 7 more (a shared hold
+        // upgraded) or a relock for the shared hold, a relock for the
+        // exclusive hold.
+        assert_eq!(compared, 2 * 2 * (7 + 7 + 1) + 2 * 2 * (7 + 1 + 1));
     }
 
     #[test]

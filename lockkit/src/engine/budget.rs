@@ -190,15 +190,22 @@ impl TxLocks {
 
     /// Records the outcome of a request started with [`TxLocks::start`].
     ///
-    /// `acquired` says whether the plan's keys are now held at `depth`. When
-    /// the request failed and the transaction is aborted (`aborted`), the keys
-    /// may be partly held: they are recorded as held (so the budget stays
-    /// conservative) and every later request fails until a rollback to
-    /// `depth` or above forgets them.
-    pub(crate) fn finish(&mut self, plan: &Plan, depth: u32, acquired: bool, aborted: bool) {
+    /// `acquired` says whether the request's keys, `taken` (its plan's:
+    /// [`Plan::taken`]), are now held at `depth`. When the request failed
+    /// and the transaction is aborted (`aborted`), the keys may be partly
+    /// held: they are recorded as held (so the budget stays conservative)
+    /// and every later request fails until a rollback to `depth` or above
+    /// forgets them.
+    pub(crate) fn finish(
+        &mut self,
+        taken: impl Iterator<Item = (LockKey, Mode)>,
+        depth: u32,
+        acquired: bool,
+        aborted: bool,
+    ) {
         self.in_flight = false;
         if acquired || aborted {
-            self.held.take(plan.keys().zip(plan.modes()), depth);
+            self.held.take(taken, depth);
         }
         if aborted {
             self.aborted_at = Some(self.aborted_at.map_or(depth, |d| d.min(depth)));
@@ -265,7 +272,7 @@ mod tests {
             .unwrap()
             .0;
         t.start();
-        t.finish(&p, 0, true, false);
+        t.finish(p.taken(), 0, true, false);
         assert_eq!(t.len(), 2);
         assert_eq!(
             t.plan(&req(&[(1, Mode::Shared), (2, Mode::Shared)]), 10, &c)
@@ -297,7 +304,7 @@ mod tests {
             .unwrap()
             .0;
         t.start();
-        t.finish(&p, 0, true, false);
+        t.finish(p.taken(), 0, true, false);
         let err = t
             .plan(
                 &req(&[
@@ -326,11 +333,11 @@ mod tests {
         for (key, depth) in [(1, 0), (2, 1), (3, 2)] {
             let p = t.plan(&req(&[(key, Mode::Shared)]), 10, &c).unwrap().0;
             t.start();
-            t.finish(&p, depth, true, false);
+            t.finish(p.taken(), depth, true, false);
         }
         let p = t.plan(&req(&[(1, Mode::Exclusive)]), 10, &c).unwrap().0;
         t.start();
-        t.finish(&p, 2, true, false);
+        t.finish(p.taken(), 2, true, false);
         t.release_savepoint(2);
         t.rollback_savepoint(1);
         assert_eq!(
@@ -349,7 +356,7 @@ mod tests {
             t.plan(&req(&[(2, Mode::Exclusive)]), 10, &c),
             Err(e) if e.kind() == ErrorKind::LockInFlight
         ));
-        t.finish(&p, 1, false, true);
+        t.finish(p.taken(), 1, false, true);
         assert!(matches!(
             t.plan(&req(&[(2, Mode::Exclusive)]), 10, &c),
             Err(e) if e.kind() == ErrorKind::TransactionAborted
@@ -406,7 +413,7 @@ mod tests {
                 keys.dedup_by_key(|(k, _)| *k);
                 let plan = Plan::from_sorted(keys.iter().copied());
                 t.start();
-                t.finish(&plan, depth, true, false);
+                t.finish(plan.taken(), depth, true, false);
                 for (key, mode) in &keys {
                     let slot = model.entry(*key).or_default().slot(*mode);
                     if slot.is_none() {

@@ -11,6 +11,14 @@
 //! transaction, and makes the guards from the outcome ([`Grant::lock`] and
 //! its siblings, which every adapter calls). Only the engine makes guards.
 //!
+//! The most common call, one key that waits as long as it takes or not at
+//! all (an adapter's `lock`, `lock_shared`, `try_lock`, `try_lock_shared`),
+//! is one statement and one reply: [`TxState::acquire_one`] starts it as a
+//! [`OneCall`], with the same checks, reply check, bookkeeping and metrics
+//! as [`Acquisition`] (one implementation of each, shared) and without the
+//! rounds. That path is about 1 % of a whole one-lock transaction faster
+//! (BENCHMARKS.md).
+//!
 //! An adapter (tokio-postgres in [`crate::pg`], `lockkit-diesel`, …) only
 //! sends [`Statement`]s on its connection, pipelined where its driver allows,
 //! turns the rows into [`Reply`]s, turns its errors into [`DriverError`]s,
@@ -64,7 +72,8 @@ pub mod sql;
 mod statement;
 
 pub use acquire::{
-    Acquisition, Grant, Policy, Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait,
+    Acquisition, Grant, OneCall, Policy, Request, SavepointEnd, SavepointEnding, TxSlot, TxState,
+    Wait,
 };
 pub use error::DriverError;
 pub use facts::{FactsRow, HASHTEXT_PROBES};

@@ -213,6 +213,11 @@ impl Plan {
         big.chain(pair)
     }
 
+    /// The keys and their modes, in acquisition order.
+    pub(crate) fn taken(&self) -> impl Iterator<Item = (LockKey, Mode)> + '_ {
+        self.keys().zip(self.modes())
+    }
+
     /// The modes, parallel to [`Plan::keys`].
     pub(crate) fn modes(&self) -> impl Iterator<Item = Mode> + '_ {
         let shared = self.bigint_shared.iter().chain(&self.pair_shared);

@@ -177,6 +177,21 @@ impl Sql {
         }
     }
 
+    /// Whether the statement takes one key: a lock, or its try.
+    pub(crate) fn is_one_key(self) -> bool {
+        matches!(
+            self,
+            Sql::LockBigint
+                | Sql::LockBigintShared
+                | Sql::LockPair
+                | Sql::LockPairShared
+                | Sql::TryBigint
+                | Sql::TryBigintShared
+                | Sql::TryPair
+                | Sql::TryPairShared
+        )
+    }
+
     /// The tag the statement's row starts with (`None` for the
     /// simple-protocol ones, which answer no row): the ASCII bytes of
     /// `lockkit` and, in the last byte, the statement's number. A number is

@@ -85,7 +85,7 @@ fn pg_value<'p>(p: &'p Param<'_>) -> &'p (dyn ToSql + Sync) {
 
 /// What the server answered one statement: lockkit's statements answer at
 /// most one row, kept inline.
-enum Answer {
+pub(crate) enum Answer {
     Done,
     Rows(SmallVec<[Row; 1]>),
 }
@@ -115,19 +115,29 @@ async fn send_round(
             .into_iter()
             .collect(),
         (Some(cache), _) => {
-            let (prepared, answers) = join(
-                cache.prepare(client),
-                join_all(round.iter().map(|stmt| send(client, None, stmt))),
-            )
-            .await;
-            if let Err(e) = prepared {
-                // Unnamed statements served this round; the next one tries
-                // again.
-                tracing::debug!(error = %e, "lockkit: could not prepare lockkit's statements");
-            }
-            answers.into_iter().collect()
+            let answers = join_all(round.iter().map(|stmt| send(client, None, stmt)));
+            preparing(client, cache, answers)
+                .await
+                .into_iter()
+                .collect()
         }
     }
+}
+
+/// Runs `unnamed` (statements sent unnamed) right behind the `Parse`
+/// messages of lockkit's statements, which the first lock call on a
+/// connection sends; the prepared statements serve the next calls.
+async fn preparing<T>(
+    client: &Client,
+    cache: &StatementCache,
+    unnamed: impl Future<Output = T>,
+) -> T {
+    let (prepared, out) = join(cache.prepare(client), unnamed).await;
+    if let Err(e) = prepared {
+        // Unnamed statements served this call; the next one tries again.
+        tracing::debug!(error = %e, "lockkit: could not prepare lockkit's statements");
+    }
+    out
 }
 
 /// Sends one statement: prepared when `prepared` has it, else unnamed
@@ -194,7 +204,7 @@ impl ReplyRow for Row {
 }
 
 /// Reads one answer in the shape the statement promises.
-fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
+pub(crate) fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
     match answer {
         Answer::Done => read_reply::<Row>(stmt, None),
         Answer::Rows(rows) => read_reply(stmt, Some(rows)),
@@ -342,50 +352,38 @@ fn foreign_row(e: &tokio_postgres::Error) -> bool {
             })
 }
 
-/// Drives an acquisition to its outcome on `client`.
+/// Sends a one-key call's statement on `client` (see
+/// [`OneCall`](crate::engine::OneCall)) and returns its answer.
+///
+/// If the future is dropped while the statement is in flight, a cancel
+/// request goes to the server through `canceller`, and `cancelled` records
+/// that, for the transaction's rollback (the dropped call poisons the
+/// transaction).
+pub(crate) async fn send_one(
+    client: &Client,
+    cache: Option<&StatementCache>,
+    canceller: &Canceller,
+    cancelled: &AtomicBool,
+    statement: Statement<'_>,
+) -> Result<Answer, DriverError> {
+    let mut guard = cancel_guard(client, canceller, cancelled);
+    let answer = match cache.filter(|c| c.ready().is_none()) {
+        None => send(client, cache.and_then(StatementCache::ready), &statement).await,
+        // The connection's first lock call: boxed, so that every later
+        // call's future stays small.
+        Some(cache) => Box::pin(preparing(client, cache, send(client, None, &statement))).await,
+    };
+    guard.disarm();
+    answer.map_err(driver_error)
+}
+
+/// Drives an acquisition to its outcome on `client`, round after round,
+/// each pipelined.
 ///
 /// If the future is dropped while a round is in flight, the acquisition
 /// poisons the transaction and a cancel request goes to the server through
 /// `canceller`; `cancelled` records that, for the transaction's rollback.
-///
-/// An `async` block rather than an `async fn`: the block keeps what it
-/// captures once, where an `async fn` would keep a second copy of the
-/// acquisition next to its arguments.
-// An `async fn` would double the future (above). Always inlined: see
-// `LockTx::drive`.
-#[allow(clippy::manual_async_fn)]
-#[inline(always)]
-pub(crate) fn drive<'a>(
-    client: &'a Client,
-    cache: Option<&'a StatementCache>,
-    canceller: &'a Canceller,
-    cancelled: &'a AtomicBool,
-    mut call: Acquisition<'a>,
-) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 'a {
-    async move {
-        // Most calls are one statement (and lockkit's statements already
-        // prepared, or never): sent and received without the general
-        // rounds, whose larger future is boxed below.
-        let prepared = cache.and_then(StatementCache::ready);
-        let single = match cache.is_none() || prepared.is_some() {
-            true => call.single(),
-            false => None,
-        };
-        if let Some(statement) = single {
-            let mut guard = cancel_guard(client, canceller, cancelled);
-            let result = send(client, prepared, &statement).await;
-            guard.disarm();
-            call.receive_single(result.map_err(driver_error), reply);
-            if call.is_finished() {
-                return call.finish();
-            }
-        }
-        Box::pin(drive_rounds(client, cache, canceller, cancelled, call)).await
-    }
-}
-
-/// [`drive`]'s general case: round after round, each pipelined.
-async fn drive_rounds(
+pub(crate) async fn drive(
     client: &Client,
     cache: Option<&StatementCache>,
     canceller: &Canceller,

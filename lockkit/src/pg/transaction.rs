@@ -367,7 +367,7 @@ impl<'c> LockTx<'c> {
         &self,
         key: K,
     ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
-        self.lock_one(key, Mode::Exclusive, Wait::Forever, Location::caller())
+        self.lock_one(key, Mode::Exclusive, Location::caller())
     }
 
     /// Takes `key` shared: other shared holders are admitted, exclusive ones
@@ -385,7 +385,7 @@ impl<'c> LockTx<'c> {
         &self,
         key: K,
     ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
-        self.lock_one(key, Mode::Shared, Wait::Forever, Location::caller())
+        self.lock_one(key, Mode::Shared, Location::caller())
     }
 
     /// Takes `key` exclusive, waiting at most `timeout` (measured by the
@@ -407,12 +407,7 @@ impl<'c> LockTx<'c> {
         key: K,
         timeout: Duration,
     ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
-        self.lock_one(
-            key,
-            Mode::Exclusive,
-            Wait::Timeout(timeout),
-            Location::caller(),
-        )
+        self.lock_timed(key, Mode::Exclusive, timeout, Location::caller())
     }
 
     /// Takes `key` shared, waiting at most `timeout`.
@@ -430,12 +425,7 @@ impl<'c> LockTx<'c> {
         key: K,
         timeout: Duration,
     ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
-        self.lock_one(
-            key,
-            Mode::Shared,
-            Wait::Timeout(timeout),
-            Location::caller(),
-        )
+        self.lock_timed(key, Mode::Shared, timeout, Location::caller())
     }
 
     /// Takes `key` exclusive if no other transaction holds it, without
@@ -590,16 +580,9 @@ impl<'c> LockTx<'c> {
         &self,
         value: K,
         mode: Mode,
-        wait: Wait,
         site: &'static Location<'static>,
     ) -> Result<Held<'_, K>, Error> {
-        let call = self.shared.state.acquire(
-            self.locker.policy(),
-            self.depth,
-            Request::one(&value, mode).at(site),
-            wait,
-        )?;
-        Grant::lock(self.drive(call).await, value)
+        Grant::lock(self.send_one(&value, mode, false, site).await, value)
     }
 
     async fn try_lock_one<K: AdvisoryKey>(
@@ -608,13 +591,64 @@ impl<'c> LockTx<'c> {
         mode: Mode,
         site: &'static Location<'static>,
     ) -> Result<Result<Held<'_, K>, K>, Error> {
+        Grant::try_lock(self.send_one(&value, mode, true, site).await, value)
+    }
+
+    async fn lock_timed<K: AdvisoryKey>(
+        &self,
+        value: K,
+        mode: Mode,
+        timeout: Duration,
+        site: &'static Location<'static>,
+    ) -> Result<Held<'_, K>, Error> {
         let call = self.shared.state.acquire(
             self.locker.policy(),
             self.depth,
             Request::one(&value, mode).at(site),
-            Wait::Try,
+            Wait::Timeout(timeout),
         )?;
-        Grant::try_lock(self.drive(call).await, value)
+        Grant::lock(self.drive(call).await, value)
+    }
+
+    /// A one-key call of one statement (a lock that waits, or a try): its
+    /// outcome.
+    ///
+    /// Always inlined, as the engine's hot path is: the statement's future
+    /// is then built in the lock call's own state, not returned from here
+    /// and copied there.
+    #[inline(always)]
+    fn send_one<'s, K: AdvisoryKey>(
+        &'s self,
+        value: &'s K,
+        mode: Mode,
+        try_only: bool,
+        site: &'static Location<'static>,
+    ) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 's {
+        async move {
+            let mut call = self.shared.state.acquire_one(
+                self.locker.policy(),
+                self.depth,
+                (value, mode),
+                try_only,
+                Some(site),
+            )?;
+            if let Some(statement) = call.statement() {
+                let (client, cache) = (self.client(), self.cache);
+                let (canceller, cancelled) = (self.locker.canceller(), &self.shared.cancelled);
+                // With no span wanted (no debug subscriber), the statement's
+                // future (about 1.4 KB) is awaited where it is built: the
+                // span's wrapper would first move it there.
+                let answer = match call.span().is_none() {
+                    true => exec::send_one(client, cache, canceller, cancelled, statement).await,
+                    false => {
+                        let send = exec::send_one(client, cache, canceller, cancelled, statement);
+                        call.in_span(send).await
+                    }
+                };
+                call.receive(answer, exec::reply);
+            }
+            call.finish()
+        }
     }
 
     async fn acquire_batch(
@@ -631,12 +665,6 @@ impl<'c> LockTx<'c> {
     }
 
     /// Runs `call` on this transaction's connection, in its span.
-    ///
-    /// Always inlined, as [`exec::drive`] and `Acquisition::run` are: the
-    /// driver's future (1.6 KB) is then built in the lock call's own state.
-    /// Returned through calls that were not inlined, it was copied there
-    /// twice per lock call.
-    #[inline(always)]
     fn drive<'s>(
         &'s self,
         call: crate::engine::Acquisition<'s>,
