@@ -432,17 +432,16 @@ impl<'t> LockTx<'t> {
     ) -> Result<Result<Grant, Busy>, Error> {
         self.check_depth()?;
         let policy = self.locker.policy();
-        let mut call = self
+        let call = self
             .state
             .acquire_one(policy, self.depth, (value, mode), try_only, None)?;
-        if let Some(statement) = call.statement() {
-            let canceller = self.locker.canceller();
-            let mode = policy.config().statement_mode();
-            let send = exec::send_one(self.conn, mode, canceller, statement);
-            let answer = call.in_span(send).await;
-            call.receive(answer, |_, a| a.reply());
-        }
-        call.finish()
+        let (canceller, mode) = (self.locker.canceller(), policy.config().statement_mode());
+        let conn = &mut *self.conn;
+        call.run(
+            move |statement| exec::send_one(conn, mode, canceller, statement),
+            |_, a| a.reply(),
+        )
+        .await
     }
 
     /// Checks diesel-async's transaction depth, then lets the engine run the

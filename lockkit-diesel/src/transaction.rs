@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use diesel::result::Error as DieselError;
 use diesel::PgConnection;
-use lockkit::engine::{Acquisition, Grant, Request, SavepointEnd, TxSlot, TxState, Wait};
+use lockkit::engine::{
+    Acquisition, DriverError, Grant, Request, SavepointEnd, TxSlot, TxState, Wait,
+};
 use lockkit::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 
 use crate::locker::Locker;
@@ -339,18 +341,12 @@ impl<'c> LockTx<'c> {
         }
         let site = Some(std::panic::Location::caller());
         let policy = self.locker.policy();
-        let mut call = self
+        let call = self
             .state
             .acquire_one(policy, self.depth, (value, mode), try_only, site)?;
-        if let Some(statement) = call.statement() {
-            let mode = policy.config().statement_mode();
-            let answer = call
-                .span()
-                .in_scope(|| pg::run(self.conn, &statement, mode))
-                .map_err(lockkit::engine::DriverError::from);
-            call.receive(answer, |_, a| a.reply());
-        }
-        call.finish()
+        let mode = policy.config().statement_mode();
+        let send = |statement| pg::run(self.conn, &statement, mode).map_err(DriverError::from);
+        call.run_blocking(send, |_, a| a.reply())
     }
 
     /// Checks Diesel's transaction depth, then lets the engine run the call.

@@ -409,15 +409,15 @@ impl<'t> LockTx<'t> {
     ) -> Result<Result<Grant, Busy>, Error> {
         self.check_in_transaction()?;
         let policy = self.locker.policy();
-        let mut call = self
+        let call = self
             .state
             .acquire_one(policy, self.depth, (value, mode), try_only, None)?;
-        if let Some(statement) = call.statement() {
-            let mode = policy.config().statement_mode();
-            let answer = call.in_span(exec::run(self.conn, statement, mode)).await;
-            call.receive(answer, exec::reply);
-        }
-        call.finish()
+        let mode = policy.config().statement_mode();
+        call.run(
+            |statement| exec::run(self.conn, statement, mode),
+            exec::reply,
+        )
+        .await
     }
 
     /// Checks sqlx's transaction depth, then lets the engine run the call.

@@ -904,10 +904,12 @@ impl Acquisition<'_> {
 }
 
 /// A one-key call of one statement, started by [`TxState::acquire_one`]:
-/// a lock that waits as long as it takes, or a try. The adapter sends
-/// [`OneCall::statement`] (when there is one) in [`OneCall::span`], hands
-/// the answer to [`OneCall::receive`], and the outcome of
-/// [`OneCall::finish`] to [`Grant::lock`] or [`Grant::try_lock`].
+/// a lock that waits as long as it takes, or a try. The adapter runs it
+/// with [`OneCall::run`] (or [`OneCall::run_blocking`]), giving it how to
+/// send a statement on its connection and read the answer, and hands the
+/// outcome to [`Grant::lock`] or [`Grant::try_lock`]. Or step by step:
+/// send [`OneCall::statement`] (when there is one), hand the answer to
+/// [`OneCall::receive`], then call [`OneCall::finish`].
 ///
 /// Dropped after its statement was sent and before its answer was
 /// received, it poisons the transaction: the server may have granted the
@@ -926,7 +928,7 @@ pub struct OneCall<'a> {
     outcome: Option<Result<Granted, Error>>,
 }
 
-impl OneCall<'_> {
+impl<'a> OneCall<'a> {
     /// The statement to send, or `None` when the outcome is known (the key
     /// was held already, or the answer is received): then call
     /// [`OneCall::finish`].
@@ -942,19 +944,64 @@ impl OneCall<'_> {
         })
     }
 
-    /// The span of this call (as [`Acquisition::span`]): an async adapter
-    /// sends the statement inside it ([`OneCall::in_span`]), a blocking one
-    /// in `Span::in_scope`.
-    pub fn span(&self) -> &tracing::Span {
-        &self.ledger.span
+    /// Runs the call on an async driver: `send` sends
+    /// [`OneCall::statement`] (when there is one: the key may be held
+    /// already) and returns the driver's answer, inside the call's span
+    /// (entered at each poll, so that what the driver reports of the
+    /// statement is nested under the call); `read` reads the answer into
+    /// its reply. The outcome goes to [`Grant::lock`] or
+    /// [`Grant::try_lock`].
+    ///
+    /// Dropped while `send` is in flight, the call poisons the transaction;
+    /// the adapter's `send` cancels its statement when dropped.
+    ///
+    /// # Errors
+    ///
+    /// As [`Acquisition::finish`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe by itself: dropped after `send` started, the
+    /// transaction is poisoned (the server may grant the key), and what
+    /// reaches the server is `send`'s to settle (a cancel request).
+    // Always inlined: `send`'s future (about 1.4 KB on tokio-postgres) is
+    // then built where the adapter's lock call keeps it, not moved there.
+    #[inline(always)]
+    pub async fn run<A, F, S, R>(mut self, send: S, read: R) -> Result<Result<Grant, Busy>, Error>
+    where
+        S: FnOnce(Statement<'static>) -> F,
+        F: std::future::Future<Output = Result<A, DriverError>>,
+        R: FnOnce(&Statement<'_>, &A) -> Reply,
+    {
+        if let Some(statement) = self.statement() {
+            use tracing::Instrument as _;
+            // No span wanted (no debug subscriber): awaited where it is
+            // built; the span's wrapper would move it there first.
+            let answer = match self.ledger.span.is_none() {
+                true => send(statement).await,
+                false => send(statement).instrument(self.ledger.span.clone()).await,
+            };
+            self.receive(answer, read);
+        }
+        self.finish()
     }
 
-    /// `send`, the adapter's future that sends [`OneCall::statement`], run
-    /// inside the call's span (entered at each poll), so that what the
-    /// driver reports of the statement is nested under the call.
-    pub fn in_span<F: std::future::Future>(&self, send: F) -> tracing::instrument::Instrumented<F> {
-        use tracing::Instrument as _;
-        send.instrument(self.ledger.span.clone())
+    /// [`OneCall::run`] on a blocking driver: `send` runs inside the call's
+    /// span.
+    ///
+    /// # Errors
+    ///
+    /// As [`Acquisition::finish`].
+    pub fn run_blocking<A>(
+        mut self,
+        send: impl FnOnce(Statement<'static>) -> Result<A, DriverError>,
+        read: impl FnOnce(&Statement<'_>, &A) -> Reply,
+    ) -> Result<Result<Grant, Busy>, Error> {
+        if let Some(statement) = self.statement() {
+            let answer = self.ledger.span.in_scope(|| send(statement));
+            self.receive(answer, read);
+        }
+        self.finish()
     }
 
     /// Takes the answer to [`OneCall::statement`], read into its reply by

@@ -625,29 +625,17 @@ impl<'c> LockTx<'c> {
         site: &'static Location<'static>,
     ) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 's {
         async move {
-            let mut call = self.shared.state.acquire_one(
+            let call = self.shared.state.acquire_one(
                 self.locker.policy(),
                 self.depth,
                 (value, mode),
                 try_only,
                 Some(site),
             )?;
-            if let Some(statement) = call.statement() {
-                let (client, cache) = (self.client(), self.cache);
-                let (canceller, cancelled) = (self.locker.canceller(), &self.shared.cancelled);
-                // With no span wanted (no debug subscriber), the statement's
-                // future (about 1.4 KB) is awaited where it is built: the
-                // span's wrapper would first move it there.
-                let answer = match call.span().is_none() {
-                    true => exec::send_one(client, cache, canceller, cancelled, statement).await,
-                    false => {
-                        let send = exec::send_one(client, cache, canceller, cancelled, statement);
-                        call.in_span(send).await
-                    }
-                };
-                call.receive(answer, exec::reply);
-            }
-            call.finish()
+            let (client, cache) = (self.client(), self.cache);
+            let (canceller, cancelled) = (self.locker.canceller(), &self.shared.cancelled);
+            let send = |statement| exec::send_one(client, cache, canceller, cancelled, statement);
+            call.run(send, exec::reply).await
         }
     }
 
