@@ -233,23 +233,30 @@ async fn concurrent_lock_calls_on_one_transaction_are_refused() {
 /// aborted transaction by rolling back, which tokio-postgres reports as
 /// success. A commit that said Ok would have lost the transaction's writes.
 /// The control commits the same writes without a cut-off call and sees them.
+///
+/// Each round has a connection of its own. tokio-postgres sends a cancel
+/// request without waiting for the server to process it (libpq waits), so
+/// a request the server processes late can cancel a later statement on the
+/// same connection: seen once in CI, where a cancel request of a cut-off
+/// round cancelled a later round's lock call before it waited
+/// (`LockTx::rollback` documents it).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transaction_whose_lock_call_was_cut_off_does_not_report_a_commit() {
     let db = TestServer::shared();
     let _log = db.guard();
     let mut holder = db.connect().await;
-    let mut client = db.connect().await;
     let observer = db.connect().await;
-    let pid = backend_pid(&client).await;
-    let locker = locker(&client, Config::default()).await;
-    let table = format!("lockkit_cut_off_{pid}");
-    client
+    let locker = locker(&observer, Config::default()).await;
+    let table = format!("lockkit_cut_off_{}", backend_pid(&observer).await);
+    observer
         .batch_execute(&format!("CREATE TABLE {table} (id int8)"))
         .await
         .unwrap();
     let busy = Key { id: 30 };
 
     for (round, cut_off) in [(1_i64, true), (2, false), (3, true), (4, false)] {
+        let mut client = db.connect().await;
+        let pid = backend_pid(&client).await;
         let held_elsewhere = holder.transaction().await.unwrap();
         let LockKey::BigInt(k) = busy.lock_key() else {
             unreachable!("Key is a BigInt key")
@@ -289,10 +296,10 @@ async fn a_transaction_whose_lock_call_was_cut_off_does_not_report_a_commit() {
                 assert_eq!(rows, 0, "round {round}: refused, yet committed");
             }
         }
-        // The connection is clean for the next round.
+        // Nothing is left on the connection.
         assert_eq!(advisory_rows(&observer, pid).await, 0);
     }
-    client
+    observer
         .batch_execute(&format!("DROP TABLE {table}"))
         .await
         .unwrap();

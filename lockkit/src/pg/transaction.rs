@@ -224,7 +224,13 @@ impl<'c> LockTx<'c> {
     /// [`Locker::cancel_tls`](crate::Locker::cancel_tls)). PostgreSQL can
     /// deliver one cancel request twice, and cancel the `ROLLBACK` too; a
     /// transaction's `ROLLBACK` is then sent again (up to five times), so
-    /// the connection is not left in a transaction.
+    /// the connection is not left in a transaction. tokio-postgres sends a
+    /// cancel request without waiting for the server to process it (libpq
+    /// waits), so on a loaded server a request processed late can still
+    /// cancel a statement sent after this rollback: a later statement on
+    /// the connection may fail once with
+    /// [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled). Discard the
+    /// connection after a cut-off call to rule that out.
     ///
     /// # Errors
     ///
