@@ -190,9 +190,8 @@ impl TxState {
     /// waiting as long as it takes, or not at all when `try_only` (the
     /// calls behind an adapter's `lock`, `lock_shared`, `try_lock` and
     /// `try_lock_shared`). The same checks and bookkeeping as
-    /// [`TxState::acquire`], without its rounds: the adapter sends
-    /// [`OneCall::statement`], hands the answer to [`OneCall::receive`], and
-    /// makes the guard from [`OneCall::finish`]. `site` is the
+    /// [`TxState::acquire`], without its rounds: the adapter runs it with
+    /// [`OneCall::run`] and makes the guard from its outcome. `site` is the
     /// application's call site, when the adapter knows it (see
     /// [`Request::at`]).
     ///
@@ -911,9 +910,9 @@ impl Acquisition<'_> {
 /// send [`OneCall::statement`] (when there is one), hand the answer to
 /// [`OneCall::receive`], then call [`OneCall::finish`].
 ///
-/// Dropped after its statement was sent and before its answer was
-/// received, it poisons the transaction: the server may have granted the
-/// key.
+/// Dropped before its answer is received (once started, its statement
+/// counts as sent), it poisons the transaction: the server may have
+/// granted the key. Held already, it sends nothing and poisons nothing.
 #[derive(Debug)]
 #[must_use = "a lock call must be driven to its outcome, or it poisons the transaction"]
 pub struct OneCall<'a> {

@@ -16,7 +16,7 @@
 //! is one statement and one reply: [`TxState::acquire_one`] starts it as a
 //! [`OneCall`], with the same checks, reply check, bookkeeping and metrics
 //! as [`Acquisition`] (one implementation of each, shared) and without the
-//! rounds. That path is about 1 % of a whole one-lock transaction faster
+//! rounds: a whole one-lock transaction is about 0.5–1 % faster through it
 //! (BENCHMARKS.md).
 //!
 //! An adapter (tokio-postgres in [`crate::pg`], `lockkit-diesel`, …) only
