@@ -336,9 +336,7 @@ impl<'c> LockTx<'c> {
         mode: Mode,
         try_only: bool,
     ) -> Result<Result<Grant, Busy>, Error> {
-        if pg::transaction_depth(self.conn)? == 0 {
-            return Err(not_in_transaction());
-        }
+        self.check_in_transaction()?;
         let site = Some(std::panic::Location::caller());
         let policy = self.locker.policy();
         let call = self
@@ -352,14 +350,23 @@ impl<'c> LockTx<'c> {
     /// Checks Diesel's transaction depth, then lets the engine run the call.
     #[track_caller]
     fn drive(&mut self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
-        if pg::transaction_depth(self.conn)? == 0 {
-            return Err(not_in_transaction());
-        }
+        self.check_in_transaction()?;
         let request = request.at(std::panic::Location::caller());
         let policy = self.locker.policy();
         let call: Acquisition<'_> = self.state.acquire(policy, self.depth, request, wait)?;
         let mode = policy.config().statement_mode();
         call.run_blocking(|call| pg::drive(self.conn, mode, call))
+    }
+}
+
+impl LockTx<'_> {
+    /// A lock call outside a transaction (Diesel's transaction already
+    /// ended) is refused before anything is sent.
+    fn check_in_transaction(&mut self) -> Result<(), Error> {
+        match pg::transaction_depth(self.conn)? {
+            0 => Err(not_in_transaction()),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -247,11 +247,7 @@ async fn a_transaction_whose_lock_call_was_cut_off_does_not_report_a_commit() {
     let mut holder = db.connect().await;
     let observer = db.connect().await;
     let locker = locker(&observer, Config::default()).await;
-    let table = format!("lockkit_cut_off_{}", backend_pid(&observer).await);
-    observer
-        .batch_execute(&format!("CREATE TABLE {table} (id int8)"))
-        .await
-        .unwrap();
+    let table = lockkit_tests::scratch_table(&observer, "lockkit_cut_off").await;
     let busy = Key { id: 30 };
 
     for (round, cut_off) in [(1_i64, true), (2, false), (3, true), (4, false)] {

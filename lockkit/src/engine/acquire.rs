@@ -980,7 +980,7 @@ impl<'a> OneCall<'a> {
                 true => send(statement).await,
                 false => send(statement).instrument(self.ledger.span.clone()).await,
             };
-            self.receive(answer, read);
+            self.answered(statement, answer, read);
         }
         self.finish()
     }
@@ -998,7 +998,7 @@ impl<'a> OneCall<'a> {
     ) -> Result<Result<Grant, Busy>, Error> {
         if let Some(statement) = self.statement() {
             let answer = self.ledger.span.in_scope(|| send(statement));
-            self.receive(answer, read);
+            self.answered(statement, answer, read);
         }
         self.finish()
     }
@@ -1012,9 +1012,19 @@ impl<'a> OneCall<'a> {
         answer: Result<A, DriverError>,
         read: impl FnOnce(&Statement<'_>, &A) -> Reply,
     ) {
-        let Some(statement) = self.statement() else {
-            return;
-        };
+        if let Some(statement) = self.statement() {
+            self.answered(statement, answer, read);
+        }
+    }
+
+    /// [`OneCall::receive`] of the answer to `statement`, the call's
+    /// statement.
+    fn answered<A>(
+        &mut self,
+        statement: Statement<'static>,
+        answer: Result<A, DriverError>,
+        read: impl FnOnce(&Statement<'_>, &A) -> Reply,
+    ) {
         let taken = std::iter::once((self.key, self.mode));
         let outcome = match answer {
             Ok(answer) => match check_one(statement.sql(), &read(&statement, &answer)) {
