@@ -21,6 +21,7 @@ mod session_forms;
 mod session_lost;
 mod session_pooler;
 mod session_probe;
+mod session_silent;
 mod session_tls;
 mod smoke;
 mod standby;

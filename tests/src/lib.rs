@@ -74,6 +74,7 @@ pub mod fixtures;
 mod instance;
 pub mod observe;
 mod pgbouncer;
+mod proxy;
 mod server;
 pub mod spans;
 pub mod waits;
@@ -83,6 +84,7 @@ pub mod workload;
 mod tests;
 
 pub use pgbouncer::{PgBouncer, PgBouncerBuilder};
+pub use proxy::{Cut, Proxy};
 pub use server::{Builder, LogGuard, StopMode, TestServer};
 
 /// Attempt numbers, from 0, for as long as `limit` has not passed: for a

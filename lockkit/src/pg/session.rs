@@ -42,10 +42,19 @@
 //! [`SessionGuard::lost`] resolves: at once on a connection lockkit opened
 //! (the connection ends), at the next keepalive on a leased one. An
 //! idle-connection killer or a dead peer is noticed the same way; a
-//! half-open TCP connection (no reply at all) when a keepalive gets no
-//! reply within one cadence. Whatever the cause, `lost()` resolves within
-//! one cadence of the connection closing, and the holder must stop acting
-//! as the lock's owner.
+//! path gone silent (a half-open TCP connection, a partition: no reply at
+//! all) when a keepalive gets no reply within one cadence.
+//!
+//! Every statement lockkit runs on a held lock's connection (keepalive,
+//! [`SessionGuard::check`], [`SessionGuard::release`], the rollback of a
+//! dropped guard) waits at most one cadence for its answer; one that gets
+//! none gives the lock up and closes the connection. So whatever is in
+//! flight, `lost()` resolves within one cadence of a connection lockkit
+//! opened closing, and within two cadences of the lock's path going silent
+//! (the next keepalive starts within one, and waits at most one); `check()`
+//! and `release()` answer within two (one waiting for a statement in flight,
+//! one for their own). Once `lost()`
+//! resolves the holder must stop acting as the lock's owner.
 //!
 //! # The plain session-level form
 //!
@@ -1176,11 +1185,15 @@ impl<K> SessionGuard<K> {
     }
 
     /// Asks the server whether the lock's backend holds the lock
-    /// (`pg_locks`).
+    /// (`pg_locks`), waiting at most one keepalive cadence for the answer.
+    /// Any answer but `true` gives the lock up (its connection is closed,
+    /// and [`lost`](Self::lost) resolves): the lock is not the caller's any
+    /// more.
     ///
     /// # Errors
     ///
-    /// A server error other than a lost connection (which answers `false`).
+    /// A server error other than a lost connection. A lost connection, or
+    /// no answer within one cadence (a path gone silent), answers `false`.
     ///
     /// # Cancel safety
     ///
@@ -1209,9 +1222,12 @@ impl<K> SessionGuard<K> {
     /// # Errors
     ///
     /// [`ErrorKind::ConnectionLost`] when the connection was already gone: the
-    /// server released the lock when the session ended, possibly long ago.
-    /// Other server errors; the lock is gone either way (a connection that
-    /// could not be cleaned is closed).
+    /// server released the lock when the session ended, possibly long ago;
+    /// and when the server did not answer within one keepalive cadence (a
+    /// path gone silent): the connection is closed, and the server releases
+    /// the lock when it sees the session end. Other server errors; the lock
+    /// is gone either way (a connection that could not be cleaned is
+    /// closed).
     ///
     /// # Cancel safety
     ///
@@ -1230,7 +1246,11 @@ impl<K> SessionGuard<K> {
             lost: &self.shared.lost,
         };
         let lease = ending.lease.as_mut().expect("just put");
-        end_lock(lease, self.form, self.key, self.mode).await
+        within_cadence(
+            self.shared.cadence,
+            end_lock(lease, self.form, self.key, self.mode),
+        )
+        .await
         // `ending` drops the lease (closed, or back to its pool if clean),
         // then flips `lost`; the keeper forgets the lock at its next tick.
     }
@@ -1465,24 +1485,43 @@ async fn keep_alive(shared: &Shared) {
     let Some(lease) = slot.as_ref() else {
         return; // released meanwhile
     };
-    let reply =
-        tokio::time::timeout(shared.cadence, lease.client().batch_execute(sql::KEEPALIVE)).await;
-    match reply {
-        Ok(Ok(())) => return,
-        Ok(Err(e)) => {
-            tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid, error = %e,
-                "lockkit: a session lock's keepalive failed; the lock is gone");
-        }
-        Err(_) => {
-            tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid,
-                cadence = ?shared.cadence,
-                "lockkit: no keepalive reply within one cadence; giving the session lock up");
-        }
+    let reply = within_cadence(shared.cadence, async {
+        Ok(lease.client().batch_execute(sql::KEEPALIVE).await?)
+    })
+    .await;
+    if let Err(e) = reply {
+        tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid, error = %e,
+            "lockkit: a session lock's keepalive failed; the lock is gone");
+    } else {
+        return;
     }
     // Under the same lock as the statement that failed on it, so that no
     // release can run a ROLLBACK (and report the lock held) after a
     // failure. The connection is closed, never back to a pool unclean.
     shared.give_up(slot);
+}
+
+/// Runs `work`, statements on a held lock's connection, for at most one
+/// keepalive cadence: the one bound on every wait for the server while a
+/// lock is held (keepalive, check, release, the rollback of a dropped
+/// guard). A path gone silent thus never holds the connection (and its
+/// mutex) longer than a cadence, and [`SessionGuard::lost`] resolves
+/// within two cadences of the silence: the next keepalive starts within
+/// one (after whatever holds the connection), and waits at most one.
+async fn within_cadence<T>(
+    cadence: Duration,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(cadence, work).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::with_message(
+            ErrorKind::ConnectionLost,
+            format!(
+                "the server did not answer within one keepalive cadence ({cadence:?}); \
+                 the session lock is given up and its connection closed"
+            ),
+        )),
+    }
 }
 
 /// Ends the lock of a connection lockkit opened as soon as the connection
@@ -1506,7 +1545,7 @@ async fn watch_connection(shared: Weak<Shared>, mut ended: watch::Receiver<bool>
 async fn check_now(shared: Arc<Shared>) -> Result<bool, Error> {
     let slot = shared.lease.lock().await;
     let answer = match slot.as_ref() {
-        Some(lease) => holds_now(lease, shared.key).await,
+        Some(lease) => holds_now(lease, shared.key, shared.cadence).await,
         None => return Ok(false),
     };
     if !matches!(answer, Ok(true)) {
@@ -1527,7 +1566,7 @@ async fn end_dropped(shared: Arc<Shared>) {
         lost: &shared.lost,
     };
     let lease = ending.lease.as_mut().expect("just put");
-    let _ = tokio::time::timeout(
+    let _ = within_cadence(
         shared.cadence,
         end_lock(lease, shared.form, shared.key, shared.mode),
     )
@@ -1535,11 +1574,16 @@ async fn end_dropped(shared: Arc<Shared>) {
 }
 
 /// Whether the lock's backend holds `key`, then the keepalive, which drops
-/// the check's portal (and snapshot); a lost connection answers `false`.
-async fn holds_now(lease: &Lease, key: LockKey) -> Result<bool, Error> {
+/// the check's portal (and snapshot), within one cadence; a lost
+/// connection, or no answer in time, answers `false`.
+async fn holds_now(lease: &Lease, key: LockKey, cadence: Duration) -> Result<bool, Error> {
     let client = lease.client();
-    let (held, closed) = join(holds(client, key), client.batch_execute(sql::KEEPALIVE)).await;
-    match held.and_then(|held| closed.map(|()| held).map_err(Error::from)) {
+    let answer = within_cadence(cadence, async {
+        let (held, closed) = join(holds(client, key), client.batch_execute(sql::KEEPALIVE)).await;
+        held.and_then(|held| closed.map(|()| held).map_err(Error::from))
+    })
+    .await;
+    match answer {
         Err(e) if e.is_connection_lost() => Ok(false),
         result => result,
     }

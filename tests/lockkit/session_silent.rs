@@ -1,0 +1,148 @@
+//! A session lock whose network path goes silent is given up within the
+//! documented bound (two keepalive cadences: the next keepalive starts
+//! within one, and gets no reply within the next), whatever is in flight on
+//! its connection when the path goes silent: nothing (the keepalive finds
+//! it), a `check()`, or a `release()`. `check()` and `release()` themselves
+//! answer within the same bound. Both forms, and both ways a path goes
+//! silent: the server's side closed under a client that hears nothing (the
+//! server releases the lock at once, and another session takes the key:
+//! the holder must stop believing it holds it), and a blackhole where both
+//! sides stay open.
+//!
+//! The bound is asserted with a margin on top, for a loaded machine: what
+//! the tests catch is an unbounded wait, which never ends.
+
+use std::time::Duration;
+
+use lockkit::{AdvisoryKey, ErrorKind, SessionForm, SessionLock};
+use lockkit_tests::{Cut, Proxy, TestServer};
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests/session-silent")]
+struct Feed {
+    id: i64,
+}
+
+/// The keepalive cadence of these tests.
+const CADENCE: Duration = Duration::from_millis(500);
+/// The documented bound, plus slack that only absorbs a loaded machine.
+const BOUND: Duration = Duration::from_millis(2 * 500 + 5_000);
+/// Rounds of every case.
+const ROUNDS: i64 = 3;
+
+/// What is in flight on the lock's connection when its path goes silent.
+#[derive(Clone, Copy, Debug)]
+enum InFlight {
+    /// Nothing: the keeper's keepalive is the first to get no answer.
+    Nothing,
+    /// A `check()`, called right after the cut, between two keepalives.
+    Check,
+    /// A `release()`, called right after the cut.
+    Release,
+}
+
+/// One lock through a proxy, its path cut, and what the holder sees.
+async fn case(db: &TestServer, form: SessionForm, in_flight: InFlight, cut: Cut, id: i64) {
+    let what = format!("{form:?}, {in_flight:?} in flight, {cut:?}, key {id}");
+    let proxy = Proxy::in_front_of(db);
+    let sessions = SessionLock::new(proxy.config())
+        .form(form)
+        .keepalive(CADENCE);
+    let key = Feed { id };
+    let guard = sessions
+        .lock(key)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: lock: {e}"));
+    let lost = guard.lost();
+
+    proxy.cut(cut).await;
+    let outcome = match in_flight {
+        InFlight::Nothing => None,
+        InFlight::Check => Some(tokio::spawn(async move {
+            let answer = guard.check().await;
+            (answer.map_err(|e| e.kind()), guard.is_held())
+        })),
+        InFlight::Release => Some(tokio::spawn(async move {
+            (guard.release().await.map_err(|e| e.kind()), false)
+        })),
+    };
+
+    if cut == Cut::ServerGone {
+        // The premise: the server released the lock, and another session
+        // now holds the key.
+        let other = SessionLock::new(db.config())
+            .lock_timeout(key, Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: the server did not release the key: {e}"));
+        assert!(other.release().await.unwrap(), "{what}");
+    }
+
+    if let Some(outcome) = outcome {
+        let (answer, held) = tokio::time::timeout(BOUND, outcome)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no answer within {BOUND:?}"))
+            .expect("the task");
+        match in_flight {
+            // The lock is given up: not held, whatever the server did.
+            InFlight::Check => {
+                assert_eq!(answer, Ok(false), "{what}");
+                assert!(
+                    !held,
+                    "{what}: is_held() after a check that found no answer"
+                );
+            }
+            // No answer means no proof the lock lived until the release.
+            InFlight::Release => assert_eq!(answer, Err(ErrorKind::ConnectionLost), "{what}"),
+            InFlight::Nothing => unreachable!(),
+        }
+    }
+    tokio::time::timeout(BOUND, lost)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: lost() did not resolve within {BOUND:?}"));
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_path_is_given_up_within_the_bound_whatever_is_in_flight() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut cases = tokio::task::JoinSet::new();
+    let mut id = 0;
+    for round in 0..ROUNDS {
+        for form in [SessionForm::Transaction, SessionForm::SessionLevel] {
+            for in_flight in [InFlight::Nothing, InFlight::Check, InFlight::Release] {
+                for cut in [Cut::ServerGone, Cut::Blackhole] {
+                    id += 1;
+                    cases.spawn(case(db, form, in_flight, cut, round * 1_000 + id));
+                }
+            }
+        }
+    }
+    while let Some(done) = cases.join_next().await {
+        done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    }
+}
+
+/// The control: through the same proxy and cut, a statement sent with no
+/// bound of its own gets no answer at all (the path is silent, not closed),
+/// so the tests above see lockkit's bound, not a socket error.
+#[tokio::test(flavor = "multi_thread")]
+async fn control_a_statement_over_the_silent_path_gets_no_answer() {
+    let db = TestServer::shared();
+    for cut in [Cut::ServerGone, Cut::Blackhole] {
+        let proxy = Proxy::in_front_of(db);
+        let (client, connection) = proxy
+            .config()
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("connect through the proxy");
+        tokio::spawn(connection);
+        client.simple_query("SELECT 1").await.expect("open path");
+        proxy.cut(cut).await;
+        let answer = tokio::time::timeout(2 * CADENCE, client.simple_query("SELECT 1")).await;
+        assert!(
+            answer.is_err(),
+            "{cut:?}: the silent path answered: {answer:?}"
+        );
+    }
+}
