@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockkit::{run_ddl, DdlRetry, ErrorKind};
+use lockkit::{run_ddl, DdlRetry, ErrorKind, RetryPolicy};
 use lockkit_tests::TestServer;
 use tokio_postgres::Client;
 
@@ -30,6 +30,104 @@ async fn wait_until_relation_wait(observer: &Client, pid: i32) {
     }
 }
 
+/// Waits (up to 30 s, else panics) until backend `pid` waits for a
+/// relation lock in its `nth` distinct transaction (told apart by
+/// `xact_start`), counting from the first one seen.
+async fn wait_until_attempt_waits(observer: &Client, pid: i32, nth: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen: Vec<String> = Vec::new();
+    loop {
+        let row = observer
+            .query_opt(
+                "SELECT a.xact_start::text FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid \
+                 WHERE a.pid = $1 AND l.locktype = 'relation' AND NOT l.granted",
+                &[&pid],
+            )
+            .await
+            .unwrap();
+        if let Some(row) = row {
+            let start: String = row.get(0);
+            if !seen.contains(&start) {
+                seen.push(start);
+            }
+            if seen.len() >= nth {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "backend {pid} never waited in {nth} transactions"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `run_ddl` tries until its deadline, never gives up before it: several
+/// runs at once, each behind a reader that never lets go, with a backoff
+/// whose delays are a large share of the deadline (so a jittered delay
+/// often reaches past it). Each returns `Timeout`, no earlier than its
+/// deadline (a lower bound: load only makes the return later), with an
+/// error that says what happened.
+#[tokio::test(flavor = "multi_thread")]
+async fn ddl_keeps_trying_until_its_deadline() {
+    const RUNS: usize = 6;
+    let deadline = Duration::from_millis(1500);
+    let retry = DdlRetry::default()
+        .lock_timeout(Duration::from_millis(50))
+        .deadline(deadline)
+        .backoff(RetryPolicy::default().delays(Duration::from_millis(300), Duration::from_secs(1)));
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut runs = tokio::task::JoinSet::new();
+    for i in 0..RUNS {
+        runs.spawn(async move {
+            let table = format!("ddl_deadline_{i}");
+            let mut long = db.connect().await;
+            long.batch_execute(&format!(
+                "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (id int)"
+            ))
+            .await
+            .unwrap();
+            let long_tx = long.transaction().await.unwrap();
+            long_tx
+                .query(&format!("SELECT * FROM {table}"), &[])
+                .await
+                .unwrap();
+            let mut migrator = db.connect().await;
+            let called = Instant::now();
+            let result = tokio::time::timeout(
+                deadline + Duration::from_secs(30),
+                run_ddl(
+                    &mut migrator,
+                    &format!("ALTER TABLE {table} ADD COLUMN note text"),
+                    &retry,
+                ),
+            )
+            .await
+            .expect("run_ddl never returned");
+            let returned = called.elapsed();
+            drop(long_tx);
+            (i, returned, result)
+        });
+    }
+    while let Some(run) = runs.join_next().await {
+        let (i, returned, result) = run.unwrap();
+        let err = result.expect_err("the long reader never let go");
+        assert_eq!(err.kind(), ErrorKind::Timeout, "run {i}: {err}");
+        assert!(
+            returned >= deadline,
+            "run {i} gave up after {returned:?}, before its deadline of {deadline:?}: {err}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("attempt(s)") && message.contains("nothing was changed"),
+            "run {i}: {message}"
+        );
+        let source = std::error::Error::source(&err).expect("the last attempt's error");
+        assert!(source.to_string().contains("lock"), "run {i}: {source}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn ddl_gives_way_to_readers_and_succeeds_when_the_long_reader_ends() {
     let db = TestServer::shared();
@@ -53,7 +151,7 @@ async fn ddl_gives_way_to_readers_and_succeeds_when_the_long_reader_ends() {
     //    plus a generous margin).
     let retry = DdlRetry::default()
         .lock_timeout(Duration::from_millis(50))
-        .deadline(Duration::from_secs(2));
+        .deadline(Duration::from_secs(5));
     let (result, slowest) = tokio::join!(
         run_ddl(
             &mut migrator,
@@ -65,12 +163,16 @@ async fn ddl_gives_way_to_readers_and_succeeds_when_the_long_reader_ends() {
             let started = Instant::now();
             while started.elapsed() < Duration::from_millis(1500) {
                 let t = Instant::now();
+                // A reader queued behind an attempt waits for that attempt's
+                // 50 ms lock_timeout, not for the 5 s deadline (nor for the
+                // long reader): 1 s is 20 lock timeouts of slack for a
+                // loaded machine, and a fifth of the deadline.
                 tokio::time::timeout(
-                    Duration::from_secs(10),
+                    Duration::from_secs(1),
                     reader.query("SELECT * FROM ddl_queue", &[]),
                 )
                 .await
-                .expect("a reader was stuck behind the DDL")
+                .expect("a reader was held up by more than the DDL's lock_timeout")
                 .unwrap();
                 slowest = slowest.max(t.elapsed());
             }
@@ -93,12 +195,15 @@ async fn ddl_gives_way_to_readers_and_succeeds_when_the_long_reader_ends() {
             &retry
         ),
         async {
-            wait_until_relation_wait(&reader, migrator_pid).await;
+            // The long reader ends only once a second attempt waits (a
+            // transaction of its own, so another `xact_start`): the first
+            // attempt timed out behind it.
+            wait_until_attempt_waits(&reader, migrator_pid, 2).await;
             long_tx.commit().await.unwrap();
         }
     );
     let done = done.unwrap();
-    assert!(done.attempts >= 1);
+    assert!(done.attempts >= 2, "{done:?}");
     reader
         .query("SELECT note FROM ddl_queue", &[])
         .await

@@ -101,8 +101,12 @@ pub struct DdlOutcome {
 /// # Errors
 ///
 /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) when the deadline
-/// passed with every attempt timed out on its lock (nothing was changed);
-/// any other error of the statement at once (not retried).
+/// passed with every attempt timed out on its lock (nothing was changed):
+/// attempts go on until the deadline, the last one waiting only for what is
+/// left of it, so the call returns about a round trip after the deadline,
+/// never before it. Its message says how many attempts were made, over how
+/// long, and its source is the last attempt's `55P03`. Any other error of
+/// the statement at once (not retried).
 ///
 /// # Cancel safety
 ///
@@ -119,12 +123,15 @@ pub async fn run_ddl(
     retry: &DdlRetry,
 ) -> Result<DdlOutcome, Error> {
     let started = Instant::now();
-    let set = format!(
-        "SET LOCAL lock_timeout = '{}'",
-        timeout_setting(retry.lock_timeout)
-    );
+    let deadline = started + retry.deadline;
     let mut attempt = 1;
     loop {
+        // Every attempt, the last one too, ends by the deadline: it waits
+        // for its lock no longer than what is left.
+        let wait = retry
+            .lock_timeout
+            .min(deadline.saturating_duration_since(Instant::now()));
+        let set = format!("SET LOCAL lock_timeout = '{}'", timeout_setting(wait));
         let begun = Instant::now();
         let result = async {
             let tx = client.transaction().await?;
@@ -133,7 +140,7 @@ pub async fn run_ddl(
             tx.commit().await
         }
         .await;
-        match result {
+        let e = match result {
             Ok(()) => {
                 tracing::debug!(
                     target: "lockkit::ddl",
@@ -146,35 +153,40 @@ pub async fn run_ddl(
                     elapsed: started.elapsed(),
                 });
             }
-            Err(e) => {
-                let e = DriverError::from(e).into_error();
-                if e.code() != Some(crate::sqlstate::LOCK_NOT_AVAILABLE) {
-                    return Err(e);
-                }
-                tracing::debug!(
-                    target: "lockkit::ddl",
-                    attempt,
-                    waited_ms = begun.elapsed().as_secs_f64() * 1000.0,
-                    "lockkit: DDL timed out on its lock; the queue behind it moves on"
-                );
-                let delay = retry.backoff.delay_cap(attempt).mul_f64(fastrand::f64());
-                if started.elapsed() + delay >= retry.deadline {
-                    tracing::warn!(
-                        target: "lockkit::ddl",
-                        attempts = attempt,
-                        "lockkit: DDL gave up at its deadline"
-                    );
-                    return Err(Error::with_message(
-                        ErrorKind::Timeout,
-                        format!(
-                            "DDL did not get its lock within {:?} ({attempt} attempt(s) of {:?} each); nothing was changed",
-                            retry.deadline, retry.lock_timeout
-                        ),
-                    ));
-                }
-                tokio::time::sleep(delay).await;
-                attempt += 1;
-            }
+            Err(e) => DriverError::from(e).into_error(),
+        };
+        if e.code() != Some(crate::sqlstate::LOCK_NOT_AVAILABLE) {
+            return Err(e);
         }
+        tracing::debug!(
+            target: "lockkit::ddl",
+            attempt,
+            waited_ms = begun.elapsed().as_secs_f64() * 1000.0,
+            "lockkit: DDL timed out on its lock; the queue behind it moves on"
+        );
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            tracing::warn!(
+                target: "lockkit::ddl",
+                attempts = attempt,
+                "lockkit: DDL gave up at its deadline"
+            );
+            return Err(Error::with_source(
+                ErrorKind::Timeout,
+                format!(
+                    "DDL did not get its lock by its deadline of {:?}: {attempt} attempt(s) in {:?}, \
+                     each gave up waiting for its lock after at most {:?} (lock_timeout, 55P03) \
+                     so that the queries queued behind it could go on; nothing was changed",
+                    retry.deadline,
+                    started.elapsed(),
+                    retry.lock_timeout,
+                ),
+                e,
+            ));
+        }
+        // The backoff, cut short by the deadline: one more attempt then.
+        let delay = retry.backoff.delay_cap(attempt).mul_f64(fastrand::f64());
+        tokio::time::sleep(delay.min(left)).await;
+        attempt += 1;
     }
 }
