@@ -443,3 +443,117 @@ async fn no_prefix_of_give_up_leaves_the_session_outside_a_transaction() {
         "control: the write after a lone ROLLBACK did not land; the test above proves nothing"
     );
 }
+
+/// Finding 7: behind a transaction-mode pooler, a foreign prepared statement
+/// with the name of lockkit's statement that saves and sets the timeouts of
+/// a timed call made the statement that restores them fail with `42704`
+/// (unrecognized `lockkit.saved_lock_timeout`), typed `Database`: a
+/// statement-name clash must be `UnexpectedReply`, whichever of lockkit's
+/// statements it hits. Each of the three timeout statements is replaced in
+/// turn by a foreign one of the same parameter types and reply shape
+/// (the saving one also with lockkit's own tag, so that only its missing
+/// work tells it apart), and timed calls
+/// (one key, and batches of both key spaces) run through the pooler: each
+/// is refused as `UnexpectedReply`, or, where the replaced statement did
+/// not run, succeeds with its locks really held.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clash_on_the_timeout_statements_is_an_unexpected_reply() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .start();
+    let observer = db.connect().await;
+    let locker = locker(&db.connect().await, Config::default()).await;
+    for (marker, foreign) in [
+        // Another client's statements of lockkit's shapes.
+        ("lockkit:set_timeouts", "SELECT 7::int8 AS tag, 0::int8 AS n, ''::text AS a, ''::text AS b, ''::text AS c, ''::text AS d, ''::text AS e"),
+        ("lockkit:arm_timeouts", "SELECT 7::int8 AS tag, 0::int8 AS n, ''::text AS a, ''::text AS b"),
+        ("lockkit:restore_timeouts", "SELECT 7::int8 AS tag, 0::int8 AS n, ''::text AS a, ''::text AS b"),
+        // Even with lockkit's own tag, a foreign saving statement is seen:
+        // what the restoring (and arming) statement needs is missing.
+        ("lockkit:set_timeouts", "SELECT 7813573191525823503::int8 AS tag, 0::int8 AS n, ''::text AS a, ''::text AS b, ''::text AS c, ''::text AS d, ''::text AS e"),
+    ] {
+        let (client, conn) = bouncer.config().connect(NoTls).await.unwrap();
+        tokio::spawn(conn);
+        let mut lk = LockClient::new(&locker, client);
+        // The first timed call prepares lockkit's statements on the backend.
+        let tx = lk.begin().await.unwrap();
+        tx.lock_timeout(Item { id: 1 }, Duration::from_secs(5))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let (other, conn) = bouncer.config().connect(NoTls).await.unwrap();
+        tokio::spawn(conn);
+        let rows = other
+            .query(
+                "SELECT name, array_to_string(parameter_types::text[], ',') FROM pg_prepared_statements \
+                 WHERE statement LIKE '%' || $1 || '%' AND statement NOT LIKE '%pg_prepared_statements%'",
+                &[&marker],
+            )
+            .await
+            .unwrap();
+        // Every client's statement of that kind on the backend (this one's
+        // and the earlier rounds').
+        assert!(!rows.is_empty(), "{marker} is prepared on the backend");
+        for row in rows {
+            let (name, types): (String, String) = (row.get(0), row.get(1));
+            let params = if types.is_empty() {
+                String::new()
+            } else {
+                format!("({types})")
+            };
+            other
+                .batch_execute(&format!(
+                    "DEALLOCATE {name}; PREPARE {name}{params} AS {foreign}"
+                ))
+                .await
+                .unwrap();
+        }
+
+        let mut refused = 0;
+        for round in 0..6_i64 {
+            let tx = lk.begin().await.unwrap();
+            let id = 100 * round;
+            let result = match round % 3 {
+                0 => tx
+                    .lock_timeout(Item { id }, Duration::from_secs(5))
+                    .await
+                    .map(|held| vec![held.key()]),
+                1 => tx
+                    .lock_batch_timeout(
+                        &Batch::new().with(&Item { id }).with(&Item { id: id + 1 }),
+                        Duration::from_secs(5),
+                    )
+                    .await
+                    .map(|held| held.keys().iter().map(|(k, _)| *k).collect()),
+                _ => tx
+                    .lock_batch_timeout(
+                        &Batch::new()
+                            .with(&Item { id })
+                            .with(&Seat { row: id as i32 }),
+                        Duration::from_secs(5),
+                    )
+                    .await
+                    .map(|held| held.keys().iter().map(|(k, _)| *k).collect()),
+            };
+            match result {
+                Ok(keys) => {
+                    for key in keys {
+                        assert!(
+                            granted_elsewhere(&observer, key).await,
+                            "{marker}: a timed call returned Ok without {key:?} in pg_locks"
+                        );
+                    }
+                }
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::UnexpectedReply, "{marker}: {e} ({e:?})");
+                    refused += 1;
+                }
+            }
+            tx.rollback().await.unwrap();
+        }
+        assert!(refused > 0, "{marker}: the clash was never seen");
+    }
+}

@@ -172,15 +172,29 @@ pub const SET_TIMEOUTS: &str = "/* lockkit:set_timeouts */ SELECT 78135731915258
 /// Sets both timeouts to what is left until the deadline of
 /// [`SET_TIMEOUTS`] (at least 1 ms), so that the second lock statement of a
 /// batch gets only the rest of the time; `(tag, 0)`.
+///
+/// When the deadline is missing (the statement run as [`SET_TIMEOUTS`] in
+/// this transaction was not lockkit's: a foreign prepared statement of that
+/// name behind a pooler), it changes nothing and answers a `NULL` tag,
+/// which the reply check refuses: the clash is an unexpected reply, never a
+/// server error of its own (`42704` for a setting never set on the
+/// backend, `22007` for one set in an earlier transaction, now empty).
 pub const ARM_TIMEOUTS: &str =
-    "/* lockkit:arm_timeouts */ SELECT 7813573191525823504::int8 AS tag, 0::int8 AS n, \
-     set_config('lock_timeout', r, true) AS a, set_config('statement_timeout', r, true) AS b FROM \
-     (SELECT greatest(1, ceil(extract(epoch FROM current_setting('lockkit.deadline')::timestamptz \
+    "/* lockkit:arm_timeouts */ SELECT CASE WHEN d.r IS NOT NULL THEN 7813573191525823504::int8 END AS tag, 0::int8 AS n, \
+     set_config('lock_timeout', coalesce(d.r, current_setting('lock_timeout')), true) AS a, \
+     set_config('statement_timeout', coalesce(d.r, current_setting('statement_timeout')), true) AS b FROM \
+     (SELECT greatest(1, ceil(extract(epoch FROM nullif(current_setting('lockkit.deadline', true), '')::timestamptz \
       - clock_timestamp()) * 1000))::int8::text || 'ms' AS r) AS d";
 /// Restores what [`SET_TIMEOUTS`] saved; `(tag, 0)`.
-pub const RESTORE_TIMEOUTS: &str = "/* lockkit:restore_timeouts */ SELECT 7813573191525823505::int8 AS tag, 0::int8 AS n, \
-     set_config('lock_timeout', current_setting('lockkit.saved_lock_timeout'), true) AS a, \
-     set_config('statement_timeout', current_setting('lockkit.saved_statement_timeout'), true) AS b";
+///
+/// As [`ARM_TIMEOUTS`], when nothing was saved in this transaction it
+/// changes nothing and answers a `NULL` tag.
+pub const RESTORE_TIMEOUTS: &str = "/* lockkit:restore_timeouts */ SELECT CASE WHEN s.l IS NOT NULL AND s.s IS NOT NULL \
+     THEN 7813573191525823505::int8 END AS tag, 0::int8 AS n, \
+     set_config('lock_timeout', coalesce(s.l, current_setting('lock_timeout')), true) AS a, \
+     set_config('statement_timeout', coalesce(s.s, current_setting('statement_timeout')), true) AS b FROM \
+     (SELECT nullif(current_setting('lockkit.saved_lock_timeout', true), '') AS l, \
+      nullif(current_setting('lockkit.saved_statement_timeout', true), '') AS s) AS s";
 
 /// `$1 text[]` (hashtext probes): the server facts a locker (and each
 /// session lock) learns once: `max_locks_per_transaction int4`,
