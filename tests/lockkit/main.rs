@@ -2,6 +2,7 @@
 
 mod budget;
 mod common;
+mod cutoff;
 mod ddl;
 mod exclusion;
 mod findings;

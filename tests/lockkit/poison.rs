@@ -88,9 +88,11 @@ async fn dropped_lock_future_poisons_until_the_transaction_ends() {
 /// request, so `rollback()` returns while the other session still holds
 /// the key, for every form of lock call, many times over.
 ///
-/// The claim is stated in the safe direction: the holder keeps its lock
-/// until after the rollback returned (so a rollback that waited for the
-/// lock could never return), and the rollback gets a generous 20 s. The
+/// The claim is stated in the safe direction: the server is seen to stop
+/// waiting after the drop and before anything else is sent, while the
+/// holder keeps its lock until after the rollback returned (so neither a
+/// cut-off that left the server waiting nor a rollback that waited for the
+/// lock could pass; the 20 s only turns such a hang into a failure). The
 /// control, the same drop of a raw `pg_advisory_xact_lock` statement,
 /// shows the rollback cannot return while the key is held.
 #[tokio::test(flavor = "multi_thread")]
@@ -140,6 +142,10 @@ async fn dropped_lock_future_frees_the_connection_while_the_key_is_held() {
             // Dropped here, while the server waits for the key.
         }
         assert!(tx.is_poisoned());
+        // The cut-off itself makes the server stop waiting, before anything
+        // else is sent on the connection, while the holder holds the key.
+        wait_until_not_waiting(&observer, pid).await;
+        assert!(held_by(&observer, holder_pid, busy.lock_key()).await);
         let started = Instant::now();
         tokio::time::timeout(Duration::from_secs(20), tx.rollback())
             .await

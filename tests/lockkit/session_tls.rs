@@ -237,6 +237,10 @@ async fn a_dropped_lock_call_is_cancelled_over_tls() {
         };
         drop_once_waiting(&observer, pid, call, &format!("round {round}")).await;
         assert!(tx.is_poisoned());
+        // The cut-off itself makes the server stop waiting, before anything
+        // else is sent on the connection (the holder still holds the key).
+        wait_until_not_waiting(&observer, pid).await;
+        assert!(held_by(&observer, holder_pid, key.lock_key()).await);
         tokio::time::timeout(Duration::from_secs(20), tx.rollback())
             .await
             .unwrap_or_else(|_| panic!("round {round}: the rollback waited for the holder"))

@@ -4,9 +4,10 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::{join, join_all, try_join_all, BoxFuture};
-use futures_util::TryStreamExt;
+use futures_util::{FutureExt, StreamExt, TryStreamExt};
 use smallvec::SmallVec;
 use tokio::sync::OnceCell;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
@@ -211,24 +212,22 @@ pub(crate) fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
     }
 }
 
-/// Cancels the statement in flight on a connection if dropped armed: a
+/// Cancels the statements in flight on a connection if dropped armed: a
 /// dropped lock call must not leave the server waiting for its lock. The
 /// one owner of that step, for transaction and session locks alike; each
-/// says how to send the request (`on_cancel`).
-///
-/// The cancel token (a copy of the connection's settings) is made from the
-/// client only when it is needed, at the drop: a call that completes pays
-/// nothing for it.
-pub(crate) struct CancelOnDrop<'a, C: FnOnce(CancelToken)> {
-    armed: Option<(&'a Client, C)>,
+/// says what else a drop records (`on_cancel`), and the cancelling itself
+/// is [`Canceller::cancel_until_answered`].
+pub(crate) struct CancelOnDrop<'a, C: FnOnce()> {
+    armed: Option<(&'a Client, &'a Canceller, C)>,
 }
 
-impl<'a, C: FnOnce(CancelToken)> CancelOnDrop<'a, C> {
-    /// Armed: dropped before [`disarm`](Self::disarm), it hands
-    /// `client`'s cancel token to `on_cancel`.
-    pub(crate) fn new(client: &'a Client, on_cancel: C) -> Self {
+impl<'a, C: FnOnce()> CancelOnDrop<'a, C> {
+    /// Armed: dropped before [`disarm`](Self::disarm), it calls
+    /// `on_cancel` and cancels what is in flight on `client` through
+    /// `canceller`.
+    pub(crate) fn new(client: &'a Client, canceller: &'a Canceller, on_cancel: C) -> Self {
         CancelOnDrop {
-            armed: Some((client, on_cancel)),
+            armed: Some((client, canceller, on_cancel)),
         }
     }
 
@@ -238,17 +237,18 @@ impl<'a, C: FnOnce(CancelToken)> CancelOnDrop<'a, C> {
     }
 }
 
-impl<C: FnOnce(CancelToken)> Drop for CancelOnDrop<'_, C> {
+impl<C: FnOnce()> Drop for CancelOnDrop<'_, C> {
     fn drop(&mut self) {
-        if let Some((client, on_cancel)) = self.armed.take() {
-            on_cancel(client.cancel_token());
+        if let Some((client, canceller, on_cancel)) = self.armed.take() {
+            on_cancel();
+            canceller.cancel_until_answered(client);
         }
     }
 }
 
 /// The guard of statements in flight on `client`: dropped armed (the lock
 /// call's future dropped before they completed), it records that in
-/// `cancelled` and sends a cancel request for them through `canceller`.
+/// `cancelled` and cancels them through `canceller`.
 ///
 /// A local of the caller's `async` block, armed before it awaits the
 /// statements and disarmed after: the driver's future (about 1 KB) is then
@@ -257,12 +257,17 @@ fn cancel_guard<'a>(
     client: &'a Client,
     canceller: &'a Canceller,
     cancelled: &'a AtomicBool,
-) -> CancelOnDrop<'a, impl FnOnce(CancelToken) + 'a> {
-    CancelOnDrop::new(client, move |token| {
-        cancelled.store(true, Ordering::SeqCst);
-        canceller.cancel(token);
+) -> CancelOnDrop<'a, impl FnOnce() + 'a> {
+    CancelOnDrop::new(client, canceller, move || {
+        cancelled.store(true, Ordering::SeqCst)
     })
 }
+
+/// The first delay before a cancel request is sent again, while the
+/// statements it cancels still run; it doubles up to [`RESEND_MAX`].
+const RESEND_FIRST: Duration = Duration::from_millis(100);
+/// The longest delay between two cancel requests for the same statements.
+const RESEND_MAX: Duration = Duration::from_secs(1);
 
 /// How a cancel request reaches the server: in plain text, or through the
 /// TLS connector the connection was made with.
@@ -310,21 +315,93 @@ impl Canceller {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let send = match &self.0 {
-            None => Box::pin(async move { token.cancel_query(NoTls).await }),
-            Some(send) => send(token),
-        };
+        let send = self.send(token);
         handle.spawn(async move {
             if let Err(e) = send.await {
-                tracing::warn!(
-                    error = %e,
-                    "lockkit: could not send the cancel request of a dropped lock call \
-                     (behind TLS with sslmode=require, give lockkit the TLS connector: \
-                     cancel_tls)"
-                );
+                warn_not_sent(&e);
             }
         });
     }
+
+    fn send(&self, token: CancelToken) -> BoxFuture<'static, Result<(), tokio_postgres::Error>> {
+        match &self.0 {
+            None => Box::pin(async move { token.cancel_query(NoTls).await }),
+            Some(send) => send(token),
+        }
+    }
+
+    /// Cancels the statements in flight on `client` until the server is
+    /// done with them, in the background on the current tokio runtime
+    /// (nothing without one).
+    ///
+    /// A cancel request is not tied to a statement: the server cancels
+    /// whatever runs when the request arrives, and ignores one that arrives
+    /// while the session is idle. One sent as a lock call's future drops can
+    /// arrive before the lock statement does, and be ignored, and the
+    /// statement then waits for the key's holder, holding up everything
+    /// queued behind it. So a no-op query (an empty one) is queued on
+    /// `client` at once, behind the statements in flight: its answer comes
+    /// after theirs. A cancel request goes now, and again (after 100 ms,
+    /// doubling up to 1 s, each after the previous one was sent) until that
+    /// answer comes, or the connection ends. Whatever the application does
+    /// next (a rollback, a drop, a panic), the server stops waiting within
+    /// a round trip or two, and nothing it sends after waits behind the cut
+    /// off statement.
+    ///
+    /// A request sent just before the answer can still reach the server
+    /// after it and cancel the statement running then, if any: one more
+    /// statement at most, which fails with `57014` (tokio-postgres does not
+    /// wait for the server to process a request, and the server's address
+    /// is not exposed to wait on it).
+    pub(crate) fn cancel_until_answered(&self, client: &Client) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let token = client.cancel_token();
+        // Its first poll queues the query and answers its stream, which
+        // owns what it needs.
+        let answered = client.simple_query_raw("").now_or_never();
+        let canceller = self.clone();
+        handle.spawn(async move {
+            let mut probe = match answered {
+                Some(Ok(stream)) => Box::pin(stream),
+                // The connection is gone (or the query could not be
+                // queued): the server ends the session's statements itself;
+                // one request, for a statement it is still running.
+                _ => {
+                    if let Err(e) = canceller.send(token).await {
+                        warn_not_sent(&e);
+                    }
+                    return;
+                }
+            };
+            let mut delay = RESEND_FIRST;
+            loop {
+                if let Err(e) = canceller.send(token.clone()).await {
+                    warn_not_sent(&e);
+                }
+                // Until the no-op's answer (or an error: the connection is
+                // gone), or the delay.
+                let done = tokio::time::timeout(delay, async {
+                    while let Some(Ok(_)) = probe.next().await {}
+                })
+                .await;
+                if done.is_ok() {
+                    return;
+                }
+                delay = (delay * 2).min(RESEND_MAX);
+            }
+        });
+    }
+}
+
+fn warn_not_sent(e: &tokio_postgres::Error) {
+    tracing::warn!(
+        error = %e,
+        "lockkit: could not send the cancel request of a dropped lock call \
+         (behind TLS with sslmode=require, give lockkit the TLS connector: \
+         cancel_tls)"
+    );
 }
 
 impl std::fmt::Debug for Canceller {

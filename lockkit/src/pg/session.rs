@@ -463,7 +463,7 @@ impl SessionLock {
         let hashtext = K::KEY_SPEC.form() == KeyForm::HashText;
         let name = AppName(key);
         let (lease, canceller) = self.lease(&name).await?;
-        let mut cancel = CancelOnDrop::new(lease.client(), |token| canceller.cancel(token));
+        let mut cancel = CancelOnDrop::new(lease.client(), &canceller, || ());
         let taken = match self.form {
             SessionForm::Transaction => {
                 self.lock_in_transaction(&lease, key, mode, wait, &name, hashtext)

@@ -7,6 +7,7 @@ use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Transaction;
 
@@ -99,11 +100,20 @@ impl Drop for LockTx<'_> {
     fn drop(&mut self) {
         // Dropped without commit or rollback: tokio-postgres rolls the
         // transaction (or savepoint) back, and the server releases its locks.
-        if self.tx.is_some() {
-            self.shared
-                .state
-                .end_savepoint(self.depth, SavepointEnd::RolledBack);
+        let Some(tx) = self.tx.as_ref() else {
+            return;
+        };
+        if self.depth == 0 && self.shared.cancelled.load(Ordering::SeqCst) {
+            // After a cut-off call, a cancel request can still land on the
+            // `ROLLBACK` tokio-postgres queues as `tx` drops, and leave the
+            // transaction open and aborted. A second one, queued first,
+            // means a late request cannot leave it open: see
+            // `Canceller::cancel_until_answered`.
+            let _ = tx.client().simple_query_raw("ROLLBACK").now_or_never();
         }
+        self.shared
+            .state
+            .end_savepoint(self.depth, SavepointEnd::RolledBack);
     }
 }
 
@@ -216,21 +226,22 @@ impl<'c> LockTx<'c> {
 
     /// Rolls back, releasing every lock this transaction (or savepoint) took.
     ///
-    /// After a lock call whose future was dropped, the cancel request sent
-    /// then may have reached the server before the lock statement did; the
-    /// rollback then sends one again every 100 ms until it completes, so it
-    /// never waits for another session to let go of the key (under
+    /// After a lock call whose future was dropped, the call itself keeps
+    /// sending cancel requests until the server is done with its statement
+    /// (the first can reach the server before the statement does, and be
+    /// ignored), so neither this rollback nor a drop of the transaction
+    /// waits for another session to let go of the key (under
     /// `sslmode=require`, given the TLS connector:
-    /// [`Locker::cancel_tls`](crate::Locker::cancel_tls)). PostgreSQL can
-    /// deliver one cancel request twice, and cancel the `ROLLBACK` too; a
-    /// transaction's `ROLLBACK` is then sent again (up to five times), so
-    /// the connection is not left in a transaction. tokio-postgres sends a
-    /// cancel request without waiting for the server to process it (libpq
-    /// waits), so on a loaded server a request processed late can still
-    /// cancel a statement sent after this rollback: a later statement on
-    /// the connection may fail once with
-    /// [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled). Discard the
-    /// connection after a cut-off call to rule that out.
+    /// [`Locker::cancel_tls`](crate::Locker::cancel_tls)). A request can
+    /// also arrive after the statement it was sent for ended, and cancel the
+    /// `ROLLBACK`; a transaction's `ROLLBACK` is then sent again (up to five
+    /// times), and a dropped transaction queues two, so the connection is
+    /// not left in a transaction. tokio-postgres sends a cancel request
+    /// without waiting for the server to process it (libpq waits), so on a
+    /// loaded server a request processed late can still cancel a statement
+    /// sent after this rollback: a later statement on the connection may
+    /// fail once with [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled).
+    /// Discard the connection after a cut-off call to rule that out.
     ///
     /// # Errors
     ///
@@ -249,47 +260,22 @@ impl<'c> LockTx<'c> {
             .shared
             .state
             .ending(self.depth, SavepointEnd::RolledBack);
-        let token = self
-            .shared
-            .cancelled
-            .load(Ordering::SeqCst)
-            .then(|| tx.cancel_token());
-        let result = match token {
-            None => tx.rollback().await,
-            Some(token) => {
-                let canceller = self.locker.canceller();
-                let cancels = async {
-                    let mut tick = tokio::time::interval(Duration::from_millis(100));
-                    tick.tick().await;
-                    loop {
-                        tick.tick().await;
-                        canceller.cancel(token.clone());
+        let cut_off = self.shared.cancelled.load(Ordering::SeqCst);
+        let result = if self.depth > 0 || !cut_off {
+            tx.rollback().await
+        } else {
+            // By hand, and again when a cancel request of the cut-off call
+            // lands on the ROLLBACK itself (57014, the transaction left
+            // open): the request can reach the server after the statement
+            // it was sent for ended. The transaction's own ROLLBACK, sent
+            // when `tx` drops here, then finds none open.
+            let mut again = 0;
+            loop {
+                match tx.batch_execute("ROLLBACK").await {
+                    Err(e) if again < 5 && e.code() == Some(&SqlState::QUERY_CANCELED) => {
+                        again += 1;
                     }
-                };
-                let depth = self.depth;
-                let rollback = async move {
-                    if depth > 0 {
-                        return tx.rollback().await;
-                    }
-                    // By hand, and again when a cancel request cancels the
-                    // ROLLBACK itself (57014, the transaction left open):
-                    // PostgreSQL can deliver one cancel request twice, and a
-                    // delivery after the lock statement's end lands on the
-                    // next statement. The transaction's own ROLLBACK, sent
-                    // when `tx` drops here, then finds none open.
-                    let mut again = 0;
-                    loop {
-                        match tx.batch_execute("ROLLBACK").await {
-                            Err(e) if again < 5 && e.code() == Some(&SqlState::QUERY_CANCELED) => {
-                                again += 1;
-                            }
-                            result => return result,
-                        }
-                    }
-                };
-                tokio::select! {
-                    result = rollback => result,
-                    () = cancels => unreachable!("an endless loop"),
+                    result => break result,
                 }
             }
         };
