@@ -91,6 +91,44 @@ async fn configured_budget_refuses_before_sending() {
     assert_eq!(advisory_rows(&observer, pid).await, 0);
 }
 
+/// At the budget, a held key's upgrade (shared to exclusive) is not a new
+/// key: it is sent, and the server then holds the key in both modes, while
+/// a key not held is still refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn upgrading_a_held_key_at_the_budget_is_not_a_new_key() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut a = db.connect().await;
+    let observer = db.connect().await;
+    let pid = backend_pid(&a).await;
+    let locker = locker(
+        &a,
+        Config::default().order_check(OrderCheck::Warn).budget(3),
+    )
+    .await;
+    let tx = locker.begin(&mut a).await.unwrap();
+    let ids = [201, 202, 203];
+    for id in ids {
+        let _ = tx.lock_shared(Key { id }).await.unwrap();
+    }
+    assert_eq!(tx.held_count(), 3);
+    // One upgrade alone, then two in one batch.
+    let up = tx.lock(Key { id: 203 }).await.unwrap();
+    assert_eq!(up.mode(), Mode::Exclusive);
+    let _ = tx.lock_batch(&batch_of([201, 202])).await.unwrap();
+    for id in ids {
+        assert_eq!(
+            modes(&observer, pid, Key { id }.lock_key()).await,
+            ["ExclusiveLock", "ShareLock"],
+            "key {id}"
+        );
+    }
+    assert_eq!(tx.held_count(), 3);
+    let err = tx.lock_shared(Key { id: 204 }).await.unwrap_err();
+    assert_eq!(err.budget_counts(), Some((3, 1, 3)), "{err}");
+    tx.commit().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn default_budget_is_max_locks_per_transaction() {
     let db = TestServer::builder()

@@ -32,6 +32,7 @@ async fn a_lock_wait_emits_a_span_and_a_metric_with_its_wait() {
     let mut waiter = db.connect().await;
     let observer = db.connect().await;
     let pid = backend_pid(&waiter).await;
+    let backend_pid_of_holder = backend_pid(&holder).await;
     let locker = locker(&holder, Config::default()).await;
     let key = Observed { id: 1 };
 
@@ -143,6 +144,45 @@ async fn a_lock_wait_emits_a_span_and_a_metric_with_its_wait() {
     assert_eq!(counter("lockkit_lock_busy_total"), 1);
     assert_eq!(counter("lockkit_lock_timeouts_total"), 1);
     assert_eq!(counter("lockkit_lock_deadlocks_total"), 0);
+
+    // A deadlock (keys taken in opposite orders, the order check off): the
+    // server aborts one of the two calls with 40P01, and the deadlock
+    // counter counts it, once.
+    let lax = locker_unordered(&holder).await;
+    let (first, second) = (Observed { id: 2 }, Observed { id: 3 });
+    let a = lax.begin(&mut holder).await.unwrap();
+    let b = lax.begin(&mut waiter).await.unwrap();
+    let _ = a.lock(first).await.unwrap();
+    let _ = b.lock(second).await.unwrap();
+    let (ra, rb) = tokio::join!(async { a.lock(second).await.map(drop) }, async {
+        wait_until_waiting(&observer, backend_pid_of_holder).await;
+        b.lock(first).await.map(drop)
+    });
+    let deadlocks = [&ra, &rb]
+        .iter()
+        .filter(|r| r.as_ref().is_err_and(|e| e.is_deadlock()))
+        .count();
+    assert_eq!(deadlocks, 1, "{ra:?} {rb:?}");
+    a.rollback().await.unwrap();
+    b.rollback().await.unwrap();
+    let snapshot = snapshotter.snapshot().into_vec();
+    let deadlocks: u64 = snapshot
+        .iter()
+        .filter(|(k, ..)| k.key().name() == "lockkit_lock_deadlocks_total" && ours(k.key()))
+        .map(|(.., value)| match value {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(deadlocks, 1, "the deadlock counter counts the 40P01");
+}
+
+async fn locker_unordered(client: &tokio_postgres::Client) -> lockkit::Locker {
+    locker(
+        client,
+        Config::default().order_check(lockkit::OrderCheck::Off),
+    )
+    .await
 }
 
 /// A key type of its own, so the histogram test sees only its own calls.

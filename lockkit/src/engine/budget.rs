@@ -295,6 +295,32 @@ mod tests {
         assert_eq!(up.len(), 1);
     }
 
+    /// An upgrade (shared held, exclusive asked) is sent but is not a new
+    /// key: at the budget it is allowed, alone or with others, and a key
+    /// not held still counts.
+    #[test]
+    fn an_upgrade_at_the_budget_is_not_a_new_key() {
+        let mut t = TxLocks::default();
+        let c = cfg(OrderCheck::Off);
+        let p = t
+            .plan(&req(&[(1, Mode::Shared), (2, Mode::Shared)]), 2, &c)
+            .unwrap()
+            .0;
+        t.start();
+        t.finish(p.taken(), 0, true, false);
+        let up = t.plan(&req(&[(2, Mode::Exclusive)]), 2, &c).unwrap().0;
+        assert_eq!(up.len(), 1);
+        let both = t
+            .plan(&req(&[(1, Mode::Exclusive), (2, Mode::Exclusive)]), 2, &c)
+            .unwrap()
+            .0;
+        assert_eq!(both.len(), 2);
+        let err = t
+            .plan(&req(&[(2, Mode::Exclusive), (3, Mode::Shared)]), 2, &c)
+            .unwrap_err();
+        assert_eq!(err.budget_counts(), Some((2, 1, 2)), "{err}");
+    }
+
     #[test]
     fn budget_counts_distinct_new_keys() {
         let mut t = TxLocks::default();
