@@ -104,3 +104,74 @@ fn behind_a_transaction_pooler_a_lock_is_real_or_refused() {
     assert!(granted > 0, "some locks were real");
     eprintln!("prepared behind pgbouncer: {granted} granted, {refused} refused");
 }
+
+/// Only the reply check stands between a forged statement and a lock
+/// reported held: behind a transaction-mode pgbouncer with one server
+/// connection, every lockkit statement Diesel has prepared there is
+/// replaced by a forgery (same name, parameters and reply shape, tag 7, no
+/// lock; `lockkit_tests::forge`). Every lock call, in every form, is then
+/// refused as `UnexpectedReply`, and no key is held on the server.
+#[test]
+fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .start();
+    let locker = locker(
+        &mut connect(db),
+        Config::default().order_check(lockkit::OrderCheck::Off),
+    );
+    let mut observer = connect(db);
+    let mut conn = PgConnection::establish(&bouncer.url()).expect("through pgbouncer");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for forged in [false, true] {
+        if forged {
+            runtime.block_on(async {
+                let (other, connection) = bouncer
+                    .config()
+                    .connect(tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(connection);
+                let n = lockkit_tests::forge::forge_lockkit_statements(&other).await;
+                assert!(n >= 4, "lockkit's statements are prepared there: {n}");
+            });
+        }
+        for form in 0..5_i64 {
+            let job = Job {
+                id: 900_000 + form + if forged { 100 } else { 0 },
+            };
+            let result = locker.transaction(&mut conn, |tx| {
+                let key = match form {
+                    0 => tx.lock(job)?.key(),
+                    1 => tx.lock_shared(job)?.key(),
+                    2 => tx.try_lock(job)?.expect("free").key(),
+                    3 => tx.try_lock_shared(job)?.expect("free").key(),
+                    _ => {
+                        let batch = lockkit_diesel::Batch::new()
+                            .with(&job)
+                            .with(&Job { id: job.id + 1 });
+                        let _ = tx.lock_batch(&batch)?;
+                        job.lock_key()
+                    }
+                };
+                // Never a success without the lock.
+                assert!(granted_elsewhere(&mut observer, key), "form {form}");
+                Ok::<_, Error>(key)
+            });
+            match (forged, result) {
+                (false, Ok(_)) => {}
+                (true, Err(e)) => {
+                    assert_eq!(e.kind(), ErrorKind::UnexpectedReply, "form {form}: {e:?}");
+                    assert!(!granted_elsewhere(&mut observer, job.lock_key()));
+                }
+                (forged, result) => panic!("form {form}, forged {forged}: {result:?}"),
+            }
+        }
+    }
+}

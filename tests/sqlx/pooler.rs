@@ -175,3 +175,78 @@ async fn behind_a_transaction_pooler_a_lock_is_real_or_refused() {
         }
     }
 }
+
+/// Only the reply check stands between a forged statement and a lock
+/// reported held: behind a transaction-mode pgbouncer with one server
+/// connection, every lockkit statement sqlx has prepared there is replaced
+/// by a forgery (same name, parameters and reply shape, tag 7, no lock;
+/// `lockkit_tests::forge`). Every lock call, in every form, is then
+/// refused as `UnexpectedReply`, and no key is held on the server.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .start();
+    let locker = Locker::new(
+        &mut connect(db).await,
+        Config::default().order_check(OrderCheck::Off),
+    )
+    .await
+    .unwrap();
+    let observer = db.connect().await;
+    let options = PgConnectOptions::from_str(&bouncer.url())
+        .unwrap()
+        .extra_float_digits(None);
+    let mut conn = options.connect().await.expect("through pgbouncer");
+    // Each form once, for real: sqlx prepares its statement on the backend.
+    for forged in [false, true] {
+        if forged {
+            let (other, connection) = bouncer
+                .config()
+                .connect(tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(connection);
+            let n = lockkit_tests::forge::forge_lockkit_statements(&other).await;
+            assert!(n >= 4, "lockkit's statements are prepared there: {n}");
+        }
+        for form in 0..5_i64 {
+            let job = Job {
+                id: 900_000 + form + if forged { 100 } else { 0 },
+            };
+            let mut tx = conn.begin().await.unwrap();
+            let result = {
+                let mut ltx = locker.lock_tx(&mut tx).unwrap();
+                match form {
+                    0 => ltx.lock(job).await.map(|h| h.key()),
+                    1 => ltx.lock_shared(job).await.map(|h| h.key()),
+                    2 => ltx.try_lock(job).await.map(|h| h.expect("free").key()),
+                    3 => ltx
+                        .try_lock_shared(job)
+                        .await
+                        .map(|h| h.expect("free").key()),
+                    _ => ltx
+                        .lock_batch(
+                            &lockkit_sqlx::Batch::new()
+                                .with(&job)
+                                .with(&Job { id: job.id + 1 }),
+                        )
+                        .await
+                        .map(|_| job.lock_key()),
+                }
+            };
+            match (forged, result) {
+                (false, Ok(key)) => assert!(granted_elsewhere(&observer, key).await),
+                (true, Err(e)) => {
+                    assert_eq!(e.kind(), ErrorKind::UnexpectedReply, "form {form}: {e:?}");
+                    assert!(!granted_elsewhere(&observer, job.lock_key()).await);
+                }
+                (forged, result) => panic!("form {form}, forged {forged}: {result:?}"),
+            }
+            tx.rollback().await.unwrap();
+        }
+    }
+}

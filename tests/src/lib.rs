@@ -71,6 +71,7 @@
 mod account;
 mod binaries;
 pub mod fixtures;
+pub mod forge;
 mod instance;
 pub mod observe;
 mod pgbouncer;
