@@ -131,7 +131,8 @@ async fn try_and_timeout_against_another_holder() {
     assert_eq!(busy.keys().len(), 2);
     assert_eq!(ltx.held_count(), 0);
 
-    // A timeout bounds the whole batch and leaves the transaction usable.
+    // A timed batch times out and leaves the transaction usable (that its
+    // timeout bounds the whole call is `a_timeout_bounds_the_whole_mixed_batch`).
     let timeout = Duration::from_millis(300);
     let started = Instant::now();
     let batch = Batch::new().with(&Item { id: 22 }).with(&Slot { id: 20 });
@@ -282,6 +283,57 @@ async fn server_errors_are_typed() {
     assert_eq!(err.code(), Some("57014"));
     // The savepoint rollback left the transaction usable.
     assert!(ltx.lock(Item { id: 52 }).await.is_ok());
+}
+
+/// `lock_batch_timeout` of a `BigInt` and a `Pair` key has one deadline for
+/// the call, not a timeout per statement. The call is seen waiting for the
+/// `BigInt` key at `W` (its deadline is then at most `W + T`); the `BigInt`
+/// key is released at `W + 0.6 s`, the `Pair` key at `W + T + 0.3 s`.
+/// Per-statement timeouts would get both (the second statement waits from
+/// `W + 0.6 s` with its own `T`); one deadline times out. Load only delays
+/// the releases, which can only make the call time out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_timeout_bounds_the_whole_mixed_batch() {
+    const T: Duration = Duration::from_secs(1);
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 4).await;
+    let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+    let observer = db.connect().await;
+    let (item, slot) = (Item { id: 60 }, Slot { id: 60 });
+    let mut holder_big = pool.begin().await.unwrap();
+    let _ = locker
+        .lock_tx(&mut holder_big)
+        .unwrap()
+        .lock(item)
+        .await
+        .unwrap();
+    let mut holder_pair = pool.begin().await.unwrap();
+    let _ = locker
+        .lock_tx(&mut holder_pair)
+        .unwrap()
+        .lock(slot)
+        .await
+        .unwrap();
+
+    let mut conn = pool.acquire().await.unwrap();
+    let pid = backend_pid(&mut conn).await;
+    let mut tx = conn.begin().await.unwrap();
+    let mut ltx = locker.lock_tx(&mut tx).unwrap();
+    let batch = Batch::new().with(&item).with(&slot);
+    let (result, ()) = tokio::join!(ltx.lock_batch_timeout(&batch, T), async {
+        wait_until_waiting(&observer, pid).await;
+        let seen = Instant::now();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        holder_big.rollback().await.unwrap();
+        tokio::time::sleep((T + Duration::from_millis(300)).saturating_sub(seen.elapsed())).await;
+        holder_pair.rollback().await.unwrap();
+    });
+    let err = result.expect_err("the whole batch is bounded by one timeout");
+    assert!(err.is_timeout(), "{err}");
+    assert_eq!(err.timeout(), Some(T));
+    assert!(!ltx.holds(&item, Mode::Exclusive));
+    assert!(!granted_elsewhere(&observer, item.lock_key()).await);
 }
 
 /// How many of lockkit's statements are prepared (named) on `conn`'s
