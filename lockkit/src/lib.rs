@@ -138,6 +138,7 @@ mod key;
 #[cfg(feature = "tokio-postgres")]
 pub mod pg;
 mod retry;
+pub mod sql;
 
 #[cfg(feature = "tokio-postgres")]
 pub use pg::inspect;
