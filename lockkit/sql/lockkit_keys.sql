@@ -74,6 +74,13 @@
 -- arguments), pins its search_path, names lockkit's own functions by schema,
 -- and builds no SQL from its arguments.
 
+-- Installs running at the same time, each in a transaction (instances of an
+-- application that all install at startup), take turns: two concurrent
+-- CREATE OR REPLACE of one function fail. The key is a lockkit key of its own
+-- (`lockkit key --form bigint lockkit.sql s:install`). Outside a transaction
+-- the lock is released at once and changes nothing.
+SELECT pg_catalog.pg_advisory_xact_lock(1859504235373255752);
+
 CREATE SCHEMA IF NOT EXISTS lockkit;
 
 COMMENT ON SCHEMA lockkit IS

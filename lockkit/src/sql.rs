@@ -137,6 +137,9 @@ mod tests {
             }
         }
         assert!(SQL.contains("PostgreSQL 12, 13, 14, 15, 16 and 17"));
+        // Concurrent installs take turns on a lockkit key of their own.
+        let key = crate::KeySpec::new("lockkit.sql").key_of("install");
+        assert!(SQL.contains(&format!("SELECT pg_catalog.pg_advisory_xact_lock({key});")));
         // No dynamic SQL, no transaction control, nothing outside the schema.
         for word in ["EXECUTE", "BEGIN;", "COMMIT", "public."] {
             assert!(!SQL.contains(word), "{word}");

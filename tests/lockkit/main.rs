@@ -23,5 +23,6 @@ mod session_pooler;
 mod session_probe;
 mod session_tls;
 mod smoke;
+mod sql_keys;
 mod standby;
 mod timeouts;
