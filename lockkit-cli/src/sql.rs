@@ -174,7 +174,7 @@ fn part(out: &mut String, value: &Value) -> Result<(), KeyError> {
             out.push(')');
         }
         // `()` encodes to nothing.
-        Value::Tuple(items) if items.is_empty() => out.push_str("'\\x'::bytea"),
+        Value::Tuple(items) if items.is_empty() => out.push_str("decode('', 'hex')"),
         Value::Tuple(items) => {
             out.push_str("lockkit.tuple(");
             list(out, items)?;

@@ -72,7 +72,12 @@
 --
 -- Every function is IMMUTABLE and PARALLEL SAFE (a pure function of its
 -- arguments), pins its search_path, names lockkit's own functions by schema,
--- and builds no SQL from its arguments.
+-- and builds no SQL from its arguments. Byte strings are written
+-- decode('...', 'hex'), which the planner folds once, so that no function
+-- depends on the caller's standard_conforming_strings.
+--
+-- An integer literal picks its lockkit.int by its type (int4, int8, or
+-- numeric beyond); a quoted one needs a cast: lockkit.int('42'::int8).
 
 -- Installs running at the same time, each in a transaction (instances of an
 -- application that all install at startup), take turns: two concurrent
@@ -217,7 +222,7 @@ LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN '\x01'::bytea || int8send(((v & 255) << 56) | (((v >> 8) & 255) << 48)
+    RETURN decode('01', 'hex') || int8send(((v & 255) << 56) | (((v >> 8) & 255) << 48)
         | (((v >> 16) & 255) << 40) | (((v >> 24) & 255) << 32)
         | (((v >> 32) & 255) << 24) | (((v >> 40) & 255) << 16)
         | (((v >> 48) & 255) << 8) | ((v >> 56) & 255));
@@ -231,7 +236,7 @@ AS $$
 DECLARE
     n bigint := v;
 BEGIN
-    RETURN '\x01'::bytea || int8send(((n & 255) << 56) | (((n >> 8) & 255) << 48)
+    RETURN decode('01', 'hex') || int8send(((n & 255) << 56) | (((n >> 8) & 255) << 48)
         | (((n >> 16) & 255) << 40) | (((n >> 24) & 255) << 32)
         | (((n >> 32) & 255) << 24) | (((n >> 40) & 255) << 16)
         | (((n >> 48) & 255) << 8) | ((n >> 56) & 255));
@@ -245,7 +250,7 @@ AS $$
 DECLARE
     n bigint := v;
 BEGIN
-    RETURN '\x01'::bytea || int8send(((n & 255) << 56) | (((n >> 8) & 255) << 48)
+    RETURN decode('01', 'hex') || int8send(((n & 255) << 56) | (((n >> 8) & 255) << 48)
         | (((n >> 16) & 255) << 40) | (((n >> 24) & 255) << 32)
         | (((n >> 32) & 255) << 24) | (((n >> 40) & 255) << 16)
         | (((n >> 48) & 255) << 8) | ((n >> 56) & 255));
@@ -279,10 +284,10 @@ BEGIN
         RETURN lockkit.int(v::bigint);
     END IF;
     IF v < two127 THEN
-        tag := '\x02'::bytea;  -- i128, two's complement
+        tag := decode('02', 'hex');  -- i128, two's complement
         u := CASE WHEN v < 0 THEN v + 2 * two127 ELSE v END;
     ELSE
-        tag := '\x03'::bytea;  -- a u128 above i128::MAX
+        tag := decode('03', 'hex');  -- a u128 above i128::MAX
         u := v;
     END IF;
     -- The low and the high 64 bits, each as the bits of a bigint.
@@ -300,7 +305,7 @@ LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN CASE WHEN v THEN '\x0401'::bytea ELSE '\x0400'::bytea END;
+    RETURN CASE WHEN v THEN decode('0401', 'hex') ELSE decode('0400', 'hex') END;
 END
 $$;
 
@@ -314,7 +319,7 @@ BEGIN
         RAISE EXCEPTION 'lockkit: % is not a Unicode scalar value', v
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN '\x05'::bytea || substr(int4send(((v & 255) << 24) | (((v >> 8) & 255) << 16)
+    RETURN decode('05', 'hex') || substr(int4send(((v & 255) << 24) | (((v >> 8) & 255) << 16)
         | (((v >> 16) & 255) << 8)), 1, 4);
 END
 $$;
@@ -343,7 +348,7 @@ BEGIN
         ELSE ((c & 7) << 18) | ((get_byte(b, 1) & 63) << 12) | ((get_byte(b, 2) & 63) << 6)
             | (get_byte(b, 3) & 63)
     END;
-    RETURN '\x05'::bytea || substr(int4send(((c & 255) << 24) | (((c >> 8) & 255) << 16)
+    RETURN decode('05', 'hex') || substr(int4send(((c & 255) << 24) | (((c >> 8) & 255) << 16)
         | (((c >> 16) & 255) << 8)), 1, 4);
 END
 $$;
@@ -357,7 +362,7 @@ DECLARE
     b bytea := convert_to(v, 'UTF8');
     n bigint := octet_length(b);
 BEGIN
-    RETURN '\x06'::bytea || substr(int8send(((n & 255) << 56) | (((n >> 8) & 255) << 48)
+    RETURN decode('06', 'hex') || substr(int8send(((n & 255) << 56) | (((n >> 8) & 255) << 48)
         | (((n >> 16) & 255) << 40) | (((n >> 24) & 255) << 32)), 1, 4) || b;
 END
 $$;
@@ -368,7 +373,7 @@ LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN '\x08'::bytea || uuid_send(v);
+    RETURN decode('08', 'hex') || uuid_send(v);
 END
 $$;
 
@@ -378,7 +383,7 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN '\x0900'::bytea;
+    RETURN decode('0900', 'hex');
 END
 $$;
 
@@ -388,7 +393,7 @@ LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN '\x0901'::bytea || part;
+    RETURN decode('0901', 'hex') || part;
 END
 $$;
 
@@ -399,7 +404,7 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN CASE WHEN part IS NULL THEN '\x0900'::bytea ELSE '\x0901'::bytea || part END;
+    RETURN CASE WHEN part IS NULL THEN decode('0900', 'hex') ELSE decode('0901', 'hex') || part END;
 END
 $$;
 
@@ -418,7 +423,7 @@ BEGIN
     IF items IS NULL THEN
         RAISE EXCEPTION 'lockkit: a sequence''s items are NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    out := '\x0a'::bytea || substr(int8send(((n & 255) << 56) | (((n >> 8) & 255) << 48)
+    out := decode('0a', 'hex') || substr(int8send(((n & 255) << 56) | (((n >> 8) & 255) << 48)
         | (((n >> 16) & 255) << 40) | (((n >> 24) & 255) << 32)), 1, 4);
     FOREACH item IN ARRAY items LOOP
         IF item IS NULL THEN
@@ -436,7 +441,7 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN '\x0a00000000'::bytea;
+    RETURN decode('0a00000000', 'hex');
 END
 $$;
 
@@ -447,7 +452,7 @@ LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    out bytea := '\x'::bytea;
+    out bytea := decode('', 'hex');
     part bytea;
 BEGIN
     FOREACH part IN ARRAY parts LOOP
@@ -472,7 +477,7 @@ DECLARE
     out bytea;
     field bytea;
 BEGIN
-    out := '\x0c'::bytea || substr(int8send(((n & 255) << 56) | (((n >> 8) & 255) << 48)
+    out := decode('0c', 'hex') || substr(int8send(((n & 255) << 56) | (((n >> 8) & 255) << 48)
         | (((n >> 16) & 255) << 40) | (((n >> 24) & 255) << 32)), 1, 4) || b;
     FOREACH field IN ARRAY fields LOOP
         IF field IS NULL THEN
@@ -493,7 +498,7 @@ DECLARE
     b bytea := convert_to(name, 'UTF8');
     n bigint := octet_length(b);
 BEGIN
-    RETURN '\x0c'::bytea || substr(int8send(((n & 255) << 56) | (((n >> 8) & 255) << 48)
+    RETURN decode('0c', 'hex') || substr(int8send(((n & 255) << 56) | (((n >> 8) & 255) << 48)
         | (((n >> 16) & 255) << 40) | (((n >> 24) & 255) << 32)), 1, 4) || b;
 END
 $$;
@@ -524,7 +529,7 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN lockkit.sip('\x6e7300'::bytea || lockkit.namespace_bytes(ns));
+    RETURN lockkit.sip(decode('6e7300', 'hex') || lockkit.namespace_bytes(ns));
 END
 $$;
 
@@ -596,7 +601,7 @@ BEGIN
     END IF;
     b := convert_to(ns, 'UTF8');
     -- u32le(len(ns)): the length is at most 64, one byte.
-    msg := set_byte('\x00000000'::bytea, 0, octet_length(b)) || b;
+    msg := set_byte(decode('00000000', 'hex'), 0, octet_length(b)) || b;
     FOREACH part IN ARRAY parts LOOP
         IF part IS NULL THEN
             RAISE EXCEPTION 'lockkit: a key part is NULL (lockkit.option(...) encodes a NULL as None)'
@@ -619,7 +624,7 @@ BEGIN
         RETURN (body << 32) >> 32;
     END IF;
     -- (tag16 << 48) | (body & 0xFFFF_FFFF_FFFF).
-    RETURN (lockkit.sip('\x6e7300'::bytea || b) & -281474976710656) | (body & 281474976710655);
+    RETURN (lockkit.sip(decode('6e7300', 'hex') || b) & -281474976710656) | (body & 281474976710655);
 END
 $$;
 

@@ -1111,3 +1111,72 @@ async fn installs_twice_and_concurrently() {
     assert!(all > 20, "{all}");
     assert_eq!(all, pinned);
 }
+
+/// The caller's session cannot change a key: a search_path that puts a
+/// schema of look-alike functions and operators first (the CVE-2018-1058
+/// pattern) and `standard_conforming_strings = off` leave every function's
+/// result as it is.
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_do_not_depend_on_the_callers_session() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    drop(installed(db).await);
+    let mut client = db.connect().await;
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute(
+        "CREATE SCHEMA lockkit_tests_lookalike;
+         CREATE FUNCTION lockkit_tests_lookalike.int8send(bigint) RETURNS bytea
+             LANGUAGE sql AS $$ SELECT decode('00', 'hex') $$;
+         CREATE FUNCTION lockkit_tests_lookalike.xor(bigint, bigint) RETURNS bigint
+             LANGUAGE sql AS $$ SELECT 0::bigint $$;
+         CREATE OPERATOR lockkit_tests_lookalike.# (
+             LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = lockkit_tests_lookalike.xor);
+         SET LOCAL search_path = lockkit_tests_lookalike, pg_catalog;
+         SET LOCAL standard_conforming_strings = off;",
+    )
+    .await
+    .unwrap();
+    // The look-alikes are what an unpinned function would call.
+    let row = tx
+        .query_one("SELECT 5::int8 # 3::int8, int8send(1::int8)", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 0);
+    assert_eq!(row.get::<_, Vec<u8>>(1), [0]);
+    let row = tx
+        .query_one(
+            "SELECT lockkit.key('Order', lockkit.int(42)), lockkit.pair_class('Order'), \
+             lockkit.pair_object('Order', lockkit.int(42)), \
+             lockkit.key('Tenanted', lockkit.str('acme'), lockkit.int(1001)), \
+             lockkit.striped_key('Event', 1024, lockkit.str('a1b2c3d4')), \
+             lockkit.key('X', lockkit.seq(), lockkit.none(), lockkit.option(NULL), lockkit.some(lockkit.bool(true)))",
+            &[],
+        )
+        .await
+        .unwrap();
+    let x = KeySpec::new("X").key_with(|p| {
+        p.put(&Vec::<u8>::new())
+            .put(&None::<u8>)
+            .put(&None::<u8>)
+            .put(&Some(true));
+    });
+    assert_eq!(
+        (
+            row.get::<_, i64>(0),
+            row.get::<_, i32>(1),
+            row.get::<_, i32>(2),
+            row.get::<_, i64>(3),
+            row.get::<_, i64>(4),
+            row.get::<_, i64>(5),
+        ),
+        (
+            -7205368663365046133,
+            -1677652607,
+            1483026571,
+            -297873912991975939,
+            5974306380683673735,
+            bigint(x),
+        )
+    );
+    tx.rollback().await.unwrap();
+}
