@@ -1149,7 +1149,8 @@ async fn keys_do_not_depend_on_the_callers_session() {
              lockkit.pair_object('Order', lockkit.int(42)), \
              lockkit.key('Tenanted', lockkit.str('acme'), lockkit.int(1001)), \
              lockkit.striped_key('Event', 1024, lockkit.str('a1b2c3d4')), \
-             lockkit.key('X', lockkit.seq(), lockkit.none(), lockkit.option(NULL), lockkit.some(lockkit.bool(true)))",
+             lockkit.key('X', lockkit.seq(), lockkit.none(), lockkit.option(NULL), lockkit.some(lockkit.bool(true))), \
+             lockkit.sip(decode('', 'hex'))",
             &[],
         )
         .await
@@ -1168,6 +1169,7 @@ async fn keys_do_not_depend_on_the_callers_session() {
             row.get::<_, i64>(3),
             row.get::<_, i64>(4),
             row.get::<_, i64>(5),
+            row.get::<_, i64>(6),
         ),
         (
             -7205368663365046133,
@@ -1176,6 +1178,8 @@ async fn keys_do_not_depend_on_the_callers_session() {
             -297873912991975939,
             5974306380683673735,
             bigint(x),
+            // SipHash-2-4 of nothing with lockkit's key.
+            0x19b9_b136_a430_c0ca,
         )
     );
     tx.rollback().await.unwrap();
