@@ -48,9 +48,11 @@
 --     lockkit.pair_class(ns)                   the derived class of Pair keys
 --     lockkit.pair_object(ns, part, ...)       object of the hashed Pair key
 --     lockkit.striped_pair_object(ns, stripes, part, ...)
---   and KEYS.md's own terms: lockkit.sip(bytes), lockkit.ns_hash(ns),
---   lockkit.tag(ns), lockkit.body(ns, parts), lockkit.u32le(n), lockkit.i64le(n),
---   lockkit.format_version().
+--   KEYS.md's own terms: lockkit.sip(bytes), lockkit.ns_hash(ns),
+--   lockkit.tag(ns), lockkit.body(ns, parts), lockkit.u32le(n), lockkit.i64le(n);
+--   lockkit.format_version(), the key format version (1);
+--   and two helpers: lockkit.namespace_bytes(ns) (the checked namespace) and
+--   lockkit.hashed_key(...) (the common body of the key functions).
 --
 -- Exact pairs (`pair = "exact"`) need no function: the key is
 -- `(lockkit.pair_class(ns), value)`, or `(N, value)` with `class = N`. An
@@ -67,8 +69,8 @@
 -- anything). The encoders return NULL for NULL, so a NULL column reaches the
 -- key function and fails there; use lockkit.option(...) for an `Option`.
 --
--- A PostgreSQL text cannot hold U+0000, so a string or char containing it
--- can only be encoded as lockkit.char(0) (a char), not as lockkit.str.
+-- A PostgreSQL text cannot hold U+0000: a string containing it cannot be
+-- encoded here (the char U+0000 alone is lockkit.char(0)).
 --
 -- Every function is IMMUTABLE and PARALLEL SAFE (a pure function of its
 -- arguments), pins its search_path, names lockkit's own functions by schema,
