@@ -125,8 +125,13 @@ enum Command {
         #[arg(long)]
         sql: bool,
     },
-    /// lockkit's SQL functions: the same keys computed in SQL, for
-    /// migrations, psql sessions and services in other languages.
+    /// lockkit's SQL functions: the same keys computed in SQL.
+    ///
+    /// For migrations, psql sessions, cron jobs and services in other
+    /// languages that must take the same locks as the Rust service:
+    /// SELECT pg_advisory_xact_lock(lockkit.key('Order', lockkit.int(42))).
+    /// `lockkit key --sql` prints a key's SQL. The key format is
+    /// docs/KEYS.md: https://example.invalid/lockkit/blob/main/docs/KEYS.md
     Sql {
         #[command(subcommand)]
         command: SqlCommand,

@@ -8,13 +8,17 @@ use crate::{emit, query_error, Result};
 /// `lockkit sql`'s subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum SqlCommand {
-    /// Install (or reinstall: it is idempotent) the functions in the
-    /// schema `lockkit` of the --url database, in one transaction, then
-    /// check that they compute the KEYS.md golden vector as this lockkit
-    /// does. The role needs CREATE on the database (or to own the schema).
+    /// Install the functions in the schema `lockkit` of the --url database.
+    ///
+    /// Idempotent (run it again after an upgrade), in one transaction; then
+    /// checks that the installed functions compute the KEYS.md golden vector
+    /// as this lockkit does. The role needs CREATE on the database (or to
+    /// own the schema).
     Install,
-    /// Write the install script to stdout, to install it as a migration of
-    /// your own or with psql (psql --single-transaction -f FILE).
+    /// Write the install script to stdout.
+    ///
+    /// To install it as a migration of your own, or with psql
+    /// (psql --single-transaction -f FILE).
     Print,
 }
 
