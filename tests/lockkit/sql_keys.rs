@@ -844,6 +844,12 @@ async fn namespaces_tags_and_classes_equal_keyspec() {
             want: bigint(spec.key_with(|_| {})),
             what: format!("key {ns}"),
         });
+        // KEYS.md's body(ns, parts): its low 48 bits are the BigInt key's.
+        cases.push(Case {
+            sql: format!("lockkit.body({lit}, decode('', 'hex')) & 281474976710655"),
+            want: bigint(spec.key_with(|_| {})) & 0xFFFF_FFFF_FFFF,
+            what: format!("body {ns}"),
+        });
         cases.push(Case {
             sql: format!("lockkit.pair_object({lit})"),
             want: pair(spec.pair().key_with(|_| {})).1.into(),
