@@ -5,6 +5,8 @@
 //! - [`registry`]: the key types `lockkit inspect` names, from `-n`, the
 //!   `LOCKKIT_NAMESPACES` variable and a namespaces file.
 //! - [`settings`]: the lock settings `lockkit check` reports and assesses.
+//! - [`sql`]: `lockkit key --sql`, a key as an SQL expression of lockkit's
+//!   SQL functions.
 //!
 //! The key format is [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
 #![warn(
@@ -18,3 +20,4 @@
 pub mod keyarg;
 pub mod registry;
 pub mod settings;
+pub mod sql;

@@ -8,6 +8,9 @@
 //!   [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
 //! - `lockkit check`: the server's lock table capacity, how much advisory
 //!   locks use now, hot standby, and whether the connection is pooled.
+//! - `lockkit sql install` / `lockkit sql print`: lockkit's SQL functions,
+//!   which compute the same keys in SQL (`lockkit key --sql` prints a key's
+//!   expression).
 //!
 //! Connects with `--url` or `DATABASE_URL`, without TLS.
 #![warn(
@@ -19,6 +22,7 @@
 #![deny(unsafe_code)]
 
 mod render;
+mod sql_command;
 
 use std::error::Error as StdError;
 use std::fmt::Write as _;
@@ -32,6 +36,7 @@ use lockkit::probe_pooler;
 use lockkit_cli::keyarg::{compute, parse_value, Form, KeyRequest};
 use lockkit_cli::settings;
 use serde_json::json;
+use sql_command::{sql_install, sql_text, SqlCommand};
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls};
 
@@ -114,6 +119,22 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Also print the SQL expressions that compute the keys with
+        /// lockkit's SQL functions (`lockkit sql install`): the arguments of
+        /// pg_advisory_xact_lock(...).
+        #[arg(long)]
+        sql: bool,
+    },
+    /// lockkit's SQL functions: the same keys computed in SQL.
+    ///
+    /// For migrations, psql sessions, cron jobs and services in other
+    /// languages that must take the same locks as the Rust service:
+    /// SELECT pg_advisory_xact_lock(lockkit.key('Order', lockkit.int(42))).
+    /// `lockkit key --sql` prints a key's SQL. The key format is
+    /// docs/KEYS.md: https://example.invalid/lockkit/blob/main/docs/KEYS.md
+    Sql {
+        #[command(subcommand)]
+        command: SqlCommand,
     },
     /// Lock table capacity and use, hot standby, pooling, and the settings
     /// that decide how locks behave (log_lock_waits, deadlock_timeout,
@@ -230,7 +251,15 @@ async fn run(cli: Cli) -> Result<()> {
             class,
             stripes,
             json,
-        } => key(&args, form.into(), class, stripes, json),
+            sql,
+        } => key(&args, form.into(), class, stripes, json, sql),
+        Command::Sql { command } => match command {
+            SqlCommand::Print => emit(lockkit::sql::SQL),
+            SqlCommand::Install => {
+                let (client, _) = connect(cli.url.as_deref()).await?;
+                sql_install(&client).await
+            }
+        },
         Command::Inspect {
             namespaces,
             namespaces_file,
@@ -285,6 +314,7 @@ fn key(
     class: Option<i32>,
     stripes: Option<u64>,
     json: bool,
+    sql: bool,
 ) -> Result<()> {
     let (namespace, values) = match (form.has_namespace(), args) {
         (true, [namespace, values @ ..]) => (Some(namespace.as_str()), values),
@@ -311,6 +341,10 @@ fn key(
     request.class = class;
     request.stripes = stripes;
     let keys = compute(&request).map_err(|e| e.to_string())?;
+    let sql = sql
+        .then(|| lockkit_cli::sql::expressions(&request))
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let rendered: Vec<String> = request.values.iter().map(ToString::to_string).collect();
     if json {
         let mut doc = json!({
@@ -325,6 +359,10 @@ fn key(
         }
         if let Some(key) = keys.pair {
             doc["pair"] = render::key_json(key);
+        }
+        if let Some(sql) = &sql {
+            doc["bigint_sql"] = json!(sql.bigint);
+            doc["pair_sql"] = json!(sql.pair);
         }
         return emit(&format!("{doc:#}\n"));
     }
@@ -351,6 +389,9 @@ fn key(
             id.objid,
             id.objsubid
         );
+    }
+    if let Some(sql) = sql {
+        out.push_str(&sql_text(&sql));
     }
     emit(&out)
 }

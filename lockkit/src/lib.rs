@@ -31,6 +31,9 @@
 //! - **One engine** ([`engine`]) owns the whole protocol of taking locks;
 //!   the tokio-postgres adapter here, `lockkit-diesel` and the others only
 //!   run its statements.
+//! - **Keys from SQL** ([`sql`]): the same keys computed by SQL functions
+//!   installed in the database, so that migrations, psql sessions and
+//!   services in other languages take the same locks.
 //!
 //! # Example
 //!
@@ -138,6 +141,7 @@ mod key;
 #[cfg(feature = "tokio-postgres")]
 pub mod pg;
 mod retry;
+pub mod sql;
 
 #[cfg(feature = "tokio-postgres")]
 pub use pg::inspect;

@@ -25,5 +25,6 @@ mod session_probe;
 mod session_silent;
 mod session_tls;
 mod smoke;
+mod sql_keys;
 mod standby;
 mod timeouts;

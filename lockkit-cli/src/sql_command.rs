@@ -1,0 +1,51 @@
+//! `lockkit sql` and the text of `lockkit key --sql`.
+
+use lockkit_cli::sql::SqlKeys;
+use tokio_postgres::Client;
+
+use crate::{emit, query_error, Result};
+
+/// `lockkit sql`'s subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum SqlCommand {
+    /// Install the functions in the schema `lockkit` of the --url database.
+    ///
+    /// Idempotent (run it again after an upgrade), in one transaction; then
+    /// checks that the installed functions compute the KEYS.md golden vector
+    /// as this lockkit does. The role needs CREATE on the database (or to
+    /// own the schema).
+    Install,
+    /// Write the install script to stdout.
+    ///
+    /// To install it as a migration of your own, or with psql
+    /// (psql --single-transaction -f FILE).
+    Print,
+}
+
+/// `lockkit sql install`.
+pub(crate) async fn sql_install(client: &Client) -> Result<()> {
+    lockkit::sql::install(client)
+        .await
+        .map_err(|e| query_error("cannot install lockkit's SQL functions", &e))?;
+    let version = lockkit::sql::FORMAT_VERSION;
+    emit(&format!(
+        "installed lockkit's SQL functions (schema {}, key format version {version}); \
+         they compute the KEYS.md golden vector as this lockkit does\n",
+        lockkit::sql::SCHEMA
+    ))
+}
+
+/// `lockkit key --sql`'s lines: each key's expressions under an SQL comment
+/// naming the key, so that the text pastes into psql as it is.
+pub(crate) fn sql_text(sql: &SqlKeys) -> String {
+    let mut out =
+        String::from("\n-- the keys in SQL, with lockkit's SQL functions (lockkit sql install):\n");
+    for (name, expression) in [("BigInt", &sql.bigint), ("Pair", &sql.pair)] {
+        if let Some(expression) = expression {
+            out.push_str(&format!(
+                "-- {name}\nSELECT pg_advisory_xact_lock({expression});\n"
+            ));
+        }
+    }
+    out
+}
