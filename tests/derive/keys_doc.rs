@@ -3,45 +3,7 @@
 //! document and each is compared with what lockkit computes.
 
 use lockkit::{hashtext_key, parts_bytes, KeySpec, LockKey};
-
-fn doc() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/KEYS.md");
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"))
-}
-
-/// The tables of the section whose heading starts with `heading`: each a
-/// list of rows (header and `| --- |` line left out) of trimmed cells.
-fn tables(doc: &str, heading: &str) -> Vec<Vec<Vec<String>>> {
-    let section = doc
-        .split("\n## ")
-        .find(|s| s.starts_with(heading))
-        .unwrap_or_else(|| panic!("no section {heading:?} in docs/KEYS.md"));
-    let mut tables = Vec::new();
-    let mut lines = section.lines().peekable();
-    while lines.peek().is_some() {
-        let block: Vec<&str> = lines
-            .by_ref()
-            .skip_while(|l| !l.starts_with('|'))
-            .take_while(|l| l.starts_with('|'))
-            .collect();
-        if block.len() > 2 {
-            tables.push(
-                block[2..]
-                    .iter()
-                    .map(|l| {
-                        l.trim()
-                            .trim_matches('|')
-                            .split('|')
-                            .map(|c| c.trim().to_owned())
-                            .collect()
-                    })
-                    .collect(),
-            );
-        }
-    }
-    assert!(!tables.is_empty(), "no table in section {heading:?}");
-    tables
-}
+use lockkit_tests::keys_doc::{tables, text as doc};
 
 fn unquote(cell: &str) -> &str {
     cell.trim().trim_matches('`')

@@ -131,16 +131,7 @@ fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
         .unwrap();
     for forged in [false, true] {
         if forged {
-            runtime.block_on(async {
-                let (other, connection) = bouncer
-                    .config()
-                    .connect(tokio_postgres::NoTls)
-                    .await
-                    .unwrap();
-                tokio::spawn(connection);
-                let n = lockkit_tests::forge::forge_lockkit_statements(&other).await;
-                assert!(n >= 4, "lockkit's statements are prepared there: {n}");
-            });
+            runtime.block_on(lockkit_tests::forge::forge_behind(&bouncer));
         }
         for form in 0..5_i64 {
             let job = Job {

@@ -38,14 +38,7 @@ async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
         .expect("through pgbouncer");
     for forged in [false, true] {
         if forged {
-            let (other, connection) = bouncer
-                .config()
-                .connect(tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(connection);
-            let n = lockkit_tests::forge::forge_lockkit_statements(&other).await;
-            assert!(n >= 4, "lockkit's statements are prepared there: {n}");
+            lockkit_tests::forge::forge_behind(&bouncer).await;
         }
         for form in 0..5_i64 {
             let job = Job {
@@ -75,7 +68,7 @@ async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
                 (false, Ok(_)) => {}
                 (true, Err(e)) => {
                     assert_eq!(e.kind(), ErrorKind::UnexpectedReply, "form {form}: {e:?}");
-                    assert!(!granted_elsewhere(&observer, job.lock_key()).await);
+                    assert!(!granted_elsewhere(observer, job.lock_key()).await);
                 }
                 (forged, result) => panic!("form {form}, forged {forged}: {result:?}"),
             }

@@ -480,37 +480,18 @@ async fn a_clash_on_the_timeout_statements_is_an_unexpected_reply() {
         let mut lk = LockClient::new(&locker, client);
         // The first timed call prepares lockkit's statements on the backend.
         let tx = lk.begin().await.unwrap();
-        tx.lock_timeout(Item { id: 1 }, Duration::from_secs(5))
+        let _ = tx
+            .lock_timeout(Item { id: 1 }, Duration::from_secs(5))
             .await
             .unwrap();
         tx.commit().await.unwrap();
         let (other, conn) = bouncer.config().connect(NoTls).await.unwrap();
         tokio::spawn(conn);
-        let rows = other
-            .query(
-                "SELECT name, array_to_string(parameter_types::text[], ',') FROM pg_prepared_statements \
-                 WHERE statement LIKE '%' || $1 || '%' AND statement NOT LIKE '%pg_prepared_statements%'",
-                &[&marker],
-            )
-            .await
-            .unwrap();
         // Every client's statement of that kind on the backend (this one's
         // and the earlier rounds').
-        assert!(!rows.is_empty(), "{marker} is prepared on the backend");
-        for row in rows {
-            let (name, types): (String, String) = (row.get(0), row.get(1));
-            let params = if types.is_empty() {
-                String::new()
-            } else {
-                format!("({types})")
-            };
-            other
-                .batch_execute(&format!(
-                    "DEALLOCATE {name}; PREPARE {name}{params} AS {foreign}"
-                ))
-                .await
-                .unwrap();
-        }
+        let replaced =
+            lockkit_tests::forge::replace_prepared(&other, marker, |_| foreign.to_owned()).await;
+        assert!(replaced > 0, "{marker} is prepared on the backend");
 
         let mut refused = 0;
         for round in 0..6_i64 {

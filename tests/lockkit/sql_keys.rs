@@ -921,35 +921,12 @@ async fn invalid_input_is_an_error() {
     }
 }
 
-/// The tables of docs/KEYS.md's section `heading` (as in
-/// tests/derive/keys_doc.rs).
+/// The tables of docs/KEYS.md's section `heading`, each cell without the
+/// backticks around it.
 fn tables(doc: &str, heading: &str) -> Vec<Vec<Vec<String>>> {
-    let section = doc
-        .split("\n## ")
-        .find(|s| s.starts_with(heading))
-        .unwrap_or_else(|| panic!("no section {heading:?} in docs/KEYS.md"));
-    let mut tables = Vec::new();
-    let mut lines = section.lines().peekable();
-    while lines.peek().is_some() {
-        let block: Vec<&str> = lines
-            .by_ref()
-            .skip_while(|l| !l.starts_with('|'))
-            .take_while(|l| l.starts_with('|'))
-            .collect();
-        if block.len() > 2 {
-            tables.push(
-                block[2..]
-                    .iter()
-                    .map(|l| {
-                        l.trim()
-                            .trim_matches('|')
-                            .split('|')
-                            .map(|c| c.trim().trim_matches('`').to_owned())
-                            .collect()
-                    })
-                    .collect(),
-            );
-        }
+    let mut tables = lockkit_tests::keys_doc::tables(doc, heading);
+    for cell in tables.iter_mut().flatten().flatten() {
+        *cell = cell.trim_matches('`').to_owned();
     }
     tables
 }
@@ -959,8 +936,7 @@ async fn every_keys_md_vector() {
     let db = TestServer::shared();
     let _log = db.guard();
     let client = installed(db).await;
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/KEYS.md"))
-        .expect("docs/KEYS.md");
+    let doc = lockkit_tests::keys_doc::text();
 
     // The golden vectors: BigInt and Pair keys, striped or not.
     let rows = &tables(&doc, "Golden vectors")[0];

@@ -204,14 +204,7 @@ async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
     // Each form once, for real: sqlx prepares its statement on the backend.
     for forged in [false, true] {
         if forged {
-            let (other, connection) = bouncer
-                .config()
-                .connect(tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(connection);
-            let n = lockkit_tests::forge::forge_lockkit_statements(&other).await;
-            assert!(n >= 4, "lockkit's statements are prepared there: {n}");
+            lockkit_tests::forge::forge_behind(&bouncer).await;
         }
         for form in 0..5_i64 {
             let job = Job {

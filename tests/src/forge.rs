@@ -12,6 +12,8 @@
 
 use tokio_postgres::Client;
 
+use crate::pgbouncer::PgBouncer;
+
 /// Stand-ins for the advisory lock functions, with their signatures:
 /// `void` for the waiting forms, `true` for the try forms.
 const STAND_INS: &str = "
@@ -57,11 +59,46 @@ pub async fn forge_lockkit_statements(client: &Client) -> usize {
         .batch_execute(STAND_INS)
         .await
         .expect("create the stand-in functions");
+    replace_prepared(client, "/* lockkit:", forgery).await
+}
+
+/// [`forge_lockkit_statements`] through a connection of its own to
+/// `bouncer` (which must have one server connection); at least four
+/// statements must have been there to forge.
+///
+/// # Panics
+///
+/// When it cannot connect, or finds fewer than four lockkit statements.
+pub async fn forge_behind(bouncer: &PgBouncer) -> usize {
+    let (client, connection) = bouncer
+        .config()
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect through the pooler");
+    tokio::spawn(connection);
+    let n = forge_lockkit_statements(&client).await;
+    assert!(n >= 4, "lockkit's statements are prepared there: {n}");
+    n
+}
+
+/// Replaces every statement prepared on the backend of `client` whose text
+/// contains `marker` by `with(its text)`, under the same name and parameter
+/// types: `DEALLOCATE`, then `PREPARE`. Returns how many it replaced.
+///
+/// # Panics
+///
+/// When a statement fails.
+pub async fn replace_prepared(
+    client: &Client,
+    marker: &str,
+    with: impl Fn(&str) -> String,
+) -> usize {
     let rows = client
         .query(
             "SELECT name, array_to_string(parameter_types::text[], ','), statement \
-             FROM pg_prepared_statements WHERE statement LIKE '/* lockkit:%'",
-            &[],
+             FROM pg_prepared_statements WHERE strpos(statement, $1) > 0 \
+             AND statement NOT LIKE '%pg_prepared_statements%'",
+            &[&marker],
         )
         .await
         .expect("pg_prepared_statements");
@@ -75,10 +112,10 @@ pub async fn forge_lockkit_statements(client: &Client) -> usize {
         client
             .batch_execute(&format!(
                 "DEALLOCATE \"{name}\"; PREPARE \"{name}\"{params} AS {}",
-                forgery(text)
+                with(text)
             ))
             .await
-            .unwrap_or_else(|e| panic!("forge {name}: {e}"));
+            .unwrap_or_else(|e| panic!("replace {name}: {e}"));
     }
     rows.len()
 }

@@ -73,6 +73,7 @@ mod binaries;
 pub mod fixtures;
 pub mod forge;
 mod instance;
+pub mod keys_doc;
 pub mod observe;
 mod pgbouncer;
 mod proxy;
