@@ -418,6 +418,17 @@ impl<'t> LockTx<'t> {
         Grant::try_lock(self.send_one(&value, mode, true, site).await, value)
     }
 
+    /// [`LockTx::lock_batch`] asked for at `site` (for lockkit's own calls
+    /// on the application's behalf, such as
+    /// [`Locker::locked_transaction`]).
+    pub(crate) fn lock_batch_at(
+        &mut self,
+        batch: &Batch,
+        site: &'static Location<'static>,
+    ) -> impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't> {
+        self.acquire(batch, Wait::Forever, site)
+    }
+
     /// The batch's request is made before the future, which then does not
     /// borrow `batch`.
     fn acquire(

@@ -520,3 +520,25 @@ fn an_order_error_names_the_applications_call_sites_and_a_try_passes() {
         })
         .unwrap();
 }
+
+/// `locked_transaction` takes its batch on the application's behalf: an
+/// order error inside its closure names the application's call site for
+/// the key held, not the adapter's.
+#[test]
+fn locked_transactions_batch_is_taken_at_the_applications_call_site() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut a = connect(db);
+    let locker = locker(&mut a, Config::default().order_check(OrderCheck::Error));
+    // `Pair` keys sort above every `BigInt` key.
+    let batch = Batch::new().with(&Cell { id: 50 });
+    let line = line!() + 1;
+    let out = locker.locked_transaction(&mut a, &batch, |tx| {
+        let err = tx.lock(Item { id: 50 }).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+        let taken_at = err.lock_order_sites().unwrap().0.unwrap();
+        assert_eq!((taken_at.file(), taken_at.line()), (file!(), line), "{err}");
+        Ok::<_, Error>(())
+    });
+    out.unwrap();
+}

@@ -422,3 +422,28 @@ async fn an_order_error_names_the_applications_call_sites_and_a_try_passes() {
     drop(ltx);
     tx.rollback().await.unwrap();
 }
+
+/// `locked_transaction` takes its batch on the application's behalf: an
+/// order error inside its closure names the application's call site for
+/// the key held, not the adapter's.
+#[tokio::test(flavor = "multi_thread")]
+async fn locked_transactions_batch_is_taken_at_the_applications_call_site() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 2).await;
+    let locker = locker(&pool, Config::default().order_check(OrderCheck::Error)).await;
+    // `Pair` keys sort above every `BigInt` key.
+    let batch = Batch::new().with(&Slot { id: 50 });
+    let out: Result<(), Error> = locker
+        .locked_transaction(&pool, &batch, |tx| {
+            Box::pin(async move {
+                let err = tx.lock(Item { id: 50 }).await.unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+                let taken_at = err.lock_order_sites().unwrap().0.unwrap();
+                assert_eq!(taken_at.file(), file!(), "{err}");
+                Ok(())
+            })
+        })
+        .await;
+    out.unwrap();
+}

@@ -573,10 +573,11 @@ impl fmt::Display for Error {
     }
 }
 
-/// ` of type T` or ` of types T, U` (nothing for no type).
+/// ` of type T` or ` of types T, U`: nothing for no type, or for keys
+/// given as plain [`LockKey`]s only (type `raw`, which names nothing).
 fn of_types(f: &mut fmt::Formatter<'_>, key_types: &[&str]) -> fmt::Result {
     match key_types {
-        [] => Ok(()),
+        [] | [crate::engine::plan::RAW] => Ok(()),
         [one] => write!(f, " of type {one}"),
         [first, rest @ ..] => {
             write!(f, " of types {first}")?;
