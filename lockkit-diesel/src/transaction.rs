@@ -241,7 +241,8 @@ impl<'c> LockTx<'c> {
     ///
     /// # Errors
     ///
-    /// As [`LockTx::lock`] (a full lock table raises `53200` even here).
+    /// As [`LockTx::lock`] (a full lock table raises `53200` even here),
+    /// but never `LockOrder`: a try does not wait, so it cannot deadlock.
     #[track_caller]
     pub fn try_lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Result<Held<'c, K>, K>, Error> {
         self.try_lock_one(key, Mode::Exclusive)
@@ -293,7 +294,7 @@ impl<'c> LockTx<'c> {
     ///
     /// # Errors
     ///
-    /// As [`LockTx::lock`].
+    /// As [`LockTx::try_lock`].
     #[track_caller]
     pub fn try_lock_batch(&mut self, batch: &Batch) -> Result<Result<HeldBatch<'c>, Busy>, Error> {
         let request = Request::batch(batch).at(Location::caller());

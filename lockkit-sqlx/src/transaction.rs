@@ -305,7 +305,8 @@ impl<'t> LockTx<'t> {
     ///
     /// # Errors
     ///
-    /// As [`LockTx::lock`] (a full lock table raises `53200` even here).
+    /// As [`LockTx::lock`] (a full lock table raises `53200` even here),
+    /// but never `LockOrder`: a try does not wait, so it cannot deadlock.
     ///
     /// # Cancel safety
     ///
@@ -381,7 +382,7 @@ impl<'t> LockTx<'t> {
     ///
     /// # Errors
     ///
-    /// As [`LockTx::lock`].
+    /// As [`LockTx::try_lock`].
     ///
     /// # Cancel safety
     ///
