@@ -261,7 +261,7 @@ impl TxLocks {
                 None => held_types.push((entry.key_type, 1)),
             }
         }
-        held_types.sort_by(|a, b| b.1.cmp(&a.1));
+        held_types.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
         let requested: Vec<LockKey> = plan
             .keys()
             .filter(|k| self.held.get(*k).is_none())
