@@ -33,14 +33,36 @@ impl Lines {
 
     /// Prints a line when the ingest of `strategy` went from `done.0` to
     /// `done.1` of `total` events across a quarter (25, 50 or 75 %).
-    pub(crate) fn quarter(&self, strategy: &str, (before, after): (u64, u64), total: u64) {
-        let quarter = |n: u64| (n.saturating_mul(4) / total.max(1)).min(4);
-        let crossed = quarter(after);
-        if crossed > quarter(before) && crossed < 4 {
+    pub(crate) fn quarter(&self, strategy: &str, done: (u64, u64), total: u64) {
+        if let Some(percent) = crossed(done, total) {
+            let after = done.1;
             self.say(format_args!(
-                "{strategy}: {after} of {total} events ({} %)",
-                crossed * 25
+                "{strategy}: {after} of {total} events ({percent} %)"
             ));
         }
+    }
+}
+
+/// The quarter (25, 50 or 75 %) that going from `before` to `after` of
+/// `total` crossed, if any (the end is the phase's own line).
+fn crossed((before, after): (u64, u64), total: u64) -> Option<u64> {
+    let quarter = |n: u64| (n.saturating_mul(4) / total.max(1)).min(4);
+    let crossed = quarter(after);
+    (crossed > quarter(before) && crossed < 4).then_some(crossed * 25)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::crossed;
+
+    #[test]
+    fn one_line_per_quarter_crossed() {
+        let lines: Vec<u64> = (0..40)
+            .filter_map(|i| crossed((i * 100, (i + 1) * 100), 4000))
+            .collect();
+        assert_eq!(lines, [25, 50, 75]);
+        assert_eq!(crossed((0, 4000), 4000), None, "the end has its own line");
+        assert_eq!(crossed((900, 1100), 4000), Some(25));
+        assert_eq!(crossed((0, 10), 0), None);
     }
 }
