@@ -410,116 +410,6 @@ mod tests {
         assert_eq!(up.len(), 1);
     }
 
-    /// A try never waits, so it cannot close a wait cycle: below a key
-    /// held, it is neither refused nor warned of; the same key asked for by
-    /// a call that waits is (the control).
-    #[test]
-    fn a_try_below_a_held_key_is_not_an_order_violation() {
-        let mut t = TxLocks::default();
-        let p = t
-            .plan(
-                ask(&req(&[(5, Mode::Exclusive)])),
-                10,
-                &cfg(OrderCheck::Error),
-            )
-            .unwrap()
-            .0;
-        t.start();
-        t.finish(p.taken(), (0, None), true, false);
-        let low = req(&[(1, Mode::Exclusive)]);
-        for check in [OrderCheck::Error, OrderCheck::Warn] {
-            let tried = Asked {
-                waits: false,
-                ..ask(&low)
-            };
-            let (plan, warned) = t.plan(tried, 10, &cfg(check)).unwrap();
-            assert_eq!((plan.len(), warned), (1, None), "{check:?}");
-        }
-        let err = t.plan(ask(&low), 10, &cfg(OrderCheck::Error)).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
-        let warned = t.plan(ask(&low), 10, &cfg(OrderCheck::Warn)).unwrap().1;
-        assert!(warned.is_some());
-    }
-
-    /// A lock-order error names the types of both keys and the call sites
-    /// that took the one held and asked for the one below it.
-    #[test]
-    fn an_order_error_names_types_and_sites() {
-        let (taken_at, asked_at) = (Location::caller(), Location::caller());
-        let mut t = TxLocks::default();
-        let high = req(&[(5, Mode::Exclusive)]);
-        let asked = Asked {
-            types: &["app.account"],
-            site: Some(taken_at),
-            ..ask(&high)
-        };
-        let p = t.plan(asked, 10, &cfg(OrderCheck::Error)).unwrap().0;
-        t.start();
-        t.finish(p.taken(), (0, Some(taken_at)), true, false);
-        let low = req(&[(1, Mode::Exclusive)]);
-        let asked = Asked {
-            types: &["app.report"],
-            site: Some(asked_at),
-            ..ask(&low)
-        };
-        let err = t.plan(asked, 10, &cfg(OrderCheck::Error)).unwrap_err();
-        assert_eq!(err.key_types(), ["app.account", "app.report"]);
-        assert_eq!(
-            err.lock_order_sites(),
-            Some((Some(taken_at), Some(asked_at)))
-        );
-        assert_eq!(
-            err.lock_order_keys(),
-            Some((LockKey::BigInt(5), LockKey::BigInt(1)))
-        );
-        let message = err.to_string();
-        for part in [
-            format!("the app.report key 1 (requested at {asked_at})"),
-            format!("the app.account key 5 (taken at {taken_at})"),
-        ] {
-            assert!(message.contains(&part), "{part:?} in {message}");
-        }
-    }
-
-    /// A budget error names the types held (most first) and requested.
-    #[test]
-    fn a_budget_error_names_types() {
-        let mut t = TxLocks::default();
-        let c = cfg(OrderCheck::Off);
-        let held = req(&[
-            (1, Mode::Exclusive),
-            (2, Mode::Exclusive),
-            (3, Mode::Shared),
-        ]);
-        let asked = Asked {
-            types: &["app.order", "app.account", "app.account"],
-            ..ask(&held)
-        };
-        let p = t.plan(asked, 4, &c).unwrap().0;
-        t.start();
-        t.finish(p.taken(), (0, None), true, false);
-        let more = req(&[
-            (3, Mode::Exclusive),
-            (4, Mode::Exclusive),
-            (5, Mode::Exclusive),
-        ]);
-        let asked = Asked {
-            types: &["app.account", "app.event", "app.event"],
-            ..ask(&more)
-        };
-        let err = t.plan(asked, 4, &c).unwrap_err();
-        assert_eq!(err.budget_counts(), Some((3, 2, 4)), "{err}");
-        assert_eq!(err.key_types(), ["app.event"], "{err}");
-        assert_eq!(
-            err.budget_held_types(),
-            Some(&[("app.account", 2), ("app.order", 1)][..])
-        );
-        assert_eq!(
-            err.to_string(),
-            "lock budget exceeded: 3 held (2 app.account, 1 app.order) + 2 requested of type app.event > 4 allowed per transaction"
-        );
-    }
-
     #[test]
     fn budget_counts_distinct_new_keys() {
         let mut t = TxLocks::default();
@@ -687,5 +577,115 @@ mod tests {
                 assert_eq!(t.held.0.as_slice(), expected.as_slice());
             }
         }
+    }
+
+    /// A try never waits, so it cannot close a wait cycle: below a key
+    /// held, it is neither refused nor warned of; the same key asked for by
+    /// a call that waits is (the control).
+    #[test]
+    fn a_try_below_a_held_key_is_not_an_order_violation() {
+        let mut t = TxLocks::default();
+        let p = t
+            .plan(
+                ask(&req(&[(5, Mode::Exclusive)])),
+                10,
+                &cfg(OrderCheck::Error),
+            )
+            .unwrap()
+            .0;
+        t.start();
+        t.finish(p.taken(), (0, None), true, false);
+        let low = req(&[(1, Mode::Exclusive)]);
+        for check in [OrderCheck::Error, OrderCheck::Warn] {
+            let tried = Asked {
+                waits: false,
+                ..ask(&low)
+            };
+            let (plan, warned) = t.plan(tried, 10, &cfg(check)).unwrap();
+            assert_eq!((plan.len(), warned), (1, None), "{check:?}");
+        }
+        let err = t.plan(ask(&low), 10, &cfg(OrderCheck::Error)).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+        let warned = t.plan(ask(&low), 10, &cfg(OrderCheck::Warn)).unwrap().1;
+        assert!(warned.is_some());
+    }
+
+    /// A lock-order error names the types of both keys and the call sites
+    /// that took the one held and asked for the one below it.
+    #[test]
+    fn an_order_error_names_types_and_sites() {
+        let (taken_at, asked_at) = (Location::caller(), Location::caller());
+        let mut t = TxLocks::default();
+        let high = req(&[(5, Mode::Exclusive)]);
+        let asked = Asked {
+            types: &["app.account"],
+            site: Some(taken_at),
+            ..ask(&high)
+        };
+        let p = t.plan(asked, 10, &cfg(OrderCheck::Error)).unwrap().0;
+        t.start();
+        t.finish(p.taken(), (0, Some(taken_at)), true, false);
+        let low = req(&[(1, Mode::Exclusive)]);
+        let asked = Asked {
+            types: &["app.report"],
+            site: Some(asked_at),
+            ..ask(&low)
+        };
+        let err = t.plan(asked, 10, &cfg(OrderCheck::Error)).unwrap_err();
+        assert_eq!(err.key_types(), ["app.account", "app.report"]);
+        assert_eq!(
+            err.lock_order_sites(),
+            Some((Some(taken_at), Some(asked_at)))
+        );
+        assert_eq!(
+            err.lock_order_keys(),
+            Some((LockKey::BigInt(5), LockKey::BigInt(1)))
+        );
+        let message = err.to_string();
+        for part in [
+            format!("the app.report key 1 (requested at {asked_at})"),
+            format!("the app.account key 5 (taken at {taken_at})"),
+        ] {
+            assert!(message.contains(&part), "{part:?} in {message}");
+        }
+    }
+
+    /// A budget error names the types held (most first) and requested.
+    #[test]
+    fn a_budget_error_names_types() {
+        let mut t = TxLocks::default();
+        let c = cfg(OrderCheck::Off);
+        let held = req(&[
+            (1, Mode::Exclusive),
+            (2, Mode::Exclusive),
+            (3, Mode::Shared),
+        ]);
+        let asked = Asked {
+            types: &["app.order", "app.account", "app.account"],
+            ..ask(&held)
+        };
+        let p = t.plan(asked, 4, &c).unwrap().0;
+        t.start();
+        t.finish(p.taken(), (0, None), true, false);
+        let more = req(&[
+            (3, Mode::Exclusive),
+            (4, Mode::Exclusive),
+            (5, Mode::Exclusive),
+        ]);
+        let asked = Asked {
+            types: &["app.account", "app.event", "app.event"],
+            ..ask(&more)
+        };
+        let err = t.plan(asked, 4, &c).unwrap_err();
+        assert_eq!(err.budget_counts(), Some((3, 2, 4)), "{err}");
+        assert_eq!(err.key_types(), ["app.event"], "{err}");
+        assert_eq!(
+            err.budget_held_types(),
+            Some(&[("app.account", 2), ("app.order", 1)][..])
+        );
+        assert_eq!(
+            err.to_string(),
+            "lock budget exceeded: 3 held (2 app.account, 1 app.order) + 2 requested of type app.event > 4 allowed per transaction"
+        );
     }
 }
