@@ -2,6 +2,8 @@
 //! advisory locks it took.
 
 use std::fmt;
+use std::future::Future;
+use std::panic::Location;
 use std::time::Duration;
 
 use diesel_async::AsyncPgConnection;
@@ -253,8 +255,12 @@ impl<'t> LockTx<'t> {
     ///
     /// Under `sslmode=require` the cancel request needs the TLS connector:
     /// see [`Locker::cancel_tls`](crate::Locker::cancel_tls).
-    pub async fn lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'t, K>, Error> {
-        self.lock_one(key, Mode::Exclusive, Wait::Forever).await
+    #[track_caller]
+    pub fn lock<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+    ) -> impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K> {
+        self.lock_one(key, Mode::Exclusive, Wait::Forever, Location::caller())
     }
 
     /// Takes `key` shared: other shared holders are admitted, exclusive ones
@@ -267,8 +273,12 @@ impl<'t> LockTx<'t> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn lock_shared<K: AdvisoryKey>(&mut self, key: K) -> Result<Held<'t, K>, Error> {
-        self.lock_one(key, Mode::Shared, Wait::Forever).await
+    #[track_caller]
+    pub fn lock_shared<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+    ) -> impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K> {
+        self.lock_one(key, Mode::Shared, Wait::Forever, Location::caller())
     }
 
     /// Takes `key` exclusive, waiting at most `timeout` (measured by the
@@ -284,13 +294,14 @@ impl<'t> LockTx<'t> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn lock_timeout<K: AdvisoryKey>(
+    #[track_caller]
+    pub fn lock_timeout<K: AdvisoryKey>(
         &mut self,
         key: K,
         timeout: Duration,
-    ) -> Result<Held<'t, K>, Error> {
-        self.lock_one(key, Mode::Exclusive, Wait::Timeout(timeout))
-            .await
+    ) -> impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K> {
+        let site = Location::caller();
+        self.lock_one(key, Mode::Exclusive, Wait::Timeout(timeout), site)
     }
 
     /// Takes `key` shared, waiting at most `timeout`.
@@ -302,13 +313,14 @@ impl<'t> LockTx<'t> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock_timeout`].
-    pub async fn lock_shared_timeout<K: AdvisoryKey>(
+    #[track_caller]
+    pub fn lock_shared_timeout<K: AdvisoryKey>(
         &mut self,
         key: K,
         timeout: Duration,
-    ) -> Result<Held<'t, K>, Error> {
-        self.lock_one(key, Mode::Shared, Wait::Timeout(timeout))
-            .await
+    ) -> impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K> {
+        let site = Location::caller();
+        self.lock_one(key, Mode::Shared, Wait::Timeout(timeout), site)
     }
 
     /// Takes `key` exclusive if no other transaction holds it, without
@@ -316,18 +328,20 @@ impl<'t> LockTx<'t> {
     ///
     /// # Errors
     ///
-    /// As [`LockTx::lock`] (a full lock table raises `53200` even here).
+    /// As [`LockTx::lock`] (a full lock table raises `53200` even here),
+    /// but never `LockOrder`: a try does not wait, so it cannot deadlock.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future poisons the transaction, as [`LockTx::lock`];
     /// the statement does not wait, so the connection is free within a
     /// round trip.
-    pub async fn try_lock<K: AdvisoryKey>(
+    #[track_caller]
+    pub fn try_lock<K: AdvisoryKey>(
         &mut self,
         key: K,
-    ) -> Result<Result<Held<'t, K>, K>, Error> {
-        self.try_lock_one(key, Mode::Exclusive).await
+    ) -> impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K> {
+        self.try_lock_one(key, Mode::Exclusive, Location::caller())
     }
 
     /// Takes `key` shared if no transaction holds it exclusive, without
@@ -340,11 +354,12 @@ impl<'t> LockTx<'t> {
     /// # Cancel safety
     ///
     /// As [`LockTx::try_lock`].
-    pub async fn try_lock_shared<K: AdvisoryKey>(
+    #[track_caller]
+    pub fn try_lock_shared<K: AdvisoryKey>(
         &mut self,
         key: K,
-    ) -> Result<Result<Held<'t, K>, K>, Error> {
-        self.try_lock_one(key, Mode::Shared).await
+    ) -> impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K> {
+        self.try_lock_one(key, Mode::Shared, Location::caller())
     }
 
     /// Takes every key of `batch` in the global lock order: one statement,
@@ -357,8 +372,12 @@ impl<'t> LockTx<'t> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock`].
-    pub async fn lock_batch(&mut self, batch: &Batch) -> Result<HeldBatch<'t>, Error> {
-        self.acquire(batch, Wait::Forever).await
+    #[track_caller]
+    pub fn lock_batch(
+        &mut self,
+        batch: &Batch,
+    ) -> impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't> {
+        self.acquire(batch, Wait::Forever, Location::caller())
     }
 
     /// Takes every key of `batch`, waiting at most `timeout` for the whole
@@ -372,12 +391,13 @@ impl<'t> LockTx<'t> {
     /// # Cancel safety
     ///
     /// As [`LockTx::lock_timeout`].
-    pub async fn lock_batch_timeout(
+    #[track_caller]
+    pub fn lock_batch_timeout(
         &mut self,
         batch: &Batch,
         timeout: Duration,
-    ) -> Result<HeldBatch<'t>, Error> {
-        self.acquire(batch, Wait::Timeout(timeout)).await
+    ) -> impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't> {
+        self.acquire(batch, Wait::Timeout(timeout), Location::caller())
     }
 
     /// Takes every key of `batch` or none: when any key is busy, nothing of
@@ -385,16 +405,18 @@ impl<'t> LockTx<'t> {
     ///
     /// # Errors
     ///
-    /// As [`LockTx::lock`].
+    /// As [`LockTx::try_lock`].
     ///
     /// # Cancel safety
     ///
     /// As [`LockTx::try_lock`].
-    pub async fn try_lock_batch(
+    #[track_caller]
+    pub fn try_lock_batch(
         &mut self,
         batch: &Batch,
-    ) -> Result<Result<HeldBatch<'t>, Busy>, Error> {
-        Grant::try_lock_batch(self.drive(Request::batch(batch), Wait::Try).await)
+    ) -> impl Future<Output = Result<Result<HeldBatch<'t>, Busy>, Error>> + use<'_, 't> {
+        let request = Request::batch(batch).at(Location::caller());
+        async move { Grant::try_lock_batch(self.drive(request, Wait::Try).await) }
     }
 
     async fn lock_one<K: AdvisoryKey>(
@@ -402,10 +424,11 @@ impl<'t> LockTx<'t> {
         value: K,
         mode: Mode,
         wait: Wait,
+        site: &'static Location<'static>,
     ) -> Result<Held<'t, K>, Error> {
         let outcome = match wait {
-            Wait::Forever => self.send_one(&value, mode, false).await,
-            wait => self.drive(Request::one(&value, mode), wait).await,
+            Wait::Forever => self.send_one(&value, mode, false, site).await,
+            wait => self.drive(Request::one(&value, mode).at(site), wait).await,
         };
         Grant::lock(outcome, value)
     }
@@ -414,27 +437,37 @@ impl<'t> LockTx<'t> {
         &mut self,
         value: K,
         mode: Mode,
+        site: &'static Location<'static>,
     ) -> Result<Result<Held<'t, K>, K>, Error> {
-        Grant::try_lock(self.send_one(&value, mode, true).await, value)
+        Grant::try_lock(self.send_one(&value, mode, true, site).await, value)
     }
 
-    async fn acquire(&mut self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'t>, Error> {
-        Grant::lock_batch(self.drive(Request::batch(batch), wait).await)
+    /// The batch's request is made before the future, which then does not
+    /// borrow `batch`.
+    fn acquire(
+        &mut self,
+        batch: &Batch,
+        wait: Wait,
+        site: &'static Location<'static>,
+    ) -> impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't> {
+        let request = Request::batch(batch).at(site);
+        async move { Grant::lock_batch(self.drive(request, wait).await) }
     }
 
     /// Checks diesel-async's transaction depth, then runs a one-key call of
-    /// one statement (a lock that waits, or a try).
+    /// one statement (a lock that waits, or a try) asked for at `site`.
     async fn send_one<K: AdvisoryKey>(
         &mut self,
         value: &K,
         mode: Mode,
         try_only: bool,
+        site: &'static Location<'static>,
     ) -> Result<Result<Grant, Busy>, Error> {
         self.check_depth()?;
         let policy = self.locker.policy();
-        let call = self
-            .state
-            .acquire_one(policy, self.depth, (value, mode), try_only, None)?;
+        let call =
+            self.state
+                .acquire_one(policy, self.depth, (value, mode), try_only, Some(site))?;
         let (canceller, mode) = (self.locker.canceller(), policy.config().statement_mode());
         let conn = &mut *self.conn;
         call.run(

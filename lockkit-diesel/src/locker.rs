@@ -118,6 +118,7 @@ impl Locker {
     ///
     /// The lock errors of [`LockTx::lock_batch`] (converted into `E`), `f`'s
     /// error, or Diesel's.
+    #[track_caller]
     pub fn locked_transaction<R, E, F>(
         &self,
         conn: &mut PgConnection,
@@ -128,8 +129,10 @@ impl Locker {
         F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
         E: From<DieselError> + From<Error>,
     {
+        // The batch is the application's call, at its call site.
+        let site = std::panic::Location::caller();
         self.transaction(conn, |tx| {
-            let _held = tx.lock_batch(batch)?;
+            let _held = tx.lock_batch_at(batch, lockkit::engine::Wait::Forever, site)?;
             f(tx)
         })
     }

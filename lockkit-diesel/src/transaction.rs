@@ -2,7 +2,7 @@
 //! locks it took; and the guards that prove them.
 
 use std::fmt;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe, Location};
 use std::time::Duration;
 
 use diesel::result::Error as DieselError;
@@ -241,7 +241,8 @@ impl<'c> LockTx<'c> {
     ///
     /// # Errors
     ///
-    /// As [`LockTx::lock`] (a full lock table raises `53200` even here).
+    /// As [`LockTx::lock`] (a full lock table raises `53200` even here),
+    /// but never `LockOrder`: a try does not wait, so it cannot deadlock.
     #[track_caller]
     pub fn try_lock<K: AdvisoryKey>(&mut self, key: K) -> Result<Result<Held<'c, K>, K>, Error> {
         self.try_lock_one(key, Mode::Exclusive)
@@ -293,10 +294,11 @@ impl<'c> LockTx<'c> {
     ///
     /// # Errors
     ///
-    /// As [`LockTx::lock`].
+    /// As [`LockTx::try_lock`].
     #[track_caller]
     pub fn try_lock_batch(&mut self, batch: &Batch) -> Result<Result<HeldBatch<'c>, Busy>, Error> {
-        Grant::try_lock_batch(self.drive(Request::batch(batch), Wait::Try))
+        let request = Request::batch(batch).at(Location::caller());
+        Grant::try_lock_batch(self.drive(request, Wait::Try))
     }
 
     #[track_caller]
@@ -308,7 +310,7 @@ impl<'c> LockTx<'c> {
     ) -> Result<Held<'c, K>, Error> {
         let outcome = match wait {
             Wait::Forever => self.send_one(&value, mode, false),
-            wait => self.drive(Request::one(&value, mode), wait),
+            wait => self.drive(Request::one(&value, mode).at(Location::caller()), wait),
         };
         Grant::lock(outcome, value)
     }
@@ -324,7 +326,19 @@ impl<'c> LockTx<'c> {
 
     #[track_caller]
     fn acquire(&mut self, batch: &Batch, wait: Wait) -> Result<HeldBatch<'c>, Error> {
-        Grant::lock_batch(self.drive(Request::batch(batch), wait))
+        self.lock_batch_at(batch, wait, Location::caller())
+    }
+
+    /// [`LockTx::lock_batch`] asked for at `site` (for lockkit's own calls
+    /// on the application's behalf, such as
+    /// [`Locker::locked_transaction`](crate::Locker::locked_transaction)).
+    pub(crate) fn lock_batch_at(
+        &mut self,
+        batch: &Batch,
+        wait: Wait,
+        site: &'static Location<'static>,
+    ) -> Result<HeldBatch<'c>, Error> {
+        Grant::lock_batch(self.drive(Request::batch(batch).at(site), wait))
     }
 
     /// Checks Diesel's transaction depth, then runs a one-key call of one
@@ -337,7 +351,7 @@ impl<'c> LockTx<'c> {
         try_only: bool,
     ) -> Result<Result<Grant, Busy>, Error> {
         self.check_in_transaction()?;
-        let site = Some(std::panic::Location::caller());
+        let site = Some(Location::caller());
         let policy = self.locker.policy();
         let call = self
             .state
@@ -347,11 +361,10 @@ impl<'c> LockTx<'c> {
         call.run_blocking(send, |_, a| a.reply())
     }
 
-    /// Checks Diesel's transaction depth, then lets the engine run the call.
-    #[track_caller]
+    /// Checks Diesel's transaction depth, then lets the engine run the call
+    /// (whose request carries the application's call site).
     fn drive(&mut self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
         self.check_in_transaction()?;
-        let request = request.at(std::panic::Location::caller());
         let policy = self.locker.policy();
         let call: Acquisition<'_> = self.state.acquire(policy, self.depth, request, wait)?;
         let mode = policy.config().statement_mode();

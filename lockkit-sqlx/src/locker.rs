@@ -210,11 +210,29 @@ impl Locker {
     /// # Cancel safety
     ///
     /// As [`Locker::transaction`].
-    pub async fn locked_transaction<'c, A, R, E, F>(
+    #[track_caller]
+    pub fn locked_transaction<'c, 'b, A, R, E, F>(
+        &self,
+        conn: A,
+        batch: &'b Batch,
+        f: F,
+    ) -> impl Future<Output = Result<R, E>> + use<'_, 'b, 'c, A, R, E, F>
+    where
+        A: Acquire<'c, Database = Postgres>,
+        F: for<'a, 't> FnOnce(&'a mut LockTx<'t>) -> BoxFuture<'a, Result<R, E>>,
+        E: From<Error>,
+    {
+        // The batch is the application's call, at its call site.
+        let site = std::panic::Location::caller();
+        self.locked_transaction_at(conn, batch, f, site)
+    }
+
+    async fn locked_transaction_at<'c, A, R, E, F>(
         &self,
         conn: A,
         batch: &Batch,
         f: F,
+        site: &'static std::panic::Location<'static>,
     ) -> Result<R, E>
     where
         A: Acquire<'c, Database = Postgres>,
@@ -224,7 +242,7 @@ impl Locker {
         let mut tx = conn.begin().await.map_err(|e| E::from(lock_error(e)))?;
         let result = {
             let mut ltx = LockTx::attach(self.clone(), &mut tx);
-            match ltx.lock_batch(batch).await {
+            match ltx.lock_batch_at(batch, site).await {
                 Ok(_held) => f(&mut ltx).await,
                 Err(e) => Err(E::from(e)),
             }

@@ -484,3 +484,61 @@ fn instrumentation_sees_a_lock_calls_statements_inside_its_span() {
     });
     lockkit_tests::spans::assert_lock_statements_in_span(&events.seen());
 }
+
+/// The Diesel adapter's lock methods are `#[track_caller]`: an order error
+/// names the two call sites in this file (not the adapter's), and a try
+/// below a held key is not refused (it does not wait; the engine's).
+#[test]
+fn an_order_error_names_the_applications_call_sites_and_a_try_passes() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut a = connect(db);
+    let locker = locker(&mut a, Config::default().order_check(OrderCheck::Error));
+    // `Pair` keys sort above every `BigInt` key.
+    let (high, low) = (Cell { id: 40 }, Item { id: 40 });
+    locker
+        .transaction(&mut a, |tx| {
+            let (_, line_held) = (tx.lock(high)?, line!());
+            assert!(tx.try_lock(low)?.is_ok(), "a try is not refused");
+            let batch = Batch::new().with(&Item { id: 39 });
+            assert!(tx.try_lock_batch(&batch)?.is_ok());
+            let (err, line_asked) = (tx.lock(Item { id: 38 }).unwrap_err(), line!());
+            assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+            let (taken_at, asked_at) = err.lock_order_sites().unwrap();
+            let (taken_at, asked_at) = (taken_at.unwrap(), asked_at.unwrap());
+            assert_eq!(
+                (taken_at.file(), asked_at.file()),
+                (file!(), file!()),
+                "{err}"
+            );
+            assert_eq!((taken_at.line(), asked_at.line()), (line_held, line_asked));
+            let err = tx
+                .lock_batch(&Batch::new().with(&Item { id: 36 }))
+                .unwrap_err();
+            assert_eq!(err.lock_order_sites().unwrap().1.unwrap().file(), file!());
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+}
+
+/// `locked_transaction` takes its batch on the application's behalf: an
+/// order error inside its closure names the application's call site for
+/// the key held, not the adapter's.
+#[test]
+fn locked_transactions_batch_is_taken_at_the_applications_call_site() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut a = connect(db);
+    let locker = locker(&mut a, Config::default().order_check(OrderCheck::Error));
+    // `Pair` keys sort above every `BigInt` key.
+    let batch = Batch::new().with(&Cell { id: 50 });
+    let line = line!() + 1;
+    let out = locker.locked_transaction(&mut a, &batch, |tx| {
+        let err = tx.lock(Item { id: 50 }).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+        let taken_at = err.lock_order_sites().unwrap().0.unwrap();
+        assert_eq!((taken_at.file(), taken_at.line()), (file!(), line), "{err}");
+        Ok::<_, Error>(())
+    });
+    out.unwrap();
+}

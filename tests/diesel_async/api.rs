@@ -299,3 +299,45 @@ fn instrumentation_sees_a_lock_calls_statements_inside_its_span() {
     });
     lockkit_tests::spans::assert_lock_statements_in_span(&events.seen());
 }
+
+/// The diesel-async adapter's lock methods are `#[track_caller]`: an order
+/// error names the two call sites in this file (not the adapter's), and a
+/// try below a held key is not refused (it does not wait; the engine's).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_order_error_names_the_applications_call_sites_and_a_try_passes() {
+    use lockkit_diesel_async::{Config, Locker, OrderCheck};
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 1);
+    let mut conn = pool.get().await.unwrap();
+    let config = Config::default().order_check(OrderCheck::Error);
+    let locker = Locker::new(&mut conn, config).await.unwrap();
+    // `Pair` keys sort above every `BigInt` key.
+    let (high, low) = (Slot { id: 40 }, Item { id: 40 });
+    conn.transaction::<_, Error, _>(async |conn| {
+        let mut tx = conn.lock_tx(&locker)?;
+        let (_, line_held) = (tx.lock(high).await?, line!());
+        assert!(tx.try_lock(low).await?.is_ok(), "a try is not refused");
+        let batch = Batch::new().with(&Item { id: 39 });
+        assert!(tx.try_lock_batch(&batch).await?.is_ok());
+        let (err, line_asked) = (tx.lock(Item { id: 38 }).await.unwrap_err(), line!());
+        assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+        let (taken_at, asked_at) = err.lock_order_sites().unwrap();
+        let (taken_at, asked_at) = (taken_at.unwrap(), asked_at.unwrap());
+        assert_eq!(
+            (taken_at.file(), asked_at.file()),
+            (file!(), file!()),
+            "{err}"
+        );
+        assert_eq!((taken_at.line(), asked_at.line()), (line_held, line_asked));
+        let err = tx
+            .lock_batch_timeout(&Batch::new().with(&Item { id: 36 }), Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        let asked_at = err.lock_order_sites().unwrap().1.unwrap();
+        assert_eq!(asked_at.file(), file!(), "{err}");
+        Ok(())
+    })
+    .await
+    .unwrap();
+}

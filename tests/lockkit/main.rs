@@ -11,6 +11,7 @@ mod guards_ui;
 mod hashtext;
 mod inspect;
 mod migrate;
+mod named;
 mod observe;
 mod order;
 mod pipeline;

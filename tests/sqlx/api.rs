@@ -429,3 +429,73 @@ fn sqlx_reports_a_lock_calls_statements_inside_its_span() {
     });
     lockkit_tests::spans::assert_lock_statements_in_span(&events.seen());
 }
+
+/// The sqlx adapter's lock methods are `#[track_caller]`: an order error
+/// names the two call sites in this file (not the adapter's), and a try
+/// below a held key is not refused (it does not wait; the engine's).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_order_error_names_the_applications_call_sites_and_a_try_passes() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 2).await;
+    let locker = locker(&pool, Config::default().order_check(OrderCheck::Error)).await;
+    // `Pair` keys sort above every `BigInt` key.
+    let (high, low) = (Slot { id: 40 }, Item { id: 40 });
+    let mut tx = pool.begin().await.unwrap();
+    let mut ltx = locker.lock_tx(&mut tx).unwrap();
+    let (_, line_held) = (ltx.lock(high).await.unwrap(), line!());
+    assert!(
+        ltx.try_lock(low).await.unwrap().is_ok(),
+        "a try is not refused"
+    );
+    let batch = Batch::new().with(&Item { id: 39 });
+    assert!(ltx.try_lock_batch(&batch).await.unwrap().is_ok());
+    let (err, line_asked) = (ltx.lock(Item { id: 38 }).await.unwrap_err(), line!());
+    assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+    let (taken_at, asked_at) = err.lock_order_sites().unwrap();
+    let (taken_at, asked_at) = (taken_at.unwrap(), asked_at.unwrap());
+    assert_eq!(
+        (taken_at.file(), asked_at.file()),
+        (file!(), file!()),
+        "{err}"
+    );
+    assert_eq!((taken_at.line(), asked_at.line()), (line_held, line_asked));
+    let err = ltx
+        .lock_batch(&Batch::new().with(&Item { id: 36 }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.lock_order_sites().unwrap().1.unwrap().file(), file!());
+    let err = ltx
+        .lock_timeout(Item { id: 37 }, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    let asked_at = err.lock_order_sites().unwrap().1.unwrap();
+    assert_eq!(asked_at.file(), file!(), "{err}");
+    drop(ltx);
+    tx.rollback().await.unwrap();
+}
+
+/// `locked_transaction` takes its batch on the application's behalf: an
+/// order error inside its closure names the application's call site for
+/// the key held, not the adapter's.
+#[tokio::test(flavor = "multi_thread")]
+async fn locked_transactions_batch_is_taken_at_the_applications_call_site() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 2).await;
+    let locker = locker(&pool, Config::default().order_check(OrderCheck::Error)).await;
+    // `Pair` keys sort above every `BigInt` key.
+    let batch = Batch::new().with(&Slot { id: 50 });
+    let out: Result<(), Error> = locker
+        .locked_transaction(&pool, &batch, |tx| {
+            Box::pin(async move {
+                let err = tx.lock(Item { id: 50 }).await.unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+                let taken_at = err.lock_order_sites().unwrap().0.unwrap();
+                assert_eq!(taken_at.file(), file!(), "{err}");
+                Ok(())
+            })
+        })
+        .await;
+    out.unwrap();
+}

@@ -5,6 +5,8 @@
 mod budget;
 mod chaos;
 mod chart;
+mod progress;
+mod reading;
 mod report;
 mod retry;
 mod strategy;
@@ -20,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use lockkit::{Config, Locker};
+use progress::Lines;
 use tokio::sync::{watch, Barrier};
 use tokio_postgres::Client;
 use uuid::Uuid;
@@ -96,12 +99,27 @@ pub struct Options {
     /// Print the raw figures as JSON instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Also write a chart of the latency percentiles (SVG) to this file.
-    #[arg(long, value_name = "PATH")]
-    pub svg: Option<PathBuf>,
-    /// No progress bar.
+    /// Where to write the chart of the latency percentiles (SVG).
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_SVG)]
+    pub svg: PathBuf,
+    /// Write no chart.
+    #[arg(long, conflicts_with = "svg")]
+    pub no_svg: bool,
+    /// No progress: neither the bar (stderr a terminal) nor the progress
+    /// lines (stderr a file or a pipe: CI logs, `| tee`).
     #[arg(short, long)]
     pub quiet: bool,
+}
+
+/// Where the chart goes unless `--svg` says otherwise: under the
+/// workspace's `target/` when run with `cargo run` from the workspace.
+pub const DEFAULT_SVG: &str = "target/ingest/latency.svg";
+
+impl Options {
+    /// The chart's path, unless `--no-svg`.
+    pub fn chart(&self) -> Option<&std::path::Path> {
+        (!self.no_svg).then_some(self.svg.as_path())
+    }
 }
 
 /// Settings of the throwaway server on top of the harness's (which has
@@ -207,8 +225,22 @@ pub async fn run(options: &Options, db: &Database) -> Result<Report, BoxError> {
         options.duplicate_rate,
         options.seed,
     ));
+    let lines = Lines::new(options.quiet);
+    lines.say(format_args!(
+        "PostgreSQL {version} ({durability}); {} strategies, {} events each, {} workers",
+        options.strategies.len(),
+        workload.events,
+        options.workers
+    ));
     let mut outcomes = Vec::new();
     for (i, &strategy) in options.strategies.iter().enumerate() {
+        lines.say(format_args!(
+            "{} ({} of {}): creating its tables, opening {} connections",
+            strategy.name(),
+            i + 1,
+            options.strategies.len(),
+            options.workers
+        ));
         let steps = if options.chaos {
             chaos::schedule(
                 options.seed.wrapping_add(i as u64),
@@ -218,8 +250,19 @@ pub async fn run(options: &Options, db: &Database) -> Result<Report, BoxError> {
         } else {
             Vec::new()
         };
-        let outcome =
-            run_strategy(strategy, options, db, &locker, budgeting, &workload, &steps).await?;
+        let outcome = run_strategy(
+            strategy, options, db, &locker, budgeting, &workload, &steps, &lines,
+        )
+        .await?;
+        lines.say(format_args!(
+            "{}: {:.1} s, {:.0} events/s, {} rows: duplicates {}, missing {}",
+            strategy.name(),
+            outcome.seconds,
+            outcome.events_per_second,
+            outcome.rows,
+            outcome.duplicates,
+            outcome.missing
+        ));
         outcomes.push(outcome);
     }
     db.connect()
@@ -296,6 +339,10 @@ struct Shared {
     workload: Arc<Workload>,
     barrier: Barrier,
     progress: ProgressBar,
+    /// The progress lines, when stderr is not a terminal.
+    lines: Lines,
+    /// Events ingested so far, for the progress lines.
+    done: std::sync::atomic::AtomicU64,
     /// Events ingested so far: what the chaos schedule follows.
     ingested: watch::Sender<u64>,
     targets: chaos::Targets,
@@ -313,6 +360,7 @@ struct Conn {
     stmts: strategy::Statements,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_strategy(
     strategy: Strategy,
     options: &Options,
@@ -321,6 +369,7 @@ async fn run_strategy(
     budgeting: Budgeting,
     workload: &Arc<Workload>,
     steps: &[Step],
+    lines: &Lines,
 ) -> Result<Outcome, BoxError> {
     // A new admin connection per strategy: the chaos of the last one
     // restarted the server.
@@ -349,6 +398,8 @@ async fn run_strategy(
         workload: Arc::clone(workload),
         barrier: Barrier::new(options.workers),
         progress: progress.clone(),
+        lines: lines.clone(),
+        done: Default::default(),
         ingested,
         targets: chaos::Targets::new(options.workers),
         faults_due_by: steps.iter().map(|s| s.at_event).max().unwrap_or(u64::MAX),
@@ -368,6 +419,17 @@ async fn run_strategy(
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
         .await?
         .get(0);
+    lines.say(format_args!(
+        "{}: ingesting {} events with {} workers{}",
+        strategy.name(),
+        workload.events,
+        options.workers,
+        if steps.is_empty() {
+            String::new()
+        } else {
+            format!(", {} faults scheduled", steps.len())
+        }
+    ));
     let start = Instant::now();
     let handles: Vec<_> = slots
         .into_iter()
@@ -396,6 +458,11 @@ async fn run_strategy(
     let (tally, elapsed) = workers?;
     let survived = survived?;
     progress.finish();
+    lines.say(format_args!(
+        "{}: ingested in {:.1} s; measuring WAL, tuples and sizes",
+        strategy.name(),
+        elapsed.as_secs_f64()
+    ));
 
     let admin = if admin.is_closed() {
         db.connect().await?
@@ -683,6 +750,12 @@ async fn worker(conn: Conn, shared: Arc<Shared>, id: usize) -> Tally {
             .batch_latencies_us
             .push(arrived.elapsed().as_micros() as u64);
         shared.progress.inc(batch as u64);
+        let before = shared.done.fetch_add(batch as u64, Ordering::Relaxed);
+        shared.lines.quarter(
+            shared.strategy.name(),
+            (before, before + batch as u64),
+            shared.workload.events as u64,
+        );
         shared
             .ingested
             .send_modify(|n| *n = n.saturating_add(batch as u64));
@@ -789,6 +862,7 @@ mod tests {
             budgeting,
             &workload,
             &steps,
+            &Lines::new(true),
         )
         .await
         .unwrap();

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use crate::engine::budget::TxLocks;
+use crate::engine::budget::{Asked, OutOfOrder, TxLocks};
 use crate::engine::config::Config;
 use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::guard::{Busy, Held, HeldBatch};
 use crate::engine::observe::{key_type, observe, KeyType, Outcome};
-use crate::engine::plan::{Batch, Mode, Plan};
+use crate::engine::plan::{Batch, Mode, Plan, RAW};
 use crate::engine::sql::timeout_millis;
 use crate::engine::statement::{Param, Reply, ReplyShape, Round, Sql, Statement};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
@@ -170,9 +170,16 @@ impl TxState {
         request: Request,
         wait: Wait,
     ) -> Result<Acquisition<'a>, Error> {
-        let (locks, plan) = self.open(policy, &request)?;
+        let (locks, plan) = self.open(policy, &request, wait != Wait::Try)?;
         let empty = plan.is_empty();
-        let ledger = Ledger::start(self, locks, depth, request.key_type, plan.len(), wait);
+        let ledger = Ledger::start(
+            self,
+            locks,
+            (depth, request.site),
+            request.key_type,
+            plan.len(),
+            wait,
+        );
         Ok(Acquisition {
             ledger,
             plan,
@@ -210,7 +217,7 @@ impl TxState {
             site,
             ..Request::one(value, mode)
         };
-        let (locks, plan) = self.open(policy, &request)?;
+        let (locks, plan) = self.open(policy, &request, !try_only)?;
         let key = request.keys()[0].0;
         // Held already in a mode that covers `mode`: granted, nothing to
         // send, and the guard names the mode held. Sent and granted, the
@@ -220,7 +227,14 @@ impl TxState {
             false => (None, mode),
         };
         let wait = if try_only { Wait::Try } else { Wait::Forever };
-        let ledger = Ledger::start(self, locks, depth, request.key_type, plan.len(), wait);
+        let ledger = Ledger::start(
+            self,
+            locks,
+            (depth, site),
+            request.key_type,
+            plan.len(),
+            wait,
+        );
         Ok(OneCall {
             ledger,
             key,
@@ -233,14 +247,15 @@ impl TxState {
 
     /// The checks every lock call passes before anything is sent (hot
     /// standby, `hashtext`, then [`TxLocks::plan`]: poisoning, a call in
-    /// flight, an aborted transaction, the budget, the lock order), and
-    /// the keys it must send, with the bookkeeping still locked for
-    /// [`Ledger::start`].
+    /// flight, an aborted transaction, the budget, the lock order of a
+    /// call that `waits`), and the keys it must send, with the bookkeeping
+    /// still locked for [`Ledger::start`].
     #[inline]
     fn open(
         &self,
         policy: &Policy,
         request: &Request,
+        waits: bool,
     ) -> Result<(MutexGuard<'_, TxLocks>, Plan), Error> {
         if policy.facts.in_recovery() && !policy.config.standby_allowed() {
             return Err(Error::new(ErrorKind::HotStandby));
@@ -249,9 +264,15 @@ impl TxState {
             policy.facts.check_hashtext()?;
         }
         let locks = self.locks();
-        let (plan, out_of_order) = locks.plan(request.keys(), policy.budget(), &policy.config)?;
-        if let Some((held, requested)) = out_of_order {
-            warn_out_of_order(request.site, held, requested);
+        let asked = Asked {
+            keys: request.keys(),
+            types: request.types(),
+            site: request.site,
+            waits,
+        };
+        let (plan, out_of_order) = locks.plan(asked, policy.budget(), &policy.config)?;
+        if let Some(violation) = out_of_order {
+            warn_out_of_order(violation);
         }
         Ok((locks, plan))
     }
@@ -266,6 +287,9 @@ struct Ledger<'a> {
     span: tracing::Span,
     state: &'a TxState,
     depth: u32,
+    /// The application's call site, which the bookkeeping records with
+    /// the keys the call takes.
+    site: Option<&'static Location<'static>>,
     key_type: &'static KeyType,
     started: Instant,
     /// The outcome is recorded, or nothing was to be sent.
@@ -273,13 +297,14 @@ struct Ledger<'a> {
 }
 
 impl<'a> Ledger<'a> {
-    /// A call that sends `keys` keys (none: its outcome is known), marked
-    /// in flight in `locks` until its outcome is recorded.
+    /// A call at savepoint `depth` from `site` that sends `keys` keys
+    /// (none: its outcome is known), marked in flight in `locks` until its
+    /// outcome is recorded.
     #[inline]
     fn start(
         state: &'a TxState,
         mut locks: MutexGuard<'_, TxLocks>,
-        depth: u32,
+        (depth, site): (u32, Option<&'static Location<'static>>),
         key_type: &'static KeyType,
         keys: usize,
         wait: Wait,
@@ -301,6 +326,7 @@ impl<'a> Ledger<'a> {
             span,
             state,
             depth,
+            site,
             key_type,
             started: Instant::now(),
             recorded: empty,
@@ -313,14 +339,14 @@ impl<'a> Ledger<'a> {
     #[inline]
     fn settle(
         &mut self,
-        taken: impl Iterator<Item = (LockKey, Mode)>,
+        taken: impl Iterator<Item = (LockKey, Mode, &'static str)>,
         outcome: &Result<Granted, Error>,
         aborted: bool,
     ) {
         let acquired = matches!(outcome, Ok(Granted::Now));
         self.state
             .locks()
-            .finish(taken, self.depth, acquired, aborted);
+            .finish(taken, (self.depth, self.site), acquired, aborted);
         self.recorded = true;
         self.observe(outcome);
     }
@@ -329,7 +355,7 @@ impl<'a> Ledger<'a> {
     /// transaction is poisoned.
     fn cut_off(&mut self, error: Error) -> Result<Granted, Error> {
         let mut locks = self.state.locks();
-        locks.finish(std::iter::empty(), self.depth, false, false);
+        locks.finish(std::iter::empty(), (self.depth, None), false, false);
         locks.poison();
         drop(locks);
         self.recorded = true;
@@ -354,7 +380,7 @@ impl Drop for Ledger<'_> {
         if !self.recorded {
             // Cut off while the server may be granting what was sent.
             let mut locks = self.state.locks();
-            locks.finish(std::iter::empty(), self.depth, false, false);
+            locks.finish(std::iter::empty(), (self.depth, None), false, false);
             locks.poison();
         }
     }
@@ -425,16 +451,18 @@ pub struct Request {
 
 #[derive(Debug)]
 enum Keys {
-    /// One key: a slice of one, as the planner reads every request.
-    One([(LockKey, Mode); 1]),
-    Many(Vec<(LockKey, Mode)>),
+    /// One key: a slice of one, as the planner reads every request, and
+    /// its type.
+    One([(LockKey, Mode); 1], [&'static str; 1]),
+    /// The keys in the global order, and their types.
+    Many(Vec<(LockKey, Mode)>, Vec<&'static str>),
 }
 
 impl Request {
     /// One key in `mode`.
     pub fn one<K: AdvisoryKey + ?Sized>(key: &K, mode: Mode) -> Self {
         Request {
-            keys: Keys::One([(key.lock_key(), mode)]),
+            keys: Keys::One([(key.lock_key(), mode)], [K::KEY_SPEC.namespace()]),
             hashtext: K::KEY_SPEC.form() == KeyForm::HashText,
             key_type: key_type!(K::KEY_SPEC.namespace()),
             site: None,
@@ -445,7 +473,7 @@ impl Request {
     /// `hashtext` check; the key type is reported as `raw`).
     pub fn key(key: LockKey, mode: Mode) -> Self {
         Request {
-            keys: Keys::One([(key, mode)]),
+            keys: Keys::One([(key, mode)], [RAW]),
             hashtext: false,
             key_type: KeyType::RAW,
             site: None,
@@ -455,7 +483,7 @@ impl Request {
     /// Every key of `batch`.
     pub fn batch(batch: &Batch) -> Self {
         Request {
-            keys: Keys::Many(batch.planned()),
+            keys: Keys::Many(batch.planned(), batch.planned_types()),
             hashtext: batch.has_hashtext(),
             key_type: KeyType::BATCH,
             site: None,
@@ -463,8 +491,9 @@ impl Request {
     }
 
     /// The application's call site (`Location::caller()` of the adapter's
-    /// `#[track_caller]` lock method): a lock-order warning is logged once
-    /// per call site.
+    /// `#[track_caller]` lock method): a lock-order error names it (and
+    /// the site that took the key held above it), and a lock-order warning
+    /// is logged once per call site.
     pub fn at(mut self, site: &'static Location<'static>) -> Self {
         self.site = Some(site);
         self
@@ -472,8 +501,16 @@ impl Request {
 
     fn keys(&self) -> &[(LockKey, Mode)] {
         match &self.keys {
-            Keys::One(one) => one,
-            Keys::Many(many) => many,
+            Keys::One(one, _) => one,
+            Keys::Many(many, _) => many,
+        }
+    }
+
+    /// The key types, parallel to [`Request::keys`].
+    fn types(&self) -> &[&'static str] {
+        match &self.keys {
+            Keys::One(_, one) => one,
+            Keys::Many(_, many) => many,
         }
     }
 }
@@ -713,7 +750,9 @@ impl Acquisition<'_> {
             Wait::Timeout(t) => Some((t, self.ledger.started.elapsed())),
             _ => None,
         };
-        let error = e.into_error_in(timed, self.plan.len());
+        let error = e
+            .into_error_in(timed, self.plan.len())
+            .with_key_types(self.plan.distinct_types(None));
         if self.uses_savepoint() {
             Stage::Recover(error)
         } else {
@@ -885,16 +924,22 @@ impl Acquisition<'_> {
             }
         };
         let key = match &self.request.keys {
-            Keys::One([(k, m)]) => Some((*k, self.ledger.state.locks().mode(*k).unwrap_or(*m))),
-            Keys::Many(_) => None,
+            Keys::One([(k, m)], _) => Some((*k, self.ledger.state.locks().mode(*k).unwrap_or(*m))),
+            Keys::Many(..) => None,
         };
         match outcome {
             Err(e) => Err(e),
-            Ok(Granted::Busy(busy)) => Ok(Err(Busy::new(busy))),
+            Ok(Granted::Busy(busy)) => {
+                let key_types = self.plan.distinct_types(Some(&busy));
+                Ok(Err(Busy::new(busy, key_types)))
+            }
             Ok(Granted::Now) => Ok(Ok(Grant {
                 key,
-                keys: match std::mem::replace(&mut self.request.keys, Keys::Many(Vec::new())) {
-                    Keys::Many(v) => v,
+                keys: match std::mem::replace(
+                    &mut self.request.keys,
+                    Keys::Many(Vec::new(), Vec::new()),
+                ) {
+                    Keys::Many(v, _) => v,
                     Keys::One(..) => Vec::new(),
                 },
             })),
@@ -1025,7 +1070,8 @@ impl<'a> OneCall<'a> {
         answer: Result<A, DriverError>,
         read: impl FnOnce(&Statement<'_>, &A) -> Reply,
     ) {
-        let taken = std::iter::once((self.key, self.mode));
+        let key_type = self.ledger.key_type.name();
+        let taken = std::iter::once((self.key, self.mode, key_type));
         let outcome = match answer {
             Ok(answer) => match check_one(statement.sql(), &read(&statement, &answer)) {
                 Ok(granted) => {
@@ -1043,7 +1089,7 @@ impl<'a> OneCall<'a> {
                 Ok(error) => self.ledger.cut_off(error),
                 // The failed statement aborted the transaction.
                 Err(e) => {
-                    let outcome = Err(e.into_error_in(None, 1));
+                    let outcome = Err(e.into_error_in(None, 1).with_key_types(vec![key_type]));
                     self.ledger.settle(taken, &outcome, true);
                     outcome
                 }
@@ -1064,7 +1110,9 @@ impl<'a> OneCall<'a> {
             // Unanswered: the ledger's drop poisons the transaction.
             None => Err(Error::new(ErrorKind::Poisoned)),
             Some(Err(e)) => Err(e),
-            Some(Ok(Granted::Busy(busy))) => Ok(Err(Busy::new(busy))),
+            Some(Ok(Granted::Busy(busy))) => {
+                Ok(Err(Busy::new(busy, vec![self.ledger.key_type.name()])))
+            }
             Some(Ok(Granted::Now)) => Ok(Ok(Grant {
                 key: Some((self.key, self.held)),
                 keys: Vec::new(),
@@ -1140,11 +1188,12 @@ fn one_pair(class: i32, object: i32, shared: bool, try_only: bool) -> Statement<
 
 /// Under [`OrderCheck::Warn`](crate::OrderCheck::Warn): a `tracing`
 /// warning, once per call site (every time when the adapter gave none).
-fn warn_out_of_order(site: Option<&'static Location<'static>>, held: LockKey, requested: LockKey) {
+fn warn_out_of_order(violation: OutOfOrder) {
     /// A call site: file, line, column.
     type Site = (&'static str, u32, u32);
     static WARNED: OnceLock<Mutex<HashSet<Site>>> = OnceLock::new();
-    if let Some(site) = site {
+    let OutOfOrder { held, requested } = violation;
+    if let Some(site) = requested.site {
         let warned = WARNED.get_or_init(Default::default);
         let first = warned
             .lock()
@@ -1155,9 +1204,12 @@ fn warn_out_of_order(site: Option<&'static Location<'static>>, held: LockKey, re
         }
     }
     tracing::warn!(
-        %held,
-        %requested,
-        site = site.map(|s| s.to_string()),
+        held = %held.key,
+        held_type = held.key_type,
+        held_site = held.site.map(|s| s.to_string()),
+        requested = %requested.key,
+        requested_type = requested.key_type,
+        site = requested.site.map(|s| s.to_string()),
         "lockkit: advisory lock requested below a key already held; this order can deadlock (take keys in one batch); warned once per call site"
     );
 }

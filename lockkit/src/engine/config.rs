@@ -1,10 +1,14 @@
 //! What a locker enforces: the budget, the order check, standby refusal.
 
-/// What to do when a transaction asks for a key that sorts below a key it
+/// What to do when a transaction waits for a key that sorts below a key it
 /// already holds (two such transactions can deadlock).
 ///
 /// The default fails in debug builds (`debug_assertions`), as lockdep does,
-/// so tests catch the pattern; release builds warn through `tracing`.
+/// so tests catch the pattern; release builds warn through `tracing`. A
+/// try (`try_lock`, `try_lock_shared`, `try_lock_batch`) is never checked:
+/// it does not wait, so it cannot close a wait cycle. The error and the
+/// warning name the two keys' types and the call sites that took the key
+/// held and asked for the key below it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OrderCheck {

@@ -3,6 +3,7 @@
 
 use std::error::Error as StdError;
 use std::fmt;
+use std::panic::Location;
 use std::time::Duration;
 
 use crate::key::namespace::NamespaceError;
@@ -75,8 +76,10 @@ pub enum ErrorKind {
     /// Taking the keys would exceed the transaction's lock budget. Nothing
     /// was sent.
     BudgetExceeded,
-    /// A key was requested below one already held (the pattern that
-    /// deadlocks). Nothing was sent.
+    /// A lock call that waits asked for a key below one already held (the
+    /// pattern that deadlocks; a try is never refused for it). Nothing was
+    /// sent. [`Error::key_types`] and [`Error::lock_order_sites`] say which
+    /// key types and which call sites.
     LockOrder,
     /// The server is a hot standby; nothing was sent.
     HotStandby,
@@ -145,7 +148,30 @@ struct Inner {
     kind: ErrorKind,
     code: Option<String>,
     detail: Detail,
+    /// The key types (namespaces) of the lock call the error is about.
+    key_types: Vec<&'static str>,
     source: Option<BoxError>,
+}
+
+/// One acquisition as a lock-order error names it: the key, its type
+/// (namespace) and where the application asked for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Acquired {
+    pub(crate) key: LockKey,
+    pub(crate) key_type: &'static str,
+    pub(crate) site: Option<&'static Location<'static>>,
+}
+
+impl Acquired {
+    /// `the Account key 42 (taken at src/main.rs:3:5)`, the site named
+    /// after `verb` when it is known.
+    fn describe(&self, f: &mut fmt::Formatter<'_>, verb: &str) -> fmt::Result {
+        write!(f, "the {} key {}", self.key_type, self.key)?;
+        match self.site {
+            Some(site) => write!(f, " ({verb} at {site})"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// What the message says beyond the kind.
@@ -157,12 +183,14 @@ enum Detail {
     },
     Budget {
         held: usize,
+        /// Each key type held, with its count of held keys.
+        held_types: Vec<(&'static str, usize)>,
         requested: usize,
         allowed: usize,
     },
     Order {
-        held: LockKey,
-        requested: LockKey,
+        held: Acquired,
+        requested: Acquired,
     },
     Hashtext {
         probe: String,
@@ -187,6 +215,7 @@ impl Error {
             kind,
             code,
             detail,
+            key_types: Vec::new(),
             source,
         }))
     }
@@ -195,26 +224,47 @@ impl Error {
         Error::make(kind, None, Detail::None, None)
     }
 
-    pub(crate) fn budget(held: usize, requested: usize, allowed: usize) -> Self {
+    /// `requested` new keys of the types `key_types` would exceed the
+    /// budget `allowed` with `held` held, of `held_types` (each type with its
+    /// count of held keys).
+    pub(crate) fn budget(
+        (held, held_types): (usize, Vec<(&'static str, usize)>),
+        requested: usize,
+        allowed: usize,
+        key_types: Vec<&'static str>,
+    ) -> Self {
         Error::make(
             ErrorKind::BudgetExceeded,
             None,
             Detail::Budget {
                 held,
+                held_types,
                 requested,
                 allowed,
             },
             None,
         )
+        .with_key_types(key_types)
     }
 
-    pub(crate) fn lock_order(held: LockKey, requested: LockKey) -> Self {
+    /// `requested` sorts below `held`, held already.
+    pub(crate) fn lock_order(held: Acquired, requested: Acquired) -> Self {
+        let mut key_types = vec![held.key_type, requested.key_type];
+        key_types.dedup();
         Error::make(
             ErrorKind::LockOrder,
             None,
             Detail::Order { held, requested },
             None,
         )
+        .with_key_types(key_types)
+    }
+
+    /// The error of a lock call of keys of the types `key_types`
+    /// (distinct, in the order of their first key in the global order).
+    pub(crate) fn with_key_types(mut self, key_types: Vec<&'static str>) -> Self {
+        self.0.key_types = key_types;
+        self
     }
 
     pub(crate) fn hashtext(probe: String, client: i32, server: i32) -> Self {
@@ -333,7 +383,18 @@ impl Error {
                 held,
                 requested,
                 allowed,
+                ..
             } => Some((held, requested, allowed)),
+            _ => None,
+        }
+    }
+
+    /// For [`ErrorKind::BudgetExceeded`]: each key type (namespace) the
+    /// transaction holds keys of, with how many, most first: what used the
+    /// budget.
+    pub fn budget_held_types(&self) -> Option<&[(&'static str, usize)]> {
+        match &self.0.detail {
+            Detail::Budget { held_types, .. } => Some(held_types),
             _ => None,
         }
     }
@@ -342,9 +403,38 @@ impl Error {
     /// key requested below it.
     pub fn lock_order_keys(&self) -> Option<(LockKey, LockKey)> {
         match self.0.detail {
-            Detail::Order { held, requested } => Some((held, requested)),
+            Detail::Order { held, requested } => Some((held.key, requested.key)),
             _ => None,
         }
+    }
+
+    /// For [`ErrorKind::LockOrder`]: where the application took the
+    /// greatest key held and where it asked for the key below it (each
+    /// `None` when the adapter did not know the call site).
+    #[allow(clippy::type_complexity)]
+    pub fn lock_order_sites(
+        &self,
+    ) -> Option<(
+        Option<&'static Location<'static>>,
+        Option<&'static Location<'static>>,
+    )> {
+        match self.0.detail {
+            Detail::Order { held, requested } => Some((held.site, requested.site)),
+            _ => None,
+        }
+    }
+
+    /// The key types (the [`AdvisoryKey`](crate::AdvisoryKey) namespaces)
+    /// the error is about: for [`ErrorKind::LockOrder`], the type of the
+    /// key held and then the type of the key requested below it (one entry
+    /// when both are of one type); for [`ErrorKind::BudgetExceeded`], the
+    /// types of the keys requested; for an error of a lock call that went
+    /// to the server ([`ErrorKind::Timeout`], [`ErrorKind::Deadlock`], …),
+    /// the types of the keys the call asked for. Distinct, in the global
+    /// lock order of their first key. A key given as a plain
+    /// [`LockKey`] is of the type `raw`. Empty for an error of no lock call.
+    pub fn key_types(&self) -> &[&'static str] {
+        &self.0.key_types
     }
 
     /// For [`ErrorKind::PooledConnection`]: the server backend the
@@ -379,11 +469,16 @@ impl fmt::Display for Error {
         match (&inner.kind, &inner.detail) {
             (_, Detail::Text(text)) => f.write_str(text),
             (K::Timeout, Detail::Timeout { timeout: Some(t), keys }) => {
-                write!(f, "timed out after {t:?} waiting for {keys} advisory lock(s)")
+                write!(f, "timed out after {t:?} waiting for {keys} advisory lock(s)")?;
+                of_types(f, &inner.key_types)
             }
-            (K::Timeout, _) => f.write_str(
-                "the session's lock_timeout or statement_timeout expired while waiting for an advisory lock; the transaction is aborted",
-            ),
+            (K::Timeout, _) => {
+                f.write_str(
+                    "the session's lock_timeout or statement_timeout expired while waiting for an advisory lock",
+                )?;
+                of_types(f, &inner.key_types)?;
+                f.write_str("; the transaction is aborted")
+            }
             (K::Cancelled, _) => f.write_str(
                 "the lock statement was cancelled by a cancel request (pg_cancel_backend or a dropped lock future); the transaction is aborted",
             ),
@@ -406,17 +501,33 @@ impl fmt::Display for Error {
                 K::BudgetExceeded,
                 Detail::Budget {
                     held,
+                    held_types,
                     requested,
                     allowed,
                 },
-            ) => write!(
-                f,
-                "lock budget exceeded: {held} held + {requested} requested > {allowed} allowed per transaction"
-            ),
-            (K::LockOrder, Detail::Order { held, requested }) => write!(
-                f,
-                "lock order violation: {requested} sorts below {held}, already held; take the keys in one batch or in ascending order"
-            ),
+            ) => {
+                write!(f, "lock budget exceeded: {held} held")?;
+                if !held_types.is_empty() {
+                    f.write_str(" (")?;
+                    for (i, (key_type, n)) in held_types.iter().enumerate() {
+                        let sep = if i == 0 { "" } else { ", " };
+                        write!(f, "{sep}{n} {key_type}")?;
+                    }
+                    f.write_str(")")?;
+                }
+                write!(f, " + {requested} requested")?;
+                of_types(f, &inner.key_types)?;
+                write!(f, " > {allowed} allowed per transaction")
+            }
+            (K::LockOrder, Detail::Order { held, requested }) => {
+                f.write_str("lock order violation: ")?;
+                requested.describe(f, "requested")?;
+                f.write_str(" sorts below ")?;
+                held.describe(f, "taken")?;
+                f.write_str(
+                    ", already held; waiting for it can deadlock: take the keys in one batch or in ascending order",
+                )
+            }
             (K::HotStandby, _) => f.write_str(
                 "refusing to take advisory locks on a hot standby: they exclude nothing on the primary",
             ),
@@ -458,6 +569,22 @@ impl fmt::Display for Error {
                 Some(code) => write!(f, "database error (SQLSTATE {code})"),
                 None => f.write_str("database error"),
             },
+        }
+    }
+}
+
+/// ` of type T` or ` of types T, U`: nothing for no type, or for keys
+/// given as plain [`LockKey`]s only (type `raw`, which names nothing).
+fn of_types(f: &mut fmt::Formatter<'_>, key_types: &[&str]) -> fmt::Result {
+    match key_types {
+        [] | [crate::engine::plan::RAW] => Ok(()),
+        [one] => write!(f, " of type {one}"),
+        [first, rest @ ..] => {
+            write!(f, " of types {first}")?;
+            for key_type in rest {
+                write!(f, ", {key_type}")?;
+            }
+            Ok(())
         }
     }
 }

@@ -140,15 +140,40 @@ impl<'t> HeldBatch<'t> {
 }
 
 /// The keys of a try-batch that another transaction held.
+///
+/// Its `Display` names how many keys were busy and their types:
+/// `2 advisory lock(s) busy, of type Account`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Busy {
     keys: Vec<LockKey>,
+    key_types: Vec<&'static str>,
 }
 
 impl Busy {
     /// The busy keys, in the global lock order.
     pub fn keys(&self) -> &[LockKey] {
         &self.keys
+    }
+
+    /// The key types (the [`AdvisoryKey`] namespaces) of the busy keys:
+    /// distinct, in the global lock order of their first busy key (`raw`
+    /// for a key given as a plain [`LockKey`]).
+    pub fn key_types(&self) -> &[&'static str] {
+        &self.key_types
+    }
+}
+
+impl fmt::Display for Busy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} advisory lock(s) busy", self.keys.len())?;
+        match self.key_types.as_slice() {
+            [] => Ok(()),
+            [one] => write!(f, ", of type {one}"),
+            [first, rest @ ..] => {
+                write!(f, ", of types {first}")?;
+                rest.iter().try_for_each(|t| write!(f, ", {t}"))
+            }
+        }
     }
 }
 
@@ -174,7 +199,7 @@ impl HeldBatch<'_> {
 }
 
 impl Busy {
-    pub(crate) fn new(keys: Vec<LockKey>) -> Self {
-        Busy { keys }
+    pub(crate) fn new(keys: Vec<LockKey>, key_types: Vec<&'static str>) -> Self {
+        Busy { keys, key_types }
     }
 }

@@ -50,9 +50,13 @@ impl Mode {
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
-    keys: BTreeMap<LockKey, Mode>,
+    /// Each key's mode and type (its namespace, which errors name).
+    keys: BTreeMap<LockKey, (Mode, &'static str)>,
     hashtext: bool,
 }
+
+/// The type errors name for a key given as a plain [`LockKey`].
+pub(crate) const RAW: &str = "raw";
 
 impl Batch {
     /// An empty batch.
@@ -63,13 +67,21 @@ impl Batch {
     /// Adds `key` in `mode`; exclusive wins over shared.
     pub fn add<K: AdvisoryKey + ?Sized>(&mut self, key: &K, mode: Mode) -> &mut Self {
         self.hashtext |= K::KEY_SPEC.form() == KeyForm::HashText;
-        self.add_key(key.lock_key(), mode)
+        self.add_typed(key.lock_key(), mode, K::KEY_SPEC.namespace())
     }
 
     /// Adds a precomputed key in `mode`; exclusive wins over shared.
+    /// Errors name its type `raw` (unless it is added as a typed key too).
     pub fn add_key(&mut self, key: LockKey, mode: Mode) -> &mut Self {
-        let m = self.keys.entry(key).or_insert(mode);
+        self.add_typed(key, mode, RAW)
+    }
+
+    fn add_typed(&mut self, key: LockKey, mode: Mode, key_type: &'static str) -> &mut Self {
+        let (m, t) = self.keys.entry(key).or_insert((mode, key_type));
         *m = (*m).max(mode);
+        if *t == RAW {
+            *t = key_type;
+        }
         self
     }
 
@@ -119,7 +131,12 @@ impl Batch {
 
     /// The keys and modes in acquisition order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (LockKey, Mode)> + '_ {
-        self.keys.iter().map(|(k, m)| (*k, *m))
+        self.keys.iter().map(|(k, (m, _))| (*k, *m))
+    }
+
+    /// The key types (namespaces), parallel to [`Batch::planned`].
+    pub(crate) fn planned_types(&self) -> Vec<&'static str> {
+        self.keys.values().map(|(_, t)| *t).collect()
     }
 
     /// Whether any key is a server-`hashtext` key, which needs the server
@@ -147,6 +164,8 @@ impl<K: AdvisoryKey> FromIterator<K> for Batch {
 /// common lock call, is kept inline: planning it allocates nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Plan {
+    /// Each key's type (namespace), in acquisition order.
+    types: SmallVec<[&'static str; 1]>,
     bigint: SmallVec<[i64; 1]>,
     bigint_shared: SmallVec<[bool; 1]>,
     class: SmallVec<[i32; 1]>,
@@ -160,17 +179,19 @@ impl Plan {
     pub(crate) fn from_sorted(keys: impl IntoIterator<Item = (LockKey, Mode)>) -> Self {
         let mut plan = Plan::default();
         for (key, mode) in keys {
-            plan.push(key, mode);
+            plan.push(key, mode, RAW);
         }
         plan
     }
 
-    /// Appends `key` in `mode`, which sorts after every key of the plan.
-    pub(crate) fn push(&mut self, key: LockKey, mode: Mode) {
+    /// Appends `key` of the type `key_type` in `mode`, which sorts after
+    /// every key of the plan.
+    pub(crate) fn push(&mut self, key: LockKey, mode: Mode, key_type: &'static str) {
         debug_assert!(
             self.last() < Some(key),
             "plan keys must be sorted and distinct"
         );
+        self.types.push(key_type);
         match key {
             LockKey::BigInt(k) => {
                 self.bigint.push(k);
@@ -213,9 +234,29 @@ impl Plan {
         big.chain(pair)
     }
 
-    /// The keys and their modes, in acquisition order.
-    pub(crate) fn taken(&self) -> impl Iterator<Item = (LockKey, Mode)> + '_ {
-        self.keys().zip(self.modes())
+    /// The keys, their modes and their types, in acquisition order.
+    pub(crate) fn taken(&self) -> impl Iterator<Item = (LockKey, Mode, &'static str)> + '_ {
+        self.keys()
+            .zip(self.modes())
+            .zip(self.types.iter().copied())
+            .map(|((k, m), t)| (k, m, t))
+    }
+
+    /// The key types (namespaces), parallel to [`Plan::keys`].
+    pub(crate) fn types(&self) -> &[&'static str] {
+        &self.types
+    }
+
+    /// The distinct key types of the keys `of` (a subset of the plan's,
+    /// all of them when `None`), in the order of their first key.
+    pub(crate) fn distinct_types(&self, of: Option<&[LockKey]>) -> Vec<&'static str> {
+        let mut out: Vec<&'static str> = Vec::new();
+        for (key, key_type) in self.keys().zip(self.types.iter().copied()) {
+            if of.is_none_or(|of| of.contains(&key)) && !out.contains(&key_type) {
+                out.push(key_type);
+            }
+        }
+        out
     }
 
     /// The modes, parallel to [`Plan::keys`].

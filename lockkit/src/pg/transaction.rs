@@ -425,7 +425,8 @@ impl<'c> LockTx<'c> {
     ///
     /// # Errors
     ///
-    /// As [`LockTx::lock`] (a full lock table raises `53200` even here).
+    /// As [`LockTx::lock`] (a full lock table raises `53200` even here),
+    /// but never `LockOrder`: a try does not wait, so it cannot deadlock.
     ///
     /// # Cancel safety
     ///
@@ -548,7 +549,7 @@ impl<'c> LockTx<'c> {
     ///
     /// # Errors
     ///
-    /// As [`LockTx::lock`].
+    /// As [`LockTx::try_lock`].
     ///
     /// # Cancel safety
     ///

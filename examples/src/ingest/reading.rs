@@ -1,0 +1,221 @@
+//! The reading of a run's table, in one paragraph, as BENCHMARKS.md's "An
+//! honest reading" gives it, but computed from the run's own figures: each
+//! comparison is made only when both strategies ran, and its words (ahead,
+//! behind, level) follow the ratio, so the text cannot contradict the table.
+
+use std::fmt::Write as _;
+
+use super::report::{Outcome, Report};
+use super::strategy::Strategy;
+
+/// A ratio of two throughputs that this close to 1 (either way) is read as
+/// noise: the study runs its strategies one after another on a machine
+/// whose load comes and goes (BENCHMARKS.md: "read differences under about
+/// 30 % as noise").
+pub(crate) const NOISE: f64 = 1.3;
+
+/// How a throughput ratio reads.
+fn verdict(ratio: f64) -> &'static str {
+    if ratio >= NOISE {
+        "ahead"
+    } else if ratio <= 1.0 / NOISE {
+        "behind"
+    } else {
+        "level within the noise"
+    }
+}
+
+impl Report {
+    fn outcome(&self, strategy: Strategy) -> Option<&Outcome> {
+        self.outcomes.iter().find(|o| o.strategy == strategy)
+    }
+
+    /// The one-paragraph reading of the table, from this run's figures
+    /// (empty when no comparison applies to the strategies run).
+    pub fn reading(&self) -> String {
+        let mut out = String::new();
+        let advisory = self.outcome(Strategy::Advisory);
+        let for_update = self.outcome(Strategy::ForUpdate);
+        if let (Some(a), Some(f)) = (advisory, for_update) {
+            let ratio = a.events_per_second / f.events_per_second;
+            let _ = write!(
+                out,
+                "Against check-then-insert that writes to take its lock (for-update), advisory locks are {} at {ratio:.2}× its throughput, with an event p99 of {:.1} against {:.1} ms, {:.2}× its WAL per event, {} dead tuples against {} and {} retries against {}. ",
+                verdict(ratio),
+                a.event_p99_ms,
+                f.event_p99_ms,
+                a.wal_bytes_per_event / f.wal_bytes_per_event,
+                dead(a),
+                dead(f),
+                a.retries(),
+                f.retries(),
+            );
+        }
+        let lock_only = self.outcome(Strategy::LockOnly);
+        let no_lock = self.outcome(Strategy::NoLock);
+        if let (Some(l), Some(n)) = (lock_only, no_lock) {
+            let held = if l.exactly_once() {
+                "they carry exactly-once"
+            } else {
+                "they did NOT carry exactly-once"
+            };
+            let _ = write!(
+                out,
+                "When the locks alone carry exactly-once (lock-only: no unique index), {held}: {} duplicate and {} missing rows, against {} duplicates for the same statements without the locks (no-lock), at {:.2}× no-lock's throughput (the lock statement and the waits of concurrent copies). ",
+                l.duplicates,
+                l.missing,
+                n.duplicates,
+                l.events_per_second / n.events_per_second,
+            );
+        }
+        let on_conflict = self.outcome(Strategy::OnConflict);
+        if let (Some(a), Some(c)) = (advisory, on_conflict) {
+            let ratio = a.events_per_second / c.events_per_second;
+            let why = if ratio < 1.0 {
+                "where the invariant is a unique index, the index already makes a concurrent copy wait, and the locks add a statement and lock-table work per key"
+            } else {
+                "the locks' statement and lock-table work did not show against this run's noise"
+            };
+            let _ = write!(
+                out,
+                "Against a plain INSERT … ON CONFLICT DO NOTHING on a unique index (on-conflict), advisory locks are {} at {ratio:.2}× its throughput: {why}. ",
+                verdict(ratio),
+            );
+        }
+        if !out.is_empty() {
+            let _ = write!(
+                out,
+                "Compare strategies within one run only: they ran one after another, and differences under about {:.0} % are noise on a loaded machine.",
+                (NOISE - 1.0) * 100.0
+            );
+        }
+        out
+    }
+}
+
+/// Dead tuples, or `n/a` when the statistics were discarded (`--chaos`).
+fn dead(o: &Outcome) -> String {
+    o.dead_tuples
+        .map_or_else(|| "n/a".to_owned(), |n| n.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingest::Budgeting;
+
+    fn outcome(strategy: Strategy, events_per_second: f64) -> Outcome {
+        Outcome {
+            strategy,
+            seconds: 1.0,
+            events_per_second,
+            batches: 1,
+            transactions: 1,
+            p50_ms: 1.0,
+            p95_ms: 1.0,
+            p99_ms: 1.0,
+            max_ms: 1.0,
+            event_p50_ms: 1.0,
+            event_p95_ms: 1.0,
+            event_p99_ms: 1.0,
+            wal_bytes: 1.0,
+            wal_bytes_per_event: 200.0,
+            checkpointed: true,
+            live_tuples: Some(1),
+            dead_tuples: Some(0),
+            table_bytes: 1,
+            deadlocks: 0,
+            retried: Vec::new(),
+            lost_events: 0,
+            reconnects: 0,
+            acked_then_failed: 0,
+            survived: None,
+            rows: 1,
+            duplicates: 0,
+            missing: 0,
+        }
+    }
+
+    fn report(outcomes: Vec<Outcome>) -> Report {
+        Report {
+            server_version: "15".into(),
+            throwaway_server: true,
+            durability: String::new(),
+            chaos: false,
+            cores: 2,
+            workers: 8,
+            batch: 500,
+            duplicate_rate: 0.1,
+            seed: 1405,
+            events: 1,
+            distinct: 1,
+            duplicates: 0,
+            budget: 64,
+            budgeting: Budgeting::Fits,
+            budget_note: String::new(),
+            outcomes,
+        }
+    }
+
+    /// The words follow the figures: the same comparisons with the
+    /// throughputs swapped read the other way.
+    #[test]
+    fn the_reading_follows_the_figures() {
+        let text = report(vec![
+            outcome(Strategy::Advisory, 27_726.0),
+            outcome(Strategy::OnConflict, 31_394.0),
+            outcome(Strategy::ForUpdate, 10_970.0),
+        ])
+        .reading();
+        assert!(
+            text.contains("advisory locks are ahead at 2.53× its throughput"),
+            "{text}"
+        );
+        assert!(
+            text.contains("advisory locks are level within the noise at 0.88×"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("lock-only"),
+            "only the strategies run: {text}"
+        );
+        let swapped = report(vec![
+            outcome(Strategy::Advisory, 10_970.0),
+            outcome(Strategy::OnConflict, 31_394.0),
+            outcome(Strategy::ForUpdate, 27_726.0),
+        ])
+        .reading();
+        assert!(
+            swapped.contains("advisory locks are behind at 0.40×"),
+            "{swapped}"
+        );
+        assert!(
+            swapped.contains("are behind at 0.35× its throughput: where the invariant"),
+            "{swapped}"
+        );
+    }
+
+    /// lock-only's verdict is its own exactly-once check, not a given.
+    #[test]
+    fn lock_only_is_read_from_its_duplicates() {
+        let mut no_lock = outcome(Strategy::NoLock, 22_832.0);
+        no_lock.duplicates = 14_934;
+        let lock_only = outcome(Strategy::LockOnly, 17_760.0);
+        let text = report(vec![lock_only.clone(), no_lock.clone()]).reading();
+        assert!(
+            text.contains(
+                "they carry exactly-once: 0 duplicate and 0 missing rows, against 14934 duplicates"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("at 0.78× no-lock's throughput"), "{text}");
+        let mut broken = lock_only;
+        broken.duplicates = 3;
+        let text = report(vec![broken, no_lock]).reading();
+        assert!(
+            text.contains("they did NOT carry exactly-once: 3 duplicate"),
+            "{text}"
+        );
+        assert_eq!(report(vec![outcome(Strategy::Advisory, 1.0)]).reading(), "");
+    }
+}
