@@ -418,20 +418,24 @@ mod tests {
         let mut t = TxLocks::default();
         let c = cfg(OrderCheck::Off);
         let p = t
-            .plan(&req(&[(1, Mode::Shared), (2, Mode::Shared)]), 2, &c)
+            .plan(ask(&req(&[(1, Mode::Shared), (2, Mode::Shared)])), 2, &c)
             .unwrap()
             .0;
         t.start();
-        t.finish(p.taken(), 0, true, false);
-        let up = t.plan(&req(&[(2, Mode::Exclusive)]), 2, &c).unwrap().0;
+        t.finish(p.taken(), (0, None), true, false);
+        let up = t.plan(ask(&req(&[(2, Mode::Exclusive)])), 2, &c).unwrap().0;
         assert_eq!(up.len(), 1);
         let both = t
-            .plan(&req(&[(1, Mode::Exclusive), (2, Mode::Exclusive)]), 2, &c)
+            .plan(
+                ask(&req(&[(1, Mode::Exclusive), (2, Mode::Exclusive)])),
+                2,
+                &c,
+            )
             .unwrap()
             .0;
         assert_eq!(both.len(), 2);
         let err = t
-            .plan(&req(&[(2, Mode::Exclusive), (3, Mode::Shared)]), 2, &c)
+            .plan(ask(&req(&[(2, Mode::Exclusive), (3, Mode::Shared)])), 2, &c)
             .unwrap_err();
         assert_eq!(err.budget_counts(), Some((2, 1, 2)), "{err}");
     }
