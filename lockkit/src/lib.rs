@@ -147,6 +147,7 @@ pub use key::encoding::{parts_bytes, KeyPart, Parts};
 pub use key::hashtext::{
     hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, ByteOrder, HashText,
 };
+pub use key::linked::{linked_key_types, LinkedKeyType};
 pub use key::namespace::{NamespaceError, MAX_NAMESPACE_LEN};
 pub use key::{AdvisoryKey, KeyForm, KeySpec, LockKey, PgLocksId};
 
@@ -274,8 +275,10 @@ pub mod adapter {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::key::encoding::{KeyPart, Parts};
+    pub use crate::key::linked::LinkedKeyType;
     pub use crate::key::{AdvisoryKey, KeySpec, LockKey};
     pub use core;
+    pub use inventory;
 }
 
 /// The README's examples compile (`cargo test --doc`).
