@@ -39,6 +39,8 @@ use crate::engine::error::Error;
 use crate::engine::plan::Mode;
 use crate::key::{AdvisoryKey, KeyForm, KeySpec, LockKey};
 
+pub use crate::pg::publish::{published_key_types, PublishedKeyType};
+
 /// The inspection statements (see [`sql`](crate::engine::sql)).
 pub use crate::engine::sql::{
     ADVISORY_LOCKS, CLEAR_ACTIVITY_SNAPSHOT, RELATION_LOCK_QUEUES, SESSION_HOLDERS,
@@ -418,6 +420,54 @@ impl KeyRegistry {
     /// Registers `K` by its [`AdvisoryKey::KEY_SPEC`].
     pub fn register<K: AdvisoryKey + ?Sized>(self) -> Self {
         self.register_spec(std::any::type_name::<K>(), K::KEY_SPEC)
+    }
+
+    /// A registry of every key type of the program: each type that derives
+    /// [`AdvisoryKey`] ([`linked_key_types`](crate::linked_key_types)),
+    /// in the order of their paths.
+    ///
+    /// ```
+    /// use lockkit::inspect::KeyRegistry;
+    /// use lockkit::{AdvisoryKey, KeySpec};
+    ///
+    /// #[derive(AdvisoryKey)]
+    /// #[advisory_key(namespace = "docs.registry")]
+    /// struct Job {
+    ///     id: i64,
+    /// }
+    ///
+    /// let registry = KeyRegistry::linked();
+    /// let key = KeySpec::new("docs.registry").key_of(&7_i64);
+    /// assert_eq!(registry.decode(key)[0].namespace(), "docs.registry");
+    /// ```
+    pub fn linked() -> Self {
+        let mut types: Vec<_> = crate::linked_key_types().collect();
+        types.sort_by_key(|t| t.name());
+        types
+            .into_iter()
+            .fold(Self::new(), |r, t| r.register_spec(t.name(), t.spec()))
+    }
+
+    /// Registers key types published to the server
+    /// ([`published_key_types`]), each under its namespace: the same
+    /// namespace published by several applications is one type (they lock
+    /// the same keys on purpose). A type already registered with the same
+    /// namespace, form and class is not registered again.
+    pub fn register_published(mut self, types: &[PublishedKeyType]) -> Self {
+        for published in types {
+            let Some(spec) = published.spec() else {
+                continue;
+            };
+            let known = self.types.iter().any(|t| {
+                t.namespace == spec.namespace()
+                    && t.form == spec.form()
+                    && t.pair_class == spec.pair_class()
+            });
+            if !known {
+                self = self.register_spec(spec.namespace(), spec);
+            }
+        }
+        self
     }
 
     /// Registers a type by name and spec, e.g. a namespace given on a
