@@ -116,6 +116,72 @@ impl AdvisoryLockRow {
     }
 }
 
+impl AdvisoryLockRow {
+    /// The lockkit call behind the session's current (or last) statement,
+    /// from the marker every lockkit lock statement starts with
+    /// (`/* lockkit:batch_bigint */`, see [`sql`](crate::engine::sql)):
+    /// `lock`, `lock_shared`, `try_lock`, `try_lock_shared`, `lock_batch`,
+    /// `try_lock_batch`, `lock_timeout` (the steps of a timed call around
+    /// its lock statement), or `session lock` for a [`SessionLock`](crate::SessionLock)'s
+    /// session. `None` for any other statement. Reading the marker costs the
+    /// lock calls nothing: their statements carry it already.
+    pub fn lockkit_call(&self) -> Option<&'static str> {
+        if self.session_lock_namespace().is_some() {
+            return Some("session lock");
+        }
+        lockkit_call(self.query.as_deref()?)
+    }
+
+    /// The key type's namespace of a [`SessionLock`](crate::SessionLock)'s
+    /// session, from its `application_name`
+    /// (`lockkit session lock <namespace> <key>`); `None` for any other
+    /// session.
+    pub fn session_lock_namespace(&self) -> Option<&str> {
+        session_lock_namespace(self.application_name.as_deref()?)
+    }
+}
+
+/// The lockkit call a statement's text belongs to: see
+/// [`AdvisoryLockRow::lockkit_call`].
+///
+/// ```
+/// use lockkit::engine::sql;
+/// use lockkit::inspect::lockkit_call;
+///
+/// assert_eq!(lockkit_call(sql::BATCH_BIGINT_EXCLUSIVE), Some("lock_batch"));
+/// assert_eq!(lockkit_call("SELECT pg_advisory_xact_lock(1)"), None);
+/// ```
+pub fn lockkit_call(query: &str) -> Option<&'static str> {
+    let marker = query.trim_start().strip_prefix("/* lockkit:")?;
+    let name = &marker[..marker.find(" */")?];
+    Some(match name {
+        "lock_bigint" | "lock_pair" => "lock",
+        "lock_bigint_shared" | "lock_pair_shared" => "lock_shared",
+        "try_bigint" | "try_pair" => "try_lock",
+        "try_bigint_shared" | "try_pair_shared" => "try_lock_shared",
+        "try_batch_bigint" | "try_batch_pair" => "try_lock_batch",
+        n if n.starts_with("batch_") => "lock_batch",
+        n if n.ends_with("_timeouts") => "lock_timeout",
+        _ => return None,
+    })
+}
+
+/// The key type's namespace in a [`SessionLock`](crate::SessionLock)'s
+/// `application_name`, `lockkit session lock <namespace> <key>` (cut at
+/// 63 bytes by the server, which may cut the key).
+///
+/// ```
+/// use lockkit::inspect::session_lock_namespace;
+///
+/// assert_eq!(session_lock_namespace("lockkit session lock Payroll -35533"), Some("Payroll"));
+/// assert_eq!(session_lock_namespace("billing"), None);
+/// ```
+pub fn session_lock_namespace(application_name: &str) -> Option<&str> {
+    let rest = application_name.strip_prefix("lockkit session lock ")?;
+    let namespace = rest.split(' ').next()?;
+    (!namespace.is_empty()).then_some(namespace)
+}
+
 /// Whether a lock is held at session level (`pg_advisory_lock`, until
 /// unlocked or the session ends) or transaction level
 /// (`pg_advisory_xact_lock`, until the transaction ends).
