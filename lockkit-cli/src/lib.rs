@@ -5,6 +5,7 @@
 //! - [`registry`]: the key types `lockkit inspect` names, from `-n`, the
 //!   `LOCKKIT_NAMESPACES` variable and a namespaces file.
 //! - [`settings`]: the lock settings `lockkit check` reports and assesses.
+//! - [`tls`]: `sslmode` and `sslrootcert`, as libpq reads them.
 //!
 //! The key format is [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
 #![warn(
@@ -18,3 +19,4 @@
 pub mod keyarg;
 pub mod registry;
 pub mod settings;
+pub mod tls;
