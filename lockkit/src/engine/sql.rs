@@ -459,8 +459,7 @@ pub const PUBLISH_KEY_TYPES: &str = "INSERT INTO public.lockkit_key_types \
      published_at = now()";
 
 /// Whether the table of published key types exists; `bool`.
-pub const KEY_TYPES_EXIST: &str =
-    "SELECT to_regclass('public.lockkit_key_types') IS NOT NULL";
+pub const KEY_TYPES_EXIST: &str = "SELECT to_regclass('public.lockkit_key_types') IS NOT NULL";
 
 /// The published key types. Columns: `application text`, `type_name
 /// text`, `namespace text`, `form text`, `pair_class int4`.

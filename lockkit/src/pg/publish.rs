@@ -153,9 +153,7 @@ impl Locker {
 /// # Cancel safety
 ///
 /// Cancel safe: it only reads.
-pub async fn published_key_types(
-    client: &Client,
-) -> Result<Option<Vec<PublishedKeyType>>, Error> {
+pub async fn published_key_types(client: &Client) -> Result<Option<Vec<PublishedKeyType>>, Error> {
     let exists: bool = client
         .query_typed_one(sql::KEY_TYPES_EXIST, &[])
         .await?
@@ -211,7 +209,10 @@ mod tests {
         assert_eq!(row(KeyForm::BigInt, 0).spec(), Some(spec));
         let pair = spec.pair();
         assert_eq!(
-            row(KeyForm::Pair, pair.pair_class()).spec().unwrap().key_of(&9_u64),
+            row(KeyForm::Pair, pair.pair_class())
+                .spec()
+                .unwrap()
+                .key_of(&9_u64),
             pair.key_of(&9_u64)
         );
         assert_eq!(
