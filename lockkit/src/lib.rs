@@ -129,7 +129,8 @@
 //!   client between transactions: a session-level lock can be stranded there
 //!   and named prepared statements can collide, so lockkit checks every
 //!   reply and offers unnamed statements ([`StatementMode::Unnamed`]).
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+// docs.rs (nightly): each item marked with the features it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod engine;
 #[cfg(feature = "diesel")]
