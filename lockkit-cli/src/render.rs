@@ -68,7 +68,9 @@ fn app_text(row: &AdvisoryLockRow) -> Cow<'_, str> {
 /// locks held and awaited, that is its transaction's, this call's and
 /// earlier ones'.
 fn calls(rows: &[AdvisoryLockRow]) -> BTreeMap<i32, String> {
-    let mut by_pid: BTreeMap<i32, (&'static str, Vec<(String, usize)>)> = BTreeMap::new();
+    // pid -> (its call, (type, locks) in first-seen order).
+    type Counts = Vec<(String, usize)>;
+    let mut by_pid: BTreeMap<i32, (&'static str, Counts)> = BTreeMap::new();
     for r in rows {
         let (Some(pid), Some(call)) = (r.pid, r.lockkit_call()) else {
             continue;

@@ -171,7 +171,8 @@ impl<'a> Api<'a> {
                     (true, true) => self.module(&target, path),
                     (true, false) => self.member(&target, path, body["name"].as_str()),
                     (false, true) => {
-                        self.lines.insert(format!("pub use {path}::* = {source}::*"));
+                        self.lines
+                            .insert(format!("pub use {path}::* = {source}::*"));
                     }
                     (false, false) => {
                         let name = body["name"].as_str().unwrap_or("?");
@@ -248,7 +249,8 @@ impl<'a> Api<'a> {
             }
             "function" => {
                 let f = self.function(name, body);
-                self.lines.insert(format!("pub {}", f.replacen(name, &full, 1)));
+                let f = f.replacen(&format!("fn {name}"), &format!("fn {full}"), 1);
+                self.lines.insert(format!("pub {f}"));
             }
             "trait" => {
                 let generics = self.generics(&body["generics"]);
@@ -258,7 +260,11 @@ impl<'a> Api<'a> {
                 } else {
                     format!(": {bounds}")
                 };
-                let unsafety = if body["is_unsafe"] == true { "unsafe " } else { "" };
+                let unsafety = if body["is_unsafe"] == true {
+                    "unsafe "
+                } else {
+                    ""
+                };
                 self.lines
                     .insert(format!("pub {unsafety}trait {full}{generics}{bounds}"));
                 for member in body["items"].as_array().into_iter().flatten() {
@@ -273,7 +279,8 @@ impl<'a> Api<'a> {
             "type_alias" => {
                 let generics = self.generics(&body["generics"]);
                 let ty = self.ty(&body["type"]);
-                self.lines.insert(format!("pub type {full}{generics} = {ty}"));
+                self.lines
+                    .insert(format!("pub type {full}{generics} = {ty}"));
             }
             "constant" => {
                 let ty = self.ty(&body["type"]);
@@ -281,7 +288,11 @@ impl<'a> Api<'a> {
             }
             "static" => {
                 let ty = self.ty(&body["type"]);
-                let m = if body["is_mutable"] == true { "mut " } else { "" };
+                let m = if body["is_mutable"] == true {
+                    "mut "
+                } else {
+                    ""
+                };
                 self.lines.insert(format!("pub static {m}{full}: {ty}"));
             }
             "macro" => {
@@ -592,7 +603,11 @@ impl<'a> Api<'a> {
                 format!("&{lifetime}{m}{}", self.ty(&v["type"]))
             }
             "raw_pointer" => {
-                let m = if v["is_mutable"] == true { "mut" } else { "const" };
+                let m = if v["is_mutable"] == true {
+                    "mut"
+                } else {
+                    "const"
+                };
                 format!("*{m} {}", self.ty(&v["type"]))
             }
             "tuple" => {
@@ -605,7 +620,11 @@ impl<'a> Api<'a> {
                 format!("({})", tys.join(", "))
             }
             "slice" => format!("[{}]", self.ty(v)),
-            "array" => format!("[{}; {}]", self.ty(&v["type"]), v["len"].as_str().unwrap_or("?")),
+            "array" => format!(
+                "[{}; {}]",
+                self.ty(&v["type"]),
+                v["len"].as_str().unwrap_or("?")
+            ),
             "impl_trait" => format!("impl {}", self.bounds(v)),
             "dyn_trait" => {
                 let traits: Vec<String> = v["traits"]
