@@ -6,6 +6,12 @@
 //! key types names the namespace behind each key, from the namespace tag in
 //! the top 16 bits of a hashed `BigInt` key or the class of a `Pair` key
 //! ([KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md)).
+//! [`KeyRegistry::linked`] knows every key type of the program (each type
+//! that derives `AdvisoryKey`); [`published_key_types`] reads those the
+//! applications published to the server
+//! ([`Locker::publish_key_types`](crate::Locker::publish_key_types)), for
+//! [`KeyRegistry::register_published`]. [`AdvisoryLockRow::lockkit_call`]
+//! names the lockkit call a session runs.
 //!
 //! # Example
 //!
