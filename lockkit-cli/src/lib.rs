@@ -7,6 +7,7 @@
 //! - [`settings`]: the lock settings `lockkit check` reports and assesses.
 //! - [`sql`]: `lockkit key --sql`, a key as an SQL expression of lockkit's
 //!   SQL functions.
+//! - [`tls`]: `sslmode` and `sslrootcert`, as libpq reads them.
 //!
 //! The key format is [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
 #![warn(
@@ -21,3 +22,4 @@ pub mod keyarg;
 pub mod registry;
 pub mod settings;
 pub mod sql;
+pub mod tls;

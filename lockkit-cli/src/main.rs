@@ -12,7 +12,8 @@
 //!   which compute the same keys in SQL (`lockkit key --sql` prints a key's
 //!   expression).
 //!
-//! Connects with `--url` or `DATABASE_URL`, without TLS.
+//! Connects with `--url` or `DATABASE_URL`, over TLS as libpq would
+//! (`sslmode`, `sslrootcert`; see `lockkit_cli::tls`).
 #![warn(
     missing_docs,
     rust_2018_idioms,
@@ -31,10 +32,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lockkit::inspect::{advisory_locks, relation_lock_queues, KeyRegistry};
-use lockkit::probe_pooler;
+use lockkit::inspect::{
+    advisory_locks, published_key_types, relation_lock_queues, KeyRegistry, RelationLockRow,
+};
+use lockkit::{probe_pooler, SessionLock};
 use lockkit_cli::keyarg::{compute, parse_value, Form, KeyRequest};
 use lockkit_cli::settings;
+use lockkit_cli::tls::{self, TlsSettings};
+use postgres_openssl::MakeTlsConnector;
 use serde_json::json;
 use sql_command::{sql_install, sql_text, SqlCommand};
 use tokio_postgres::config::Host;
@@ -48,10 +53,21 @@ use tokio_postgres::{Client, NoTls};
 #[derive(Debug, Parser)]
 #[command(name = "lockkit", version)]
 struct Cli {
-    /// Connection URL (`postgres://user@host:port/db`) or `key=value`
-    /// string; TLS is not supported.
+    /// Connection URL (`postgres://user@host:port/db?sslmode=verify-full`)
+    /// or `key=value` string.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     url: Option<String>,
+    /// TLS as libpq's sslmode: disable, prefer (the default: TLS when the
+    /// server offers it), require, verify-ca, verify-full. Overrides the
+    /// connection string's sslmode, which overrides PGSSLMODE.
+    #[arg(long, global = true, value_name = "MODE")]
+    sslmode: Option<String>,
+    /// The root certificates (PEM) that sign the server's certificate, or
+    /// `system` for the system's trust store; verify-ca and verify-full
+    /// need them (default ~/.postgresql/root.crt). Overrides the connection
+    /// string's sslrootcert, which overrides PGSSLROOTCERT.
+    #[arg(long, global = true, value_name = "FILE")]
+    sslrootcert: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -60,7 +76,9 @@ struct Cli {
 enum Command {
     /// Advisory locks held and awaited in the database, with wait chains.
     ///
-    /// Key types are named from the namespaces registered with -n, the
+    /// Key types are named from the key types the applications published
+    /// to the server (`Locker::publish_key_types`), the session-lock
+    /// connections' names, and the namespaces registered with -n, the
     /// LOCKKIT_NAMESPACES variable and a namespaces file (--namespaces-file,
     /// LOCKKIT_NAMESPACES_FILE, or $XDG_CONFIG_HOME/lockkit/namespaces,
     /// default ~/.config/lockkit/namespaces): entries NAME or NAME=CLASS,
@@ -144,7 +162,7 @@ enum Command {
     Check {
         /// The keep-alive interval of the application's session locks, to
         /// compare with the idle timeouts.
-        #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+        #[arg(long, value_name = "SECONDS", default_value_t = lockkit::DEFAULT_KEEPALIVE.as_secs_f64())]
         session_keepalive: f64,
         /// Print JSON.
         #[arg(long)]
@@ -244,7 +262,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    match cli.command {
+    match &cli.command {
         Command::Key {
             args,
             form,
@@ -252,11 +270,11 @@ async fn run(cli: Cli) -> Result<()> {
             stripes,
             json,
             sql,
-        } => key(&args, form.into(), class, stripes, json, sql),
+        } => key(args, (*form).into(), *class, *stripes, *json, *sql),
         Command::Sql { command } => match command {
             SqlCommand::Print => emit(lockkit::sql::SQL),
             SqlCommand::Install => {
-                let (client, _) = connect(cli.url.as_deref()).await?;
+                let (client, _, _) = connect(&cli).await?;
                 sql_install(&client).await
             }
         },
@@ -269,16 +287,17 @@ async fn run(cli: Cli) -> Result<()> {
         } => {
             // Checked before connecting, so a bad interval is reported
             // first and nothing is printed.
+            let (all, json) = (*all, *json);
             let watch = watch
                 .map(|seconds| Duration::try_from_secs_f64(seconds.max(0.1)))
                 .transpose()
                 .map_err(|e| format!("invalid --watch interval: {e}"))?;
             let registry =
-                lockkit_cli::registry::build(&namespaces, namespaces_file.as_deref(), &|k| {
+                lockkit_cli::registry::build(namespaces, namespaces_file.as_deref(), &|k| {
                     std::env::var(k).ok()
                 })
                 .map_err(|e| e.to_string())?;
-            let (client, _) = connect(cli.url.as_deref()).await?;
+            let (client, _, _) = connect(&cli).await?;
             loop {
                 let text = inspect(&client, &registry, all, json).await?;
                 match watch {
@@ -300,10 +319,10 @@ async fn run(cli: Cli) -> Result<()> {
             session_keepalive,
             json,
         } => {
-            let keepalive = Duration::try_from_secs_f64(session_keepalive)
+            let keepalive = Duration::try_from_secs_f64(*session_keepalive)
                 .map_err(|e| format!("invalid --session-keepalive: {e}"))?;
-            let (client, config) = connect(cli.url.as_deref()).await?;
-            emit(&check(&client, &config, keepalive, json).await?)
+            let (client, config, tls) = connect(&cli).await?;
+            emit(&check(&client, &config, tls, keepalive, *json).await?)
         }
     }
 }
@@ -408,11 +427,23 @@ fn emit(text: &str) -> Result<()> {
     }
 }
 
-async fn inspect(client: &Client, registry: &KeyRegistry, all: bool, json: bool) -> Result<String> {
-    let rows = advisory_locks(client, registry)
+async fn inspect(client: &Client, base: &KeyRegistry, all: bool, json: bool) -> Result<String> {
+    // The key types the applications published, when they did: a role
+    // that may not read them still sees the locks.
+    let (published, published_error) = match published_key_types(client).await {
+        Ok(published) => (published, None),
+        Err(e) => (None, Some(chain(&e))),
+    };
+    let registry = match &published {
+        Some(published) => base.clone().register_published(published),
+        None => base.clone(),
+    };
+    let rows = advisory_locks(client, &registry)
         .await
         .map_err(|e| query_error("cannot read pg_locks", &e))?;
-    let relations = if all {
+    // Without --all, the queues are read only to say, when no advisory
+    // lock is there to show, that they exist.
+    let relations: Option<Vec<RelationLockRow>> = if all || rows.is_empty() {
         Some(
             relation_lock_queues(client)
                 .await
@@ -421,14 +452,29 @@ async fn inspect(client: &Client, registry: &KeyRegistry, all: bool, json: bool)
     } else {
         None
     };
+    let relation_waiters = match (&relations, all) {
+        (Some(relations), false) => relations
+            .iter()
+            .filter(|r| !r.granted)
+            .filter_map(|r| r.pid)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        _ => 0,
+    };
+    let relations = relations.filter(|_| all);
     let collisions = registry.collisions();
+    let sources = render::Sources {
+        published: published.as_deref(),
+        published_error,
+        relation_waiters,
+    };
     Ok(if json {
         format!(
             "{}\n",
-            render::inspect_json(&rows, relations.as_deref(), &collisions)
+            render::inspect_json(&rows, relations.as_deref(), &collisions, &sources)
         )
     } else {
-        render::inspect_text(&rows, relations.as_deref(), &collisions)
+        render::inspect_text(&rows, relations.as_deref(), &collisions, &sources)
     })
 }
 
@@ -442,6 +488,7 @@ const CHECK_SQL: &str = "SELECT current_setting('max_locks_per_transaction')::in
 async fn check(
     client: &Client,
     config: &tokio_postgres::Config,
+    tls: Option<MakeTlsConnector>,
     keepalive: Duration,
     json: bool,
 ) -> Result<String> {
@@ -458,9 +505,15 @@ async fn check(
     let advisory = get(6);
     let standby: bool = row.get(7);
     let version: String = row.get(8);
-    let probe = probe_pooler(config)
-        .await
-        .map_err(|e| query_error("cannot probe for a pooler", &e))?;
+    let probe = match tls {
+        Some(tls) => {
+            SessionLock::with_tls(config.clone(), tls)
+                .probe_pooler()
+                .await
+        }
+        None => probe_pooler(config).await,
+    }
+    .map_err(|e| query_error("cannot probe for a pooler", &e))?;
     let percent = 100.0 * advisory as f64 / capacity.max(1) as f64;
     let setting_rows = client
         .query_typed(settings::SETTINGS_SQL, &[])
@@ -544,28 +597,57 @@ async fn check(
     Ok(out)
 }
 
-/// Parses the URL and connects, with messages that say what to fix.
-async fn connect(url: Option<&str>) -> Result<(Client, tokio_postgres::Config)> {
-    let url = url
+/// Parses the URL and the TLS options, and connects, with messages that
+/// say what to fix. Answers the client, its config and its TLS connector
+/// (`None` for `sslmode=disable`).
+async fn connect(cli: &Cli) -> Result<(Client, tokio_postgres::Config, Option<MakeTlsConnector>)> {
+    let url = cli
+        .url
+        .as_deref()
         .filter(|u| !u.is_empty())
         .ok_or("no database given: pass --url or set DATABASE_URL")?;
-    let mut config: tokio_postgres::Config = url
+    let split = tls::split(url).map_err(|e| e.to_string())?;
+    let settings = TlsSettings::decide(
+        (cli.sslmode.as_deref(), cli.sslrootcert.as_deref()),
+        &split,
+        &|k| std::env::var(k).ok(),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut config: tokio_postgres::Config = split
+        .rest
         .parse()
         .map_err(|e| format!("invalid connection URL: {}", chain(&e)))?;
+    config.ssl_mode(settings.driver_mode());
     // So the CLI's own sessions are recognisable in pg_stat_activity (and
     // in its own `inspect`), unless the URL names another.
     if config.get_application_name().is_none() {
         config.application_name(APPLICATION_NAME);
     }
     let target = target(&config);
-    let (client, connection) = config
-        .connect(NoTls)
-        .await
-        .map_err(|e| connect_error(&target, &e))?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok((client, config))
+    let tls = settings.connector().map_err(|e| e.to_string())?;
+    let client = match &tls {
+        Some(tls) => {
+            let (client, connection) = config
+                .connect(tls.clone())
+                .await
+                .map_err(|e| connect_error(&target, settings.mode, &e))?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            client
+        }
+        None => {
+            let (client, connection) = config
+                .connect(NoTls)
+                .await
+                .map_err(|e| connect_error(&target, settings.mode, &e))?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            client
+        }
+    };
+    Ok((client, config, tls))
 }
 
 /// `host:port` of the first host, for messages (never the password).
@@ -580,7 +662,7 @@ fn target(config: &tokio_postgres::Config) -> String {
     format!("{host}:{port}")
 }
 
-fn connect_error(target: &str, e: &tokio_postgres::Error) -> Failure {
+fn connect_error(target: &str, mode: tls::SslMode, e: &tokio_postgres::Error) -> Failure {
     if let Some(db) = e.as_db_error() {
         let code = db.code().code();
         let what = match code {
@@ -603,7 +685,21 @@ fn connect_error(target: &str, e: &tokio_postgres::Error) -> Failure {
         }
         source = s.source();
     }
-    format!("cannot connect to {target}: {}", chain(e)).into()
+    let text = chain(e);
+    if text.contains("certificate verify failed") {
+        return format!(
+            "cannot connect to {target}: the server's certificate was not accepted \
+             (sslmode={}; check --sslrootcert, and for verify-full that the certificate names \
+             the host connected to): {text}",
+            mode.as_str()
+        )
+        .into();
+    }
+    format!(
+        "cannot connect to {target} (sslmode={}): {text}",
+        mode.as_str()
+    )
+    .into()
 }
 
 fn query_error(what: &str, e: &lockkit::Error) -> Failure {

@@ -82,7 +82,8 @@ pub fn default_file(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
     Some(base.join("lockkit").join("namespaces"))
 }
 
-/// The registry of a run: the namespaces file, [`ENV_NAMESPACES`] and the
+/// The registry of a run: the key types linked into the program
+/// ([`KeyRegistry::linked`]), the namespaces file, [`ENV_NAMESPACES`] and the
 /// `-n` entries (see the module docs). `env` reads the environment (a
 /// parameter so tests need not change the process's).
 ///
@@ -95,7 +96,7 @@ pub fn build(
     file: Option<&Path>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<KeyRegistry, RegistryError> {
-    let mut registry = KeyRegistry::new();
+    let mut registry = KeyRegistry::linked();
     let named = file.map(Path::to_path_buf).or_else(|| {
         env(ENV_NAMESPACES_FILE)
             .filter(|v| !v.is_empty())

@@ -1,10 +1,11 @@
 //! How `lockkit` prints: the lock table, the wait-chain tree, JSON.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use lockkit::inspect::{AdvisoryLockRow, Collision, Marker, RelationLockRow};
+use lockkit::inspect::{AdvisoryLockRow, Collision, Marker, PublishedKeyType, RelationLockRow};
 use lockkit::{LockKey, Mode};
 use serde_json::{json, Value};
 
@@ -28,10 +29,14 @@ fn mode_name(mode: Mode) -> &'static str {
     }
 }
 
-/// The registered types of the key; when none, what the key itself says:
-/// the namespace tag of a BigInt key, the class of a Pair key.
+/// The registered types of the key; else the key type a session lock's
+/// `application_name` names; else what the key itself says: the namespace
+/// tag of a BigInt key, the class of a Pair key.
 fn type_names(row: &AdvisoryLockRow) -> String {
     if row.types.is_empty() {
+        if let Some(namespace) = row.session_lock_namespace() {
+            return namespace.to_owned();
+        }
         return match row.key {
             LockKey::BigInt(_) => format!("? tag 0x{:04x}", row.key.tag().unwrap_or(0)),
             LockKey::Pair(class, _) => format!("? class {class}"),
@@ -42,13 +47,92 @@ fn type_names(row: &AdvisoryLockRow) -> String {
     names.join("|")
 }
 
-fn collision_text(c: &Collision) -> String {
+/// Whether the key's type is unknown: nothing registered or published
+/// names it, nor a session lock's `application_name`.
+fn unknown_type(row: &AdvisoryLockRow) -> bool {
+    row.types.is_empty() && row.session_lock_namespace().is_none()
+}
+
+/// The APPLICATION column: `session lock <type>` for a lockkit session
+/// lock's session, else its `application_name`.
+fn app_text(row: &AdvisoryLockRow) -> Cow<'_, str> {
+    match row.session_lock_namespace() {
+        Some(namespace) => Cow::Owned(format!("session lock {namespace}")),
+        None => Cow::Borrowed(row.application_name.as_deref().unwrap_or("")),
+    }
+}
+
+/// The lockkit call of each session (by pid) whose current or last
+/// statement is lockkit's, with its locks by type as `pg_locks` shows them
+/// now: `lock_batch 3×Account`. The counts are the session's advisory
+/// locks held and awaited, that is its transaction's, this call's and
+/// earlier ones'.
+fn calls(rows: &[AdvisoryLockRow]) -> BTreeMap<i32, String> {
+    // pid -> (its call, (type, locks) in first-seen order).
+    type Counts = Vec<(String, usize)>;
+    let mut by_pid: BTreeMap<i32, (&'static str, Counts)> = BTreeMap::new();
+    for r in rows {
+        let (Some(pid), Some(call)) = (r.pid, r.lockkit_call()) else {
+            continue;
+        };
+        let (_, counts) = by_pid.entry(pid).or_insert((call, Vec::new()));
+        let name = type_names(r);
+        match counts.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((name, 1)),
+        }
+    }
+    by_pid
+        .into_iter()
+        .map(|(pid, (call, counts))| {
+            let counts: Vec<String> = counts.iter().map(|(n, c)| format!("{c}×{n}")).collect();
+            (pid, format!("{call} {}", counts.join(", ")))
+        })
+        .collect()
+}
+
+/// The QUERY column: the lockkit call, else the statement text.
+fn query_text<'a>(row: &'a AdvisoryLockRow, calls: &'a BTreeMap<i32, String>) -> Option<&'a str> {
+    row.pid
+        .and_then(|p| calls.get(&p))
+        .map(String::as_str)
+        .or(row.query.as_deref())
+}
+
+/// Where the published key types come from, for the notes.
+#[derive(Debug, Default)]
+pub(crate) struct Sources<'a> {
+    /// The key types published to the server; `None` when none ever were.
+    pub(crate) published: Option<&'a [PublishedKeyType]>,
+    /// Why the published types could not be read, if they could not.
+    pub(crate) published_error: Option<String>,
+    /// Sessions that wait for relation locks, when `--all` was not given.
+    pub(crate) relation_waiters: usize,
+}
+
+fn collision_text(c: &Collision, published: &[PublishedKeyType]) -> String {
     let what = match c.marker {
         Marker::Tag(tag) => format!("BigInt tag 0x{tag:04x}"),
         Marker::PairClass(class) => format!("Pair class {class}"),
         _ => "marker".into(),
     };
-    let names: Vec<&str> = c.types.iter().map(|t| t.namespace()).collect();
+    let names: Vec<String> = c
+        .types
+        .iter()
+        .map(|t| {
+            let mut apps: Vec<&str> = published
+                .iter()
+                .filter(|p| p.namespace == t.namespace())
+                .map(|p| p.application.as_str())
+                .collect();
+            apps.dedup();
+            if apps.is_empty() {
+                t.namespace().to_owned()
+            } else {
+                format!("{} (published by {})", t.namespace(), apps.join(", "))
+            }
+        })
+        .collect();
     format!("{} share the {what}", names.join(", "))
 }
 
@@ -62,11 +146,15 @@ pub(crate) fn inspect_json(
     rows: &[AdvisoryLockRow],
     relations: Option<&[RelationLockRow]>,
     collisions: &[Collision],
+    sources: &Sources<'_>,
 ) -> Value {
+    let calls = calls(rows);
     let locks: Vec<Value> = rows
         .iter()
         .map(|r| {
             json!({
+                "lockkit_call": r.pid.and_then(|p| calls.get(&p)),
+                "session_lock_type": r.session_lock_namespace(),
                 "key": key_json(r.key),
                 "mode": mode_name(r.mode),
                 "granted": r.granted,
@@ -85,9 +173,13 @@ pub(crate) fn inspect_json(
             })
         })
         .collect();
+    let published = sources.published.unwrap_or_default();
     let mut doc = json!({
         "locks": locks,
-        "collisions": collisions.iter().map(collision_text).collect::<Vec<_>>(),
+        "collisions": collisions.iter().map(|c| collision_text(c, published)).collect::<Vec<_>>(),
+        "published_key_types": sources.published.map(<[PublishedKeyType]>::len),
+        "published_key_types_error": sources.published_error,
+        "relation_waiters": sources.relation_waiters,
     });
     if let Some(relations) = relations {
         doc["relation_locks"] = relations
@@ -149,14 +241,31 @@ pub(crate) fn inspect_text(
     rows: &[AdvisoryLockRow],
     relations: Option<&[RelationLockRow]>,
     collisions: &[Collision],
+    sources: &Sources<'_>,
 ) -> String {
     let mut out = String::new();
+    let calls = calls(rows);
+    // Wide enough for every name, up to a bound.
+    let app_width = rows
+        .iter()
+        .map(|r| app_text(r).chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(16, 40);
     if rows.is_empty() {
         out.push_str("no advisory locks held or awaited in this database\n");
+        if sources.relation_waiters > 0 {
+            let _ = writeln!(
+                out,
+                "but {} session(s) wait for relation locks (a DDL lock queue?): \
+                 `lockkit inspect --all` shows them and who they wait for",
+                sources.relation_waiters
+            );
+        }
     } else {
         let _ = writeln!(
             out,
-            "{:<9} {:<16} {:<9} {:<7} {:<11} {:<19} {:>8} {:>8} {:<12} {:<28} {:<16} QUERY",
+            "{:<9} {:<app_width$} {:<9} {:<7} {:<11} {:<19} {:>8} {:>8} {:<12} {:<28} {:<16} QUERY",
             "PID",
             "APPLICATION",
             "MODE",
@@ -171,16 +280,16 @@ pub(crate) fn inspect_text(
         );
         for r in rows {
             let blocked: Vec<String> = r.blocked_by.iter().map(|&b| blocker_text(b)).collect();
-            let query = match (&r.query, r.query_hidden) {
+            let query = match (query_text(r, &calls), r.query_hidden) {
                 (_, true) => "<hidden: needs pg_read_all_stats>".to_owned(),
                 (Some(q), false) => one_line(q, 60),
                 (None, false) => String::new(),
             };
             let _ = writeln!(
                 out,
-                "{:<9} {:<16} {:<9} {:<7} {:<11} {:<19} {:>8} {:>8} {:<12} {:<28} {:<16} {}",
+                "{:<9} {:<app_width$} {:<9} {:<7} {:<11} {:<19} {:>8} {:>8} {:<12} {:<28} {:<16} {}",
                 pid_text(r.pid),
-                one_line(r.application_name.as_deref().unwrap_or(""), 16),
+                one_line(&app_text(r), app_width),
                 mode_name(r.mode),
                 if r.granted { "held" } else { "waiting" },
                 if r.granted { r.scope.as_str() } else { "" },
@@ -230,7 +339,7 @@ pub(crate) fn inspect_text(
             );
         }
     }
-    let mut entries: Vec<Entry<'_>> = rows.iter().map(Entry::advisory).collect();
+    let mut entries: Vec<Entry<'_>> = rows.iter().map(|r| Entry::advisory(r, &calls)).collect();
     entries.extend(relations.unwrap_or_default().iter().map(Entry::relation));
     let chains = wait_chains(&entries);
     if !chains.is_empty() {
@@ -256,11 +365,43 @@ pub(crate) fn inspect_text(
              pg_locks does not tell session locks from transaction locks"
         );
     }
+    let unknown: BTreeSet<String> = rows
+        .iter()
+        .filter(|r| unknown_type(r) && r.key.tag().is_some())
+        .map(type_names)
+        .collect();
+    let unknown_pairs = rows
+        .iter()
+        .any(|r| unknown_type(r) && matches!(r.key, LockKey::Pair(..)));
+    if !unknown.is_empty() || unknown_pairs {
+        let tags: Vec<&str> = unknown.iter().map(String::as_str).collect();
+        let _ = writeln!(
+            out,
+            "\nnote: {} key(s) of unknown types{}. To name them: the application publishes its \
+             key types at startup (`locker.publish_key_types(&mut client, \"app-name\")`, read \
+             from the server by every later inspect), or name them here with -n NAMESPACE, \
+             LOCKKIT_NAMESPACES or a namespaces file (`lockkit key NAMESPACE` prints a \
+             namespace's tag); raw and hashtext keys carry no tag",
+            rows.iter().filter(|r| unknown_type(r)).count(),
+            if tags.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", tags.join(", "))
+            }
+        );
+    }
+    if let Some(error) = &sources.published_error {
+        let _ = writeln!(
+            out,
+            "\nnote: the published key types could not be read: {error}"
+        );
+    }
+    let published = sources.published.unwrap_or_default();
     for c in collisions {
         let _ = writeln!(
             out,
-            "warning: registered namespaces collide: {}",
-            collision_text(c)
+            "warning: key types collide: {}",
+            collision_text(c, published)
         );
     }
     out
@@ -273,7 +414,7 @@ pub(crate) struct Entry<'a> {
     blocked_by: &'a [i32],
     /// `exclusive 42 (Order)` or `AccessShareLock on accounts`.
     what: String,
-    app: Option<&'a str>,
+    app: Option<Cow<'a, str>>,
     state: Option<&'a str>,
     transaction_age: Option<Duration>,
     waited: Option<Duration>,
@@ -281,17 +422,19 @@ pub(crate) struct Entry<'a> {
 }
 
 impl<'a> Entry<'a> {
-    pub(crate) fn advisory(r: &'a AdvisoryLockRow) -> Self {
+    /// An advisory lock; `calls` are the sessions' lockkit calls
+    /// ([`calls`]).
+    pub(crate) fn advisory(r: &'a AdvisoryLockRow, calls: &'a BTreeMap<i32, String>) -> Self {
         Entry {
             pid: r.pid,
             granted: r.granted,
             blocked_by: &r.blocked_by,
             what: format!("{} {} ({})", mode_name(r.mode), r.key, type_names(r)),
-            app: r.application_name.as_deref(),
+            app: r.application_name.as_ref().map(|_| app_text(r)),
             state: r.state.as_deref(),
             transaction_age: r.transaction_age,
             waited: r.waited,
-            query: r.query.as_deref(),
+            query: query_text(r, calls),
         }
     }
 
@@ -301,7 +444,7 @@ impl<'a> Entry<'a> {
             granted: r.granted,
             blocked_by: &r.blocked_by,
             what: format!("{} on {}", r.mode, r.relation),
-            app: r.application_name.as_deref(),
+            app: r.application_name.as_deref().map(Cow::Borrowed),
             state: r.state.as_deref(),
             transaction_age: r.transaction_age,
             waited: r.waited,
@@ -339,6 +482,7 @@ pub(crate) fn wait_chains(entries: &[Entry<'_>]) -> String {
     let label = |pid: i32| -> String {
         let app = |e: &Entry<'_>| {
             e.app
+                .as_deref()
                 .filter(|a| !a.is_empty())
                 .map(|a| format!(" [{a}]"))
                 .unwrap_or_default()
@@ -480,7 +624,8 @@ mod tests {
             row(20, false, &[21], 3),
             row(21, false, &[20], 4),
         ];
-        let entries: Vec<Entry<'_>> = rows.iter().map(Entry::advisory).collect();
+        let calls = BTreeMap::new();
+        let entries: Vec<Entry<'_>> = rows.iter().map(|r| Entry::advisory(r, &calls)).collect();
         let text = wait_chains(&entries);
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("10 holds exclusive 1"), "{text}");

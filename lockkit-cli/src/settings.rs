@@ -23,8 +23,9 @@ pub const SETTINGS_SQL: &str = "SELECT name, setting, unit FROM pg_settings \
      'idle_in_transaction_session_timeout', 'idle_session_timeout')";
 
 /// The keep-alive interval of a session lock that `lockkit check` assumes
-/// unless told otherwise (`--session-keepalive`).
-pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(10);
+/// unless told otherwise (`--session-keepalive`): `SessionLock`'s own
+/// default.
+pub const DEFAULT_KEEPALIVE: Duration = lockkit::DEFAULT_KEEPALIVE;
 
 /// One setting, assessed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,7 +33,7 @@ pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(10);
 pub struct Assessment {
     /// The setting's name.
     pub name: &'static str,
-    /// Its value as shown (`on`, `1s`, `0 (off)`).
+    /// Its value as shown (`on`, `1s`, `off`).
     pub value: String,
     /// What it means for lockkit.
     pub meaning: String,
@@ -58,7 +59,7 @@ pub fn millis(setting: &str, unit: Option<&str>) -> Option<u64> {
 
 fn show(ms: u64) -> String {
     match ms {
-        0 => "0 (off)".into(),
+        0 => "off".into(),
         ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
         ms => format!("{ms}ms"),
     }
@@ -145,6 +146,14 @@ pub fn assess(
                 ),
                 None,
             ),
+            "idle_in_transaction_session_timeout" if ms == 0 => (
+                value,
+                "off: a session idle inside a transaction is never terminated, so a session \
+                 lock's open transaction stays until it ends (and a transaction an \
+                 application forgot open keeps its locks)"
+                    .to_owned(),
+                None,
+            ),
             "idle_in_transaction_session_timeout" => (
                 value.clone(),
                 format!(
@@ -160,6 +169,13 @@ pub fn assess(
                         show(keepalive_ms)
                     )
                 }),
+            ),
+            "idle_session_timeout" if ms == 0 => (
+                value,
+                "off: a session idle outside a transaction is never terminated, so a \
+                 session-level lock stays until its session ends"
+                    .to_owned(),
+                None,
             ),
             "idle_session_timeout" => (
                 value.clone(),
@@ -202,7 +218,7 @@ mod tests {
         assert_eq!(millis("2", Some("min")), Some(120_000));
         assert_eq!(millis("x", Some("ms")), None);
         assert_eq!(millis("5", None), None);
-        assert_eq!(show(0), "0 (off)");
+        assert_eq!(show(0), "off");
         assert_eq!(show(1500), "1500ms");
         assert_eq!(show(2000), "2s");
     }
@@ -216,9 +232,16 @@ mod tests {
         assert!(rec("deadlock_timeout", "60000", Some("ms")).is_some());
         assert!(rec("lock_timeout", "0", Some("ms")).is_some());
         assert!(rec("idle_in_transaction_session_timeout", "0", Some("ms")).is_none());
-        assert!(rec("idle_in_transaction_session_timeout", "5000", Some("ms")).is_some());
+        assert!(rec("idle_in_transaction_session_timeout", "4000", Some("ms")).is_some());
         assert!(rec("idle_in_transaction_session_timeout", "60000", Some("ms")).is_none());
-        assert!(rec("idle_session_timeout", "5000", Some("ms")).is_some());
+        assert!(rec("idle_session_timeout", "4000", Some("ms")).is_some());
+        // Off reads as off, not as a time.
+        let off = assess("idle_in_transaction_session_timeout", "0", Some("ms"), K).unwrap();
+        assert_eq!(off.value, "off");
+        assert!(off.meaning.starts_with("off: "), "{}", off.meaning);
+        assert!(!off.meaning.contains("for off"), "{}", off.meaning);
+        let off = assess("idle_session_timeout", "0", Some("ms"), K).unwrap();
+        assert!(off.meaning.starts_with("off: "), "{}", off.meaning);
         // The keep-alive is a parameter.
         let short = assess(
             "idle_session_timeout",

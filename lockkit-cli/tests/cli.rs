@@ -786,12 +786,17 @@ async fn inspect_all_shows_a_ddl_lock_queue() {
             && lines[root + 2].contains("for AccessShareLock on accounts"),
         "{text}"
     );
-    // The control: without --all, relation locks are not shown.
+    // Without --all, relation locks are not shown, but with no advisory
+    // lock to show, inspect says that sessions wait and points at --all
+    // (issue 29).
     let out = lockkit(&["--url", &url, "inspect"]);
+    let text = stdout(&out);
+    assert!(!text.contains("AccessExclusiveLock"), "{text}");
     assert!(
-        !stdout(&out).contains("AccessExclusiveLock"),
-        "{}",
-        stdout(&out)
+        text.contains("no advisory locks held or awaited")
+            && text.contains("2 session(s) wait for relation locks")
+            && text.contains("`lockkit inspect --all`"),
+        "{text}"
     );
 
     reader.batch_execute("COMMIT").await.unwrap();
@@ -811,7 +816,7 @@ async fn check_reports_the_lock_settings() {
         .batch_execute(
             "ALTER DATABASE lockkit_cli_settings SET log_lock_waits = off; \
              ALTER DATABASE lockkit_cli_settings SET lock_timeout = '250ms'; \
-             ALTER DATABASE lockkit_cli_settings SET idle_in_transaction_session_timeout = '5s'; \
+             ALTER DATABASE lockkit_cli_settings SET idle_in_transaction_session_timeout = '4s'; \
              ALTER DATABASE lockkit_cli_settings SET idle_session_timeout = '3s'",
         )
         .await
@@ -853,9 +858,14 @@ async fn check_reports_the_lock_settings() {
         .unwrap()
         .get(0);
     assert_eq!(find(&list, "deadlock_timeout")["value"], shown.as_str());
-    assert_eq!(find(&list, "statement_timeout")["value"], "0 (off)");
+    assert_eq!(find(&list, "statement_timeout")["value"], "off");
+    // The keep-alive assumed is SessionLock's own default (issue 29).
+    assert_eq!(
+        doc["session_keepalive_seconds"],
+        lockkit::DEFAULT_KEEPALIVE.as_secs_f64()
+    );
     let idle_tx = find(&list, "idle_in_transaction_session_timeout");
-    assert_eq!(idle_tx["value"], "5s");
+    assert_eq!(idle_tx["value"], "4s");
     assert!(idle_tx["recommendation"]
         .as_str()
         .unwrap()
@@ -877,7 +887,321 @@ async fn check_reports_the_lock_settings() {
         "{text}"
     );
     assert!(
-        text.contains("idle_in_transaction_session_timeout") && text.contains("5s"),
+        text.contains("idle_in_transaction_session_timeout") && text.contains("4s"),
         "{text}"
     );
+}
+
+#[derive(lockkit::AdvisoryKey, Clone, Copy, Debug)]
+#[advisory_key(namespace = "cli.published")]
+struct CliPublished {
+    id: i64,
+}
+
+#[derive(lockkit::AdvisoryKey, Clone, Copy, Debug)]
+#[advisory_key(namespace = "cli.session-type")]
+struct CliSessionType {
+    id: i64,
+}
+
+/// Issue 29: `inspect` names key types that nobody registered with it:
+/// those an application published to the server and those a session lock's
+/// `application_name` carries; it shows the lockkit call of each session;
+/// a tag still unknown comes with how to make it known; two published
+/// namespaces on one tag are a collision. The control is the same locks
+/// inspected before the application published its types.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_names_published_types_calls_and_session_locks() {
+    use lockkit::{Batch, Config, LockClient, Locker, SessionLock};
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let url = db.create_database("lockkit_cli_published").await;
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let session = SessionLock::new(config.clone())
+        .lock(CliSessionType { id: 1 })
+        .await
+        .unwrap();
+
+    let holder = connect_url(&url, "cli-batch-holder").await;
+    let holder_pid = pid(&holder).await;
+    let locker = Locker::new(&holder, Config::default()).await.unwrap();
+    let mut holder = LockClient::new(&locker, holder);
+    let tx = holder.begin().await.unwrap();
+    let batch = Batch::new()
+        .with(&CliPublished { id: 1 })
+        .with(&CliPublished { id: 2 })
+        .with(&CliPublished { id: 3 });
+    let held = tx.lock_batch(&batch).await.unwrap();
+
+    let waiter = connect_url(&url, "cli-one-waiter").await;
+    let waiter_pid = pid(&waiter).await;
+    let mut waiter = LockClient::new(&locker, waiter);
+    let waiting = tokio::spawn(async move {
+        let tx = waiter.begin().await.unwrap();
+        drop(tx.lock(CliPublished { id: 2 }).await.unwrap());
+        tx.rollback().await.unwrap();
+    });
+    let observer = connect_url(&url, "cli-observer").await;
+    until_waiting(&observer, waiter_pid).await;
+
+    let inspect_text = || {
+        let out = lockkit(&["--url", &url, "inspect"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out)
+    };
+    let line_of = |text: &str, pid: i32| -> String {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{pid} ")))
+            .unwrap_or_else(|| panic!("no row of {pid} in\n{text}"))
+            .to_owned()
+    };
+    let tag = format!("? tag 0x{:04x}", KeySpec::new("cli.published").tag());
+
+    // Before publishing: unknown, with the way to make it known.
+    let text = inspect_text();
+    let row = line_of(&text, holder_pid);
+    assert!(row.contains(&tag), "{text}");
+    assert!(row.contains(&format!("lock_batch 3×{tag}")), "{text}");
+    assert!(
+        text.contains("key(s) of unknown types") && text.contains("publish_key_types"),
+        "{text}"
+    );
+    // The session lock is named by its connection, without configuration.
+    let row = line_of(&text, session.backend_pid());
+    assert!(
+        row.contains("session lock cli.session-type") && row.contains(" cli.session-type "),
+        "{text}"
+    );
+
+    // The application publishes its types; twice is the same.
+    let mut publisher = connect_url(&url, "cli-publisher").await;
+    let n = locker
+        .publish_key_types(&mut publisher, "cli-test-app")
+        .await
+        .unwrap();
+    assert!(n >= 2, "{n}");
+    assert_eq!(
+        locker
+            .publish_key_types(&mut publisher, "cli-test-app")
+            .await
+            .unwrap(),
+        n
+    );
+    let text = inspect_text();
+    let row = line_of(&text, holder_pid);
+    assert!(
+        row.contains(" cli.published ") && row.contains("lock_batch 3×cli.published"),
+        "{text}"
+    );
+    let row = line_of(&text, waiter_pid);
+    assert!(row.contains("lock 1×cli.published"), "{text}");
+    assert!(!text.contains("unknown types"), "{text}");
+    assert!(!text.contains("collide"), "{text}");
+    let out = lockkit(&["--url", &url, "inspect", "--json"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lock = doc["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["pid"] == holder_pid)
+        .unwrap()
+        .clone();
+    assert_eq!(lock["types"][0]["namespace"], "cli.published");
+    assert_eq!(lock["lockkit_call"], "lock_batch 3×cli.published");
+
+    // Another application publishes a namespace with the same tag.
+    let tag = KeySpec::new("cli.published").tag();
+    let other = (0..10_000_000)
+        .map(|i| format!("other{i}"))
+        .find(|ns| KeySpec::try_new(ns).unwrap().tag() == tag)
+        .expect("a namespace with the same tag");
+    observer
+        .execute(
+            "INSERT INTO public.lockkit_key_types \
+             (application, type_name, namespace, form, tag, pair_class) \
+             VALUES ('other-app', 'other::Thing', $1, 'bigint', $2, 0)",
+            &[&other, &i32::from(tag)],
+        )
+        .await
+        .unwrap();
+    let text = inspect_text();
+    let warning = text
+        .lines()
+        .find(|l| l.starts_with("warning: key types collide"))
+        .unwrap_or_else(|| panic!("no collision in\n{text}"));
+    assert!(
+        warning.contains("cli.published (published by cli-test-app)")
+            && warning.contains(&format!("{other} (published by other-app)"))
+            && warning.contains(&format!("BigInt tag 0x{tag:04x}")),
+        "{text}"
+    );
+
+    drop(held);
+    tx.rollback().await.unwrap();
+    waiting.await.unwrap();
+    assert!(session.release().await.unwrap());
+}
+
+/// A self-signed certificate for `127.0.0.1` (its IP as subject alternative
+/// name), valid for a day, and its key.
+fn certificate() -> (
+    openssl::x509::X509,
+    openssl::pkey::PKey<openssl::pkey::Private>,
+) {
+    use openssl::asn1::Asn1Time;
+    use openssl::bn::{BigNum, MsbOption};
+    use openssl::ec::{EcGroup, EcKey};
+    use openssl::hash::MessageDigest;
+    use openssl::nid::Nid;
+    use openssl::pkey::PKey;
+    use openssl::x509::extension::{BasicConstraints, SubjectAlternativeName};
+    use openssl::x509::{X509NameBuilder, X509};
+
+    let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap();
+    let key = PKey::from_ec_key(EcKey::generate(&group).unwrap()).unwrap();
+    let mut name = X509NameBuilder::new().unwrap();
+    name.append_entry_by_nid(Nid::COMMONNAME, "127.0.0.1")
+        .unwrap();
+    let name = name.build();
+    let mut serial = BigNum::new().unwrap();
+    serial.rand(64, MsbOption::MAYBE_ZERO, false).unwrap();
+    let mut cert = X509::builder().unwrap();
+    cert.set_version(2).unwrap();
+    cert.set_serial_number(&serial.to_asn1_integer().unwrap())
+        .unwrap();
+    cert.set_subject_name(&name).unwrap();
+    cert.set_issuer_name(&name).unwrap();
+    cert.set_pubkey(&key).unwrap();
+    cert.set_not_before(&Asn1Time::days_from_now(0).unwrap())
+        .unwrap();
+    cert.set_not_after(&Asn1Time::days_from_now(1).unwrap())
+        .unwrap();
+    cert.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
+        .unwrap();
+    let san = SubjectAlternativeName::new()
+        .ip("127.0.0.1")
+        .build(&cert.x509v3_context(None, None))
+        .unwrap();
+    cert.append_extension(san).unwrap();
+    cert.sign(&key, MessageDigest::sha256()).unwrap();
+    (cert.build(), key)
+}
+
+/// Issue 29: the CLI reaches a server that takes TLS clients only, with
+/// libpq's `sslmode` and `sslrootcert`, from the URL, the key=value string
+/// or the options. The controls: plain text is refused by the server; a
+/// root certificate that did not sign the server's is refused by the
+/// client under verify-ca; a host name the certificate does not name is
+/// refused under verify-full and accepted under verify-ca.
+#[test]
+fn inspect_and_check_over_tls() {
+    let (cert, key) = certificate();
+    let db = TestServer::builder()
+        .setting("ssl", "on")
+        .data_file("server.crt", cert.to_pem().unwrap())
+        .data_file("server.key", key.private_key_to_pem_pkcs8().unwrap())
+        .data_file(
+            "pg_hba.conf",
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        )
+        .start();
+    let dir = std::env::temp_dir().join(format!("lockkit-cli-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let root = dir.join("root.crt");
+    std::fs::write(&root, cert.to_pem().unwrap()).unwrap();
+    let (stranger, _) = certificate();
+    let wrong_root = dir.join("wrong.crt");
+    std::fs::write(&wrong_root, stranger.to_pem().unwrap()).unwrap();
+    let root = root.display().to_string();
+    let wrong_root = wrong_root.display().to_string();
+    let port = db.config().get_ports()[0];
+    let kv = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    // `localhost` as the name the certificate is checked against, the
+    // connection made to 127.0.0.1 all the same.
+    let by_name = format!("host=localhost hostaddr=127.0.0.1 port={port} user=postgres");
+
+    let ok = |args: &[&str]| {
+        let out = lockkit(args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    let refused = |args: &[&str]| {
+        let out = lockkit(args);
+        assert!(
+            !out.status.success(),
+            "{args:?} connected: {}",
+            stdout(&out)
+        );
+        stderr(&out)
+    };
+
+    // The default (prefer) takes TLS when offered; require encrypts.
+    ok(&["--url", &kv, "inspect"]);
+    ok(&["--url", &format!("{kv} sslmode=require"), "inspect"]);
+    // verify-full from the URL, from the key=value string, from options.
+    let text = ok(&[
+        "--url",
+        &format!("{url}?sslmode=verify-full&sslrootcert={root}"),
+        "inspect",
+    ]);
+    assert!(text.contains("no advisory locks"), "{text}");
+    ok(&[
+        "--url",
+        &format!("{kv} sslmode=verify-full sslrootcert='{root}'"),
+        "inspect",
+    ]);
+    let text = ok(&[
+        "--url",
+        &kv,
+        "--sslmode",
+        "verify-full",
+        "--sslrootcert",
+        &root,
+        "check",
+    ]);
+    assert!(text.contains("lock table"), "{text}");
+    // verify-ca does not check the host name; verify-full does.
+    ok(&[
+        "--url",
+        &by_name,
+        "--sslmode",
+        "verify-ca",
+        "--sslrootcert",
+        &root,
+        "inspect",
+    ]);
+    let err = refused(&[
+        "--url",
+        &by_name,
+        "--sslmode",
+        "verify-full",
+        "--sslrootcert",
+        &root,
+        "inspect",
+    ]);
+    assert!(err.contains("certificate was not accepted"), "{err}");
+
+    // Controls.
+    let err = refused(&["--url", &format!("{kv} sslmode=disable"), "inspect"]);
+    assert!(
+        err.contains("pg_hba.conf") || err.contains("refused"),
+        "{err}"
+    );
+    let err = refused(&[
+        "--url",
+        &kv,
+        "--sslmode",
+        "verify-ca",
+        "--sslrootcert",
+        &wrong_root,
+        "inspect",
+    ]);
+    assert!(err.contains("certificate was not accepted"), "{err}");
+    let err = refused(&["--url", &kv, "--sslmode", "verify-full", "inspect"]);
+    assert!(err.contains("--sslrootcert"), "{err}");
+    let err = refused(&["--url", &kv, "--sslmode", "sometimes", "inspect"]);
+    assert!(err.contains("invalid sslmode"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -45,6 +45,8 @@ fn expand(input: &Input<'_>, key: &Key) -> TokenStream {
         quote!(_)
     };
     let spec = key_spec(key, &krate);
+    let name = ident.to_string();
+    let name = name.strip_prefix("r#").unwrap_or(&name).to_owned();
     let lock_key = match &key.form {
         Form::BigInt | Form::Pair => quote!(Self::KEY_SPEC.key_of(self)),
         Form::Exact(member) => quote!(Self::KEY_SPEC.exact_key(self.#member)),
@@ -71,6 +73,16 @@ fn expand(input: &Input<'_>, key: &Key) -> TokenStream {
                 fn lock_key(&self) -> #krate::__private::LockKey {
                     #lock_key
                 }
+            }
+
+            // The program's registry of key types (`lockkit::linked_key_types`).
+            // The spec does not depend on generic parameters, so a generic
+            // type is registered once.
+            #krate::__private::inventory::submit! {
+                #krate::__private::LinkedKeyType::new(
+                    ::core::concat!(::core::module_path!(), "::", #name),
+                    #spec,
+                )
             }
         };
     }

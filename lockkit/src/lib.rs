@@ -132,7 +132,8 @@
 //!   client between transactions: a session-level lock can be stranded there
 //!   and named prepared statements can collide, so lockkit checks every
 //!   reply and offers unnamed statements ([`StatementMode::Unnamed`]).
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+// docs.rs (nightly): each item marked with the features it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod engine;
 #[cfg(feature = "diesel")]
@@ -151,6 +152,7 @@ pub use key::encoding::{parts_bytes, KeyPart, Parts};
 pub use key::hashtext::{
     hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, ByteOrder, HashText,
 };
+pub use key::linked::{linked_key_types, LinkedKeyType};
 pub use key::namespace::{NamespaceError, MAX_NAMESPACE_LEN};
 pub use key::{AdvisoryKey, KeyForm, KeySpec, LockKey, PgLocksId};
 
@@ -278,8 +280,10 @@ pub mod adapter {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::key::encoding::{KeyPart, Parts};
+    pub use crate::key::linked::LinkedKeyType;
     pub use crate::key::{AdvisoryKey, KeySpec, LockKey};
     pub use core;
+    pub use inventory;
 }
 
 /// The README's examples compile (`cargo test --doc`).

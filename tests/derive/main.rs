@@ -5,6 +5,7 @@ mod forms;
 mod golden;
 mod hash;
 mod keys_doc;
+mod linked;
 mod props;
 mod shapes;
 mod spec_reimpl;

@@ -17,6 +17,7 @@ mod order;
 mod pipeline;
 mod poison;
 mod pool;
+mod publish;
 mod release;
 mod session;
 mod session_forms;

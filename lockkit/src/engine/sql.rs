@@ -434,6 +434,52 @@ pub const RELATION_LOCK_QUEUES: &str = "SELECT l.relation::regclass::text, l.mod
          WHERE w.locktype = 'relation' AND NOT w.granted AND w.database = l.database) \
      ORDER BY l.relation, l.granted DESC, l.pid";
 
+// ---- Published key types (`Locker::publish_key_types`) -------------------
+
+/// Creates the table of published key types when it is missing: one row
+/// per key type of each application that publishes, which `lockkit
+/// inspect` reads to name the types behind keys. Run after
+/// [`PUBLISH_LOCK`] in the same transaction, so that concurrent publishers
+/// on a fresh database do not race (two concurrent `CREATE TABLE IF NOT
+/// EXISTS` of one table fail one of them with `23505`). A role that may not
+/// create tables in `public` can be given the table by its owner, made
+/// with this statement.
+pub const CREATE_KEY_TYPES: &str = "CREATE TABLE IF NOT EXISTS public.lockkit_key_types (\
+     application text NOT NULL, \
+     type_name text NOT NULL, \
+     namespace text NOT NULL, \
+     form text NOT NULL, \
+     tag int4 NOT NULL, \
+     pair_class int4 NOT NULL, \
+     published_at timestamptz NOT NULL DEFAULT now(), \
+     PRIMARY KEY (application, type_name))";
+
+/// `$1 int8`: the lock that serializes publishers (an exclusive
+/// transaction lock on lockkit's own key `KeySpec::new("lockkit.key_types")`
+/// of `0_i64`).
+pub const PUBLISH_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
+
+/// `$1 text` (application), `$2 text[]` (type names), `$3 text[]`
+/// (namespaces), `$4 text[]` (forms), `$5 int4[]` (tags), `$6 int4[]` (pair
+/// classes): inserts or updates one row per type; an application's
+/// republished type takes its new spec and time.
+pub const PUBLISH_KEY_TYPES: &str = "INSERT INTO public.lockkit_key_types \
+     (application, type_name, namespace, form, tag, pair_class) \
+     SELECT $1, t.type_name, t.namespace, t.form, t.tag, t.pair_class \
+     FROM unnest($2::text[], $3::text[], $4::text[], $5::int4[], $6::int4[]) \
+     AS t(type_name, namespace, form, tag, pair_class) \
+     ON CONFLICT (application, type_name) DO UPDATE SET namespace = excluded.namespace, \
+     form = excluded.form, tag = excluded.tag, pair_class = excluded.pair_class, \
+     published_at = now()";
+
+/// Whether the table of published key types exists; `bool`.
+pub const KEY_TYPES_EXIST: &str = "SELECT to_regclass('public.lockkit_key_types') IS NOT NULL";
+
+/// The published key types. Columns: `application text`, `type_name
+/// text`, `namespace text`, `form text`, `pair_class int4`.
+pub const PUBLISHED_KEY_TYPES: &str = "SELECT application, type_name, namespace, form, pair_class \
+     FROM public.lockkit_key_types ORDER BY namespace, application, type_name";
+
 #[cfg(test)]
 mod tests {
     use super::*;

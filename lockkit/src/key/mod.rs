@@ -4,6 +4,7 @@
 
 pub(crate) mod encoding;
 pub(crate) mod hashtext;
+pub(crate) mod linked;
 pub(crate) mod namespace;
 pub(crate) mod sip;
 

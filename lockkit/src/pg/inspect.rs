@@ -6,6 +6,12 @@
 //! key types names the namespace behind each key, from the namespace tag in
 //! the top 16 bits of a hashed `BigInt` key or the class of a `Pair` key
 //! ([KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md)).
+//! [`KeyRegistry::linked`] knows every key type of the program (each type
+//! that derives `AdvisoryKey`); [`published_key_types`] reads those the
+//! applications published to the server
+//! ([`Locker::publish_key_types`](crate::Locker::publish_key_types)), for
+//! [`KeyRegistry::register_published`]. [`AdvisoryLockRow::lockkit_call`]
+//! names the lockkit call a session runs.
 //!
 //! # Example
 //!
@@ -38,6 +44,8 @@ use tokio_postgres::Client;
 use crate::engine::error::Error;
 use crate::engine::plan::Mode;
 use crate::key::{AdvisoryKey, KeyForm, KeySpec, LockKey};
+
+pub use crate::pg::publish::{published_key_types, PublishedKeyType};
 
 /// The inspection statements (see [`sql`](crate::engine::sql)).
 pub use crate::engine::sql::{
@@ -112,6 +120,72 @@ impl AdvisoryLockRow {
             types: Vec::new(),
         }
     }
+}
+
+impl AdvisoryLockRow {
+    /// The lockkit call behind the session's current (or last) statement,
+    /// from the marker every lockkit lock statement starts with
+    /// (`/* lockkit:batch_bigint */`, see [`sql`](crate::engine::sql)):
+    /// `lock`, `lock_shared`, `try_lock`, `try_lock_shared`, `lock_batch`,
+    /// `try_lock_batch`, `lock_timeout` (the steps of a timed call around
+    /// its lock statement), or `session lock` for a [`SessionLock`](crate::SessionLock)'s
+    /// session. `None` for any other statement. Reading the marker costs the
+    /// lock calls nothing: their statements carry it already.
+    pub fn lockkit_call(&self) -> Option<&'static str> {
+        if self.session_lock_namespace().is_some() {
+            return Some("session lock");
+        }
+        lockkit_call(self.query.as_deref()?)
+    }
+
+    /// The key type's namespace of a [`SessionLock`](crate::SessionLock)'s
+    /// session, from its `application_name`
+    /// (`lockkit session lock <namespace> <key>`); `None` for any other
+    /// session.
+    pub fn session_lock_namespace(&self) -> Option<&str> {
+        session_lock_namespace(self.application_name.as_deref()?)
+    }
+}
+
+/// The lockkit call a statement's text belongs to: see
+/// [`AdvisoryLockRow::lockkit_call`].
+///
+/// ```
+/// use lockkit::engine::sql;
+/// use lockkit::inspect::lockkit_call;
+///
+/// assert_eq!(lockkit_call(sql::BATCH_BIGINT_EXCLUSIVE), Some("lock_batch"));
+/// assert_eq!(lockkit_call("SELECT pg_advisory_xact_lock(1)"), None);
+/// ```
+pub fn lockkit_call(query: &str) -> Option<&'static str> {
+    let marker = query.trim_start().strip_prefix("/* lockkit:")?;
+    let name = &marker[..marker.find(" */")?];
+    Some(match name {
+        "lock_bigint" | "lock_pair" => "lock",
+        "lock_bigint_shared" | "lock_pair_shared" => "lock_shared",
+        "try_bigint" | "try_pair" => "try_lock",
+        "try_bigint_shared" | "try_pair_shared" => "try_lock_shared",
+        "try_batch_bigint" | "try_batch_pair" => "try_lock_batch",
+        n if n.starts_with("batch_") => "lock_batch",
+        n if n.ends_with("_timeouts") => "lock_timeout",
+        _ => return None,
+    })
+}
+
+/// The key type's namespace in a [`SessionLock`](crate::SessionLock)'s
+/// `application_name`, `lockkit session lock <namespace> <key>` (cut at
+/// 63 bytes by the server, which may cut the key).
+///
+/// ```
+/// use lockkit::inspect::session_lock_namespace;
+///
+/// assert_eq!(session_lock_namespace("lockkit session lock Payroll -35533"), Some("Payroll"));
+/// assert_eq!(session_lock_namespace("billing"), None);
+/// ```
+pub fn session_lock_namespace(application_name: &str) -> Option<&str> {
+    let rest = application_name.strip_prefix("lockkit session lock ")?;
+    let namespace = rest.split(' ').next()?;
+    (!namespace.is_empty()).then_some(namespace)
 }
 
 /// Whether a lock is held at session level (`pg_advisory_lock`, until
@@ -418,6 +492,54 @@ impl KeyRegistry {
     /// Registers `K` by its [`AdvisoryKey::KEY_SPEC`].
     pub fn register<K: AdvisoryKey + ?Sized>(self) -> Self {
         self.register_spec(std::any::type_name::<K>(), K::KEY_SPEC)
+    }
+
+    /// A registry of every key type of the program: each type that derives
+    /// [`AdvisoryKey`] ([`linked_key_types`](crate::linked_key_types)),
+    /// in the order of their paths.
+    ///
+    /// ```
+    /// use lockkit::inspect::KeyRegistry;
+    /// use lockkit::{AdvisoryKey, KeySpec};
+    ///
+    /// #[derive(AdvisoryKey)]
+    /// #[advisory_key(namespace = "docs.registry")]
+    /// struct Job {
+    ///     id: i64,
+    /// }
+    ///
+    /// let registry = KeyRegistry::linked();
+    /// let key = KeySpec::new("docs.registry").key_of(&7_i64);
+    /// assert_eq!(registry.decode(key)[0].namespace(), "docs.registry");
+    /// ```
+    pub fn linked() -> Self {
+        let mut types: Vec<_> = crate::linked_key_types().collect();
+        types.sort_by_key(|t| t.name());
+        types
+            .into_iter()
+            .fold(Self::new(), |r, t| r.register_spec(t.name(), t.spec()))
+    }
+
+    /// Registers key types published to the server
+    /// ([`published_key_types`]), each under its namespace: the same
+    /// namespace published by several applications is one type (they lock
+    /// the same keys on purpose). A type already registered with the same
+    /// namespace, form and class is not registered again.
+    pub fn register_published(mut self, types: &[PublishedKeyType]) -> Self {
+        for published in types {
+            let Some(spec) = published.spec() else {
+                continue;
+            };
+            let known = self.types.iter().any(|t| {
+                t.namespace == spec.namespace()
+                    && t.form == spec.form()
+                    && t.pair_class == spec.pair_class()
+            });
+            if !known {
+                self = self.register_spec(spec.namespace(), spec);
+            }
+        }
+        self
     }
 
     /// Registers a type by name and spec, e.g. a namespace given on a

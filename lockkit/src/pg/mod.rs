@@ -10,6 +10,7 @@ pub(crate) mod exec;
 pub mod inspect;
 pub(crate) mod locker;
 pub(crate) mod migrate;
+pub(crate) mod publish;
 pub mod session;
 pub(crate) mod transaction;
 
@@ -17,6 +18,7 @@ pub use ddl::{run_ddl, DdlOutcome, DdlRetry};
 pub use exec::Canceller;
 pub use locker::{LockClient, Locker};
 pub use migrate::{Migration, MigrationError, MigrationGuard, WhenBusy};
+pub use publish::{published_key_types, PublishedKeyType};
 pub use session::{
     probe_pooler, PoolerProbe, ProbeTimeout, SessionForm, SessionGuard, SessionLock,
     DEFAULT_KEEPALIVE, DEFAULT_PROBE_TIMEOUT,

@@ -19,8 +19,10 @@
 //! # What an operator sees
 //!
 //! The lock's backend is `idle in transaction` in `pg_stat_activity`, with
-//! `application_name = 'lockkit session lock <key>'` (e.g.
-//! `lockkit session lock BigInt(42)`; set on every connection lockkit opens,
+//! `application_name = 'lockkit session lock <namespace> <key>'` (e.g.
+//! `lockkit session lock Payroll -3553327097295050730`, the key type's
+//! namespace and the key as `pg_locks` has it; `lockkit inspect` shows
+//! `session lock Payroll`; set on every connection lockkit opens,
 //! and transaction-locally on a leased pool connection, which gets its own
 //! name back at the rollback), `backend_xid` and `backend_xmin` null: the
 //! transaction is `READ COMMITTED` and writes nothing, so between
@@ -461,7 +463,7 @@ impl SessionLock {
     ) -> Result<Result<SessionGuard<K>, K>, Error> {
         let key = value.lock_key();
         let hashtext = K::KEY_SPEC.form() == KeyForm::HashText;
-        let name = AppName(key);
+        let name = AppName(K::KEY_SPEC.namespace(), key);
         let (lease, canceller) = self.lease(&name).await?;
         let mut cancel = CancelOnDrop::new(lease.client(), &canceller, || ());
         let taken = match self.form {
@@ -807,14 +809,16 @@ impl Locker {
 }
 
 /// The `application_name` of a lock's connection,
-/// `lockkit session lock <key>`: formatted where it is written, never
-/// allocated on a pooled lease's path.
+/// `lockkit session lock <namespace> <key>` (the key type's namespace
+/// first, so that the server's cut at 63 bytes takes the key, which
+/// `pg_locks` shows anyway; `lockkit inspect` reads the namespace back):
+/// formatted where it is written, never allocated on a pooled lease's path.
 #[derive(Clone, Copy)]
-struct AppName(LockKey);
+struct AppName(&'static str, LockKey);
 
 impl fmt::Display for AppName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "lockkit session lock {}", self.0)
+        write!(f, "lockkit session lock {} {}", self.0, self.1)
     }
 }
 
