@@ -4,6 +4,7 @@ mod budget;
 mod common;
 mod ddl;
 mod exclusion;
+mod facts;
 mod findings;
 mod footprint;
 mod guards_ui;
