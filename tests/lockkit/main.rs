@@ -5,6 +5,7 @@ mod common;
 mod cutoff;
 mod ddl;
 mod exclusion;
+mod facts;
 mod findings;
 mod footprint;
 mod guards_ui;

@@ -159,7 +159,21 @@ impl Instance {
 
     /// Copies `primary` with `pg_basebackup -R` and starts the copy, which
     /// comes up as a hot standby.
+    ///
+    /// # Errors
+    ///
+    /// When the server programs' directory has no `pg_basebackup` (the
+    /// packages `.ci/pg-binaries` lays out have none), or it fails.
     pub(crate) fn standby_of(primary: &Instance) -> io::Result<Self> {
+        if !primary.bin.join("pg_basebackup").is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "a standby needs pg_basebackup, and {} has none",
+                    primary.bin.display()
+                ),
+            ));
+        }
         let mut instance = Self::create(primary.settings.clone())?;
         instance.run(
             instance

@@ -39,9 +39,14 @@
 //! loopback port (retried on a clash) and a Unix socket, trust auth,
 //! superuser and database `postgres`, and settings for speed
 //! (`fsync=off`, …) and for standbys (`wal_level=replica`). The programs are
-//! found with `pg_config --bindir`, else in the newest
-//! `/usr/lib/postgresql/*/bin`, else on `PATH`. Starting one takes about a
-//! second and blocks the calling thread, which is fine in an async test.
+//! taken from the directory `LOCKKIT_PG_BINDIR` names when it is set (and
+//! from nowhere else: a directory without `initdb`, `pg_ctl` and `postgres`
+//! is an error), else found with `pg_config --bindir`, else in the newest
+//! `/usr/lib/postgresql/*/bin`, else on `PATH`. `.ci/pg-binaries MAJOR DIR`
+//! lays out the programs of another PostgreSQL major for
+//! `LOCKKIT_PG_BINDIR=DIR/bin`; they lack `pg_basebackup`, so a standby
+//! cannot be made from them. Starting a server takes about a second and
+//! blocks the calling thread, which is fine in an async test.
 //!
 //! PostgreSQL refuses to run as root. When the tests run as root, the
 //! server programs run as `postgres`, else `nobody`, and own the directory.

@@ -294,8 +294,10 @@ impl TestServer {
     ///
     /// # Errors
     ///
-    /// When `pg_basebackup` fails, or the standby does not start or does
-    /// not come up in recovery; the message has the standby's log.
+    /// When the server programs' directory has no `pg_basebackup` (as
+    /// with `LOCKKIT_PG_BINDIR` from `.ci/pg-binaries`, which lists the
+    /// tests that need one), when it fails, or the standby does not start
+    /// or does not come up in recovery; the message has the standby's log.
     ///
     /// # Panics
     ///

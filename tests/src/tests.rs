@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::{StopMode, TestServer};
+use crate::{binaries, StopMode, TestServer};
 
 async fn show(server: &TestServer, setting: &str) -> String {
     let client = server.connect().await;
@@ -170,4 +170,41 @@ fn directory_removed_on_drop() {
     assert!(dir.join("data").is_dir());
     drop(server);
     assert!(!dir.exists(), "{} left behind", dir.display());
+}
+
+/// The servers run the programs of [`binaries::bindir`], which is the
+/// directory of `LOCKKIT_PG_BINDIR` when that is set: what makes a run with
+/// it a run on that directory's PostgreSQL.
+#[tokio::test(flavor = "multi_thread")]
+async fn servers_run_the_chosen_programs() {
+    let bin = binaries::bindir().unwrap();
+    if let Some(dir) = std::env::var_os(binaries::BINDIR_VAR).filter(|dir| !dir.is_empty()) {
+        assert_eq!(bin, std::fs::canonicalize(dir).unwrap());
+    }
+    let out = std::process::Command::new(bin.join("postgres"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "postgres --version: {out:?}");
+    // `postgres (PostgreSQL) 14.23`, or `… 15.14 (Debian 15.14-0+deb12u1)`.
+    let text = String::from_utf8(out.stdout).unwrap();
+    let version = text.split_whitespace().nth(2).unwrap();
+    let (major, minor) = version.split_once('.').unwrap();
+    let expected = major.parse::<u32>().unwrap() * 10_000 + minor.parse::<u32>().unwrap();
+    let server = TestServer::builder().start();
+    let reported = show(&server, "server_version_num").await;
+    assert_eq!(reported, expected.to_string(), "{text}");
+}
+
+#[test]
+fn a_chosen_directory_must_hold_the_server_programs() {
+    let dir = std::env::temp_dir().join(format!("lockkit-empty-bindir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let error = binaries::chosen(&dir).unwrap_err();
+    std::fs::remove_dir(&dir).unwrap();
+    assert!(
+        error.ends_with("has no initdb, pg_ctl, postgres"),
+        "{error}"
+    );
+    assert!(binaries::chosen(&dir.join("absent")).is_err());
 }
