@@ -225,6 +225,33 @@ async fn a_timeout_names_the_key_types() {
     blocked.commit().await.unwrap();
 }
 
+/// A session lock's timeout names its key type too (the default form,
+/// through the same engine, and the plain session-level form).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_locks_timeout_names_the_key_type() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let mut blocker = db.connect().await;
+    let report = Report { id: 8 };
+    let blocked = hold(&mut blocker, report.lock_key()).await;
+    for form in [
+        lockkit::SessionForm::Transaction,
+        lockkit::SessionForm::SessionLevel,
+    ] {
+        let err = lockkit::SessionLock::new(db.config())
+            .form(form)
+            .lock_timeout(report, Duration::from_millis(50))
+            .await
+            .expect_err("the key is held");
+        assert!(err.is_timeout(), "{form:?}: {err}");
+        if form == lockkit::SessionForm::Transaction {
+            assert_eq!(err.key_types(), [REPORT], "{form:?}: {err}");
+            assert!(err.to_string().contains(REPORT), "{form:?}: {err}");
+        }
+    }
+    blocked.commit().await.unwrap();
+}
+
 /// A budget error names the types held (most keys first) and the types
 /// requested; the refused call sent nothing.
 #[tokio::test(flavor = "multi_thread")]

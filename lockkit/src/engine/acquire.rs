@@ -480,6 +480,18 @@ impl Request {
         }
     }
 
+    /// One key of type `K` given as its [`LockKey`], in `mode`: typed as
+    /// [`one`](Self::one) is (errors name `K`), with no `hashtext` check
+    /// (for a caller that checks `hashtext` itself).
+    pub fn key_of<K: AdvisoryKey + ?Sized>(key: LockKey, mode: Mode) -> Self {
+        Request {
+            keys: Keys::One([(key, mode)], [K::KEY_SPEC.namespace()]),
+            hashtext: false,
+            key_type: key_type!(K::KEY_SPEC.namespace()),
+            site: None,
+        }
+    }
+
     /// Every key of `batch`.
     pub fn batch(batch: &Batch) -> Self {
         Request {

@@ -468,7 +468,8 @@ impl SessionLock {
         let mut cancel = CancelOnDrop::new(lease.client(), &canceller, || ());
         let taken = match self.form {
             SessionForm::Transaction => {
-                self.lock_in_transaction(&lease, key, mode, wait, &name, hashtext)
+                let request = Request::key_of::<K>(key, mode);
+                self.lock_in_transaction(&lease, request, wait, &name, hashtext)
                     .await
             }
             SessionForm::SessionLevel => {
@@ -498,8 +499,7 @@ impl SessionLock {
     async fn lock_in_transaction(
         &self,
         lease: &Lease,
-        key: LockKey,
-        mode: Mode,
+        request: Request,
         wait: Wait,
         name: &AppName,
         hashtext: bool,
@@ -512,7 +512,7 @@ impl SessionLock {
         // sent, and the simple protocol leaves no portal open, so the held
         // transaction holds no snapshot (no `backend_xmin`), with no
         // statement after it.
-        let take = take_xact_lock(client, key, mode, wait, name, &self.check_interval_known);
+        let take = take_xact_lock(client, request, wait, name, &self.check_interval_known);
         let (facts, taken) = match hashtext {
             true => {
                 let (facts, taken) = join(server_facts(client), take).await;
@@ -844,8 +844,7 @@ fn expect_granted<K>(result: Result<SessionGuard<K>, K>) -> SessionGuard<K> {
 /// not what they answer: then the engine never saw a reply.
 async fn take_xact_lock(
     client: &Client,
-    key: LockKey,
-    mode: Mode,
+    request: Request,
     wait: Wait,
     name: &AppName,
     check_interval_known: &AtomicBool,
@@ -865,7 +864,7 @@ async fn take_xact_lock(
         Wait::Try => engine::Wait::Try,
     };
     let state = TxState::new();
-    let mut call = state.acquire(&POLICY, 0, Request::key(key, mode), wait)?;
+    let mut call = state.acquire(&POLICY, 0, request, wait)?;
     let mut query = String::with_capacity(512);
     let mut setup = None;
     let mut first = true;
