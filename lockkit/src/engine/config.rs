@@ -157,3 +157,37 @@ impl Config {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::facts::ServerFacts;
+
+    #[test]
+    fn the_budget_is_the_configured_one_or_a_share_of_the_lock_table() {
+        // 64 locks per transaction × (100 + 0) slots: a table of 6,400.
+        let facts = ServerFacts::assumed(64, 100, 0);
+        assert_eq!(Config::default().budget_limit(), None);
+        assert_eq!(Config::default().budget_for(&facts), 64);
+        assert_eq!(Config::default().budget(3).budget_limit(), Some(3));
+        // Half the table shared by 8 lockers: 400 each.
+        assert_eq!(
+            Config::default().concurrent_lockers(8).budget_for(&facts),
+            400
+        );
+        // Never below max_locks_per_transaction, and never 0 lockers.
+        assert_eq!(
+            Config::default()
+                .concurrent_lockers(1000)
+                .budget_for(&facts),
+            64
+        );
+        assert_eq!(
+            Config::default().concurrent_lockers(0).budget_for(&facts),
+            3200
+        );
+        // An explicit budget wins.
+        let both = Config::default().budget(5).concurrent_lockers(8);
+        assert_eq!(both.budget_for(&facts), 5);
+    }
+}

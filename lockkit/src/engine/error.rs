@@ -935,6 +935,18 @@ mod tests {
     }
 
     #[test]
+    fn the_accessors_answer_only_for_their_kind() {
+        let lost = err("08006", "connection failure").into_error();
+        assert!(lost.is_connection_lost());
+        let other = err("40P01", "deadlock detected").into_error();
+        assert!(!other.is_connection_lost());
+        assert_eq!(other.backend_pid(), None);
+        let pooled = Error::pooled(4242, "two backends".to_owned());
+        assert_eq!(pooled.backend_pid(), Some(4242));
+        assert!(!pooled.is_connection_lost());
+    }
+
+    #[test]
     fn maps_sqlstates() {
         let timed = Some((Duration::from_millis(5), Duration::from_millis(6)));
         let e = err("55P03", "canceling statement due to lock timeout").into_error_in(timed, 2);

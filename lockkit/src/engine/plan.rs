@@ -306,6 +306,20 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_collected_counts_its_distinct_keys() {
+        let b: Batch = [K(3), K(1), K(3)].into_iter().collect();
+        assert_eq!(b.len(), 2);
+        assert!(!b.is_empty());
+        assert_eq!(
+            b.planned(),
+            [
+                (LockKey::BigInt(1), Mode::Exclusive),
+                (LockKey::BigInt(3), Mode::Exclusive)
+            ]
+        );
+    }
+
+    #[test]
     fn dedupes_and_exclusive_wins() {
         let mut b = Batch::new();
         b.add(&K(5), Mode::Shared)
