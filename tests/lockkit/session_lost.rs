@@ -144,15 +144,15 @@ async fn lost_after_a_server_restart() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn lost_when_idle_in_transaction_session_timeout_fires() {
-    const IDLE_TIMEOUT: Duration = Duration::from_millis(500);
+    const IDLE_TIMEOUT: Duration = Duration::from_secs(1);
     let db = TestServer::builder()
-        .setting("idle_in_transaction_session_timeout", "500ms")
+        .setting("idle_in_transaction_session_timeout", "1s")
         .start();
 
     // Control: a cadence below the timeout keeps every lock for four times
     // the timeout (the safe direction: a generous wait that must not see
     // the lock go).
-    let kept = paths(&db, Duration::from_millis(100));
+    let kept = paths(&db, Duration::from_millis(250));
     let guards = hold_all(&kept, 200).await;
     let four = IDLE_TIMEOUT * 4;
     assert!(
@@ -184,10 +184,10 @@ async fn lost_when_idle_in_transaction_session_timeout_fires() {
 /// `lost_when_idle_in_transaction_session_timeout_fires`.
 #[tokio::test(flavor = "multi_thread")]
 async fn one_keeper_keeps_every_lock_of_a_session_lock() {
-    const IDLE_TIMEOUT: Duration = Duration::from_millis(500);
-    const KEEP: Duration = Duration::from_millis(100);
+    const IDLE_TIMEOUT: Duration = Duration::from_secs(1);
+    const KEEP: Duration = Duration::from_millis(250);
     let db = TestServer::builder()
-        .setting("idle_in_transaction_session_timeout", "500ms")
+        .setting("idle_in_transaction_session_timeout", "1s")
         .start();
     let observer = db.connect().await;
     let sessions = SessionLock::from_pool(pool_of(db.config(), 6)).keepalive(KEEP);
@@ -249,13 +249,13 @@ fn runtime(workers: usize) -> tokio::runtime::Runtime {
 /// that runtime shuts down, the next lock (on another runtime) starts a new
 /// keeper, so its lock outlives the server's
 /// `idle_in_transaction_session_timeout`. Without the restart it would be
-/// lost after 500 ms.
+/// lost after 1 s.
 #[test]
 fn a_lock_is_kept_after_the_keepers_runtime_shut_down() {
-    const IDLE_TIMEOUT: Duration = Duration::from_millis(500);
-    const KEEP: Duration = Duration::from_millis(100);
+    const IDLE_TIMEOUT: Duration = Duration::from_secs(1);
+    const KEEP: Duration = Duration::from_millis(250);
     let db = TestServer::builder()
-        .setting("idle_in_transaction_session_timeout", "500ms")
+        .setting("idle_in_transaction_session_timeout", "1s")
         .start();
     let sessions = SessionLock::new(db.config()).keepalive(KEEP);
 
