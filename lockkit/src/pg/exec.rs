@@ -344,15 +344,16 @@ impl Canceller {
     /// after theirs. A cancel request goes now, and again (after 100 ms,
     /// doubling up to 1 s, each after the previous one was sent) until that
     /// answer comes, or the connection ends. Whatever the application does
-    /// next (a rollback, a drop, a panic), the server stops waiting within
-    /// a round trip or two, and nothing it sends after waits behind the cut
-    /// off statement.
+    /// next (a rollback, a drop, a panic), the server stops waiting: within
+    /// a round trip when the first request lands, within about 100 ms more
+    /// when it was ignored; nothing sent after waits behind the cut-off
+    /// statement for the key's holder.
     ///
-    /// A request sent just before the answer can still reach the server
-    /// after it and cancel the statement running then, if any: one more
-    /// statement at most, which fails with `57014` (tokio-postgres does not
-    /// wait for the server to process a request, and the server's address
-    /// is not exposed to wait on it).
+    /// A request processed late (one sent just before the answer, or the
+    /// server's second delivery of one) can still cancel the statement
+    /// running when it arrives, which then fails with `57014`:
+    /// tokio-postgres does not wait for the server to process a request,
+    /// and does not expose the server's address to wait on it.
     pub(crate) fn cancel_until_answered(&self, client: &Client) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
