@@ -1043,51 +1043,6 @@ async fn inspect_names_published_types_calls_and_session_locks() {
     assert!(session.release().await.unwrap());
 }
 
-/// A self-signed certificate for `127.0.0.1` (its IP as subject alternative
-/// name), valid for a day, and its key.
-fn certificate() -> (
-    openssl::x509::X509,
-    openssl::pkey::PKey<openssl::pkey::Private>,
-) {
-    use openssl::asn1::Asn1Time;
-    use openssl::bn::{BigNum, MsbOption};
-    use openssl::ec::{EcGroup, EcKey};
-    use openssl::hash::MessageDigest;
-    use openssl::nid::Nid;
-    use openssl::pkey::PKey;
-    use openssl::x509::extension::{BasicConstraints, SubjectAlternativeName};
-    use openssl::x509::{X509NameBuilder, X509};
-
-    let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap();
-    let key = PKey::from_ec_key(EcKey::generate(&group).unwrap()).unwrap();
-    let mut name = X509NameBuilder::new().unwrap();
-    name.append_entry_by_nid(Nid::COMMONNAME, "127.0.0.1")
-        .unwrap();
-    let name = name.build();
-    let mut serial = BigNum::new().unwrap();
-    serial.rand(64, MsbOption::MAYBE_ZERO, false).unwrap();
-    let mut cert = X509::builder().unwrap();
-    cert.set_version(2).unwrap();
-    cert.set_serial_number(&serial.to_asn1_integer().unwrap())
-        .unwrap();
-    cert.set_subject_name(&name).unwrap();
-    cert.set_issuer_name(&name).unwrap();
-    cert.set_pubkey(&key).unwrap();
-    cert.set_not_before(&Asn1Time::days_from_now(0).unwrap())
-        .unwrap();
-    cert.set_not_after(&Asn1Time::days_from_now(1).unwrap())
-        .unwrap();
-    cert.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
-        .unwrap();
-    let san = SubjectAlternativeName::new()
-        .ip("127.0.0.1")
-        .build(&cert.x509v3_context(None, None))
-        .unwrap();
-    cert.append_extension(san).unwrap();
-    cert.sign(&key, MessageDigest::sha256()).unwrap();
-    (cert.build(), key)
-}
-
 /// Issue 29: the CLI reaches a server that takes TLS clients only, with
 /// libpq's `sslmode` and `sslrootcert`, from the URL, the key=value string
 /// or the options. The controls: plain text is refused by the server; a
@@ -1096,7 +1051,7 @@ fn certificate() -> (
 /// refused under verify-full and accepted under verify-ca.
 #[test]
 fn inspect_and_check_over_tls() {
-    let (cert, key) = certificate();
+    let (cert, key) = lockkit_tests::tls::certificate();
     let db = TestServer::builder()
         .setting("ssl", "on")
         .data_file("server.crt", cert.to_pem().unwrap())
@@ -1110,7 +1065,7 @@ fn inspect_and_check_over_tls() {
     std::fs::create_dir_all(&dir).unwrap();
     let root = dir.join("root.crt");
     std::fs::write(&root, cert.to_pem().unwrap()).unwrap();
-    let (stranger, _) = certificate();
+    let (stranger, _) = lockkit_tests::tls::certificate();
     let wrong_root = dir.join("wrong.crt");
     std::fs::write(&wrong_root, stranger.to_pem().unwrap()).unwrap();
     let root = root.display().to_string();

@@ -10,15 +10,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use lockkit::{AdvisoryKey, Config, LockClient, Locker, SessionForm, SessionLock};
 use lockkit_tests::observe::{held_by, wait_until_not_waiting, wait_until_waiting, waiting};
 use lockkit_tests::TestServer;
-use openssl::asn1::Asn1Time;
-use openssl::bn::{BigNum, MsbOption};
-use openssl::ec::{EcGroup, EcKey};
-use openssl::hash::MessageDigest;
-use openssl::nid::Nid;
-use openssl::pkey::{PKey, Private};
 use openssl::ssl::{SslConnector, SslMethod};
-use openssl::x509::extension::{BasicConstraints, SubjectAlternativeName};
-use openssl::x509::{X509NameBuilder, X509};
 use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::{Client, NoTls};
@@ -31,44 +23,11 @@ struct Secret {
     id: i64,
 }
 
-/// A self-signed certificate for `127.0.0.1` (an IP subject alternative
-/// name, which the client verifies), valid for a day, and its key.
-fn certificate() -> (X509, PKey<Private>) {
-    let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap();
-    let key = PKey::from_ec_key(EcKey::generate(&group).unwrap()).unwrap();
-    let mut name = X509NameBuilder::new().unwrap();
-    name.append_entry_by_nid(Nid::COMMONNAME, "127.0.0.1")
-        .unwrap();
-    let name = name.build();
-    let mut serial = BigNum::new().unwrap();
-    serial.rand(64, MsbOption::MAYBE_ZERO, false).unwrap();
-    let mut cert = X509::builder().unwrap();
-    cert.set_version(2).unwrap();
-    cert.set_serial_number(&serial.to_asn1_integer().unwrap())
-        .unwrap();
-    cert.set_subject_name(&name).unwrap();
-    cert.set_issuer_name(&name).unwrap();
-    cert.set_pubkey(&key).unwrap();
-    cert.set_not_before(&Asn1Time::days_from_now(0).unwrap())
-        .unwrap();
-    cert.set_not_after(&Asn1Time::days_from_now(1).unwrap())
-        .unwrap();
-    cert.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
-        .unwrap();
-    let san = SubjectAlternativeName::new()
-        .ip("127.0.0.1")
-        .build(&cert.x509v3_context(None, None))
-        .unwrap();
-    cert.append_extension(san).unwrap();
-    cert.sign(&key, MessageDigest::sha256()).unwrap();
-    (cert.build(), key)
-}
-
 /// A server that takes TCP clients over TLS only (Unix-socket clients,
 /// such as `pg_ctl` and the observer, in plain text), and a connector that
 /// trusts its certificate.
 fn tls_server() -> (TestServer, MakeTlsConnector) {
-    let (cert, key) = certificate();
+    let (cert, key) = lockkit_tests::tls::certificate();
     let db = TestServer::builder()
         .setting("ssl", "on")
         .data_file("server.crt", cert.to_pem().unwrap())

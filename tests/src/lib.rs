@@ -84,6 +84,7 @@ mod pgbouncer;
 mod proxy;
 mod server;
 pub mod spans;
+pub mod tls;
 pub mod waits;
 pub mod workload;
 
