@@ -109,13 +109,22 @@
 )]
 #![deny(unsafe_code)]
 
-mod exec;
+pub mod driver;
 mod locker;
-mod transaction;
 
-pub use exec::BoxFuture;
 pub use locker::{AsyncPgConnectionExt, Locker};
-pub use transaction::LockTx;
+pub use lockkit::tx::BoxFuture;
+
+/// A diesel-async connection inside a transaction, taking
+/// transaction-scoped advisory locks: lockkit's one
+/// [`LockTx`](lockkit::tx::LockTx) over diesel-async.
+///
+/// Made by [`lock_tx`](crate::AsyncPgConnectionExt::lock_tx) inside
+/// diesel-async's `conn.transaction(async |conn| …)`, and by
+/// [`LockTx::savepoint`](lockkit::tx::LockTx::savepoint). Guards borrow
+/// the connection (not the `LockTx`, so queries can run while they live),
+/// so none outlives the transaction's closure.
+pub type LockTx<'t> = lockkit::tx::LockTx<'t, driver::DieselAsync>;
 
 /// lockkit itself, so that `#[derive(AdvisoryKey)]` and applications that
 /// depend only on this crate find it.

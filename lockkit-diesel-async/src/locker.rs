@@ -11,8 +11,8 @@ use lockkit::{Config, Error, Policy, ServerFacts};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 
-use crate::exec;
-use crate::transaction::LockTx;
+use crate::driver as exec;
+use crate::LockTx;
 
 /// Takes transaction-scoped advisory locks over diesel-async's
 /// `AsyncPgConnection`.
@@ -172,6 +172,6 @@ pub trait AsyncPgConnectionExt: sealed::Sealed {
 
 impl AsyncPgConnectionExt for AsyncPgConnection {
     fn lock_tx(&mut self, locker: &Locker) -> Result<LockTx<'_>, Error> {
-        LockTx::attach(locker, self)
+        lockkit::driver::lock_tx(locker, self)
     }
 }

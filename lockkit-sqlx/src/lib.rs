@@ -102,14 +102,23 @@
 )]
 #![deny(unsafe_code)]
 
+pub mod driver;
 mod error;
-mod exec;
 mod locker;
-mod transaction;
 
 pub use error::{driver_error, lock_error, SqlxResultExt};
-pub use locker::{BoxFuture, Locker};
-pub use transaction::LockTx;
+pub use locker::Locker;
+pub use lockkit::tx::BoxFuture;
+
+/// A sqlx connection inside a transaction, taking transaction-scoped
+/// advisory locks: lockkit's one [`LockTx`](lockkit::tx::LockTx) over sqlx.
+///
+/// Made by [`Locker::lock_tx`] over an open `sqlx::Transaction`, by
+/// [`Locker::transaction`] and [`Locker::locked_transaction`], and by
+/// [`LockTx::savepoint`](lockkit::tx::LockTx::savepoint). Guards borrow
+/// the transaction (not the `LockTx`, so queries can run while they live),
+/// so none outlives it.
+pub type LockTx<'t> = lockkit::tx::LockTx<'t, driver::Sqlx>;
 
 /// lockkit itself, so that `#[derive(AdvisoryKey)]` and applications that
 /// depend only on this crate find it.

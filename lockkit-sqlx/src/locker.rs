@@ -2,20 +2,15 @@
 //! transaction of an application.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use lockkit::engine::{sql, FactsRow, HASHTEXT_PROBES};
-use lockkit::{Batch, Config, Error, ErrorKind, Policy, ServerFacts};
-use sqlx::{Acquire, Connection, Executor, PgConnection, Postgres};
+use lockkit::{Batch, Config, Error, Policy, ServerFacts};
+use sqlx::{Acquire, Executor, PgConnection, Postgres};
 
 use crate::error::lock_error;
-use crate::transaction::LockTx;
-
-/// The future a closure of [`Locker::transaction`] or [`LockTx::savepoint`]
-/// returns: boxed, as with sqlx's own `Connection::transaction`, so that it
-/// may borrow the [`LockTx`] it is given.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+use crate::LockTx;
+use lockkit::tx::BoxFuture;
 
 /// Takes transaction-scoped advisory locks inside sqlx transactions.
 ///
@@ -38,8 +33,8 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// The query's error ([`ErrorKind::Database`],
-    /// [`ErrorKind::ConnectionLost`], …).
+    /// The query's error ([`ErrorKind::Database`](lockkit::ErrorKind::Database),
+    /// [`ErrorKind::ConnectionLost`](lockkit::ErrorKind::ConnectionLost), …).
     ///
     /// # Cancel safety
     ///
@@ -54,7 +49,7 @@ impl Locker {
             .fetch_one(executor)
             .await
             .map_err(lock_error)?;
-        let row = FactsRow::read(&crate::exec::SqlxRow(row)).map_err(lock_error)?;
+        let row = FactsRow::read(&crate::driver::SqlxRow(row)).map_err(lock_error)?;
         let facts = ServerFacts::from(&row);
         Ok(Locker::with_facts(config, facts))
     }
@@ -121,14 +116,11 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::NotInTransaction`] when sqlx has no transaction open on
+    /// [`ErrorKind::NotInTransaction`](lockkit::ErrorKind::NotInTransaction) when sqlx has no transaction open on
     /// `conn` (its transaction depth is 0): outside a transaction block an
     /// xact lock would be released at the end of its statement.
     pub fn lock_tx<'t>(&self, conn: &'t mut PgConnection) -> Result<LockTx<'t>, Error> {
-        if !conn.is_in_transaction() {
-            return Err(Error::from(ErrorKind::NotInTransaction));
-        }
-        Ok(LockTx::attach(self.clone(), conn))
+        lockkit::driver::lock_tx(self, conn)
     }
 
     /// Runs `f` in a new transaction begun on `conn` (`&PgPool`,
@@ -181,8 +173,10 @@ impl Locker {
     {
         let mut tx = conn.begin().await.map_err(|e| E::from(lock_error(e)))?;
         let result = {
-            let mut ltx = LockTx::attach(self.clone(), &mut tx);
-            f(&mut ltx).await
+            match self.lock_tx(&mut tx) {
+                Ok(mut ltx) => f(&mut ltx).await,
+                Err(e) => Err(E::from(e)),
+            }
         };
         match result {
             Ok(value) => {
@@ -241,9 +235,11 @@ impl Locker {
     {
         let mut tx = conn.begin().await.map_err(|e| E::from(lock_error(e)))?;
         let result = {
-            let mut ltx = LockTx::attach(self.clone(), &mut tx);
-            match ltx.lock_batch_at(batch, site).await {
-                Ok(_held) => f(&mut ltx).await,
+            match self.lock_tx(&mut tx) {
+                Ok(mut ltx) => match ltx.lock_batch_at(batch, site).await {
+                    Ok(_held) => f(&mut ltx).await,
+                    Err(e) => Err(E::from(e)),
+                },
                 Err(e) => Err(E::from(e)),
             }
         };

@@ -135,6 +135,7 @@
 // docs.rs (nightly): each item marked with the features it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod driver;
 pub mod engine;
 #[cfg(feature = "diesel")]
 pub mod for_diesel;
@@ -143,6 +144,7 @@ mod key;
 pub mod pg;
 mod retry;
 pub mod sql;
+pub mod tx;
 
 #[cfg(feature = "tokio-postgres")]
 pub use pg::inspect;

@@ -1,5 +1,6 @@
-//! Runs the engine's statements through diesel-async, reads the server
-//! facts, and Diesel's transaction state: the only things this adapter does.
+//! diesel-async as lockkit's [`Driver`]: runs the engine's statements, ends
+//! savepoints, settles a cut-off call, reads the server facts and Diesel's
+//! transaction state: the only things this adapter does.
 //!
 //! Statements go one at a time, in the engine's order: a diesel-async
 //! pipeline (futures polled together on `&AsyncPgConnection`) prepares each
@@ -10,7 +11,7 @@
 
 use std::future::Future;
 use std::num::NonZeroU32;
-use std::pin::{pin, Pin};
+use std::pin::pin;
 use std::task::{Context, Waker};
 
 use diesel::connection::TransactionManagerStatus;
@@ -20,16 +21,15 @@ use diesel_async::{
     AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
     TransactionManager,
 };
+use lockkit::driver::Driver;
 use lockkit::engine::{
-    sql, Acquisition, DriverError, FactsRow, Grant, ReplyShape, Statement, HASHTEXT_PROBES,
+    sql, DriverError, FactsRow, Reply, ReplyShape, SavepointEnd, Statement, HASHTEXT_PROBES,
 };
 use lockkit::for_diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
-use lockkit::pg::Canceller;
-use lockkit::{Busy, Error, StatementMode};
+use lockkit::tx::BoxFuture;
+use lockkit::{Error, Policy, StatementMode};
 
-/// The future a closure of [`LockTx::savepoint`](crate::LockTx::savepoint)
-/// returns: boxed, so that it may borrow the `LockTx` it is given.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+use crate::locker::Locker;
 
 /// The server facts, learned with [`sql::SERVER_FACTS`].
 pub(crate) async fn server_facts(conn: &mut AsyncPgConnection) -> QueryResult<FactsRow> {
@@ -93,26 +93,6 @@ pub(crate) fn abandon_transaction(conn: &mut AsyncPgConnection) {
     break_transaction_manager(conn);
 }
 
-pub(crate) fn begin(conn: &mut AsyncPgConnection) -> BoxFuture<'_, QueryResult<()>> {
-    Box::pin(<AnsiTransactionManager as TransactionManager<
-        AsyncPgConnection,
-    >>::begin_transaction(conn))
-}
-
-/// Commits the innermost savepoint.
-pub(crate) fn commit(conn: &mut AsyncPgConnection) -> BoxFuture<'_, QueryResult<()>> {
-    Box::pin(<AnsiTransactionManager as TransactionManager<
-        AsyncPgConnection,
-    >>::commit_transaction(conn))
-}
-
-/// Rolls the innermost savepoint back.
-pub(crate) fn rollback(conn: &mut AsyncPgConnection) -> BoxFuture<'_, QueryResult<()>> {
-    Box::pin(<AnsiTransactionManager as TransactionManager<
-        AsyncPgConnection,
-    >>::rollback_transaction(conn))
-}
-
 /// Diesel's error as the engine sees it (lockkit's `diesel` conversion),
 /// plus what diesel-async reports differently from Diesel: a tokio-postgres
 /// error without a SQLSTATE arrives as `UnableToSendCommand` with
@@ -141,6 +121,97 @@ pub(crate) fn lock_error(e: diesel::result::Error) -> Error {
     driver_error(e).into_error()
 }
 
+/// diesel-async as lockkit's [`Driver`]: the one [`LockTx`](crate::LockTx)
+/// over an `AsyncPgConnection`.
+#[derive(Debug)]
+pub enum DieselAsync {}
+
+impl Driver for DieselAsync {
+    type Conn = AsyncPgConnection;
+    type Locker = Locker;
+    type Answer = Answer;
+
+    fn policy(locker: &Locker) -> &Policy {
+        locker.policy()
+    }
+
+    /// Fails when a cut-off call put the transaction manager in error.
+    fn in_transaction(conn: &mut AsyncPgConnection) -> Result<bool, DriverError> {
+        transaction_depth(conn)
+            .map(|depth| depth > 0)
+            .map_err(driver_error)
+    }
+
+    fn run<'a>(
+        conn: &'a mut AsyncPgConnection,
+        stmt: Statement<'a>,
+        mode: StatementMode,
+    ) -> impl Future<Output = Result<Answer, DriverError>> + Send + 'a {
+        run(conn, stmt, mode)
+    }
+
+    fn reply(_: &Statement<'_>, answer: &Answer) -> Reply {
+        answer.reply()
+    }
+
+    /// The transaction given up ([`abandon_transaction`]: rolled back, so
+    /// its locks are released whether or not the cancel request aborts it,
+    /// which the server ignores when it lands after the lock was granted and
+    /// the session is idle; and never reported committed), and a cancel
+    /// request for the statement, so the server stops waiting for the lock.
+    /// The cancel token (a copy of the connection's settings) is made only
+    /// here: a call that completes pays nothing for it.
+    fn cut_off(conn: &mut AsyncPgConnection, locker: &Locker) {
+        abandon_transaction(conn);
+        locker.canceller().cancel(conn.cancel_token());
+    }
+
+    fn begin_savepoint(
+        conn: &mut AsyncPgConnection,
+    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
+        let future: BoxFuture<'_, QueryResult<()>> =
+            Box::pin(<Manager as TransactionManager<AsyncPgConnection>>::begin_transaction(conn));
+        async move { future.await.map_err(driver_error) }
+    }
+
+    fn release_savepoint(
+        conn: &mut AsyncPgConnection,
+    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
+        let future: BoxFuture<'_, QueryResult<()>> =
+            Box::pin(<Manager as TransactionManager<AsyncPgConnection>>::commit_transaction(conn));
+        async move { future.await.map_err(driver_error) }
+    }
+
+    fn rollback_savepoint(
+        conn: &mut AsyncPgConnection,
+    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
+        let future: BoxFuture<'_, QueryResult<()>> =
+            Box::pin(
+                <Manager as TransactionManager<AsyncPgConnection>>::rollback_transaction(conn),
+            );
+        async move { future.await.map_err(driver_error) }
+    }
+
+    /// diesel-async cannot roll back in a destructor: the savepoint stays
+    /// open, and whether its locks are held is unknown.
+    const SAVEPOINT_DROPPED: SavepointEnd = SavepointEnd::Unknown;
+
+    /// Gives the transaction up ([`abandon_transaction`]): its transaction
+    /// manager would go on counting the savepoint, so the enclosing
+    /// `conn.transaction`'s commit would only `RELEASE` it and report
+    /// success with the transaction (its writes, its locks) still open.
+    /// Given up, the transaction is rolled back at once, which releases its
+    /// locks while the connection waits to be discarded, and that commit
+    /// fails.
+    fn savepoint_dropped(conn: &mut AsyncPgConnection) {
+        abandon_transaction(conn);
+    }
+}
+
+/// diesel-async's transaction manager on `AsyncPgConnection` (its futures
+/// are boxed where they are made, so that rustc sees they are `Send`).
+type Manager = AnsiTransactionManager;
+
 /// Runs one statement (boxed `Send` with one lifetime, where rustc can see
 /// it is `Send`), as `mode` says: through diesel-async's statement cache,
 /// or unnamed.
@@ -165,92 +236,4 @@ fn run<'a>(
         };
         answer.map_err(driver_error)
     })
-}
-
-/// What a lock call cut off in flight (its future dropped while a statement
-/// was sent) leaves on `conn`, when dropped armed: the transaction given up
-/// ([`abandon_transaction`]: rolled back, so its locks are released whether
-/// or not the cancel request aborts it, which the server ignores when it
-/// lands after the lock was granted and the session is idle; and never
-/// reported committed), and a cancel request for the statement, so the
-/// server stops waiting for the lock.
-///
-/// The statements go through the guard's `conn`, so that the cancel token (a
-/// copy of the connection's settings) is made only at the drop: a call that
-/// completes pays nothing for it.
-struct CancelOnDrop<'a, 'c> {
-    conn: &'c mut AsyncPgConnection,
-    armed: Option<&'a Canceller>,
-}
-
-impl Drop for CancelOnDrop<'_, '_> {
-    fn drop(&mut self) {
-        if let Some(canceller) = self.armed.take() {
-            abandon_transaction(self.conn);
-            canceller.cancel(self.conn.cancel_token());
-        }
-    }
-}
-
-/// Sends a one-key call's statement on `conn` (see
-/// [`OneCall`](lockkit::engine::OneCall)) and
-/// returns its answer. Dropped while the statement is in flight, it gives
-/// up the transaction and sends a cancel request through `canceller` (see
-/// [`CancelOnDrop`]); the dropped call poisons the transaction.
-pub(crate) fn send_one<'a>(
-    conn: &'a mut AsyncPgConnection,
-    mode: StatementMode,
-    canceller: &'a Canceller,
-    statement: Statement<'a>,
-) -> BoxFuture<'a, Result<Answer, DriverError>> {
-    Box::pin(async move {
-        let mut guard = CancelOnDrop {
-            conn,
-            armed: Some(canceller),
-        };
-        let answer = run(&mut *guard.conn, statement, mode).await;
-        guard.armed = None;
-        answer
-    })
-}
-
-/// Drives an acquisition to its outcome on `conn`, one statement at a time.
-///
-/// Dropped while a statement is in flight, the acquisition poisons the
-/// transaction and a cancel request goes to the server through `canceller`.
-pub(crate) fn drive<'a>(
-    conn: &'a mut AsyncPgConnection,
-    mode: StatementMode,
-    canceller: &'a Canceller,
-    call: Acquisition<'a>,
-) -> BoxFuture<'a, Result<Result<Grant, Busy>, Error>> {
-    Box::pin(drive_inner(conn, mode, canceller, call))
-}
-
-async fn drive_inner(
-    conn: &mut AsyncPgConnection,
-    mode: StatementMode,
-    canceller: &Canceller,
-    mut call: Acquisition<'_>,
-) -> Result<Result<Grant, Busy>, Error> {
-    while let Some(round) = call.round() {
-        let mut guard = CancelOnDrop {
-            conn: &mut *conn,
-            armed: Some(canceller),
-        };
-        // One at a time, stopping at the first error.
-        let (mut answers, mut failed) = (Vec::with_capacity(round.len()), None);
-        for stmt in round.iter().copied() {
-            match run(&mut *guard.conn, stmt, mode).await {
-                Ok(answer) => answers.push(answer),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        guard.armed = None;
-        call.receive_answers(failed.map_or(Ok(answers), Err), |_, a| a.reply());
-    }
-    call.finish()
 }

@@ -1,5 +1,6 @@
-//! Runs the engine's statements on a sqlx `PgConnection`: the only thing
-//! this adapter does for a lock call.
+//! sqlx as lockkit's [`Driver`]: runs the engine's statements on a sqlx
+//! `PgConnection` and ends its savepoints, the only things this adapter
+//! does for a lock call.
 //!
 //! sqlx has no pipelining for statements with parameters: each statement
 //! is one round trip, sent in the engine's order, and a round stops at its
@@ -8,29 +9,46 @@
 //! connection in sqlx's statement cache; the engine checks every reply
 //! either way.
 
-use futures_util::TryStreamExt;
+use std::future::Future;
+
+use futures_util::{TryFutureExt, TryStreamExt};
+use lockkit::driver::Driver;
 use lockkit::engine::{
-    read_reply, Acquisition, DriverError, Grant, Param, Reply, ReplyRow, ReplyShape, Statement,
+    read_reply, DriverError, Param, Reply, ReplyRow, ReplyShape, SavepointEnd, Statement,
 };
-use lockkit::{Busy, Error, StatementMode};
+use lockkit::{Policy, StatementMode};
 use smallvec::SmallVec;
 use sqlx::postgres::types::Oid;
-use sqlx::postgres::{PgArguments, PgRow, PgTypeInfo};
+use sqlx::postgres::{PgArguments, PgRow, PgTransactionManager, PgTypeInfo};
 use sqlx::query::Query;
-use sqlx::{Decode, Either, Executor, PgConnection, Postgres, Row, TypeInfo, ValueRef};
+use sqlx::{
+    Connection, Decode, Either, Executor, PgConnection, Postgres, Row, TransactionManager,
+    TypeInfo, ValueRef,
+};
 
 use crate::error::driver_error;
+use crate::locker::Locker;
 
 /// What the server answered one statement: lockkit's statements answer at
-/// most one row, kept inline.
-pub(crate) enum Answer {
+/// most one row, kept inline. The [`Driver::Answer`] of [`Sqlx`], seen only
+/// by the engine.
+#[derive(Debug)]
+pub enum Answer {
+    /// A statement without rows.
     Done,
+    /// The rows of a statement.
     Rows(SmallVec<[SqlxRow; 1]>),
 }
 
 /// A sqlx row, read by the engine ([`ReplyRow`]: the engine knows the
 /// column layout of lockkit's replies; this adapter only decodes columns).
-pub(crate) struct SqlxRow(pub(crate) PgRow);
+pub struct SqlxRow(pub(crate) PgRow);
+
+impl std::fmt::Debug for SqlxRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlxRow").finish_non_exhaustive()
+    }
+}
 
 impl SqlxRow {
     /// Column `i` decoded as `T`, when the server typed it `ty`: the type
@@ -99,8 +117,71 @@ fn bind<'q>(
     })
 }
 
+/// sqlx as lockkit's [`Driver`]: the one [`LockTx`](crate::LockTx) over a
+/// `PgConnection`.
+#[derive(Debug)]
+pub enum Sqlx {}
+
+impl Driver for Sqlx {
+    type Conn = PgConnection;
+    type Locker = Locker;
+    type Answer = Answer;
+
+    fn policy(locker: &Locker) -> &Policy {
+        locker.policy()
+    }
+
+    fn in_transaction(conn: &mut PgConnection) -> Result<bool, DriverError> {
+        Ok(conn.is_in_transaction())
+    }
+
+    fn run<'a>(
+        conn: &'a mut PgConnection,
+        stmt: Statement<'a>,
+        mode: StatementMode,
+    ) -> impl Future<Output = Result<Answer, DriverError>> + Send + 'a {
+        run(conn, stmt, mode)
+    }
+
+    fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
+        match answer {
+            Answer::Done => read_reply::<SqlxRow>(stmt, None),
+            Answer::Rows(rows) => read_reply(stmt, Some(rows)),
+        }
+    }
+
+    /// sqlx has no cancel request: the server keeps waiting for the lock,
+    /// and sqlx's next use of the connection first waits for its reply.
+    fn cut_off(_: &mut PgConnection, _: &Locker) {}
+
+    fn begin_savepoint(
+        conn: &mut PgConnection,
+    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
+        PgTransactionManager::begin(conn, None).map_err(driver_error)
+    }
+
+    fn release_savepoint(
+        conn: &mut PgConnection,
+    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
+        PgTransactionManager::commit(conn).map_err(driver_error)
+    }
+
+    fn rollback_savepoint(
+        conn: &mut PgConnection,
+    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
+        PgTransactionManager::rollback(conn).map_err(driver_error)
+    }
+
+    /// sqlx rolls the savepoint back before the connection's next use.
+    const SAVEPOINT_DROPPED: SavepointEnd = SavepointEnd::RolledBack;
+
+    fn savepoint_dropped(conn: &mut PgConnection) {
+        PgTransactionManager::start_rollback(conn);
+    }
+}
+
 /// Runs one statement.
-pub(crate) async fn run(
+async fn run(
     conn: &mut PgConnection,
     stmt: Statement<'_>,
     mode: StatementMode,
@@ -127,39 +208,4 @@ pub(crate) async fn run(
         }
     }
     Ok(Answer::Rows(rows))
-}
-
-/// Reads one answer in the shape the statement promises.
-pub(crate) fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
-    match answer {
-        Answer::Done => read_reply::<SqlxRow>(stmt, None),
-        Answer::Rows(rows) => read_reply(stmt, Some(rows)),
-    }
-}
-
-/// Drives an acquisition to its outcome on `conn`, round after round, one
-/// statement at a time.
-///
-/// Dropped while a statement is in flight, the acquisition poisons the
-/// transaction (the server may grant what was sent).
-pub(crate) async fn drive(
-    conn: &mut PgConnection,
-    mode: StatementMode,
-    mut call: Acquisition<'_>,
-) -> Result<Result<Grant, Busy>, Error> {
-    while let Some(round) = call.round() {
-        // One at a time, stopping at the first error.
-        let (mut answers, mut failed) = (SmallVec::<[Answer; 1]>::new(), None);
-        for stmt in round.iter().copied() {
-            match run(&mut *conn, stmt, mode).await {
-                Ok(answer) => answers.push(answer),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        call.receive_answers(failed.map_or(Ok(answers), Err), reply);
-    }
-    call.finish()
 }

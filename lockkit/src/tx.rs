@@ -1,0 +1,558 @@
+//! [`LockTx`]: a connection inside a transaction, with the advisory locks it
+//! took, written once for every adapter over a [`Driver`].
+
+use std::fmt;
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::panic::Location;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::driver::{self, Driver};
+use crate::engine::{Grant, Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait};
+use crate::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
+
+/// The future a closure of [`LockTx::savepoint`] (or of an adapter's
+/// `transaction`) returns: boxed, as with sqlx's own
+/// `Connection::transaction`, so that it may borrow the [`LockTx`] it is
+/// given.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A connection inside a transaction, taking transaction-scoped advisory
+/// locks: the lock calls of `lockkit-sqlx` and `lockkit-diesel-async`
+/// (their `LockTx<'t>` is this type over their [`Driver`]).
+///
+/// Made by the adapter's `lock_tx` over an open transaction, by its
+/// closure forms, and by [`LockTx::savepoint`]. Run queries on
+/// [`LockTx::conn`] (or `&mut *tx`: it dereferences to the connection).
+///
+/// Locks are released by the server at `COMMIT` or `ROLLBACK` (or a rollback
+/// of the savepoint that took them), or at once when an error aborts the
+/// transaction; never earlier. Guards borrow the connection (not the
+/// `LockTx`, so queries can run while they live), so none outlives the
+/// transaction's borrow of it. Every lock call first asks the driver
+/// whether a transaction is open and fails with
+/// [`ErrorKind::NotInTransaction`] when none is.
+///
+/// It remembers what it holds: locking a held key again costs no round trip,
+/// the budget counts distinct keys, and locks released by a savepoint
+/// rollback are forgotten. Use [`LockTx::savepoint`] rather than raw
+/// `SAVEPOINT` SQL or the driver's own nested transaction, which this
+/// bookkeeping cannot see.
+///
+/// # Round trips
+///
+/// The engine's statements go one at a time, in the engine's order (neither
+/// sqlx nor diesel-async promises the order of pipelined statements with
+/// parameters): a lock or a batch of one key space takes one round trip; a
+/// batch that mixes `BigInt` and `Pair` keys two; a timed lock five
+/// (savepoint, set the timeouts, lock, restore them, release); a try-batch
+/// three.
+///
+/// ```
+/// use lockkit::driver::Driver;
+/// use lockkit::tx::LockTx;
+/// use lockkit::{AdvisoryKey, Batch, Mode};
+///
+/// #[derive(AdvisoryKey)]
+/// struct Account {
+///     id: i64,
+/// }
+///
+/// // The same code over every stack's `LockTx`.
+/// async fn transfer<D: Driver>(tx: &mut LockTx<'_, D>) -> Result<(), lockkit::Error> {
+///     let batch = Batch::new().with(&Account { id: 7 }).with(&Account { id: 3 });
+///     let _held = tx.lock_batch(&batch).await?; // until COMMIT or ROLLBACK
+///     assert!(tx.holds(&Account { id: 3 }, Mode::Exclusive));
+///     Ok(())
+/// }
+/// ```
+pub struct LockTx<'t, D: Driver> {
+    conn: &'t mut D::Conn,
+    state: TxSlot<'t>,
+    locker: D::Locker,
+    depth: u32,
+}
+
+impl<D: Driver> fmt::Debug for LockTx<'_, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockTx")
+            .field("depth", &self.depth)
+            .field("state", &*self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Driver> Deref for LockTx<'_, D> {
+    type Target = D::Conn;
+
+    fn deref(&self) -> &D::Conn {
+        self.conn
+    }
+}
+
+impl<D: Driver> DerefMut for LockTx<'_, D> {
+    fn deref_mut(&mut self) -> &mut D::Conn {
+        self.conn
+    }
+}
+
+/// Records how a savepoint ended; dropped before that (its closure
+/// panicked, or its future was dropped), it lets the driver settle the
+/// connection ([`Driver::savepoint_dropped`]).
+struct SavepointGuard<'s, 'c, D: Driver> {
+    ending: SavepointEnding<'s>,
+    conn: &'c mut D::Conn,
+}
+
+impl<D: Driver> Drop for SavepointGuard<'_, '_, D> {
+    fn drop(&mut self) {
+        if self.ending.is_pending() {
+            D::savepoint_dropped(self.conn);
+        }
+    }
+}
+
+impl<'t, D: Driver> LockTx<'t, D> {
+    /// A top-level `LockTx` over the transaction open on `conn`
+    /// ([`driver::lock_tx`]).
+    pub(crate) fn attach(locker: &D::Locker, conn: &'t mut D::Conn) -> Result<Self, Error> {
+        if !D::in_transaction(conn).map_err(|e| e.into_error())? {
+            return Err(Error::from(ErrorKind::NotInTransaction));
+        }
+        Ok(LockTx {
+            conn,
+            state: TxSlot::Owned(TxState::new()),
+            locker: locker.clone(),
+            depth: 0,
+        })
+    }
+
+    /// The connection, for queries inside the transaction.
+    pub fn conn(&mut self) -> &mut D::Conn {
+        self.conn
+    }
+
+    /// The locker this transaction belongs to.
+    pub fn locker(&self) -> &D::Locker {
+        &self.locker
+    }
+
+    /// Savepoint depth below this `LockTx`'s transaction: 0 for the
+    /// transaction itself, 1 inside one [`LockTx::savepoint`], ….
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Distinct keys this transaction holds through lockkit.
+    pub fn held_count(&self) -> usize {
+        self.state.held_count()
+    }
+
+    /// Whether this transaction holds `key` in at least `mode`, as far as
+    /// lockkit took it.
+    pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
+        self.state.holds(key.lock_key(), mode)
+    }
+
+    /// Whether an earlier lock call was cut off (its future dropped, or its
+    /// reply not lockkit's), so that what this transaction holds is unknown
+    /// and every lock call fails: roll it back.
+    pub fn is_poisoned(&self) -> bool {
+        self.state.is_poisoned()
+    }
+
+    /// Runs `f` in a savepoint (the driver's nested transaction): released
+    /// when `f` returns `Ok`, rolled back when it returns `Err`. Locks taken
+    /// in a rolled-back savepoint are released by the server and forgotten
+    /// here (budget and held set); those of a released one belong to this
+    /// transaction.
+    ///
+    /// If `f` panics or this future is dropped before the savepoint ends:
+    ///
+    /// - on sqlx, sqlx rolls the savepoint back before the connection's next
+    ///   use, and it is forgotten here too; dropped while its `RELEASE` is
+    ///   in flight, this transaction is poisoned (whether the savepoint's
+    ///   locks are still held is unknown);
+    /// - on diesel-async, which cannot roll back in a destructor, the
+    ///   savepoint stays open: this transaction is poisoned and given up
+    ///   (rolled back at once, which releases its locks), and diesel-async's
+    ///   transaction manager is put in error, so the enclosing
+    ///   `conn.transaction` fails (with Diesel's `BrokenTransactionManager`)
+    ///   rather than report a commit, and a pool discards the connection.
+    ///
+    /// ```
+    /// # use lockkit::driver::Driver;
+    /// # use lockkit::tx::LockTx;
+    /// # use lockkit::{AdvisoryKey, Mode};
+    /// # #[derive(AdvisoryKey)] struct Job { id: i64 }
+    /// # async fn run<D: Driver>(tx: &mut LockTx<'_, D>) -> Result<(), lockkit::Error> {
+    /// let outcome = tx
+    ///     .savepoint(|sp| {
+    ///         Box::pin(async move {
+    ///             let _job = sp.lock(Job { id: 1 }).await?;
+    ///             Err::<(), _>(lockkit::Error::other("changed my mind"))
+    ///         })
+    ///     })
+    ///     .await;
+    /// assert!(outcome.is_err());
+    /// assert!(!tx.holds(&Job { id: 1 }, Mode::Exclusive)); // released
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `f`'s error, or the driver's (as [`Error`], converted into `E`) when
+    /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` fails (after which this
+    /// transaction's lock calls fail with [`ErrorKind::Poisoned`]: roll it
+    /// back).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future ends the savepoint as described above.
+    pub async fn savepoint<R, E, F>(&mut self, f: F) -> Result<R, E>
+    where
+        F: for<'a, 's> FnOnce(&'a mut LockTx<'s, D>) -> BoxFuture<'a, Result<R, E>>,
+        E: From<Error>,
+    {
+        let depth = self.depth + 1;
+        let state = &*self.state;
+        D::begin_savepoint(self.conn)
+            .await
+            .map_err(|e| E::from(e.into_error()))?;
+        let mut guard = SavepointGuard::<D> {
+            ending: state.ending(depth, D::SAVEPOINT_DROPPED),
+            conn: &mut *self.conn,
+        };
+        let result = {
+            let mut inner = LockTx {
+                conn: &mut *guard.conn,
+                state: TxSlot::Borrowed(state),
+                locker: self.locker.clone(),
+                depth,
+            };
+            f(&mut inner).await
+        };
+        match result {
+            Ok(value) => {
+                // Dropped while `RELEASE` is in flight, whether it ran is
+                // unknown.
+                guard.ending.if_dropped(SavepointEnd::Unknown);
+                match D::release_savepoint(guard.conn).await {
+                    Ok(()) => {
+                        guard.ending.record(SavepointEnd::Released);
+                        Ok(value)
+                    }
+                    Err(e) => {
+                        guard.ending.record(SavepointEnd::Unknown);
+                        Err(E::from(e.into_error()))
+                    }
+                }
+            }
+            Err(user) => {
+                guard
+                    .ending
+                    .record(match D::rollback_savepoint(guard.conn).await {
+                        Ok(()) => SavepointEnd::RolledBack,
+                        Err(_) => SavepointEnd::Unknown,
+                    });
+                Err(user)
+            }
+        }
+    }
+
+    /// Takes `key` exclusive, waiting as long as it takes.
+    ///
+    /// # Errors
+    ///
+    /// Before anything is sent: [`ErrorKind::NotInTransaction`],
+    /// [`ErrorKind::BudgetExceeded`], [`ErrorKind::LockOrder`] (when
+    /// configured), [`ErrorKind::HotStandby`], [`ErrorKind::Poisoned`],
+    /// [`ErrorKind::TransactionAborted`], [`ErrorKind::HashtextMismatch`].
+    /// After, with the transaction aborted: [`ErrorKind::Deadlock`],
+    /// [`ErrorKind::LockTableFull`], [`ErrorKind::Timeout`] (the session's
+    /// own `lock_timeout`/`statement_timeout`), [`ErrorKind::Cancelled`]
+    /// (`pg_cancel_backend`), [`ErrorKind::ConnectionLost`] and other server
+    /// errors; [`ErrorKind::UnexpectedReply`] (the transaction is poisoned)
+    /// when the server's answer is not the reply of lockkit's statement.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future after its statement was sent (a
+    /// `tokio::time::timeout` around it, a `select!`) cuts the call off: the
+    /// transaction is poisoned (the server may have granted the lock), and
+    /// every later lock call fails with [`ErrorKind::Poisoned`]; roll it
+    /// back. Then, by stack:
+    ///
+    /// - **sqlx** has no cancel request, so the server keeps waiting for the
+    ///   lock: the connection answers nothing else (sqlx's next use of it,
+    ///   the `ROLLBACK` of a dropped `Transaction` included, first waits for
+    ///   the lock statement's reply) until the lock is granted, the
+    ///   session's own `lock_timeout`/`statement_timeout` fires, or the
+    ///   statement is cancelled from another session (`pg_cancel_backend`).
+    ///   To bound the wait, use [`LockTx::lock_timeout`], which the server
+    ///   enforces, rather than dropping the future.
+    /// - **diesel-async**: lockkit queues behind the cut-off statement a
+    ///   rollback of the transaction, which releases its locks at once, and
+    ///   sends a cancel request (diesel-async's `cancel_token`), so the
+    ///   server stops waiting and the connection is free again within about
+    ///   a round trip; the closure's later statements fail (`25P02`: the
+    ///   session is left in a failed transaction, not outside one).
+    ///   diesel-async's transaction manager is put in error, so that
+    ///   `conn.transaction` fails rather than send a `COMMIT` and report the
+    ///   rollback as a commit. It fails even when the closure returns `Ok`,
+    ///   and pools (deadpool, bb8) discard the connection; a connection of
+    ///   your own must be replaced. Under `sslmode=require` the cancel
+    ///   request needs the TLS connector (the locker's `cancel_tls`).
+    #[track_caller]
+    pub fn lock<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+    ) -> impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D> {
+        self.lock_one(key, Mode::Exclusive, Wait::Forever, Location::caller())
+    }
+
+    /// Takes `key` shared: other shared holders are admitted, exclusive ones
+    /// excluded.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    #[track_caller]
+    pub fn lock_shared<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+    ) -> impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D> {
+        self.lock_one(key, Mode::Shared, Wait::Forever, Location::caller())
+    }
+
+    /// Takes `key` exclusive, waiting at most `timeout` (measured by the
+    /// server). On timeout nothing is held and the transaction is still
+    /// usable.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Timeout`] (with [`Error::timeout`] set), and as
+    /// [`LockTx::lock`]; after a deadlock or a cancel the savepoint rollback
+    /// leaves the transaction usable too.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`]; on sqlx the server still ends the wait within
+    /// `timeout`.
+    #[track_caller]
+    pub fn lock_timeout<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D> {
+        let site = Location::caller();
+        self.lock_one(key, Mode::Exclusive, Wait::Timeout(timeout), site)
+    }
+
+    /// Takes `key` shared, waiting at most `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock_timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock_timeout`].
+    #[track_caller]
+    pub fn lock_shared_timeout<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D> {
+        let site = Location::caller();
+        self.lock_one(key, Mode::Shared, Wait::Timeout(timeout), site)
+    }
+
+    /// Takes `key` exclusive if no other transaction holds it, without
+    /// waiting. Gives the key back when it is busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`] (a full lock table raises `53200` even here),
+    /// but never `LockOrder`: a try does not wait, so it cannot deadlock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future cuts the call off, as [`LockTx::lock`]; the
+    /// statement does not wait, so the connection is free within a round
+    /// trip.
+    #[track_caller]
+    pub fn try_lock<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+    ) -> impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D> {
+        self.try_lock_one(key, Mode::Exclusive, Location::caller())
+    }
+
+    /// Takes `key` shared if no transaction holds it exclusive, without
+    /// waiting. Gives the key back when it is busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::try_lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::try_lock`].
+    #[track_caller]
+    pub fn try_lock_shared<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+    ) -> impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D> {
+        self.try_lock_one(key, Mode::Shared, Location::caller())
+    }
+
+    /// Takes every key of `batch` in the global lock order: one statement,
+    /// or two (`BigInt` keys, then `Pair` keys) when the batch mixes both.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    #[track_caller]
+    pub fn lock_batch(
+        &mut self,
+        batch: &Batch,
+    ) -> impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D> {
+        self.lock_batch_at(batch, Location::caller())
+    }
+
+    /// Takes every key of `batch`, waiting at most `timeout` for the whole
+    /// batch (both key spaces together). On timeout nothing of the batch is
+    /// held and the transaction is still usable.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock_timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock_timeout`].
+    #[track_caller]
+    pub fn lock_batch_timeout(
+        &mut self,
+        batch: &Batch,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D> {
+        let request = Request::batch(batch).at(Location::caller());
+        let wait = Wait::Timeout(timeout);
+        async move { Grant::lock_batch(self.drive(request, wait).await) }
+    }
+
+    /// Takes every key of `batch` or none: when any key is busy, nothing of
+    /// the batch is held and the busy keys are returned.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::try_lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::try_lock`].
+    #[track_caller]
+    pub fn try_lock_batch(
+        &mut self,
+        batch: &Batch,
+    ) -> impl Future<Output = Result<Result<HeldBatch<'t>, Busy>, Error>> + use<'_, 't, D> {
+        let request = Request::batch(batch).at(Location::caller());
+        async move { Grant::try_lock_batch(self.drive(request, Wait::Try).await) }
+    }
+
+    /// [`LockTx::lock_batch`] asked for at `site`: for an adapter's calls
+    /// on the application's behalf, such as its `locked_transaction`,
+    /// whose call site is the application's.
+    #[doc(hidden)]
+    pub fn lock_batch_at(
+        &mut self,
+        batch: &Batch,
+        site: &'static Location<'static>,
+    ) -> impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D> {
+        // The request is made before the future, which then does not borrow
+        // `batch`.
+        let request = Request::batch(batch).at(site);
+        async move { Grant::lock_batch(self.drive(request, Wait::Forever).await) }
+    }
+
+    async fn lock_one<K: AdvisoryKey>(
+        &mut self,
+        value: K,
+        mode: Mode,
+        wait: Wait,
+        site: &'static Location<'static>,
+    ) -> Result<Held<'t, K>, Error> {
+        let outcome = match wait {
+            Wait::Forever => self.send_one(&value, mode, false, site).await,
+            wait => self.drive(Request::one(&value, mode).at(site), wait).await,
+        };
+        Grant::lock(outcome, value)
+    }
+
+    async fn try_lock_one<K: AdvisoryKey>(
+        &mut self,
+        value: K,
+        mode: Mode,
+        site: &'static Location<'static>,
+    ) -> Result<Result<Held<'t, K>, K>, Error> {
+        Grant::try_lock(self.send_one(&value, mode, true, site).await, value)
+    }
+
+    /// Checks that a transaction is open, then runs a one-key call of one
+    /// statement (a lock that waits, or a try) asked for at `site`: the
+    /// engine's fast path.
+    async fn send_one<K: AdvisoryKey>(
+        &mut self,
+        value: &K,
+        mode: Mode,
+        try_only: bool,
+        site: &'static Location<'static>,
+    ) -> Result<Result<Grant, Busy>, Error> {
+        self.check_in_transaction()?;
+        let policy = D::policy(&self.locker);
+        let call =
+            self.state
+                .acquire_one(policy, self.depth, (value, mode), try_only, Some(site))?;
+        let (conn, locker) = (&mut *self.conn, &self.locker);
+        let mode = policy.config().statement_mode();
+        call.run(
+            move |statement| driver::send_one::<D>(conn, locker, mode, statement),
+            D::reply,
+        )
+        .await
+    }
+
+    /// Checks that a transaction is open, then lets the engine run the call.
+    async fn drive(&mut self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
+        self.check_in_transaction()?;
+        let policy = D::policy(&self.locker);
+        let call = self.state.acquire(policy, self.depth, request, wait)?;
+        let mode = policy.config().statement_mode();
+        call.run(|call| driver::drive::<D>(self.conn, &self.locker, mode, call))
+            .await
+    }
+
+    /// A lock call outside a transaction (the driver's transaction already
+    /// ended) is refused before anything is sent; so is one after a cut-off
+    /// call put the driver's transaction manager in error.
+    fn check_in_transaction(&mut self) -> Result<(), Error> {
+        match D::in_transaction(self.conn) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::from(ErrorKind::NotInTransaction)),
+            Err(_) if self.state.is_poisoned() => Err(Error::from(ErrorKind::Poisoned)),
+            Err(e) => Err(e.into_error()),
+        }
+    }
+}
