@@ -21,7 +21,7 @@ use diesel_async::{
     AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
     TransactionManager,
 };
-use lockkit::driver::Driver;
+use lockkit::driver::{Async, Driver};
 use lockkit::engine::{
     sql, DriverError, FactsRow, Reply, ReplyShape, SavepointEnd, Statement, HASHTEXT_PROBES,
 };
@@ -127,6 +127,7 @@ pub(crate) fn lock_error(e: diesel::result::Error) -> Error {
 pub enum DieselAsync {}
 
 impl Driver for DieselAsync {
+    type Io = Async;
     type Conn = AsyncPgConnection;
     type Locker = Locker;
     type Answer = Answer;
@@ -193,18 +194,16 @@ impl Driver for DieselAsync {
     }
 
     /// diesel-async cannot roll back in a destructor: the savepoint stays
-    /// open, and whether its locks are held is unknown.
-    const SAVEPOINT_DROPPED: SavepointEnd = SavepointEnd::Unknown;
-
-    /// Gives the transaction up ([`abandon_transaction`]): its transaction
+    /// open, and whether its locks are held is unknown. Gives the transaction up ([`abandon_transaction`]): its transaction
     /// manager would go on counting the savepoint, so the enclosing
     /// `conn.transaction`'s commit would only `RELEASE` it and report
     /// success with the transaction (its writes, its locks) still open.
     /// Given up, the transaction is rolled back at once, which releases its
     /// locks while the connection waits to be discarded, and that commit
     /// fails.
-    fn savepoint_dropped(conn: &mut AsyncPgConnection) {
+    fn savepoint_dropped(conn: &mut AsyncPgConnection) -> SavepointEnd {
         abandon_transaction(conn);
+        SavepointEnd::Unknown
     }
 }
 

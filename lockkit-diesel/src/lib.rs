@@ -118,12 +118,22 @@
 )]
 #![deny(unsafe_code)]
 
+pub mod driver;
 mod locker;
-mod pg;
-mod transaction;
 
 pub use locker::{Locker, PgConnectionExt};
-pub use transaction::LockTx;
+
+/// A Diesel connection inside a transaction, taking transaction-scoped
+/// advisory locks: lockkit's one [`LockTx`](lockkit::tx::LockTx) over
+/// Diesel, whose calls return their result (Diesel blocks).
+///
+/// Made by [`Locker::transaction`], [`Locker::locked_transaction`], by
+/// [`lock_tx`](PgConnectionExt::lock_tx) inside Diesel's own
+/// `conn.transaction(|conn| …)`, and by
+/// [`LockTx::savepoint`](lockkit::tx::LockTx::savepoint). Guards borrow the
+/// connection (not the `LockTx`, so queries can run while they live), so
+/// none outlives the transaction's closure.
+pub type LockTx<'t> = lockkit::tx::LockTx<'t, driver::Diesel>;
 
 /// The lockkit crate, for what is not re-exported here. Also the path
 /// `#[derive(AdvisoryKey)]` names in a crate that depends on `lockkit-diesel`

@@ -3,14 +3,12 @@
 
 use std::sync::Arc;
 
-use diesel::result::Error as DieselError;
 use diesel::PgConnection;
-use lockkit::engine::TxState;
 use lockkit::for_diesel::DieselPolicy;
 use lockkit::{Batch, Config, Error, Policy, ServerFacts};
 
-use crate::pg;
-use crate::transaction::{run, LockTx};
+use crate::driver as pg;
+use crate::LockTx;
 
 /// Takes transaction-scoped advisory locks over Diesel's `PgConnection`.
 ///
@@ -104,10 +102,9 @@ impl Locker {
     pub fn transaction<R, E, F>(&self, conn: &mut PgConnection, f: F) -> Result<R, E>
     where
         F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
-        E: From<DieselError>,
+        E: From<Error>,
     {
-        let state = TxState::new();
-        run(conn, self, &state, 0, f)
+        lockkit::driver::transaction_blocking(self, conn, None, f)
     }
 
     /// The common case in one call: a transaction that first takes every key
@@ -127,14 +124,11 @@ impl Locker {
     ) -> Result<R, E>
     where
         F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
-        E: From<DieselError> + From<Error>,
+        E: From<Error>,
     {
         // The batch is the application's call, at its call site.
         let site = std::panic::Location::caller();
-        self.transaction(conn, |tx| {
-            let _held = tx.lock_batch_at(batch, lockkit::engine::Wait::Forever, site)?;
-            f(tx)
-        })
+        lockkit::driver::transaction_blocking(self, conn, Some((batch, site)), f)
     }
 }
 
@@ -193,18 +187,18 @@ pub trait PgConnectionExt: sealed::Sealed {
     fn locked_transaction<R, E, F>(&mut self, locker: &Locker, batch: &Batch, f: F) -> Result<R, E>
     where
         F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
-        E: From<DieselError> + From<Error>;
+        E: From<Error>;
 }
 
 impl PgConnectionExt for PgConnection {
     fn lock_tx(&mut self, locker: &Locker) -> Result<LockTx<'_>, Error> {
-        LockTx::attach(locker, self)
+        lockkit::driver::lock_tx(locker, self)
     }
 
     fn locked_transaction<R, E, F>(&mut self, locker: &Locker, batch: &Batch, f: F) -> Result<R, E>
     where
         F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
-        E: From<DieselError> + From<Error>,
+        E: From<Error>,
     {
         locker.locked_transaction(self, batch, f)
     }

@@ -12,7 +12,7 @@
 use std::future::Future;
 
 use futures_util::{TryFutureExt, TryStreamExt};
-use lockkit::driver::Driver;
+use lockkit::driver::{Async, Driver};
 use lockkit::engine::{
     read_reply, DriverError, Param, Reply, ReplyRow, ReplyShape, SavepointEnd, Statement,
 };
@@ -123,6 +123,7 @@ fn bind<'q>(
 pub enum Sqlx {}
 
 impl Driver for Sqlx {
+    type Io = Async;
     type Conn = PgConnection;
     type Locker = Locker;
     type Answer = Answer;
@@ -173,10 +174,9 @@ impl Driver for Sqlx {
     }
 
     /// sqlx rolls the savepoint back before the connection's next use.
-    const SAVEPOINT_DROPPED: SavepointEnd = SavepointEnd::RolledBack;
-
-    fn savepoint_dropped(conn: &mut PgConnection) {
+    fn savepoint_dropped(conn: &mut PgConnection) -> SavepointEnd {
         PgTransactionManager::start_rollback(conn);
+        SavepointEnd::RolledBack
     }
 }
 

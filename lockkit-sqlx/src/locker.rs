@@ -171,25 +171,8 @@ impl Locker {
         F: for<'a, 't> FnOnce(&'a mut LockTx<'t>) -> BoxFuture<'a, Result<R, E>>,
         E: From<Error>,
     {
-        let mut tx = conn.begin().await.map_err(|e| E::from(lock_error(e)))?;
-        let result = {
-            match self.lock_tx(&mut tx) {
-                Ok(mut ltx) => f(&mut ltx).await,
-                Err(e) => Err(E::from(e)),
-            }
-        };
-        match result {
-            Ok(value) => {
-                tx.commit().await.map_err(|e| E::from(lock_error(e)))?;
-                Ok(value)
-            }
-            Err(user) => {
-                // The caller's error wins; a failed rollback leaves sqlx to
-                // roll back before the connection's next use.
-                let _ = tx.rollback().await;
-                Err(user)
-            }
-        }
+        let mut conn = conn.acquire().await.map_err(|e| E::from(lock_error(e)))?;
+        lockkit::driver::transaction(self, &mut *conn, None, f).await
     }
 
     /// The common case in one call: a transaction that first takes every key
@@ -198,8 +181,8 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// The lock errors of [`LockTx::lock_batch`] (converted into `E`), `f`'s
-    /// error, or sqlx's.
+    /// The lock errors of [`LockTx::lock_batch`](lockkit::tx::LockTx::lock_batch)
+    /// (converted into `E`), `f`'s error, or sqlx's.
     ///
     /// # Cancel safety
     ///
@@ -218,40 +201,9 @@ impl Locker {
     {
         // The batch is the application's call, at its call site.
         let site = std::panic::Location::caller();
-        self.locked_transaction_at(conn, batch, f, site)
-    }
-
-    async fn locked_transaction_at<'c, A, R, E, F>(
-        &self,
-        conn: A,
-        batch: &Batch,
-        f: F,
-        site: &'static std::panic::Location<'static>,
-    ) -> Result<R, E>
-    where
-        A: Acquire<'c, Database = Postgres>,
-        F: for<'a, 't> FnOnce(&'a mut LockTx<'t>) -> BoxFuture<'a, Result<R, E>>,
-        E: From<Error>,
-    {
-        let mut tx = conn.begin().await.map_err(|e| E::from(lock_error(e)))?;
-        let result = {
-            match self.lock_tx(&mut tx) {
-                Ok(mut ltx) => match ltx.lock_batch_at(batch, site).await {
-                    Ok(_held) => f(&mut ltx).await,
-                    Err(e) => Err(E::from(e)),
-                },
-                Err(e) => Err(E::from(e)),
-            }
-        };
-        match result {
-            Ok(value) => {
-                tx.commit().await.map_err(|e| E::from(lock_error(e)))?;
-                Ok(value)
-            }
-            Err(user) => {
-                let _ = tx.rollback().await;
-                Err(user)
-            }
+        async move {
+            let mut conn = conn.acquire().await.map_err(|e| E::from(lock_error(e)))?;
+            lockkit::driver::transaction(self, &mut *conn, Some((batch, site)), f).await
         }
     }
 }

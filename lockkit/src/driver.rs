@@ -18,8 +18,81 @@ use std::future::Future;
 use smallvec::SmallVec;
 
 use crate::engine::{Acquisition, DriverError, Grant, Policy, Reply, SavepointEnd, Statement};
-use crate::tx::LockTx;
+use std::panic::Location;
+
+use crate::engine::{Request, TxState};
+use crate::tx::{BoxFuture, LockTx, Scope};
+use crate::Batch;
 use crate::{Busy, Error, StatementMode};
+
+/// Whether a driver's calls are futures ([`Async`]) or run to their end
+/// when made ([`Blocking`]): what lets one [`LockTx`] serve both.
+///
+/// Sealed: lockkit's two are the only ones.
+pub trait Io: sealed::Sealed + Sized + Send + Sync + 'static {
+    /// What a call returns, made from its future `F`.
+    type Out<F: Future>;
+    /// What a closure of a savepoint or a transaction returns.
+    type Body<'a, T>;
+    /// The call's return value made from its future.
+    fn finish<F: Future>(future: F) -> Self::Out<F>;
+    /// The closure's result as a future.
+    fn wait<'a, T>(body: Self::Body<'a, T>) -> impl Future<Output = T> + use<'a, T, Self>;
+}
+
+/// Calls return their future; closures return a boxed future
+/// ([`BoxFuture`](crate::tx::BoxFuture)).
+#[derive(Debug)]
+pub enum Async {}
+
+/// Calls return their result; closures return their value. A blocking
+/// driver's futures complete when first polled (its `run` and savepoint
+/// calls return [`std::future::Ready`]).
+#[derive(Debug)]
+pub enum Blocking {}
+
+impl Io for Async {
+    type Out<F: Future> = F;
+    type Body<'a, T> = crate::tx::BoxFuture<'a, T>;
+
+    #[inline(always)]
+    fn finish<F: Future>(future: F) -> F {
+        future
+    }
+
+    fn wait<'a, T>(body: Self::Body<'a, T>) -> impl Future<Output = T> {
+        body
+    }
+}
+
+impl Io for Blocking {
+    type Out<F: Future> = F::Output;
+    type Body<'a, T> = T;
+
+    fn finish<F: Future>(future: F) -> F::Output {
+        use std::task::{Context, Poll, Waker};
+        let mut future = std::pin::pin!(future);
+        match future
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(output) => output,
+            // A blocking driver's futures are ready when made: the call's
+            // future never waits.
+            Poll::Pending => unreachable!("lockkit: a blocking driver's call did not complete"),
+        }
+    }
+
+    fn wait<'a, T>(body: T) -> impl Future<Output = T> {
+        std::future::ready(body)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Async {}
+    impl Sealed for super::Blocking {}
+}
 
 /// A database stack's connection, as the one
 /// [`LockTx`](crate::tx::LockTx) uses it.
@@ -28,6 +101,8 @@ use crate::{Busy, Error, StatementMode};
 /// made); every method is an associated function over the connection, so
 /// that a savepoint's `LockTx` reborrows the same connection.
 pub trait Driver: Sized + Send + Sync + 'static {
+    /// [`Async`] or [`Blocking`].
+    type Io: Io;
     /// The connection a [`LockTx`](crate::tx::LockTx) borrows for its
     /// transaction, on which the application also runs its queries.
     type Conn: Send;
@@ -102,15 +177,12 @@ pub trait Driver: Sized + Send + Sync + 'static {
         conn: &mut Self::Conn,
     ) -> impl Future<Output = Result<(), DriverError>> + Send + '_;
 
-    /// How a savepoint ends when its future is dropped (or its closure
-    /// panics) before `RELEASE` is sent: [`SavepointEnd::RolledBack`] when
-    /// [`Driver::savepoint_dropped`] rolls it back, else
+    /// Ends, from a destructor, a savepoint (or a transaction begun by
+    /// [`transaction`]) whose future was dropped or whose closure panicked
+    /// before it ended, and says how: [`SavepointEnd::RolledBack`] when it
+    /// is rolled back (now, or before the connection's next use), else
     /// [`SavepointEnd::Unknown`] (the transaction is poisoned).
-    const SAVEPOINT_DROPPED: SavepointEnd;
-
-    /// What a savepoint whose end was never recorded leaves on `conn`, from
-    /// a destructor.
-    fn savepoint_dropped(conn: &mut Self::Conn);
+    fn savepoint_dropped(conn: &mut Self::Conn) -> SavepointEnd;
 }
 
 /// A [`LockTx`] over the transaction open on `conn`: an adapter's entry
@@ -126,6 +198,76 @@ pub fn lock_tx<'t, D: Driver>(
     conn: &'t mut D::Conn,
 ) -> Result<LockTx<'t, D>, Error> {
     LockTx::attach(locker, conn)
+}
+
+/// Runs `f` in a new transaction begun on `conn` (a savepoint, when one is
+/// open there) with a [`LockTx`], after taking `batch` (asked for at its
+/// site) when there is one: commits when `f` returns `Ok`, rolls back when
+/// it returns `Err`; dropped, the transaction ends as
+/// [`Driver::savepoint_dropped`] says. An async adapter's `transaction` and
+/// `locked_transaction`.
+///
+/// # Errors
+///
+/// The batch's lock errors, `f`'s error, or the driver's (as [`Error`])
+/// when `BEGIN`, `COMMIT` or `ROLLBACK` fails.
+///
+/// # Cancel safety
+///
+/// Dropped, the transaction ends as [`Driver::savepoint_dropped`] says.
+pub async fn transaction<D, R, E, F>(
+    locker: &D::Locker,
+    conn: &mut D::Conn,
+    batch: Option<(&Batch, &'static Location<'static>)>,
+    f: F,
+) -> Result<R, E>
+where
+    D: Driver<Io = Async>,
+    F: for<'a, 's> FnOnce(&'a mut LockTx<'s, D>) -> BoxFuture<'a, Result<R, E>>,
+    E: From<Error>,
+{
+    let first = batch.map(|(batch, site)| Request::batch(batch).at(site));
+    let state = TxState::new();
+    let mut scope = Scope::<D>::begin(conn, &state, 0).await?;
+    let result = match first {
+        Some(first) => match scope.lock_first(locker.clone(), first).await {
+            Ok(()) => f(&mut scope.tx(locker.clone())).await,
+            Err(e) => Err(E::from(e)),
+        },
+        None => f(&mut scope.tx(locker.clone())).await,
+    };
+    scope.end(result).await
+}
+
+/// [`transaction`] for a blocking adapter (Diesel): its `transaction` and
+/// `locked_transaction`. A panic in `f` rolls the transaction back as it
+/// unwinds.
+///
+/// # Errors
+///
+/// As [`transaction`].
+pub fn transaction_blocking<D, R, E, F>(
+    locker: &D::Locker,
+    conn: &mut D::Conn,
+    batch: Option<(&Batch, &'static Location<'static>)>,
+    f: F,
+) -> Result<R, E>
+where
+    D: Driver<Io = Blocking>,
+    F: FnOnce(&mut LockTx<'_, D>) -> Result<R, E>,
+    E: From<Error>,
+{
+    let first = batch.map(|(batch, site)| Request::batch(batch).at(site));
+    let state = TxState::new();
+    let mut scope = Blocking::finish(Scope::<D>::begin(conn, &state, 0))?;
+    let result = match first {
+        Some(first) => match Blocking::finish(scope.lock_first(locker.clone(), first)) {
+            Ok(()) => f(&mut scope.tx(locker.clone())),
+            Err(e) => Err(E::from(e)),
+        },
+        None => f(&mut scope.tx(locker.clone())),
+    };
+    Blocking::finish(scope.end(result))
 }
 
 /// Settles the connection with [`Driver::cut_off`] when dropped armed: a

@@ -3,12 +3,13 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::panic::Location;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::driver::{self, Driver};
+use crate::driver::{self, Async, Blocking, Driver, Io};
 use crate::engine::{Grant, Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait};
 use crate::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 
@@ -17,6 +18,17 @@ use crate::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 /// `Connection::transaction`, so that it may borrow the [`LockTx`] it is
 /// given.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a [`LockTx`] call over driver `D` returns, made from its future
+/// `F`: the future itself on an async stack (sqlx, diesel-async: `.await`
+/// it), its output on a blocking one (Diesel).
+pub type Out<D, F> = <<D as Driver>::Io as Io>::Out<F>;
+
+/// [`Out`] from `future`.
+#[inline(always)]
+fn out<D: Driver, F: Future>(future: F) -> Out<D, F> {
+    <D::Io as Io>::finish(future)
+}
 
 /// A connection inside a transaction, taking transaction-scoped advisory
 /// locks: the lock calls of `lockkit-sqlx` and `lockkit-diesel-async`
@@ -50,7 +62,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// three.
 ///
 /// ```
-/// use lockkit::driver::Driver;
+/// use lockkit::driver::{Async, Driver};
 /// use lockkit::tx::LockTx;
 /// use lockkit::{AdvisoryKey, Batch, Mode};
 ///
@@ -59,22 +71,25 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 ///     id: i64,
 /// }
 ///
-/// // The same code over every stack's `LockTx`.
-/// async fn transfer<D: Driver>(tx: &mut LockTx<'_, D>) -> Result<(), lockkit::Error> {
+/// // The same code over every async stack's `LockTx`.
+/// async fn transfer<D: Driver<Io = Async>>(tx: &mut LockTx<'_, D>) -> Result<(), lockkit::Error> {
 ///     let batch = Batch::new().with(&Account { id: 7 }).with(&Account { id: 3 });
 ///     let _held = tx.lock_batch(&batch).await?; // until COMMIT or ROLLBACK
 ///     assert!(tx.holds(&Account { id: 3 }, Mode::Exclusive));
 ///     Ok(())
 /// }
 /// ```
-pub struct LockTx<'t, D: Driver> {
+pub struct LockTx<'t, D: Driver, M: Io = <D as Driver>::Io> {
     conn: &'t mut D::Conn,
     state: TxSlot<'t>,
     locker: D::Locker,
     depth: u32,
+    /// `D::Io`, a parameter of its own so that the savepoint of an async
+    /// and of a blocking stack can each have its own signature.
+    io: PhantomData<fn() -> M>,
 }
 
-impl<D: Driver> fmt::Debug for LockTx<'_, D> {
+impl<D: Driver, M: Io> fmt::Debug for LockTx<'_, D, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockTx")
             .field("depth", &self.depth)
@@ -83,7 +98,7 @@ impl<D: Driver> fmt::Debug for LockTx<'_, D> {
     }
 }
 
-impl<D: Driver> Deref for LockTx<'_, D> {
+impl<D: Driver, M: Io> Deref for LockTx<'_, D, M> {
     type Target = D::Conn;
 
     fn deref(&self) -> &D::Conn {
@@ -91,7 +106,7 @@ impl<D: Driver> Deref for LockTx<'_, D> {
     }
 }
 
-impl<D: Driver> DerefMut for LockTx<'_, D> {
+impl<D: Driver, M: Io> DerefMut for LockTx<'_, D, M> {
     fn deref_mut(&mut self) -> &mut D::Conn {
         self.conn
     }
@@ -107,13 +122,13 @@ struct SavepointGuard<'s, 'c, D: Driver> {
 
 impl<D: Driver> Drop for SavepointGuard<'_, '_, D> {
     fn drop(&mut self) {
-        if self.ending.is_pending() {
-            D::savepoint_dropped(self.conn);
+        if self.ending.is_pending() && D::savepoint_dropped(self.conn) == SavepointEnd::Unknown {
+            self.ending.record(SavepointEnd::Unknown);
         }
     }
 }
 
-impl<'t, D: Driver> LockTx<'t, D> {
+impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
     /// A top-level `LockTx` over the transaction open on `conn`
     /// ([`driver::lock_tx`]).
     pub(crate) fn attach(locker: &D::Locker, conn: &'t mut D::Conn) -> Result<Self, Error> {
@@ -125,6 +140,7 @@ impl<'t, D: Driver> LockTx<'t, D> {
             state: TxSlot::Owned(TxState::new()),
             locker: locker.clone(),
             depth: 0,
+            io: PhantomData,
         })
     }
 
@@ -160,106 +176,6 @@ impl<'t, D: Driver> LockTx<'t, D> {
     /// and every lock call fails: roll it back.
     pub fn is_poisoned(&self) -> bool {
         self.state.is_poisoned()
-    }
-
-    /// Runs `f` in a savepoint (the driver's nested transaction): released
-    /// when `f` returns `Ok`, rolled back when it returns `Err`. Locks taken
-    /// in a rolled-back savepoint are released by the server and forgotten
-    /// here (budget and held set); those of a released one belong to this
-    /// transaction.
-    ///
-    /// If `f` panics or this future is dropped before the savepoint ends:
-    ///
-    /// - on sqlx, sqlx rolls the savepoint back before the connection's next
-    ///   use, and it is forgotten here too; dropped while its `RELEASE` is
-    ///   in flight, this transaction is poisoned (whether the savepoint's
-    ///   locks are still held is unknown);
-    /// - on diesel-async, which cannot roll back in a destructor, the
-    ///   savepoint stays open: this transaction is poisoned and given up
-    ///   (rolled back at once, which releases its locks), and diesel-async's
-    ///   transaction manager is put in error, so the enclosing
-    ///   `conn.transaction` fails (with Diesel's `BrokenTransactionManager`)
-    ///   rather than report a commit, and a pool discards the connection.
-    ///
-    /// ```
-    /// # use lockkit::driver::Driver;
-    /// # use lockkit::tx::LockTx;
-    /// # use lockkit::{AdvisoryKey, Mode};
-    /// # #[derive(AdvisoryKey)] struct Job { id: i64 }
-    /// # async fn run<D: Driver>(tx: &mut LockTx<'_, D>) -> Result<(), lockkit::Error> {
-    /// let outcome = tx
-    ///     .savepoint(|sp| {
-    ///         Box::pin(async move {
-    ///             let _job = sp.lock(Job { id: 1 }).await?;
-    ///             Err::<(), _>(lockkit::Error::other("changed my mind"))
-    ///         })
-    ///     })
-    ///     .await;
-    /// assert!(outcome.is_err());
-    /// assert!(!tx.holds(&Job { id: 1 }, Mode::Exclusive)); // released
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// `f`'s error, or the driver's (as [`Error`], converted into `E`) when
-    /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` fails (after which this
-    /// transaction's lock calls fail with [`ErrorKind::Poisoned`]: roll it
-    /// back).
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future ends the savepoint as described above.
-    pub async fn savepoint<R, E, F>(&mut self, f: F) -> Result<R, E>
-    where
-        F: for<'a, 's> FnOnce(&'a mut LockTx<'s, D>) -> BoxFuture<'a, Result<R, E>>,
-        E: From<Error>,
-    {
-        let depth = self.depth + 1;
-        let state = &*self.state;
-        D::begin_savepoint(self.conn)
-            .await
-            .map_err(|e| E::from(e.into_error()))?;
-        let mut guard = SavepointGuard::<D> {
-            ending: state.ending(depth, D::SAVEPOINT_DROPPED),
-            conn: &mut *self.conn,
-        };
-        let result = {
-            let mut inner = LockTx {
-                conn: &mut *guard.conn,
-                state: TxSlot::Borrowed(state),
-                locker: self.locker.clone(),
-                depth,
-            };
-            f(&mut inner).await
-        };
-        match result {
-            Ok(value) => {
-                // Dropped while `RELEASE` is in flight, whether it ran is
-                // unknown.
-                guard.ending.if_dropped(SavepointEnd::Unknown);
-                match D::release_savepoint(guard.conn).await {
-                    Ok(()) => {
-                        guard.ending.record(SavepointEnd::Released);
-                        Ok(value)
-                    }
-                    Err(e) => {
-                        guard.ending.record(SavepointEnd::Unknown);
-                        Err(E::from(e.into_error()))
-                    }
-                }
-            }
-            Err(user) => {
-                guard
-                    .ending
-                    .record(match D::rollback_savepoint(guard.conn).await {
-                        Ok(()) => SavepointEnd::RolledBack,
-                        Err(_) => SavepointEnd::Unknown,
-                    });
-                Err(user)
-            }
-        }
     }
 
     /// Takes `key` exclusive, waiting as long as it takes.
@@ -309,8 +225,8 @@ impl<'t, D: Driver> LockTx<'t, D> {
     pub fn lock<K: AdvisoryKey>(
         &mut self,
         key: K,
-    ) -> impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D> {
-        self.lock_one(key, Mode::Exclusive, Wait::Forever, Location::caller())
+    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
+        out::<D, _>(self.lock_one(key, Mode::Exclusive, Wait::Forever, Location::caller()))
     }
 
     /// Takes `key` shared: other shared holders are admitted, exclusive ones
@@ -327,8 +243,8 @@ impl<'t, D: Driver> LockTx<'t, D> {
     pub fn lock_shared<K: AdvisoryKey>(
         &mut self,
         key: K,
-    ) -> impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D> {
-        self.lock_one(key, Mode::Shared, Wait::Forever, Location::caller())
+    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
+        out::<D, _>(self.lock_one(key, Mode::Shared, Wait::Forever, Location::caller()))
     }
 
     /// Takes `key` exclusive, waiting at most `timeout` (measured by the
@@ -350,9 +266,9 @@ impl<'t, D: Driver> LockTx<'t, D> {
         &mut self,
         key: K,
         timeout: Duration,
-    ) -> impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D> {
+    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
         let site = Location::caller();
-        self.lock_one(key, Mode::Exclusive, Wait::Timeout(timeout), site)
+        out::<D, _>(self.lock_one(key, Mode::Exclusive, Wait::Timeout(timeout), site))
     }
 
     /// Takes `key` shared, waiting at most `timeout`.
@@ -369,9 +285,9 @@ impl<'t, D: Driver> LockTx<'t, D> {
         &mut self,
         key: K,
         timeout: Duration,
-    ) -> impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D> {
+    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
         let site = Location::caller();
-        self.lock_one(key, Mode::Shared, Wait::Timeout(timeout), site)
+        out::<D, _>(self.lock_one(key, Mode::Shared, Wait::Timeout(timeout), site))
     }
 
     /// Takes `key` exclusive if no other transaction holds it, without
@@ -391,8 +307,9 @@ impl<'t, D: Driver> LockTx<'t, D> {
     pub fn try_lock<K: AdvisoryKey>(
         &mut self,
         key: K,
-    ) -> impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D> {
-        self.try_lock_one(key, Mode::Exclusive, Location::caller())
+    ) -> Out<D, impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D, M>>
+    {
+        out::<D, _>(self.try_lock_one(key, Mode::Exclusive, Location::caller()))
     }
 
     /// Takes `key` shared if no transaction holds it exclusive, without
@@ -409,8 +326,9 @@ impl<'t, D: Driver> LockTx<'t, D> {
     pub fn try_lock_shared<K: AdvisoryKey>(
         &mut self,
         key: K,
-    ) -> impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D> {
-        self.try_lock_one(key, Mode::Shared, Location::caller())
+    ) -> Out<D, impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D, M>>
+    {
+        out::<D, _>(self.try_lock_one(key, Mode::Shared, Location::caller()))
     }
 
     /// Takes every key of `batch` in the global lock order: one statement,
@@ -427,8 +345,8 @@ impl<'t, D: Driver> LockTx<'t, D> {
     pub fn lock_batch(
         &mut self,
         batch: &Batch,
-    ) -> impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D> {
-        self.lock_batch_at(batch, Location::caller())
+    ) -> Out<D, impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D, M>> {
+        out::<D, _>(self.lock_request(Request::batch(batch).at(Location::caller())))
     }
 
     /// Takes every key of `batch`, waiting at most `timeout` for the whole
@@ -447,10 +365,10 @@ impl<'t, D: Driver> LockTx<'t, D> {
         &mut self,
         batch: &Batch,
         timeout: Duration,
-    ) -> impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D> {
+    ) -> Out<D, impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D, M>> {
         let request = Request::batch(batch).at(Location::caller());
         let wait = Wait::Timeout(timeout);
-        async move { Grant::lock_batch(self.drive(request, wait).await) }
+        out::<D, _>(async move { Grant::lock_batch(self.drive(request, wait).await) })
     }
 
     /// Takes every key of `batch` or none: when any key is busy, nothing of
@@ -467,24 +385,16 @@ impl<'t, D: Driver> LockTx<'t, D> {
     pub fn try_lock_batch(
         &mut self,
         batch: &Batch,
-    ) -> impl Future<Output = Result<Result<HeldBatch<'t>, Busy>, Error>> + use<'_, 't, D> {
+    ) -> Out<D, impl Future<Output = Result<Result<HeldBatch<'t>, Busy>, Error>> + use<'_, 't, D, M>>
+    {
         let request = Request::batch(batch).at(Location::caller());
-        async move { Grant::try_lock_batch(self.drive(request, Wait::Try).await) }
+        out::<D, _>(async move { Grant::try_lock_batch(self.drive(request, Wait::Try).await) })
     }
 
-    /// [`LockTx::lock_batch`] asked for at `site`: for an adapter's calls
-    /// on the application's behalf, such as its `locked_transaction`,
-    /// whose call site is the application's.
-    #[doc(hidden)]
-    pub fn lock_batch_at(
-        &mut self,
-        batch: &Batch,
-        site: &'static Location<'static>,
-    ) -> impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D> {
-        // The request is made before the future, which then does not borrow
-        // `batch`.
-        let request = Request::batch(batch).at(site);
-        async move { Grant::lock_batch(self.drive(request, Wait::Forever).await) }
+    /// Takes a batch's keys, forever: [`LockTx::lock_batch`], and the first
+    /// step of a `locked_transaction`.
+    async fn lock_request(&mut self, request: Request) -> Result<HeldBatch<'t>, Error> {
+        Grant::lock_batch(self.drive(request, Wait::Forever).await)
     }
 
     async fn lock_one<K: AdvisoryKey>(
@@ -554,5 +464,177 @@ impl<'t, D: Driver> LockTx<'t, D> {
             Err(_) if self.state.is_poisoned() => Err(Error::from(ErrorKind::Poisoned)),
             Err(e) => Err(e.into_error()),
         }
+    }
+}
+
+/// A savepoint (or, at depth 0, the transaction it begins) opened on a
+/// connection through the driver: the steps every closure form shares
+/// (savepoints, and an adapter's `transaction`), around the application's
+/// closure, which each form calls as its stack does.
+pub(crate) struct Scope<'s, 'c, D: Driver> {
+    guard: SavepointGuard<'s, 'c, D>,
+    state: &'s TxState,
+    depth: u32,
+}
+
+impl<'s, 'c, D: Driver> Scope<'s, 'c, D> {
+    /// Opens the savepoint at `depth` (`SAVEPOINT`, or `BEGIN` when no
+    /// transaction is open) for `state`'s bookkeeping.
+    pub(crate) async fn begin(
+        conn: &'c mut D::Conn,
+        state: &'s TxState,
+        depth: u32,
+    ) -> Result<Self, Error> {
+        D::begin_savepoint(conn).await.map_err(|e| e.into_error())?;
+        Ok(Scope {
+            guard: SavepointGuard {
+                ending: state.ending(depth, SavepointEnd::RolledBack),
+                conn,
+            },
+            state,
+            depth,
+        })
+    }
+
+    /// The `LockTx` the closure is given.
+    pub(crate) fn tx(&mut self, locker: D::Locker) -> LockTx<'_, D> {
+        LockTx {
+            conn: &mut *self.guard.conn,
+            state: TxSlot::Borrowed(self.state),
+            locker,
+            depth: self.depth,
+            io: PhantomData,
+        }
+    }
+
+    /// Takes `first` (a `locked_transaction`'s batch) in the scope.
+    pub(crate) async fn lock_first(
+        &mut self,
+        locker: D::Locker,
+        first: Request,
+    ) -> Result<(), Error> {
+        self.tx(locker).lock_request(first).await.map(drop)
+    }
+
+    /// Releases the savepoint (commits the transaction) after the closure's
+    /// `Ok`, rolls it back after its `Err`, and records how it ended.
+    pub(crate) async fn end<R, E: From<Error>>(mut self, result: Result<R, E>) -> Result<R, E> {
+        let guard = &mut self.guard;
+        match result {
+            Ok(value) => {
+                // Dropped while `RELEASE` (or `COMMIT`) is in flight, whether
+                // it ran is unknown.
+                guard.ending.if_dropped(SavepointEnd::Unknown);
+                match D::release_savepoint(guard.conn).await {
+                    Ok(()) => {
+                        guard.ending.record(SavepointEnd::Released);
+                        Ok(value)
+                    }
+                    Err(e) => {
+                        guard.ending.record(SavepointEnd::Unknown);
+                        Err(E::from(e.into_error()))
+                    }
+                }
+            }
+            Err(user) => {
+                let end = match D::rollback_savepoint(guard.conn).await {
+                    Ok(()) => SavepointEnd::RolledBack,
+                    Err(_) => SavepointEnd::Unknown,
+                };
+                guard.ending.record(end);
+                Err(user)
+            }
+        }
+    }
+}
+
+impl<'t, D: Driver<Io = Async>> LockTx<'t, D, Async> {
+    /// Runs `f` in a savepoint (the driver's nested transaction): released
+    /// when `f` returns `Ok`, rolled back when it returns `Err`. Locks taken
+    /// in a rolled-back savepoint are released by the server and forgotten
+    /// here (budget and held set); those of a released one belong to this
+    /// transaction.
+    ///
+    /// If `f` panics or this future is dropped before the savepoint ends:
+    ///
+    /// - on sqlx, sqlx rolls the savepoint back before the connection's next
+    ///   use, and it is forgotten here too; dropped while its `RELEASE` is
+    ///   in flight, this transaction is poisoned (whether the savepoint's
+    ///   locks are still held is unknown);
+    /// - on diesel-async, which cannot roll back in a destructor, the
+    ///   savepoint stays open: this transaction is poisoned and given up
+    ///   (rolled back at once, which releases its locks), and diesel-async's
+    ///   transaction manager is put in error, so the enclosing
+    ///   `conn.transaction` fails (with Diesel's `BrokenTransactionManager`)
+    ///   rather than report a commit, and a pool discards the connection.
+    ///
+    /// ```
+    /// # use lockkit::driver::{Async, Driver};
+    /// # use lockkit::tx::LockTx;
+    /// # use lockkit::{AdvisoryKey, Mode};
+    /// # #[derive(AdvisoryKey)] struct Job { id: i64 }
+    /// # async fn run<D: Driver<Io = Async>>(tx: &mut LockTx<'_, D>) -> Result<(), lockkit::Error> {
+    /// let outcome = tx
+    ///     .savepoint(|sp| {
+    ///         Box::pin(async move {
+    ///             let _job = sp.lock(Job { id: 1 }).await?;
+    ///             Err::<(), _>(lockkit::Error::other("changed my mind"))
+    ///         })
+    ///     })
+    ///     .await;
+    /// assert!(outcome.is_err());
+    /// assert!(!tx.holds(&Job { id: 1 }, Mode::Exclusive)); // released
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `f`'s error, or the driver's (as [`Error`], converted into `E`) when
+    /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` fails (after which this
+    /// transaction's lock calls fail with [`ErrorKind::Poisoned`]: roll it
+    /// back).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future ends the savepoint as described above.
+    pub async fn savepoint<R, E, F>(&mut self, f: F) -> Result<R, E>
+    where
+        F: for<'a, 's> FnOnce(&'a mut LockTx<'s, D>) -> BoxFuture<'a, Result<R, E>>,
+        E: From<Error>,
+    {
+        let (depth, locker) = (self.depth + 1, self.locker.clone());
+        let mut scope = Scope::<D>::begin(&mut *self.conn, &self.state, depth).await?;
+        let result = f(&mut scope.tx(locker)).await;
+        scope.end(result).await
+    }
+}
+
+impl<'t, D: Driver<Io = Blocking>> LockTx<'t, D, Blocking> {
+    /// Runs `f` in a savepoint (the driver's nested transaction): released
+    /// when `f` returns `Ok`, rolled back when it returns `Err` or panics.
+    /// Locks taken in a rolled-back savepoint are released by the server
+    /// and forgotten here (budget and held set); those of a released one
+    /// belong to this transaction.
+    ///
+    /// # Errors
+    ///
+    /// `f`'s error, or the driver's (as [`Error`], converted into `E`) when
+    /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` fails (after which this
+    /// transaction's lock calls fail with [`ErrorKind::Poisoned`]: roll it
+    /// back).
+    ///
+    /// # Panics
+    ///
+    /// When `f` panics, after rolling the savepoint back.
+    pub fn savepoint<R, E, F>(&mut self, f: F) -> Result<R, E>
+    where
+        F: FnOnce(&mut LockTx<'_, D>) -> Result<R, E>,
+        E: From<Error>,
+    {
+        let (depth, locker) = (self.depth + 1, self.locker.clone());
+        let mut scope = Blocking::finish(Scope::<D>::begin(&mut *self.conn, &self.state, depth))?;
+        let result = f(&mut scope.tx(locker));
+        Blocking::finish(scope.end(result))
     }
 }

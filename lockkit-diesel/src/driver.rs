@@ -1,0 +1,141 @@
+//! Diesel as lockkit's [`Driver`]: runs the engine's statements, ends
+//! savepoints, reads the server facts and Diesel's transaction state: the
+//! only things this adapter does.
+
+use std::future::{ready, Future};
+use std::num::NonZeroU32;
+
+use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
+use diesel::sql_types::{Array, Text};
+use diesel::{sql_query, PgConnection, QueryResult, RunQueryDsl};
+use lockkit::driver::{Blocking, Driver};
+use lockkit::engine::{
+    sql, DriverError, FactsRow, Reply, ReplyShape, SavepointEnd, Statement, HASHTEXT_PROBES,
+};
+use lockkit::for_diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
+use lockkit::{Policy, StatementMode};
+
+use crate::locker::Locker;
+
+/// The server facts, learned with [`sql::SERVER_FACTS`].
+pub(crate) fn server_facts(conn: &mut PgConnection) -> QueryResult<FactsRow> {
+    let probes: Vec<&str> = HASHTEXT_PROBES.to_vec();
+    let row: FactsColumns = sql_query(sql::SERVER_FACTS)
+        .bind::<Array<Text>, _>(probes)
+        .get_result(conn)?;
+    Ok(row.into())
+}
+
+/// The server's `lc_messages` ([`MESSAGES`]).
+pub(crate) fn messages(conn: &mut PgConnection) -> QueryResult<MessagesRow> {
+    sql_query(MESSAGES).get_result(conn)
+}
+
+/// Diesel's transaction depth on `conn`: 0 outside a transaction, 1 in
+/// `conn.transaction(…)`, 2 in a nested one (a savepoint), ….
+///
+/// # Errors
+///
+/// Diesel's `BrokenTransactionManager` when its transaction manager is in
+/// error (after a failed `COMMIT` or `ROLLBACK`).
+pub(crate) fn transaction_depth(conn: &mut PgConnection) -> QueryResult<u32> {
+    // `TransactionManagerStatus::transaction_depth` is public and documented;
+    // its accessor is the only way to it (`#[doc(hidden)]` unless Diesel's
+    // third-party-backend feature is on). Kept to this one call.
+    let status =
+        <AnsiTransactionManager as TransactionManager<PgConnection>>::transaction_manager_status_mut(
+            conn,
+        );
+    Ok(status.transaction_depth()?.map_or(0, NonZeroU32::get))
+}
+
+/// Diesel as lockkit's [`Driver`]: the one [`LockTx`](crate::LockTx) over
+/// a `PgConnection`, blocking.
+#[derive(Debug)]
+pub enum Diesel {}
+
+/// Diesel's transaction manager.
+type Manager = AnsiTransactionManager;
+
+impl Driver for Diesel {
+    type Io = Blocking;
+    type Conn = PgConnection;
+    type Locker = Locker;
+    type Answer = Answer;
+
+    fn policy(locker: &Locker) -> &Policy {
+        locker.policy()
+    }
+
+    fn in_transaction(conn: &mut PgConnection) -> Result<bool, DriverError> {
+        Ok(transaction_depth(conn)? > 0)
+    }
+
+    fn run<'a>(
+        conn: &'a mut PgConnection,
+        stmt: Statement<'a>,
+        mode: StatementMode,
+    ) -> impl Future<Output = Result<Answer, DriverError>> + Send + 'a {
+        ready(run(conn, &stmt, mode).map_err(DriverError::from))
+    }
+
+    fn reply(_: &Statement<'_>, answer: &Answer) -> Reply {
+        answer.reply()
+    }
+
+    /// A blocking call is never cut off in flight.
+    fn cut_off(_: &mut PgConnection, _: &Locker) {}
+
+    fn begin_savepoint(
+        conn: &mut PgConnection,
+    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
+        ready(
+            <Manager as TransactionManager<PgConnection>>::begin_transaction(conn)
+                .map_err(DriverError::from),
+        )
+    }
+
+    fn release_savepoint(
+        conn: &mut PgConnection,
+    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
+        ready(
+            <Manager as TransactionManager<PgConnection>>::commit_transaction(conn)
+                .map_err(DriverError::from),
+        )
+    }
+
+    fn rollback_savepoint(
+        conn: &mut PgConnection,
+    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
+        ready(rollback(conn).map_err(DriverError::from))
+    }
+
+    /// A closure that panics: the savepoint (or transaction) is rolled back
+    /// as the panic unwinds.
+    fn savepoint_dropped(conn: &mut PgConnection) -> SavepointEnd {
+        match rollback(conn) {
+            Ok(()) => SavepointEnd::RolledBack,
+            Err(_) => SavepointEnd::Unknown,
+        }
+    }
+}
+
+/// Rolls the innermost savepoint (or the transaction) back.
+fn rollback(conn: &mut PgConnection) -> QueryResult<()> {
+    <Manager as TransactionManager<PgConnection>>::rollback_transaction(conn)
+}
+
+/// Runs one statement.
+fn run(conn: &mut PgConnection, stmt: &Statement<'_>, mode: StatementMode) -> QueryResult<Answer> {
+    let query = EngineQuery::new(stmt, mode);
+    Ok(match stmt.reply() {
+        ReplyShape::Done => {
+            conn.batch_execute(stmt.text())?;
+            Answer::Done
+        }
+        ReplyShape::Locked => Answer::Locked(query.get_result(conn)?),
+        ReplyShape::TriedBigint => Answer::TriedBigint(query.get_result(conn)?),
+        ReplyShape::TriedPair => Answer::TriedPair(query.get_result(conn)?),
+        _ => Answer::Tagged(query.get_result(conn)?),
+    })
+}
