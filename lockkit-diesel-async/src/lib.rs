@@ -21,7 +21,7 @@
 //!
 //! ```no_run
 //! use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-//! use lockkit_diesel_async::{AdvisoryKey, AsyncPgConnectionExt, Batch, Config, Locker};
+//! use lockkit_diesel_async::{AdvisoryKey, Batch, Config, Locker};
 //!
 //! #[derive(AdvisoryKey)]
 //! struct Account {
@@ -34,7 +34,7 @@
 //! let locker = Locker::new(&mut conn, Config::default()).await?;
 //!
 //! conn.transaction::<_, lockkit::Error, _>(async |conn| {
-//!     let mut tx = conn.lock_tx(&locker)?;
+//!     let mut tx = locker.lock_tx(conn)?;
 //!     // Both accounts, in the global lock order whatever the direction of
 //!     // the transfer: two concurrent opposite transfers cannot deadlock.
 //!     let batch = Batch::new().with(&Account { id: 7 }).with(&Account { id: 3 });
@@ -112,14 +112,14 @@
 pub mod driver;
 mod locker;
 
-pub use locker::{AsyncPgConnectionExt, Locker};
+pub use locker::Locker;
 pub use lockkit::tx::BoxFuture;
 
 /// A diesel-async connection inside a transaction, taking
 /// transaction-scoped advisory locks: lockkit's one
 /// [`LockTx`](lockkit::tx::LockTx) over diesel-async.
 ///
-/// Made by [`lock_tx`](crate::AsyncPgConnectionExt::lock_tx) inside
+/// Made by [`Locker::lock_tx`] inside
 /// diesel-async's `conn.transaction(async |conn| …)`, and by
 /// [`LockTx::savepoint`](lockkit::tx::LockTx::savepoint). Guards borrow
 /// the connection (not the `LockTx`, so queries can run while they live),

@@ -1,13 +1,14 @@
 //! [`Locker`]: configuration plus the server facts, shared by every
-//! transaction of an application; and the [`AsyncPgConnectionExt`]
-//! extension.
+//! transaction of an application, and how every locked transaction begins.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use diesel_async::AsyncPgConnection;
 use lockkit::for_diesel::DieselPolicy;
 use lockkit::pg::Canceller;
-use lockkit::{Config, Error, Policy, ServerFacts};
+use lockkit::tx::BoxFuture;
+use lockkit::{Batch, Config, Error, Policy, ServerFacts};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 
@@ -119,59 +120,121 @@ impl Locker {
     pub fn budget(&self) -> usize {
         self.inner.policy().budget()
     }
-}
 
-mod sealed {
-    #[allow(unreachable_pub)]
-    pub trait Sealed {}
-    impl Sealed for diesel_async::AsyncPgConnection {}
-}
-
-/// Advisory locks inside diesel-async's own
-/// `conn.transaction(async |conn| …)`.
-///
-/// Implemented for `AsyncPgConnection`, and so usable on deadpool's and
-/// bb8's pooled connections (`&mut *pooled`). This trait is sealed: it
-/// cannot be implemented outside this crate, so methods may be added.
-///
-/// ```no_run
-/// use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-/// use lockkit_diesel_async::{AdvisoryKey, AsyncPgConnectionExt, Locker};
-///
-/// #[derive(AdvisoryKey)]
-/// struct Order {
-///     id: i64,
-/// }
-///
-/// # async fn run(conn: &mut AsyncPgConnection, locker: &Locker) -> Result<(), lockkit::Error> {
-/// conn.transaction::<_, lockkit::Error, _>(async |conn| {
-///     let mut tx = conn.lock_tx(locker)?;
-///     let order = tx.lock(Order { id: 42 }).await?; // held until COMMIT/ROLLBACK
-///     diesel::sql_query("UPDATE orders SET state = 'paid' WHERE id = $1")
-///         .bind::<diesel::sql_types::BigInt, _>(order.id)
-///         .execute(tx.conn())
-///         .await?;
-///     Ok(())
-/// })
-/// .await
-/// # }
-/// ```
-pub trait AsyncPgConnectionExt: sealed::Sealed {
-    /// A [`LockTx`] over the transaction open on this connection, with
+    /// A [`LockTx`] over the transaction open on `conn`, inside
+    /// diesel-async's own `conn.transaction(async |conn| …)`, with
     /// bookkeeping (held set, budget, order check) that lasts as long as it
-    /// does: make one per transaction and take every lock through it.
+    /// does: make one per transaction and take every lock through it. On a
+    /// deadpool or bb8 connection, pass `&mut *pooled`.
+    ///
+    /// ```no_run
+    /// use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+    /// use lockkit_diesel_async::{AdvisoryKey, Locker};
+    ///
+    /// #[derive(AdvisoryKey)]
+    /// struct Order {
+    ///     id: i64,
+    /// }
+    ///
+    /// # async fn run(conn: &mut AsyncPgConnection, locker: &Locker) -> Result<(), lockkit::Error> {
+    /// conn.transaction::<_, lockkit::Error, _>(async |conn| {
+    ///     let mut tx = locker.lock_tx(conn)?;
+    ///     let order = tx.lock(Order { id: 42 }).await?; // held until COMMIT/ROLLBACK
+    ///     diesel::sql_query("UPDATE orders SET state = 'paid' WHERE id = $1")
+    ///         .bind::<diesel::sql_types::BigInt, _>(order.id)
+    ///         .execute(tx.conn())
+    ///         .await?;
+    ///     Ok(())
+    /// })
+    /// .await
+    /// # }
+    /// ```
     ///
     /// # Errors
     ///
     /// [`ErrorKind::NotInTransaction`](lockkit::ErrorKind::NotInTransaction)
-    /// when diesel-async has no transaction open on this connection (its
-    /// transaction depth is 0): outside a transaction block an xact lock
-    /// would be released at the end of its statement.
-    fn lock_tx(&mut self, locker: &Locker) -> Result<LockTx<'_>, Error>;
-}
+    /// when diesel-async has no transaction open on `conn` (its transaction
+    /// depth is 0): outside a transaction block an xact lock would be
+    /// released at the end of its statement.
+    pub fn lock_tx<'t>(&self, conn: &'t mut AsyncPgConnection) -> Result<LockTx<'t>, Error> {
+        lockkit::driver::lock_tx(self, conn)
+    }
 
-impl AsyncPgConnectionExt for AsyncPgConnection {
-    fn lock_tx(&mut self, locker: &Locker) -> Result<LockTx<'_>, Error> {
-        lockkit::driver::lock_tx(locker, self)
+    /// Runs `f` in a new transaction on `conn` (a savepoint, when one is
+    /// open there), with a [`LockTx`] that takes advisory locks: commits
+    /// when `f` returns `Ok`, rolls back when it returns `Err`.
+    ///
+    /// ```no_run
+    /// use diesel_async::{AsyncPgConnection, RunQueryDsl};
+    /// use lockkit_diesel_async::{AdvisoryKey, Locker};
+    ///
+    /// #[derive(AdvisoryKey)]
+    /// struct Order {
+    ///     id: i64,
+    /// }
+    ///
+    /// # async fn run(conn: &mut AsyncPgConnection, locker: &Locker) -> Result<(), lockkit::Error> {
+    /// locker
+    ///     .transaction(conn, |tx| {
+    ///         Box::pin(async move {
+    ///             let order = tx.lock(Order { id: 42 }).await?;
+    ///             diesel::sql_query("UPDATE orders SET state = 'paid' WHERE id = $1")
+    ///                 .bind::<diesel::sql_types::BigInt, _>(order.id)
+    ///                 .execute(tx.conn())
+    ///                 .await?;
+    ///             Ok::<_, lockkit::Error>(())
+    ///         })
+    ///     })
+    ///     .await
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `f`'s error, or diesel-async's (as [`lockkit::Error`], converted
+    /// into `E`) when `BEGIN`, `COMMIT` or `ROLLBACK` fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before it ends (or if `f` panics), the transaction is given
+    /// up as a cut-off lock call's is: rolled back at once, and
+    /// diesel-async's transaction manager put in error, so that a pool
+    /// discards the connection (diesel-async cannot roll back in a
+    /// destructor).
+    pub async fn transaction<R, E, F>(&self, conn: &mut AsyncPgConnection, f: F) -> Result<R, E>
+    where
+        F: for<'a, 't> FnOnce(&'a mut LockTx<'t>) -> BoxFuture<'a, Result<R, E>>,
+        E: From<Error>,
+    {
+        lockkit::driver::transaction(self, conn, None, f).await
+    }
+
+    /// The common case in one call: a transaction that first takes every key
+    /// of `batch` in the global lock order, then runs `f`, then commits (or
+    /// rolls back, as [`Locker::transaction`]).
+    ///
+    /// # Errors
+    ///
+    /// The lock errors of
+    /// [`LockTx::lock_batch`](lockkit::tx::LockTx::lock_batch) (converted
+    /// into `E`), `f`'s error, or diesel-async's.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locker::transaction`].
+    #[track_caller]
+    pub fn locked_transaction<'c, 'b, R, E, F>(
+        &self,
+        conn: &'c mut AsyncPgConnection,
+        batch: &'b Batch,
+        f: F,
+    ) -> impl Future<Output = Result<R, E>> + use<'_, 'b, 'c, R, E, F>
+    where
+        F: for<'a, 't> FnOnce(&'a mut LockTx<'t>) -> BoxFuture<'a, Result<R, E>>,
+        E: From<Error>,
+    {
+        // The batch is the application's call, at its call site.
+        let site = std::panic::Location::caller();
+        lockkit::driver::transaction(self, conn, Some((batch, site)), f)
     }
 }

@@ -46,7 +46,7 @@
 //!   methods take keys one by one, shared or exclusive, waiting, with a
 //!   timeout, or trying; batches and try-batches (all or nothing); and
 //!   [`LockTx::savepoint`] for nested transactions.
-//! - [`PgConnectionExt::lock_tx`] inside Diesel's own
+//! - [`Locker::lock_tx`] inside Diesel's own
 //!   `conn.transaction(|conn| …)`: the same [`LockTx`] over the open
 //!   transaction.
 //!
@@ -121,14 +121,14 @@
 pub mod driver;
 mod locker;
 
-pub use locker::{Locker, PgConnectionExt};
+pub use locker::Locker;
 
 /// A Diesel connection inside a transaction, taking transaction-scoped
 /// advisory locks: lockkit's one [`LockTx`](lockkit::tx::LockTx) over
 /// Diesel, whose calls return their result (Diesel blocks).
 ///
 /// Made by [`Locker::transaction`], [`Locker::locked_transaction`], by
-/// [`lock_tx`](PgConnectionExt::lock_tx) inside Diesel's own
+/// [`Locker::lock_tx`] inside Diesel's own
 /// `conn.transaction(|conn| …)`, and by
 /// [`LockTx::savepoint`](lockkit::tx::LockTx::savepoint). Guards borrow the
 /// connection (not the `LockTx`, so queries can run while they live), so

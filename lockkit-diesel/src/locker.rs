@@ -1,5 +1,5 @@
 //! [`Locker`]: configuration plus the server facts, shared by every
-//! transaction of an application; and the [`PgConnectionExt`] extension.
+//! transaction of an application, and how every locked transaction begins.
 
 use std::sync::Arc;
 
@@ -85,6 +85,45 @@ impl Locker {
         self.inner.policy().budget()
     }
 
+    /// A [`LockTx`] over the transaction open on `conn`, inside Diesel's own
+    /// `conn.transaction(|conn| …)`, with bookkeeping (held set, budget,
+    /// order check) that lasts as long as it does: make one per transaction
+    /// and take every lock through it. A panic inside Diesel's
+    /// `conn.transaction` leaves the transaction open (Diesel's behaviour;
+    /// an r2d2 pool then discards the connection, which releases its
+    /// locks); [`Locker::transaction`] rolls back instead.
+    ///
+    /// ```no_run
+    /// use diesel::prelude::*;
+    /// use lockkit_diesel::{AdvisoryKey, Locker};
+    ///
+    /// #[derive(AdvisoryKey)]
+    /// struct Order {
+    ///     id: i64,
+    /// }
+    ///
+    /// # fn run(conn: &mut PgConnection, locker: &Locker) -> Result<(), lockkit::Error> {
+    /// conn.transaction::<_, lockkit::Error, _>(|conn| {
+    ///     let mut tx = locker.lock_tx(conn)?;
+    ///     let order = tx.lock(Order { id: 42 })?; // held until COMMIT/ROLLBACK
+    ///     diesel::sql_query("UPDATE orders SET state = 'paid' WHERE id = $1")
+    ///         .bind::<diesel::sql_types::BigInt, _>(order.id)
+    ///         .execute(tx.conn())?;
+    ///     Ok(())
+    /// })
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::NotInTransaction`](lockkit::ErrorKind::NotInTransaction)
+    /// when Diesel has no transaction open on `conn` (its transaction depth
+    /// is 0): outside a transaction block an xact lock would be released at
+    /// the end of its statement.
+    pub fn lock_tx<'t>(&self, conn: &'t mut PgConnection) -> Result<LockTx<'t>, Error> {
+        lockkit::driver::lock_tx(self, conn)
+    }
+
     /// Runs `f` in a transaction on `conn`, like Diesel's
     /// `conn.transaction(f)`, with a [`LockTx`] that takes advisory locks.
     /// Commits when `f` returns `Ok`; rolls back when it returns `Err` or
@@ -129,78 +168,6 @@ impl Locker {
         // The batch is the application's call, at its call site.
         let site = std::panic::Location::caller();
         lockkit::driver::transaction_blocking(self, conn, Some((batch, site)), f)
-    }
-}
-
-mod sealed {
-    #[allow(unreachable_pub)]
-    pub trait Sealed {}
-    impl Sealed for diesel::PgConnection {}
-}
-
-/// Advisory locks inside Diesel's own `conn.transaction(|conn| …)`.
-///
-/// Implemented for `PgConnection`, and so usable on r2d2's
-/// `PooledConnection` (which dereferences to it). This trait is sealed: it
-/// cannot be implemented outside this crate, so methods may be added.
-///
-/// ```no_run
-/// use diesel::prelude::*;
-/// use lockkit_diesel::{AdvisoryKey, Locker, PgConnectionExt};
-///
-/// #[derive(AdvisoryKey)]
-/// struct Order {
-///     id: i64,
-/// }
-///
-/// # fn run(conn: &mut PgConnection, locker: &Locker) -> Result<(), lockkit::Error> {
-/// conn.transaction::<_, lockkit::Error, _>(|conn| {
-///     let mut tx = conn.lock_tx(locker)?;
-///     let order = tx.lock(Order { id: 42 })?; // held until COMMIT/ROLLBACK
-///     diesel::sql_query("UPDATE orders SET state = 'paid' WHERE id = $1")
-///         .bind::<diesel::sql_types::BigInt, _>(order.id)
-///         .execute(tx.conn())?;
-///     Ok(())
-/// })
-/// # }
-/// ```
-pub trait PgConnectionExt: sealed::Sealed {
-    /// A [`LockTx`] over the transaction open on this connection, with
-    /// bookkeeping (held set, budget, order check) that lasts as long as it
-    /// does: make one per transaction and take every lock through it. A
-    /// panic inside Diesel's `conn.transaction` leaves the transaction open
-    /// (Diesel's behaviour; an r2d2 pool then discards the connection, which
-    /// releases its locks); [`Locker::transaction`] rolls back instead.
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::NotInTransaction`](lockkit::ErrorKind::NotInTransaction) when Diesel has no transaction open on
-    /// this connection (its transaction depth is 0): outside a transaction
-    /// block an xact lock would be released at the end of its statement.
-    fn lock_tx(&mut self, locker: &Locker) -> Result<LockTx<'_>, Error>;
-
-    /// [`Locker::locked_transaction`] on this connection.
-    ///
-    /// # Errors
-    ///
-    /// As [`Locker::locked_transaction`].
-    fn locked_transaction<R, E, F>(&mut self, locker: &Locker, batch: &Batch, f: F) -> Result<R, E>
-    where
-        F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
-        E: From<Error>;
-}
-
-impl PgConnectionExt for PgConnection {
-    fn lock_tx(&mut self, locker: &Locker) -> Result<LockTx<'_>, Error> {
-        lockkit::driver::lock_tx(locker, self)
-    }
-
-    fn locked_transaction<R, E, F>(&mut self, locker: &Locker, batch: &Batch, f: F) -> Result<R, E>
-    where
-        F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
-        E: From<Error>,
-    {
-        locker.locked_transaction(self, batch, f)
     }
 }
 

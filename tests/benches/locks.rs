@@ -429,7 +429,6 @@ async fn sqlx_single_raw(b: &Bench, iters: u64) -> Duration {
 
 async fn diesel_async_single_lockkit(b: &Bench, iters: u64) -> Duration {
     use diesel_async::AsyncConnection as _;
-    use lockkit_diesel_async::AsyncPgConnectionExt as _;
     let mut conn = b.diesel_async.lock().await;
     // The closure's future must be `Send`: it borrows the locker, not `b`.
     let locker = &b.diesel_async_locker;
@@ -437,7 +436,7 @@ async fn diesel_async_single_lockkit(b: &Bench, iters: u64) -> Duration {
     for i in 0..iters {
         let id = (i % RING as u64) as i64;
         conn.transaction::<_, Error, _>(async |conn| {
-            let mut tx = conn.lock_tx(locker)?;
+            let mut tx = locker.lock_tx(conn)?;
             let held = tx.lock(Item { id }).await?;
             black_box(&held);
             Ok(())

@@ -319,7 +319,7 @@ pub(crate) mod with_diesel_async {
     use ::diesel_async::pooled_connection::deadpool::{Object, Pool};
     use ::diesel_async::pooled_connection::AsyncDieselConnectionManager;
     use ::diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-    use lockkit_diesel_async::{AsyncPgConnectionExt, LockTx, Locker};
+    use lockkit_diesel_async::{LockTx, Locker};
 
     use crate::session::BoxFuture;
 
@@ -365,7 +365,7 @@ pub(crate) mod with_diesel_async {
 
         async fn lock_outside_transaction(&self) -> Option<Error> {
             let mut conn = pool(&self.url).get().await.expect("checkout");
-            conn.lock_tx(&self.locker).err()
+            self.locker.lock_tx(&mut conn).err()
         }
     }
 
@@ -412,7 +412,7 @@ pub(crate) mod with_diesel_async {
                     let transaction = async move {
                         let result = conn
                             .transaction::<(), Error, _>(async move |c| {
-                                let mut tx = c.lock_tx(locker)?;
+                                let mut tx = locker.lock_tx(c)?;
                                 let _ = reply.send(Ok(()));
                                 let fin = serve(&mut tx, &ctx2).await;
                                 park(fin, &pending2)
@@ -446,7 +446,7 @@ pub(crate) mod with_diesel {
     use super::*;
     use ::diesel::sql_types::{BigInt, Integer};
     use ::diesel::{sql_query, Connection, PgConnection, RunQueryDsl};
-    use lockkit_diesel::{LockTx, Locker, PgConnectionExt};
+    use lockkit_diesel::{LockTx, Locker};
 
     pub(crate) struct Diesel {
         url: String,
@@ -487,7 +487,7 @@ pub(crate) mod with_diesel {
 
         async fn lock_outside_transaction(&self) -> Option<Error> {
             let (url, locker) = (self.url.clone(), self.locker.clone());
-            tokio::task::spawn_blocking(move || connect(&url).lock_tx(&locker).err())
+            tokio::task::spawn_blocking(move || locker.lock_tx(&mut connect(&url)).err())
                 .await
                 .expect("lock_tx")
         }

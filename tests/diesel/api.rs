@@ -10,7 +10,7 @@ use diesel::sql_types::Text;
 use diesel::{sql_query, Connection, QueryableByName, RunQueryDsl};
 use lockkit::ErrorKind;
 use lockkit::{AdvisoryKey, HashText, ServerFacts};
-use lockkit_diesel::{Batch, Config, Error, Locker, Mode, OrderCheck, PgConnectionExt};
+use lockkit_diesel::{Batch, Config, Error, Locker, Mode, OrderCheck};
 use lockkit_tests::TestServer;
 
 use crate::common::{connect, granted_elsewhere, locker};
@@ -50,7 +50,7 @@ fn batch_try_and_timeout() {
     assert!(locker.recognizes_errors());
 
     a.transaction::<(), Error, _>(|a| {
-        let mut tx_a = a.lock_tx(&locker)?;
+        let mut tx_a = locker.lock_tx(a)?;
         let batch = Batch::new()
             .with(&Item { id: 12 })
             .with(&Cell { id: 11 })
@@ -189,7 +189,7 @@ fn savepoint_inside_diesels_transaction() {
     let (mut a, mut observer) = (connect(db), connect(db));
     let locker = locker(&mut a, Config::default());
     a.transaction::<(), Error, _>(|conn| {
-        let mut tx = conn.lock_tx(&locker)?;
+        let mut tx = locker.lock_tx(conn)?;
         let _ = tx.lock(Item { id: 31 })?;
         let _ = tx.savepoint(|sp| {
             let _ = sp.lock(Item { id: 32 })?;
@@ -203,7 +203,7 @@ fn savepoint_inside_diesels_transaction() {
         ));
         // Diesel's nested transaction with a LockTx of its own.
         let _ = tx.conn().transaction::<(), Error, _>(|inner| {
-            let mut inner_tx = inner.lock_tx(&locker)?;
+            let mut inner_tx = locker.lock_tx(inner)?;
             let _ = inner_tx.lock(Item { id: 33 })?;
             Err(diesel::result::Error::RollbackTransaction.into())
         });
@@ -467,7 +467,7 @@ fn instrumentation_sees_a_lock_calls_statements_inside_its_span() {
         let locker = locker(&mut conn, Config::default().order_check(OrderCheck::Off));
         conn.transaction::<(), Error, _>(|conn| {
             {
-                let mut tx = conn.lock_tx(&locker)?;
+                let mut tx = locker.lock_tx(conn)?;
                 let _held = tx.lock(Item { id: 7070 })?;
                 assert!(tx.try_lock(Item { id: 7071 })?.is_ok());
                 let _batch = tx.lock_batch(

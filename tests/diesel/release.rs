@@ -13,7 +13,7 @@ use diesel::sql_types::BigInt;
 use diesel::{sql_query, Connection, PgConnection, RunQueryDsl};
 use lockkit::ErrorKind;
 use lockkit::{AdvisoryKey, LockKey};
-use lockkit_diesel::{Config, Error, Locker, PgConnectionExt};
+use lockkit_diesel::{Config, Error, Locker};
 use lockkit_tests::TestServer;
 
 use crate::common::{connect, granted_elsewhere, locker, pool, released};
@@ -59,7 +59,7 @@ fn released_on_rollback_in_diesels_own_transaction() {
     let (mut a, mut observer, locker) = setup(db);
     let key = Res { id: 3 };
     let result = a.transaction::<(), Error, _>(|conn| {
-        let mut tx = conn.lock_tx(&locker)?;
+        let mut tx = locker.lock_tx(conn)?;
         let _ = tx.lock(key)?;
         assert!(granted_elsewhere(&mut observer, key.lock_key()));
         Err(diesel::result::Error::RollbackTransaction.into())
@@ -68,7 +68,7 @@ fn released_on_rollback_in_diesels_own_transaction() {
     assert!(!granted_elsewhere(&mut observer, key.lock_key()));
     // And on commit.
     a.transaction::<(), Error, _>(|conn| {
-        let mut tx = conn.lock_tx(&locker)?;
+        let mut tx = locker.lock_tx(conn)?;
         let _ = tx.lock(key)?;
         assert!(granted_elsewhere(&mut observer, key.lock_key()));
         Ok(())
@@ -97,8 +97,8 @@ fn released_on_panic_and_connection_reusable() {
     assert!(!granted_elsewhere(&mut observer, key.lock_key()));
     // The transaction was rolled back: the connection is outside any
     // transaction again, so lock_tx refuses it…
-    assert!(a
-        .lock_tx(&locker)
+    assert!(locker
+        .lock_tx(&mut a)
         .is_err_and(|e| e.kind() == ErrorKind::NotInTransaction));
     // …and a new transaction is a real one, not a savepoint of a leftover.
     locker
@@ -128,7 +128,7 @@ fn released_on_panic_in_diesels_transaction_on_a_pooled_connection() {
         move || {
             let mut conn = pool.get().unwrap();
             let _ = conn.transaction::<(), Error, _>(|conn| {
-                let mut tx = conn.lock_tx(&locker)?;
+                let mut tx = locker.lock_tx(conn)?;
                 let _ = tx.lock(key)?;
                 locked_tx.send(()).unwrap();
                 panic!("boom");
@@ -161,7 +161,7 @@ fn diesels_transaction_keeps_the_transaction_open_on_panic() {
     let key = Res { id: 6 };
     let panicked = catch_unwind(AssertUnwindSafe(|| {
         a.transaction::<(), Error, _>(|conn| {
-            let mut tx = conn.lock_tx(&locker)?;
+            let mut tx = locker.lock_tx(conn)?;
             let _ = tx.lock(key)?;
             panic!("boom");
         })
@@ -177,17 +177,17 @@ fn no_lock_outside_a_transaction() {
     let db = TestServer::shared();
     let _log = db.guard();
     let (mut a, mut observer, locker) = setup(db);
-    let err = a.lock_tx(&locker).unwrap_err();
+    let err = locker.lock_tx(&mut a).unwrap_err();
     assert!(err.kind() == ErrorKind::NotInTransaction, "{err}");
     let pooled = pool(db, 1);
-    let err = pooled.get().unwrap().lock_tx(&locker).unwrap_err();
+    let err = locker.lock_tx(&mut pooled.get().unwrap()).unwrap_err();
     assert!(err.kind() == ErrorKind::NotInTransaction, "{err}");
     // Inside Diesel's transaction on a pooled connection, it works.
     pooled
         .get()
         .unwrap()
         .transaction::<(), Error, _>(|conn| {
-            let mut tx = conn.lock_tx(&locker)?;
+            let mut tx = locker.lock_tx(conn)?;
             let _ = tx.lock(Res { id: 7 })?;
             assert!(granted_elsewhere(&mut observer, Res { id: 7 }.lock_key()));
             Ok(())

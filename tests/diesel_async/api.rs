@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, RunQueryDsl};
-use lockkit_diesel_async::{AdvisoryKey, AsyncPgConnectionExt, Batch, Error, ErrorKind, Mode};
+use lockkit_diesel_async::{AdvisoryKey, Batch, Error, ErrorKind, Mode};
 use lockkit_tests::TestServer;
 
 use crate::common::{backend_pid, granted_elsewhere, locker, pool, wait_until_waiting};
@@ -36,7 +36,7 @@ async fn every_form_holds_until_commit() {
     let mut conn = pool.get().await.unwrap();
     let seen = Arc::clone(&observer);
     conn.transaction::<_, Error, _>(async |conn| {
-        let mut tx = conn.lock_tx(&locker)?;
+        let mut tx = locker.lock_tx(conn)?;
         let a = tx.lock(Item { id: 1 }).await?;
         assert_eq!(a.mode(), Mode::Exclusive);
         assert_eq!(tx.lock_shared(Slot { id: 1 }).await?.mode(), Mode::Shared);
@@ -83,12 +83,12 @@ async fn a_lock_outside_a_transaction_is_refused() {
     let pool = pool(db, 1);
     let locker = locker(&pool).await;
     let mut conn = pool.get().await.unwrap();
-    let err = conn.lock_tx(&locker).unwrap_err();
+    let err = locker.lock_tx(&mut conn).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotInTransaction, "{err}");
     // Control: inside a transaction it locks.
     conn.transaction::<_, Error, _>(async |conn| {
-        assert!(conn
-            .lock_tx(&locker)?
+        assert!(locker
+            .lock_tx(conn)?
             .try_lock(Item { id: 20 })
             .await?
             .is_ok());
@@ -113,7 +113,7 @@ async fn try_timeout_savepoint_and_errors_against_another_holder() {
         tokio::spawn(async move {
             holder
                 .transaction::<_, Error, _>(async |conn| {
-                    let mut tx = conn.lock_tx(&locker)?;
+                    let mut tx = locker.lock_tx(conn)?;
                     let _ = tx
                         .lock_batch(&Batch::new().with(&Item { id: 30 }).with(&Slot { id: 30 }))
                         .await?;
@@ -130,7 +130,7 @@ async fn try_timeout_savepoint_and_errors_against_another_holder() {
     let pid = backend_pid(&mut conn).await;
     let obs = Arc::clone(&observer);
     conn.transaction::<_, Error, _>(async |conn| {
-        let mut tx = conn.lock_tx(&locker)?;
+        let mut tx = locker.lock_tx(conn)?;
         assert!(tx.try_lock(Item { id: 30 }).await?.is_err());
         let busy = tx
             .try_lock_batch(&Batch::new().with(&Item { id: 31 }).with(&Slot { id: 30 }))
@@ -220,7 +220,7 @@ async fn statement_mode_decides_what_is_prepared() {
         let locker = Locker::new(&mut conn, config).await.unwrap();
         for id in 0..3 {
             conn.transaction::<_, Error, _>(async |conn| {
-                let mut tx = conn.lock_tx(&locker)?;
+                let mut tx = locker.lock_tx(conn)?;
                 let _ = tx.lock(Item { id: 900 + id }).await?;
                 let batch = Batch::new()
                     .with(&Item { id: 910 + id })
@@ -278,7 +278,7 @@ fn instrumentation_sees_a_lock_calls_statements_inside_its_span() {
         .expect("locker");
         conn.transaction::<_, Error, _>(async |conn| {
             {
-                let mut tx = conn.lock_tx(&locker)?;
+                let mut tx = locker.lock_tx(conn)?;
                 let _held = tx.lock(Item { id: 7070 }).await?;
                 assert!(tx.try_lock(Item { id: 7071 }).await?.is_ok());
                 let batch = Batch::new()
@@ -315,7 +315,7 @@ async fn an_order_error_names_the_applications_call_sites_and_a_try_passes() {
     // `Pair` keys sort above every `BigInt` key.
     let (high, low) = (Slot { id: 40 }, Item { id: 40 });
     conn.transaction::<_, Error, _>(async |conn| {
-        let mut tx = conn.lock_tx(&locker)?;
+        let mut tx = locker.lock_tx(conn)?;
         let (_, line_held) = (tx.lock(high).await?, line!());
         assert!(tx.try_lock(low).await?.is_ok(), "a try is not refused");
         let batch = Batch::new().with(&Item { id: 39 });

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use diesel_async::AsyncConnection;
-use lockkit_diesel_async::{AdvisoryKey, AsyncPgConnectionExt, Error};
+use lockkit_diesel_async::{AdvisoryKey, Error};
 use lockkit_tests::observe::{advisory_rows, held_by, released, wait_until_idle_in_transaction};
 use lockkit_tests::TestServer;
 
@@ -51,7 +51,7 @@ async fn a_dropped_savepoint_does_not_let_the_transaction_report_a_commit() {
     let (before, inside) = (Item { id: 1 }, Item { id: 2 });
     let out = conn
         .transaction::<_, Error, _>(async |conn| {
-            let mut tx = conn.lock_tx(&locker)?;
+            let mut tx = locker.lock_tx(conn)?;
             let _ = tx.lock(before).await?;
             let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
             let savepoint = tx.savepoint(|sp| {
@@ -109,7 +109,7 @@ async fn a_savepoint_dropped_mid_wait_does_not_let_the_transaction_report_a_comm
         tokio::spawn(async move {
             holder
                 .transaction::<_, Error, _>(async |conn| {
-                    let _ = conn.lock_tx(&locker)?.lock(busy).await?;
+                    let _ = locker.lock_tx(conn)?.lock(busy).await?;
                     held_tx.send(()).unwrap();
                     go_rx.await.unwrap();
                     Ok(())
@@ -124,7 +124,7 @@ async fn a_savepoint_dropped_mid_wait_does_not_let_the_transaction_report_a_comm
     let obs = Arc::clone(&observer);
     let out = conn
         .transaction::<_, Error, _>(async |conn| {
-            let mut tx = conn.lock_tx(&locker)?;
+            let mut tx = locker.lock_tx(conn)?;
             let _ = tx.lock(before).await?;
             let savepoint = tx.savepoint(|sp| {
                 Box::pin(async move {
@@ -194,7 +194,7 @@ async fn a_savepoint_dropped_during_its_rollback_does_not_report_its_locks_held(
         let mut cut = false;
         let _ = conn
             .transaction::<_, Error, _>(async |conn| {
-                let mut tx = conn.lock_tx(&locker)?;
+                let mut tx = locker.lock_tx(conn)?;
                 let ended = Arc::new(AtomicBool::new(false));
                 {
                     let ended2 = Arc::clone(&ended);
@@ -291,7 +291,7 @@ async fn a_cut_off_lock_call_does_not_let_the_transaction_report_a_commit() {
         let out = conn
             .transaction::<_, Error, _>(async |conn| {
                 diesel::sql_query(insert).execute(conn).await?;
-                let mut tx = conn.lock_tx(&locker)?;
+                let mut tx = locker.lock_tx(conn)?;
                 if cut_off {
                     let call = tx.lock(busy);
                     tokio::pin!(call);
@@ -409,7 +409,7 @@ async fn a_lock_call_dropped_after_its_grant_neither_commits_nor_strands_its_loc
         let out = conn
             .transaction::<_, Error, _>(async |conn| {
                 diesel::sql_query(insert).execute(conn).await?;
-                let mut tx = conn.lock_tx(&locker)?;
+                let mut tx = locker.lock_tx(conn)?;
                 if cut_off {
                     {
                         let mut call = std::pin::pin!(tx.lock(key));

@@ -3,7 +3,7 @@
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use lockkit_diesel_async::{
-    AdvisoryKey, AsyncPgConnectionExt, Batch, Config, Error, ErrorKind, Locker, OrderCheck,
+    AdvisoryKey, Batch, Config, Error, ErrorKind, Locker, OrderCheck,
 };
 use lockkit_tests::{PgBouncer, TestServer};
 
@@ -47,7 +47,7 @@ async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
             let (locker, observer) = (&locker, &observer);
             let result = conn
                 .transaction::<_, Error, _>(async |conn| {
-                    let mut tx = conn.lock_tx(locker)?;
+                    let mut tx = locker.lock_tx(conn)?;
                     let key = match form {
                         0 => tx.lock(job).await?.key(),
                         1 => tx.lock_shared(job).await?.key(),

@@ -237,7 +237,6 @@ async fn a_dropped_lock_call_is_cancelled_over_tls() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dropped_diesel_async_lock_call_is_cancelled_over_tls() {
     use diesel_async::{AsyncConnection, AsyncPgConnection};
-    use lockkit_diesel_async::AsyncPgConnectionExt;
 
     let (db, tls) = tls_server();
     let observer = observer(&db).await;
@@ -267,7 +266,7 @@ async fn a_dropped_diesel_async_lock_call_is_cancelled_over_tls() {
         tokio::spawn(async move {
             holder
                 .transaction::<_, lockkit::Error, _>(async |conn| {
-                    let mut tx = conn.lock_tx(&plain)?;
+                    let mut tx = plain.lock_tx(conn)?;
                     let _held = tx.lock(key).await?;
                     taken.send(()).unwrap();
                     released.await.unwrap();
@@ -289,7 +288,7 @@ async fn a_dropped_diesel_async_lock_call_is_cancelled_over_tls() {
         let result = tokio::time::timeout(
             Duration::from_secs(20),
             conn.transaction::<(), lockkit::Error, _>(async |conn| {
-                let mut tx = conn.lock_tx(&locker)?;
+                let mut tx = locker.lock_tx(conn)?;
                 drop_once_waiting(&observer, pid, tx.lock(key), &format!("round {round}")).await;
                 assert!(tx.is_poisoned());
                 tx.lock(Secret { id: 31 }).await.map(drop)
@@ -316,7 +315,7 @@ async fn a_dropped_diesel_async_lock_call_is_cancelled_over_tls() {
     let (mut control, control_pid) = connect().await;
     let outcome = control
         .transaction::<(), lockkit::Error, _>(async |conn| {
-            let mut tx = conn.lock_tx(&plain)?;
+            let mut tx = plain.lock_tx(conn)?;
             drop_once_waiting(&observer, control_pid, tx.lock(key), "the control").await;
             tx.lock(Secret { id: 31 }).await.map(drop)
         })

@@ -24,7 +24,7 @@ use diesel::prelude::*;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use lockkit_diesel_async::{AdvisoryKey, AsyncPgConnectionExt, Batch, Config, Error, Locker};
+use lockkit_diesel_async::{AdvisoryKey, Batch, Config, Error, Locker};
 use lockkit_examples::{transfer::Tally, Database};
 
 diesel::table! {
@@ -62,7 +62,7 @@ async fn transfer(
     (from, to, amount): (i64, i64, i64),
 ) -> Result<bool, Error> {
     conn.transaction::<_, Error, _>(async |conn| {
-        let mut tx = conn.lock_tx(locker)?;
+        let mut tx = locker.lock_tx(conn)?;
         if locked {
             // Both accounts, in the global lock order whichever way the money goes.
             let both = Batch::new()
