@@ -1,7 +1,7 @@
-//! What a lock call starts from: the locker's [`Policy`], the
-//! transaction's [`TxState`] (with its savepoints' ends), and the call's
-//! [`Request`] and [`Wait`]; the checks every call passes before anything
-//! is sent.
+//! What a lock call starts from: the transaction's [`TxState`] (with its
+//! savepoints' ends), and the call's [`Request`] and [`Wait`]; the checks
+//! every call passes under the locker's [`Policy`] before anything is
+//! sent.
 
 use std::collections::HashSet;
 use std::panic::Location;
@@ -12,44 +12,12 @@ use std::time::Duration;
 use super::ledger::Ledger;
 #[cfg(doc)]
 use super::Acquisition;
+use super::Policy;
 use crate::engine::budget::{Asked, OutOfOrder, TxLocks};
-use crate::engine::config::Config;
 use crate::engine::error::{Error, ErrorKind};
-use crate::engine::facts::ServerFacts;
 use crate::engine::observe::{key_type, KeyType};
 use crate::engine::plan::{Batch, Mode, Plan, RAW};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
-
-/// What a locker enforces: its [`Config`] and the [`ServerFacts`] it learned.
-/// Every adapter's locker holds one.
-#[derive(Clone, Debug)]
-pub struct Policy {
-    config: Config,
-    facts: ServerFacts,
-}
-
-impl Policy {
-    /// A policy of `config` on the server described by `facts`.
-    pub fn new(config: Config, facts: ServerFacts) -> Self {
-        Policy { config, facts }
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    /// The server's facts.
-    pub fn facts(&self) -> &ServerFacts {
-        &self.facts
-    }
-
-    /// The lock budget per transaction (see [`Config::budget`] and
-    /// [`Config::concurrent_lockers`]).
-    pub fn budget(&self) -> usize {
-        self.config.budget_for(&self.facts)
-    }
-}
 
 /// A transaction's [`TxState`] as a lock handle holds it: owned by the
 /// transaction's own handle, borrowed by the handle of a savepoint inside
