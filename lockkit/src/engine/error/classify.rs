@@ -1,71 +1,15 @@
-//! A driver's error as the engine takes it ([`DriverError`]), and its
-//! classification into lockkit's kinds, by SQLSTATE or by the server's
-//! primary message.
+//! How a driver's error becomes one of lockkit's kinds: by SQLSTATE, or
+//! by the server's primary message when the driver hides the code; and
+//! the drivers' errors as the engine takes them.
 
 use std::time::Duration;
 
-use super::{sqlstate, BoxError, Detail, Error, ErrorKind};
-
-/// A driver's error as an adapter hands it to the engine: the SQLSTATE and
-/// primary message when the server sent them, whether the driver reports the
-/// connection closed, and the error itself (kept as the
-/// [`source`](std::error::Error::source)).
-#[derive(Debug)]
-pub struct DriverError {
-    code: Option<String>,
-    message: Option<String>,
-    closed: bool,
-    foreign_reply: bool,
-    source: BoxError,
-}
+use super::{sqlstate, Detail, DriverError, Error, ErrorKind};
 
 impl DriverError {
-    /// A driver error with no SQLSTATE, message or closed flag yet.
-    pub fn new(source: impl Into<BoxError>) -> Self {
-        DriverError {
-            code: None,
-            message: None,
-            closed: false,
-            foreign_reply: false,
-            source: source.into(),
-        }
-    }
-
-    /// The SQLSTATE the server sent.
-    pub fn code(mut self, code: Option<&str>) -> Self {
-        self.code = code.map(str::to_owned);
-        self
-    }
-
-    /// The server's primary message (`errmsg`).
-    pub fn message(mut self, message: Option<&str>) -> Self {
-        self.message = message.map(str::to_owned);
-        self
-    }
-
-    /// Whether the driver reports the connection as closed.
-    pub fn closed(mut self, closed: bool) -> Self {
-        self.closed = closed;
-        self
-    }
-
-    /// Whether the driver could not read the reply to one of lockkit's
-    /// statements in the statement's own shape (another number of columns,
-    /// a column missing): the statement that answered is not lockkit's, and
-    /// the lock call fails with [`ErrorKind::UnexpectedReply`].
-    pub fn foreign_reply(mut self, foreign: bool) -> Self {
-        self.foreign_reply = foreign;
-        self
-    }
-
-    /// The kind this error is, outside any lock call.
-    pub fn kind(&self) -> ErrorKind {
-        self.classify(None)
-    }
-
     /// Classifies: `timed` is the lockkit timeout and how long the call had
     /// been running when the error came, for a `*_timeout` call.
-    fn classify(&self, timed: Option<(Duration, Duration)>) -> ErrorKind {
+    pub(super) fn classify(&self, timed: Option<(Duration, Duration)>) -> ErrorKind {
         use sqlstate::*;
         let code = self.code.as_deref().or_else(|| {
             // Drivers that hide the SQLSTATE (Diesel): the server's English

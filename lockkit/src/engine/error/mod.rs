@@ -9,11 +9,9 @@ use std::time::Duration;
 use crate::key::namespace::NamespaceError;
 use crate::key::LockKey;
 
-mod driver;
+mod classify;
 #[cfg(test)]
 mod tests;
-
-pub use driver::DriverError;
 
 /// A boxed driver error (`tokio_postgres::Error`, `diesel::result::Error`, …).
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
@@ -620,5 +618,63 @@ impl From<NamespaceError> for Error {
             Detail::Text(e.to_string()),
             Some(Box::new(e)),
         )
+    }
+}
+
+/// A driver's error as an adapter hands it to the engine: the SQLSTATE and
+/// primary message when the server sent them, whether the driver reports the
+/// connection closed, and the error itself (kept as the
+/// [`source`](std::error::Error::source)).
+#[derive(Debug)]
+pub struct DriverError {
+    code: Option<String>,
+    message: Option<String>,
+    closed: bool,
+    foreign_reply: bool,
+    source: BoxError,
+}
+
+impl DriverError {
+    /// A driver error with no SQLSTATE, message or closed flag yet.
+    pub fn new(source: impl Into<BoxError>) -> Self {
+        DriverError {
+            code: None,
+            message: None,
+            closed: false,
+            foreign_reply: false,
+            source: source.into(),
+        }
+    }
+
+    /// The SQLSTATE the server sent.
+    pub fn code(mut self, code: Option<&str>) -> Self {
+        self.code = code.map(str::to_owned);
+        self
+    }
+
+    /// The server's primary message (`errmsg`).
+    pub fn message(mut self, message: Option<&str>) -> Self {
+        self.message = message.map(str::to_owned);
+        self
+    }
+
+    /// Whether the driver reports the connection as closed.
+    pub fn closed(mut self, closed: bool) -> Self {
+        self.closed = closed;
+        self
+    }
+
+    /// Whether the driver could not read the reply to one of lockkit's
+    /// statements in the statement's own shape (another number of columns,
+    /// a column missing): the statement that answered is not lockkit's, and
+    /// the lock call fails with [`ErrorKind::UnexpectedReply`].
+    pub fn foreign_reply(mut self, foreign: bool) -> Self {
+        self.foreign_reply = foreign;
+        self
+    }
+
+    /// The kind this error is, outside any lock call.
+    pub fn kind(&self) -> ErrorKind {
+        self.classify(None)
     }
 }
