@@ -1,0 +1,57 @@
+//! The acquisition protocol, written once: checks, plan, statements,
+//! replies, outcome, guards. No I/O: an adapter sends what
+//! [`Acquisition::round`] lists and hands the replies to
+//! [`Acquisition::receive`].
+//!
+//! The locker's [`Policy`] is here; the rest has a file per layer, each
+//! using only those before it: the request and the transaction's state
+//! (`request`), the call's ledger (`ledger`), the grant (`grant`), the
+//! general call (`acquisition`) and the one-key call with the one-key
+//! statements (`one_call`).
+
+use crate::engine::config::Config;
+use crate::engine::facts::ServerFacts;
+
+mod acquisition;
+mod grant;
+mod ledger;
+mod one_call;
+mod request;
+#[cfg(test)]
+mod tests;
+
+pub use acquisition::Acquisition;
+pub use grant::Grant;
+pub use one_call::OneCall;
+pub use request::{Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait};
+
+/// What a locker enforces: its [`Config`] and the [`ServerFacts`] it learned.
+/// Every adapter's locker holds one.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    config: Config,
+    facts: ServerFacts,
+}
+
+impl Policy {
+    /// A policy of `config` on the server described by `facts`.
+    pub fn new(config: Config, facts: ServerFacts) -> Self {
+        Policy { config, facts }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The server's facts.
+    pub fn facts(&self) -> &ServerFacts {
+        &self.facts
+    }
+
+    /// The lock budget per transaction (see [`Config::budget`] and
+    /// [`Config::concurrent_lockers`]).
+    pub fn budget(&self) -> usize {
+        self.config.budget_for(&self.facts)
+    }
+}

@@ -1,0 +1,292 @@
+//! The one-key call ([`OneCall`]): one key that waits as long as it takes
+//! or not at all, one statement and one reply, with the general call's
+//! checks and bookkeeping; and the one-key statements both calls send.
+
+use std::panic::Location;
+
+use super::grant::Grant;
+use super::ledger::{Granted, Ledger};
+#[cfg(doc)]
+use super::Acquisition;
+use super::{Policy, Request, TxState, Wait};
+use crate::engine::error::{DriverError, Error, ErrorKind};
+use crate::engine::guard::Busy;
+use crate::engine::plan::Mode;
+use crate::engine::statement::{Param, Reply, ReplyShape, Sql, Statement};
+use crate::key::{AdvisoryKey, LockKey};
+
+impl TxState {
+    /// Starts a one-key call of one statement: `value`'s key in `mode`,
+    /// waiting as long as it takes, or not at all when `try_only` (the
+    /// calls behind an adapter's `lock`, `lock_shared`, `try_lock` and
+    /// `try_lock_shared`). The same checks and bookkeeping as
+    /// [`TxState::acquire`], without its rounds: the adapter runs it with
+    /// [`OneCall::run`] and makes the guard from its outcome. `site` is the
+    /// application's call site, when the adapter knows it (see
+    /// [`Request::at`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`TxState::acquire`]; nothing is to be sent.
+    pub fn acquire_one<'a, K: AdvisoryKey + ?Sized>(
+        &'a self,
+        policy: &Policy,
+        depth: u32,
+        (value, mode): (&K, Mode),
+        try_only: bool,
+        site: Option<&'static Location<'static>>,
+    ) -> Result<OneCall<'a>, Error> {
+        let request = Request {
+            site,
+            ..Request::one(value, mode)
+        };
+        let (locks, plan) = self.open(policy, &request, !try_only)?;
+        let key = request.keys()[0].0;
+        // Held already in a mode that covers `mode`: granted, nothing to
+        // send, and the guard names the mode held. Sent and granted, the
+        // key is held in `mode` (an upgrade is to `mode`).
+        let (outcome, held) = match plan.is_empty() {
+            true => (Some(Ok(Granted::Now)), locks.mode(key).unwrap_or(mode)),
+            false => (None, mode),
+        };
+        let wait = if try_only { Wait::Try } else { Wait::Forever };
+        let ledger = Ledger::start(
+            self,
+            locks,
+            (depth, site),
+            request.key_type,
+            plan.len(),
+            wait,
+        );
+        Ok(OneCall {
+            ledger,
+            key,
+            mode,
+            held,
+            try_only,
+            outcome,
+        })
+    }
+}
+
+/// A one-key call of one statement, started by [`TxState::acquire_one`]:
+/// a lock that waits as long as it takes, or a try. The adapter runs it
+/// with [`OneCall::run`] (or [`OneCall::run_blocking`]), giving it how to
+/// send a statement on its connection and read the answer, and hands the
+/// outcome to [`Grant::lock`] or [`Grant::try_lock`]. Or step by step:
+/// send [`OneCall::statement`] (when there is one), hand the answer to
+/// [`OneCall::receive`], then call [`OneCall::finish`].
+///
+/// Dropped before its answer is received (once started, its statement
+/// counts as sent), it poisons the transaction: the server may have
+/// granted the key. Held already, it sends nothing and poisons nothing.
+#[derive(Debug)]
+#[must_use = "a lock call must be driven to its outcome, or it poisons the transaction"]
+pub struct OneCall<'a> {
+    ledger: Ledger<'a>,
+    key: LockKey,
+    mode: Mode,
+    /// The mode the key is held in once granted.
+    held: Mode,
+    try_only: bool,
+    /// The outcome once known: from the start when the key is held
+    /// already.
+    outcome: Option<Result<Granted, Error>>,
+}
+
+impl<'a> OneCall<'a> {
+    /// The statement to send, or `None` when the outcome is known (the key
+    /// was held already, or the answer is received): then call
+    /// [`OneCall::finish`].
+    #[inline]
+    pub fn statement(&self) -> Option<Statement<'static>> {
+        if self.outcome.is_some() {
+            return None;
+        }
+        let shared = self.mode == Mode::Shared;
+        Some(match self.key {
+            LockKey::BigInt(k) => one_bigint(k, shared, self.try_only),
+            LockKey::Pair(c, o) => one_pair(c, o, shared, self.try_only),
+        })
+    }
+
+    /// Runs the call on an async driver: `send` sends
+    /// [`OneCall::statement`] (when there is one: the key may be held
+    /// already) and returns the driver's answer, inside the call's span
+    /// (entered at each poll, so that what the driver reports of the
+    /// statement is nested under the call); `read` reads the answer into
+    /// its reply. The outcome goes to [`Grant::lock`] or
+    /// [`Grant::try_lock`].
+    ///
+    /// Dropped while `send` is in flight, the call poisons the transaction;
+    /// the adapter's `send` cancels its statement when dropped.
+    ///
+    /// # Errors
+    ///
+    /// As [`Acquisition::finish`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe by itself: dropped after `send` started, the
+    /// transaction is poisoned (the server may grant the key), and what
+    /// reaches the server is `send`'s to settle (a cancel request).
+    // Always inlined: `send`'s future (about 1.4 KB on tokio-postgres) is
+    // then built where the adapter's lock call keeps it, not moved there.
+    #[inline(always)]
+    pub async fn run<A, F, S, R>(mut self, send: S, read: R) -> Result<Result<Grant, Busy>, Error>
+    where
+        S: FnOnce(Statement<'static>) -> F,
+        F: std::future::Future<Output = Result<A, DriverError>>,
+        R: FnOnce(&Statement<'_>, &A) -> Reply,
+    {
+        if let Some(statement) = self.statement() {
+            use tracing::Instrument as _;
+            // No span wanted (no debug subscriber): awaited where it is
+            // built; the span's wrapper would move it there first.
+            let answer = match self.ledger.span.is_none() {
+                true => send(statement).await,
+                false => send(statement).instrument(self.ledger.span.clone()).await,
+            };
+            self.answered(statement, answer, read);
+        }
+        self.finish()
+    }
+
+    /// [`OneCall::run`] on a blocking driver: `send` runs inside the call's
+    /// span.
+    ///
+    /// # Errors
+    ///
+    /// As [`Acquisition::finish`].
+    pub fn run_blocking<A>(
+        mut self,
+        send: impl FnOnce(Statement<'static>) -> Result<A, DriverError>,
+        read: impl FnOnce(&Statement<'_>, &A) -> Reply,
+    ) -> Result<Result<Grant, Busy>, Error> {
+        if let Some(statement) = self.statement() {
+            let answer = self.ledger.span.in_scope(|| send(statement));
+            self.answered(statement, answer, read);
+        }
+        self.finish()
+    }
+
+    /// Takes the answer to [`OneCall::statement`], read into its reply by
+    /// `read` (as for [`Acquisition::receive_answers`]), or the driver's
+    /// error, checks it and records the outcome. Without a statement to
+    /// answer, it does nothing.
+    pub fn receive<A>(
+        &mut self,
+        answer: Result<A, DriverError>,
+        read: impl FnOnce(&Statement<'_>, &A) -> Reply,
+    ) {
+        if let Some(statement) = self.statement() {
+            self.answered(statement, answer, read);
+        }
+    }
+
+    /// [`OneCall::receive`] of the answer to `statement`, the call's
+    /// statement.
+    fn answered<A>(
+        &mut self,
+        statement: Statement<'static>,
+        answer: Result<A, DriverError>,
+        read: impl FnOnce(&Statement<'_>, &A) -> Reply,
+    ) {
+        let key_type = self.ledger.key_type.name();
+        let taken = std::iter::once((self.key, self.mode, key_type));
+        let outcome = match answer {
+            Ok(answer) => match check_one(statement.sql(), &read(&statement, &answer)) {
+                Ok(granted) => {
+                    let outcome = Ok(match granted {
+                        true => Granted::Now,
+                        false => Granted::Busy(vec![self.key]),
+                    });
+                    self.ledger.settle(taken, &outcome, false);
+                    outcome
+                }
+                Err(e) => self.ledger.cut_off(e),
+            },
+            Err(e) => match e.into_unexpected() {
+                // Not lockkit's statement: nothing is known any more.
+                Ok(error) => self.ledger.cut_off(error),
+                // The failed statement aborted the transaction.
+                Err(e) => {
+                    let outcome = Err(e.into_error_in(None, 1).with_key_types(vec![key_type]));
+                    self.ledger.settle(taken, &outcome, true);
+                    outcome
+                }
+            },
+        };
+        self.outcome = Some(outcome);
+    }
+
+    /// The outcome, once [`OneCall::statement`] is `None`: the grant, or
+    /// the busy key of a try. The adapter hands it to [`Grant::lock`] or
+    /// [`Grant::try_lock`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Acquisition::finish`].
+    pub fn finish(mut self) -> Result<Result<Grant, Busy>, Error> {
+        match self.outcome.take() {
+            // Unanswered: the ledger's drop poisons the transaction.
+            None => Err(Error::new(ErrorKind::Poisoned)),
+            Some(Err(e)) => Err(e),
+            Some(Ok(Granted::Busy(busy))) => {
+                Ok(Err(Busy::new(busy, vec![self.ledger.key_type.name()])))
+            }
+            Some(Ok(Granted::Now)) => Ok(Ok(Grant {
+                key: Some((self.key, self.held)),
+                keys: Vec::new(),
+            })),
+        }
+    }
+}
+
+/// Checks the reply to a one-key statement (a lock, or its try): `true`
+/// when the key is granted, `false` when the try found it busy.
+#[inline]
+pub(super) fn check_one(sql: Sql, reply: &Reply) -> Result<bool, Error> {
+    let tag_ok = |tag: &i64| Some(*tag) == sql.tag();
+    let what = match (sql.reply(), reply) {
+        // A one-key lock's row exists only once its key is locked.
+        (ReplyShape::Locked, Reply::Locked { tag }) if tag_ok(tag) => return Ok(true),
+        // A try counts the keys it took: its one key, or none.
+        (ReplyShape::Tagged, Reply::Tagged { tag, n }) if tag_ok(tag) => match n {
+            1 => return Ok(true),
+            0 => return Ok(false),
+            n => format!("counts {n}, not 0 or 1"),
+        },
+        _ => "is not its reply".to_owned(),
+    };
+    Err(Error::unexpected(format!(
+        "the reply to lockkit's {sql:?} statement {what}: {reply:?}"
+    )))
+}
+
+/// The statement that takes one `BigInt` key: the lock, or its try.
+pub(super) fn one_bigint(key: i64, shared: bool, try_only: bool) -> Statement<'static> {
+    let sql = match (try_only, shared) {
+        (false, false) => Sql::LockBigint,
+        (false, true) => Sql::LockBigintShared,
+        (true, false) => Sql::TryBigint,
+        (true, true) => Sql::TryBigintShared,
+    };
+    Statement::new(sql, &[Param::Int8(key)])
+}
+
+/// The statement that takes one `Pair` key: the lock, or its try.
+pub(super) fn one_pair(
+    class: i32,
+    object: i32,
+    shared: bool,
+    try_only: bool,
+) -> Statement<'static> {
+    let sql = match (try_only, shared) {
+        (false, false) => Sql::LockPair,
+        (false, true) => Sql::LockPairShared,
+        (true, false) => Sql::TryPair,
+        (true, true) => Sql::TryPairShared,
+    };
+    Statement::new(sql, &[Param::Int4(class), Param::Int4(object)])
+}

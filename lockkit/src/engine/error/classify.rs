@@ -1,0 +1,258 @@
+//! How a driver's error becomes one of lockkit's kinds: by SQLSTATE, or
+//! by the server's primary message when the driver hides the code; and
+//! the drivers' errors as the engine takes them.
+
+use std::time::Duration;
+
+use super::{sqlstate, Detail, DriverError, Error, ErrorKind};
+
+impl DriverError {
+    /// Classifies: `timed` is the lockkit timeout and how long the call had
+    /// been running when the error came, for a `*_timeout` call.
+    pub(super) fn classify(&self, timed: Option<(Duration, Duration)>) -> ErrorKind {
+        use sqlstate::*;
+        let code = self.code.as_deref().or_else(|| {
+            // Drivers that hide the SQLSTATE (Diesel): the server's English
+            // primary message names it.
+            let message = self.message.as_deref()?;
+            MESSAGES
+                .iter()
+                .find(|(prefix, _)| message.starts_with(prefix))
+                .map(|(_, code)| *code)
+        });
+        match code {
+            Some(LOCK_NOT_AVAILABLE) => ErrorKind::Timeout,
+            Some(QUERY_CANCELED) => {
+                let message = self.message.as_deref().unwrap_or("");
+                if message.contains("statement timeout") {
+                    ErrorKind::Timeout
+                } else if message.contains("user request") {
+                    ErrorKind::Cancelled
+                } else {
+                    match timed {
+                        // Messages in another language: lockkit's own
+                        // statement_timeout cannot fire before its time.
+                        Some((timeout, elapsed)) if elapsed >= timeout => ErrorKind::Timeout,
+                        _ => ErrorKind::Cancelled,
+                    }
+                }
+            }
+            Some(DEADLOCK_DETECTED) => ErrorKind::Deadlock,
+            Some(SERIALIZATION_FAILURE) => ErrorKind::SerializationFailure,
+            Some(OUT_OF_MEMORY) => ErrorKind::LockTableFull,
+            Some(IN_FAILED_SQL_TRANSACTION) => ErrorKind::TransactionAborted,
+            Some(
+                ADMIN_SHUTDOWN | CRASH_SHUTDOWN | CANNOT_CONNECT_NOW | IDLE_IN_TRANSACTION_TIMEOUT,
+            ) => ErrorKind::ConnectionLost,
+            // A refused message (a `Bind` that does not fit the statement of
+            // that name) is an `ERROR` the session survives; a `FATAL` one
+            // closes the connection.
+            Some(PROTOCOL_VIOLATION) if !self.closed => ErrorKind::Database,
+            Some(c) if c.starts_with("08") => ErrorKind::ConnectionLost,
+            _ if self.closed => ErrorKind::ConnectionLost,
+            _ => ErrorKind::Database,
+        }
+    }
+
+    /// The lockkit error for this driver error outside a lock call.
+    pub fn into_error(self) -> Error {
+        self.into_error_in(None, 0)
+    }
+
+    /// When the driver could not read the reply in the statement's shape
+    /// ([`DriverError::foreign_reply`]), or the server refused one of
+    /// lockkit's own statements as not the
+    /// statement lockkit prepared under that name: `08P01` at its `Bind`
+    /// (the statement of that name has other columns or parameters),
+    /// `22P03` (it takes a parameter of another type: lockkit's own
+    /// statements take the types lockkit binds),
+    /// `26000` (no statement of that name) or `42P05` (preparing it found
+    /// one of that name already). Behind a transaction-mode pooler these
+    /// mean the backend's statement of that name is another client's, or
+    /// none: the reply is not lockkit's ([`ErrorKind::UnexpectedReply`],
+    /// keeping the code), whatever its shape.
+    pub(crate) fn into_unexpected(self) -> Result<Error, Self> {
+        if self.foreign_reply {
+            return Ok(Error::make(
+                ErrorKind::UnexpectedReply,
+                self.code,
+                Detail::None,
+                Some(self.source),
+            ));
+        }
+        let code = self.code.clone().or_else(|| {
+            // Diesel hides the code; its English message names it.
+            let message = self.message.as_deref()?;
+            let code = if message.starts_with("bind message has ")
+                || message.starts_with("bind message supplies ")
+            {
+                sqlstate::PROTOCOL_VIOLATION
+            } else if message.starts_with("incorrect binary data format in bind parameter") {
+                sqlstate::INVALID_BINARY_REPRESENTATION
+            } else if message.starts_with("prepared statement \"") {
+                if message.ends_with("\" already exists") {
+                    sqlstate::DUPLICATE_PREPARED_STATEMENT
+                } else if message.ends_with("\" does not exist") {
+                    sqlstate::INVALID_SQL_STATEMENT_NAME
+                } else {
+                    return None;
+                }
+            } else {
+                return None;
+            };
+            Some(code.to_owned())
+        });
+        match code.as_deref() {
+            Some(
+                sqlstate::PROTOCOL_VIOLATION
+                | sqlstate::INVALID_BINARY_REPRESENTATION
+                | sqlstate::INVALID_SQL_STATEMENT_NAME
+                | sqlstate::DUPLICATE_PREPARED_STATEMENT,
+            ) => Ok(Error::make(
+                ErrorKind::UnexpectedReply,
+                code,
+                Detail::None,
+                Some(self.source),
+            )),
+            _ => Err(self),
+        }
+    }
+
+    /// The lockkit error for this driver error in a lock call of `keys` keys
+    /// under `timed` = (lockkit timeout, elapsed) when it was a timed call.
+    pub(crate) fn into_error_in(self, timed: Option<(Duration, Duration)>, keys: usize) -> Error {
+        let kind = self.classify(timed);
+        let detail = match kind {
+            ErrorKind::Timeout => Detail::Timeout {
+                timeout: timed
+                    .filter(|_| self.code.as_deref() != Some(sqlstate::IN_FAILED_SQL_TRANSACTION))
+                    .map(|(t, _)| t),
+                keys,
+            },
+            _ => Detail::None,
+        };
+        let code = self.code.or_else(|| {
+            // Keep the code the message named, so `code()` agrees with `kind()`.
+            let message = self.message.as_deref()?;
+            MESSAGES
+                .iter()
+                .find(|(prefix, _)| message.starts_with(prefix))
+                .map(|(_, code)| (*code).to_owned())
+        });
+        Error::make(kind, code, detail, Some(self.source))
+    }
+}
+
+/// Primary messages (`errmsg`, PostgreSQL 12+, English) of the codes lockkit
+/// maps, for drivers that do not expose the SQLSTATE (Diesel). On a server
+/// whose `lc_messages` is not English those errors are
+/// [`ErrorKind::Database`] without a code.
+const MESSAGES: [(&str, &str); 10] = [
+    ("deadlock detected", sqlstate::DEADLOCK_DETECTED),
+    (
+        "canceling statement due to lock timeout",
+        sqlstate::LOCK_NOT_AVAILABLE,
+    ),
+    ("could not obtain lock", sqlstate::LOCK_NOT_AVAILABLE),
+    (
+        "canceling statement due to statement timeout",
+        sqlstate::QUERY_CANCELED,
+    ),
+    (
+        "canceling statement due to user request",
+        sqlstate::QUERY_CANCELED,
+    ),
+    ("out of shared memory", sqlstate::OUT_OF_MEMORY),
+    (
+        "current transaction is aborted",
+        sqlstate::IN_FAILED_SQL_TRANSACTION,
+    ),
+    (
+        "terminating connection due to administrator command",
+        sqlstate::ADMIN_SHUTDOWN,
+    ),
+    (
+        "terminating connection due to idle-in-transaction timeout",
+        sqlstate::IDLE_IN_TRANSACTION_TIMEOUT,
+    ),
+    (
+        "could not serialize access",
+        sqlstate::SERIALIZATION_FAILURE,
+    ),
+];
+
+#[cfg(feature = "tokio-postgres")]
+impl From<&tokio_postgres::Error> for DriverError {
+    fn from(e: &tokio_postgres::Error) -> Self {
+        DriverError::new(String::new())
+            .code(e.code().map(tokio_postgres::error::SqlState::code))
+            .message(e.as_db_error().map(|d| d.message()))
+            .closed(e.is_closed())
+    }
+}
+
+#[cfg(feature = "tokio-postgres")]
+impl From<tokio_postgres::Error> for DriverError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        let d = DriverError::from(&e);
+        DriverError {
+            source: e.into(),
+            ..d
+        }
+    }
+}
+
+#[cfg(feature = "tokio-postgres")]
+impl From<tokio_postgres::Error> for Error {
+    fn from(e: tokio_postgres::Error) -> Self {
+        DriverError::from(e).into_error()
+    }
+}
+
+/// With the `diesel` feature: Diesel's error as the engine sees it. Diesel
+/// does not expose the SQLSTATE: its `DatabaseErrorKind` names a few codes,
+/// and the server's English primary message names the others.
+#[cfg(feature = "diesel")]
+impl From<diesel::result::Error> for DriverError {
+    fn from(e: diesel::result::Error) -> Self {
+        use diesel::result::{DatabaseErrorKind as Kind, Error as D};
+        let (code, message, closed) = match &e {
+            D::DatabaseError(kind, info) => {
+                let code = match kind {
+                    Kind::UniqueViolation => Some("23505"),
+                    Kind::ForeignKeyViolation => Some("23503"),
+                    Kind::NotNullViolation => Some("23502"),
+                    Kind::CheckViolation => Some("23514"),
+                    Kind::RestrictViolation => Some("23001"),
+                    Kind::ExclusionViolation => Some("23P01"),
+                    Kind::SerializationFailure => Some(sqlstate::SERIALIZATION_FAILURE),
+                    Kind::ReadOnlyTransaction => Some("25006"),
+                    _ => None,
+                };
+                (
+                    code,
+                    Some(info.message().to_owned()),
+                    matches!(kind, Kind::ClosedConnection),
+                )
+            }
+            _ => (None, None, false),
+        };
+        // A row without the columns asked for: in a lock call, the reply
+        // of a statement that is not lockkit's.
+        let foreign = matches!(e, D::DeserializationError(_));
+        DriverError::new(e)
+            .code(code)
+            .message(message.as_deref())
+            .closed(closed)
+            .foreign_reply(foreign)
+    }
+}
+
+/// With the `diesel` feature, so that `?` works inside
+/// `conn.transaction::<_, lockkit::Error, _>(|conn| …)`.
+#[cfg(feature = "diesel")]
+impl From<diesel::result::Error> for Error {
+    fn from(e: diesel::result::Error) -> Self {
+        DriverError::from(e).into_error()
+    }
+}

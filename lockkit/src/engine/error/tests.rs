@@ -1,0 +1,95 @@
+use super::*;
+
+fn err(code: &str, message: &str) -> DriverError {
+    DriverError::new("driver")
+        .code(Some(code))
+        .message(Some(message))
+}
+
+#[test]
+fn the_accessors_answer_only_for_their_kind() {
+    let lost = err("08006", "connection failure").into_error();
+    assert!(lost.is_connection_lost());
+    let other = err("40P01", "deadlock detected").into_error();
+    assert!(!other.is_connection_lost());
+    assert_eq!(other.backend_pid(), None);
+    let pooled = Error::pooled(4242, "two backends".to_owned());
+    assert_eq!(pooled.backend_pid(), Some(4242));
+    assert!(!pooled.is_connection_lost());
+}
+
+#[test]
+fn maps_sqlstates() {
+    let timed = Some((Duration::from_millis(5), Duration::from_millis(6)));
+    let e = err("55P03", "canceling statement due to lock timeout").into_error_in(timed, 2);
+    assert!(e.is_timeout());
+    assert_eq!(e.timeout(), Some(Duration::from_millis(5)));
+    assert_eq!(e.code(), Some("55P03"));
+    // The session's own timeouts are timeouts too, without a lockkit timeout.
+    let e = err("55P03", "canceling statement due to lock timeout").into_error();
+    assert!(e.is_timeout() && e.timeout().is_none());
+    let e = err("57014", "canceling statement due to statement timeout").into_error();
+    assert!(e.is_timeout());
+    // A cancel request is a cancel, even during a timed call.
+    let e = err("57014", "canceling statement due to user request").into_error_in(timed, 1);
+    assert_eq!(e.kind(), ErrorKind::Cancelled);
+    assert!(!e.is_transient());
+    // Another language: decided by the clock, in the safe direction.
+    let early = Some((Duration::from_secs(10), Duration::from_millis(300)));
+    let e = err("57014", "Abbruch").into_error_in(early, 1);
+    assert_eq!(e.kind(), ErrorKind::Cancelled);
+    assert!(err("57014", "Abbruch").into_error_in(timed, 1).is_timeout());
+    assert!(err("40P01", "deadlock detected").into_error().is_deadlock());
+    assert!(err("53200", "out of shared memory")
+        .into_error()
+        .is_lock_table_full());
+    assert!(err("57P01", "terminating")
+        .into_error()
+        .is_connection_lost());
+    assert!(err("08006", "x").into_error().is_connection_lost());
+    // A refused message (a `Bind` that does not fit the statement of
+    // that name, behind a pooler) is an `ERROR`: the session goes on,
+    // its locks held. Only when the connection closed is it lost.
+    let refused = "bind message supplies 1 parameters, but prepared statement \"s0\" requires 2";
+    assert_eq!(
+        err("08P01", refused).into_error().kind(),
+        ErrorKind::Database
+    );
+    assert!(err("08P01", refused)
+        .closed(true)
+        .into_error()
+        .is_connection_lost());
+    assert!(DriverError::new("x")
+        .closed(true)
+        .into_error()
+        .is_connection_lost());
+    let e = err("25P02", "current transaction is aborted").into_error();
+    assert_eq!(e.kind(), ErrorKind::TransactionAborted);
+    assert_eq!(e.code(), Some("25P02"));
+    let e = err("42P01", "relation does not exist").into_error();
+    assert_eq!(e.code(), Some("42P01"));
+    assert_eq!(e.to_string(), "database error (SQLSTATE 42P01)");
+    assert!(!e.is_transient());
+    assert!(err("40001", "x").into_error().is_transient());
+}
+
+#[test]
+fn message_names_the_code_when_the_driver_hides_it() {
+    let e = DriverError::new("x")
+        .message(Some("deadlock detected"))
+        .into_error();
+    assert!(e.is_deadlock());
+    assert_eq!(e.code(), Some("40P01"));
+    let e = DriverError::new("x")
+        .message(Some("Verklemmung (Deadlock) entdeckt"))
+        .into_error();
+    assert_eq!(e.kind(), ErrorKind::Database);
+    assert_eq!(e.code(), None);
+}
+
+#[test]
+fn is_send_sync_static() {
+    fn check<T: Send + Sync + 'static + StdError>() {}
+    check::<Error>();
+    assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
+}

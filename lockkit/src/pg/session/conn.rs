@@ -1,0 +1,182 @@
+//! Where a lock's connection comes from: opened from a
+//! `tokio_postgres::Config` (with or without TLS), or leased from a
+//! deadpool-postgres pool, and how it is given back.
+
+use std::fmt;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::watch;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{Client, Socket};
+
+use super::SessionLock;
+use crate::engine::error::Error;
+use crate::pg::exec::Canceller;
+
+impl SessionLock {
+    /// A connection for a lock (or the probe), and how to cancel a
+    /// statement on it.
+    pub(super) async fn lease(
+        &self,
+        application_name: impl fmt::Display,
+    ) -> Result<(Lease, Canceller), Error> {
+        match &self.source {
+            Source::Connect(connect) => {
+                let (client, ended) = connect.connect(application_name.to_string()).await?;
+                Ok((Lease::owned(client, ended), connect.canceller()))
+            }
+            #[cfg(feature = "deadpool")]
+            Source::Pool(pool) => {
+                let object = pool.get().await.map_err(pool_error)?;
+                // The pool's TLS connector is its own; a cancel request goes
+                // without TLS and may be refused. Closing the connection
+                // (what a drop does) ends the wait regardless.
+                Ok((Lease::pooled(object), Canceller::plain()))
+            }
+        }
+    }
+}
+
+/// The connection of a lock: opened by lockkit, or leased from a pool.
+pub(super) struct Lease {
+    conn: Option<Conn>,
+    /// Flips when the connection task of an owned connection ends.
+    pub(super) ended: Option<watch::Receiver<bool>>,
+    /// Whether a pooled connection may go back to its pool: set only once
+    /// nothing of the lock can be left on it.
+    pub(super) clean: bool,
+}
+
+enum Conn {
+    Owned(Client),
+    #[cfg(feature = "deadpool")]
+    Pooled(deadpool_postgres::Object),
+}
+
+impl Lease {
+    fn owned(client: Client, ended: watch::Receiver<bool>) -> Self {
+        Lease {
+            conn: Some(Conn::Owned(client)),
+            ended: Some(ended),
+            clean: false,
+        }
+    }
+
+    #[cfg(feature = "deadpool")]
+    fn pooled(object: deadpool_postgres::Object) -> Self {
+        Lease {
+            conn: Some(Conn::Pooled(object)),
+            ended: None,
+            clean: false,
+        }
+    }
+
+    pub(super) fn client(&self) -> &Client {
+        match &self.conn {
+            Some(Conn::Owned(client)) => client,
+            #[cfg(feature = "deadpool")]
+            Some(Conn::Pooled(object)) => object,
+            None => unreachable!("only Drop takes the connection"),
+        }
+    }
+
+    pub(super) fn is_owned(&self) -> bool {
+        matches!(self.conn, Some(Conn::Owned(_)))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        match self.conn.take() {
+            #[cfg(feature = "deadpool")]
+            Some(Conn::Pooled(object)) if !self.clean => {
+                // Never back to the pool: detached and dropped, which aborts
+                // its connection task and closes the socket, so the server
+                // ends the session and its transaction.
+                drop(deadpool_postgres::Object::take(object));
+            }
+            // An owned client closes its connection when it drops; a clean
+            // pooled one goes back to the pool.
+            other => drop(other),
+        }
+    }
+}
+
+#[cfg(feature = "deadpool")]
+fn pool_error(e: deadpool_postgres::PoolError) -> Error {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => Error::from(e),
+        e => Error::other(e),
+    }
+}
+
+/// Where a [`SessionLock`] gets its connections.
+#[derive(Clone)]
+pub(super) enum Source {
+    Connect(Arc<dyn Connect>),
+    #[cfg(feature = "deadpool")]
+    Pool(deadpool_postgres::Pool),
+}
+
+impl fmt::Debug for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Connect(connect) => f.debug_tuple("Connect").field(connect.config()).finish(),
+            #[cfg(feature = "deadpool")]
+            Source::Pool(pool) => f.debug_tuple("Pool").field(&pool.status()).finish(),
+        }
+    }
+}
+
+/// Opens connections, whatever the TLS connector's type.
+pub(super) trait Connect: Send + Sync {
+    fn connect(
+        &self,
+        application_name: String,
+    ) -> BoxFuture<'_, Result<(Client, watch::Receiver<bool>), Error>>;
+    fn canceller(&self) -> Canceller;
+    fn config(&self) -> &tokio_postgres::Config;
+}
+
+pub(super) struct Direct<T> {
+    pub(super) config: tokio_postgres::Config,
+    pub(super) tls: T,
+}
+
+impl<T> Connect for Direct<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::Stream: Send + Sync + 'static,
+    T::TlsConnect: Send + Sync,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    /// Connects, named `application_name`, and runs the connection on a
+    /// task that flips the returned watch to `true` when it ends.
+    fn connect(
+        &self,
+        application_name: String,
+    ) -> BoxFuture<'_, Result<(Client, watch::Receiver<bool>), Error>> {
+        Box::pin(async move {
+            let mut config = self.config.clone();
+            config.application_name(&application_name);
+            let (client, connection) = config.connect(self.tls.clone()).await?;
+            let (ended, lost) = watch::channel(false);
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "lockkit: a session lock connection ended");
+                }
+                let _ = ended.send(true);
+            });
+            Ok((client, lost))
+        })
+    }
+
+    fn canceller(&self) -> Canceller {
+        Canceller::tls(self.tls.clone())
+    }
+
+    fn config(&self) -> &tokio_postgres::Config {
+        &self.config
+    }
+}

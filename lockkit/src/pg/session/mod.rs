@@ -1,0 +1,450 @@
+//! Session-duration advisory locks that cannot leak, behind any pooler:
+//! [`SessionLock`] and its [`SessionGuard`].
+//!
+//! # The default form: a transaction held open
+//!
+//! A session-duration lock ("only one payroll run at a time", leader
+//! election, one migrator per fleet) must outlive the short transactions of
+//! the work it protects. By default lockkit holds it as
+//! `pg_advisory_xact_lock` inside a transaction of its own, on a connection
+//! of its own (opened for the lock, or leased from the application's pool),
+//! and keeps that transaction open until [`SessionGuard::release`] rolls it
+//! back. An open transaction pins its server connection in every pooler
+//! (pgbouncer in transaction mode, pgcat, Supavisor, RDS Proxy), so the
+//! lock cannot be stranded on a pooled backend, and whatever ends the
+//! connection (a drop, a panic, a cancelled task, a network failure, a
+//! server restart) ends the transaction and the lock with it. No pooler
+//! detection is needed for safety.
+//!
+//! # What an operator sees
+//!
+//! The lock's backend is `idle in transaction` in `pg_stat_activity`, with
+//! `application_name = 'lockkit session lock <namespace> <key>'` (e.g.
+//! `lockkit session lock Payroll -3553327097295050730`, the key type's
+//! namespace and the key as `pg_locks` has it; `lockkit inspect` shows
+//! `session lock Payroll`; set on every connection lockkit opens,
+//! and transaction-locally on a leased pool connection, which gets its own
+//! name back at the rollback), `backend_xid` and `backend_xmin` null: the
+//! transaction is `READ COMMITTED` and writes nothing, so between
+//! statements it holds no snapshot and does not hold back VACUUM. Its
+//! `pg_locks` row is the `advisory` lock of the key, `ExclusiveLock` or
+//! `ShareLock`.
+//!
+//! # Keepalive and `idle_in_transaction_session_timeout`
+//!
+//! One task per [`SessionLock`] (shared by its clones), running while it
+//! has locks held, runs [`KEEPALIVE`](crate::engine::sql::KEEPALIVE)
+//! (`SELECT 1`) inside each held lock's transaction at the lock's cadence
+//! ([`SessionLock::keepalive`], 5 s by default; the first within one
+//! cadence of the lock). Each keepalive resets the
+//! server's `idle_in_transaction_session_timeout`, so a cadence below it
+//! keeps the lock. When the cadence is longer (or the keepalives stop), the
+//! server fires the timeout: it terminates the session (`FATAL 25P03`), the
+//! transaction rolls back and the lock is released, and
+//! [`SessionGuard::lost`] resolves: at once on a connection lockkit opened
+//! (the connection ends), at the next keepalive on a leased one. An
+//! idle-connection killer or a dead peer is noticed the same way; a
+//! path gone silent (a half-open TCP connection, a partition: no reply at
+//! all) when a keepalive gets no reply within one cadence.
+//!
+//! Every statement lockkit runs on a held lock's connection (keepalive,
+//! [`SessionGuard::check`], [`SessionGuard::release`], the rollback of a
+//! dropped guard) waits at most one cadence for its answer; one that gets
+//! none gives the lock up and closes the connection. So whatever is in
+//! flight, `lost()` resolves within one cadence of a connection lockkit
+//! opened closing, and within two cadences of the lock's path going silent
+//! (the next keepalive starts within one, and waits at most one); `check()`
+//! and `release()` answer within two (one waiting for a statement in flight,
+//! one for their own). Once `lost()`
+//! resolves the holder must stop acting as the lock's owner.
+//!
+//! # The plain session-level form
+//!
+//! [`SessionForm::SessionLevel`] takes `pg_advisory_lock` instead: no
+//! transaction stays open, but the lock is bound to the server session, so
+//! it is safe only on a direct connection (or a session-mode pool). It is
+//! refused when [`probe_pooler`] sees a transaction-mode pooler.
+
+use std::fmt;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{NoTls, Socket};
+
+use crate::engine::error::Error;
+#[cfg(doc)]
+use crate::engine::error::ErrorKind;
+use crate::engine::plan::Mode;
+#[cfg(doc)]
+use crate::engine::sql;
+use crate::key::AdvisoryKey;
+use crate::pg::locker::Locker;
+
+mod conn;
+mod guard;
+mod keeper;
+mod probe;
+mod simple;
+mod take;
+
+pub use guard::SessionGuard;
+pub use probe::{probe_pooler, PoolerProbe, ProbeTimeout};
+
+use conn::{Direct, Source};
+use keeper::Keeper;
+
+/// The keepalive cadence unless [`SessionLock::keepalive`] says otherwise.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// How long [`probe_pooler`] (and a session-level lock's probe) may take
+/// unless [`SessionLock::probe_timeout`] says otherwise.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether a lock waits, and how long.
+#[derive(Clone, Copy, Debug)]
+enum Wait {
+    Forever,
+    Try,
+    Timeout(Duration),
+}
+
+/// How a [`SessionLock`] holds its locks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SessionForm {
+    /// `pg_advisory_xact_lock` inside a transaction held open on the lock's
+    /// connection, rolled back at release: safe behind any pooler (the
+    /// default).
+    #[default]
+    Transaction,
+    /// `pg_advisory_lock` on the lock's session, unlocked at release: for
+    /// direct connections only; refused behind a transaction-mode pooler
+    /// (see [`SessionLock::pooler_check`]).
+    SessionLevel,
+}
+
+/// Takes session-duration advisory locks, each on a connection of its own.
+///
+/// Every lock opens its own connection from a `tokio_postgres::Config`
+/// ([`new`](Self::new), or [`with_tls`](Self::with_tls)), or leases one
+/// from the application's deadpool-postgres pool (`from_pool`, feature
+/// `deadpool`), for the life of the lock. In the default
+/// [`SessionForm::Transaction`] it opens a transaction there and takes
+/// `pg_advisory_xact_lock` inside (see the [module docs](self)); the
+/// [`SessionGuard`] it hands back keeps the transaction open, with a
+/// keepalive, until it is released, dropped or lost.
+///
+/// Before handing out a lock it refuses:
+/// - a hot standby ([`ErrorKind::HotStandby`]; see
+///   [`allow_standby`](Self::allow_standby)): locks there exclude nothing on
+///   the primary;
+/// - `HashText` keys when the server's `hashtext` differs from lockkit's
+///   ([`ErrorKind::HashtextMismatch`]);
+/// - in the [`SessionForm::SessionLevel`] form only, a transaction-mode
+///   pooler ([`ErrorKind::PooledConnection`]; see [`probe_pooler`]).
+///
+/// # Example
+///
+/// ```no_run
+/// use lockkit::{AdvisoryKey, SessionLock};
+///
+/// #[derive(AdvisoryKey)]
+/// struct PayrollRun {
+///     month: &'static str,
+/// }
+///
+/// # async fn run() -> Result<(), lockkit::Error> {
+/// let config: tokio_postgres::Config = "postgres://app@db/app".parse().unwrap();
+/// let sessions = SessionLock::new(config);
+/// match sessions.try_lock(PayrollRun { month: "2024-05" }).await? {
+///     Ok(guard) => {
+///         tokio::select! {
+///             _ = guard.lost() => eprintln!("lost the lock: stop acting on it"),
+///             _ = async { /* the payroll run */ } => {}
+///         }
+///         let was_held = guard.release().await?;
+///         assert!(was_held);
+///     }
+///     Err(_month) => println!("another payroll run is in progress"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SessionLock {
+    source: Source,
+    form: SessionForm,
+    allow_standby: bool,
+    pooler_check: bool,
+    /// Keeps the held locks alive at the cadence
+    /// ([`keepalive`](Self::keepalive)); shared by clones.
+    keeper: Arc<Keeper>,
+    probe_timeout: Duration,
+    /// Whether a lock's set-up saw that the server has
+    /// `client_connection_check_interval` (PostgreSQL 14+): the next
+    /// set-ups set it with the cheaper `SET LOCAL` form
+    /// ([`sql::write_session_setup`]). Shared by clones; cleared when that
+    /// form fails because the server has no such setting.
+    check_interval_known: Arc<AtomicBool>,
+}
+
+impl fmt::Debug for SessionLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionLock")
+            .field("source", &self.source)
+            .field("form", &self.form)
+            .field("allow_standby", &self.allow_standby)
+            .field("pooler_check", &self.pooler_check)
+            .field("keepalive", &self.keeper.cadence)
+            .field("probe_timeout", &self.probe_timeout)
+            .finish()
+    }
+}
+
+impl SessionLock {
+    /// Session locks on connections made from `config`, without TLS.
+    pub fn new(config: tokio_postgres::Config) -> Self {
+        Self::with_tls(config, NoTls)
+    }
+
+    /// Session locks on connections made from `config` through `tls`, a
+    /// tokio-postgres TLS connector (e.g. `postgres_openssl::MakeTlsConnector`
+    /// or `tokio_postgres_rustls::MakeRustlsConnect`), as
+    /// `config.connect(tls)` would make them; `sslmode` is the config's.
+    /// Cancel requests for an abandoned wait go through `tls` too.
+    pub fn with_tls<T>(config: tokio_postgres::Config, tls: T) -> Self
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + Sync + 'static,
+        T::TlsConnect: Send + Sync,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        Self::from_source(Source::Connect(Arc::new(Direct { config, tls })))
+    }
+
+    /// Session locks on connections leased from the application's
+    /// deadpool-postgres `pool` for the life of each lock (feature
+    /// `deadpool`).
+    ///
+    /// A release rolls the lock's transaction back and returns the
+    /// connection to the pool. A guard dropped without release rolls back
+    /// on its task and returns the connection only when the rollback
+    /// completed; otherwise (a failed or cut-short rollback, a lost
+    /// connection, the runtime shutting down) the connection is detached
+    /// from the pool and closed, which ends the transaction on the server.
+    /// A connection is never returned with a lock on it.
+    ///
+    /// A pooled connection is not lockkit's to rename: its
+    /// `application_name` is set transaction-locally for the lock.
+    #[cfg(feature = "deadpool")]
+    pub fn from_pool(pool: deadpool_postgres::Pool) -> Self {
+        Self::from_source(Source::Pool(pool))
+    }
+
+    fn from_source(source: Source) -> Self {
+        SessionLock {
+            source,
+            form: SessionForm::Transaction,
+            allow_standby: false,
+            pooler_check: true,
+            keeper: Keeper::new(DEFAULT_KEEPALIVE),
+            probe_timeout: DEFAULT_PROBE_TIMEOUT,
+            check_interval_known: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// How the locks are held: [`SessionForm::Transaction`] (the default,
+    /// safe behind any pooler) or [`SessionForm::SessionLevel`] (plain
+    /// `pg_advisory_lock`, for direct connections).
+    pub fn form(mut self, form: SessionForm) -> Self {
+        self.form = form;
+        self
+    }
+
+    /// Take locks on a hot standby too (refused by default: they exclude
+    /// nothing on the primary).
+    pub fn allow_standby(mut self, allow: bool) -> Self {
+        self.allow_standby = allow;
+        self
+    }
+
+    /// For the [`SessionForm::SessionLevel`] form: whether to probe for a
+    /// transaction-mode pooler before each lock (on by default). The probe
+    /// costs a second, short-lived connection and three round trips,
+    /// bounded by [`probe_timeout`](Self::probe_timeout); turn it off only
+    /// when the connections are known to reach PostgreSQL directly. The
+    /// default form needs no probe and ignores this.
+    pub fn pooler_check(mut self, check: bool) -> Self {
+        self.pooler_check = check;
+        self
+    }
+
+    /// The keepalive cadence of each lock's connection (5 s by default; at
+    /// least 1 ms). Keep it below the server's
+    /// `idle_in_transaction_session_timeout`, or the server ends the lock's
+    /// session (see the [module docs](self)). [`SessionGuard::lost`]
+    /// resolves within one cadence of the lock being gone. One task keeps
+    /// all the held locks of this `SessionLock` and of its clones made
+    /// after this call; clones made before keep their own cadence. It runs
+    /// on the runtime of the lock that started it: should that runtime
+    /// shut down while locks taken on another runtime are held, they are
+    /// given up (`lost()` resolves, their connections close), so use one
+    /// `SessionLock` per runtime.
+    pub fn keepalive(mut self, cadence: Duration) -> Self {
+        // A keeper of its own: the clones made before keep their cadence.
+        self.keeper = Keeper::new(cadence.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// The bound on the pooler probe ([`probe_pooler`](Self::probe_pooler)
+    /// and the session-level form's check), 2 s by default: on a saturated
+    /// pool it gives up with [`ProbeTimeout`] instead of waiting for a
+    /// second connection.
+    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
+        self.probe_timeout = timeout;
+        self
+    }
+
+    /// The connection settings, when the locks open their own connections
+    /// (`None` for a pool).
+    pub fn config(&self) -> Option<&tokio_postgres::Config> {
+        match &self.source {
+            Source::Connect(connect) => Some(connect.config()),
+            #[cfg(feature = "deadpool")]
+            Source::Pool(_) => None,
+        }
+    }
+
+    /// Takes `key` exclusive, waiting as long as it takes.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::HotStandby`], [`ErrorKind::HashtextMismatch`] and (session-level
+    /// form) [`ErrorKind::PooledConnection`] or a [`ProbeTimeout`] before the
+    /// lock is handed out; [`ErrorKind::Deadlock`], [`ErrorKind::ConnectionLost`]
+    /// and other connection, pool or server errors. Nothing is held after
+    /// an error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future cancels the waiting statement and
+    /// closes (or, for a pool, detaches and closes) the connection, so the
+    /// lock is not taken, or, if it was just granted, released with the
+    /// connection.
+    pub async fn lock<K: AdvisoryKey>(&self, key: K) -> Result<SessionGuard<K>, Error> {
+        self.acquire(key, Mode::Exclusive, Wait::Forever)
+            .await
+            .map(expect_granted)
+    }
+
+    /// Takes `key` shared, waiting as long as it takes.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn lock_shared<K: AdvisoryKey>(&self, key: K) -> Result<SessionGuard<K>, Error> {
+        self.acquire(key, Mode::Shared, Wait::Forever)
+            .await
+            .map(expect_granted)
+    }
+
+    /// Tries `key` exclusive without waiting: the guard, or the key back when
+    /// another session holds it.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn try_lock<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> Result<Result<SessionGuard<K>, K>, Error> {
+        self.acquire(key, Mode::Exclusive, Wait::Try).await
+    }
+
+    /// Tries `key` shared without waiting: the guard, or the key back when
+    /// another session holds it exclusive.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn try_lock_shared<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> Result<Result<SessionGuard<K>, K>, Error> {
+        self.acquire(key, Mode::Shared, Wait::Try).await
+    }
+
+    /// Takes `key` exclusive, waiting at most `timeout` (`lock_timeout`,
+    /// enforced by the server; the connection's own set-up is not counted).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Timeout`] when the timeout expired; otherwise as
+    /// [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn lock_timeout<K: AdvisoryKey>(
+        &self,
+        key: K,
+        timeout: Duration,
+    ) -> Result<SessionGuard<K>, Error> {
+        self.acquire(key, Mode::Exclusive, Wait::Timeout(timeout))
+            .await
+            .map(expect_granted)
+    }
+
+    /// Takes `key` shared, waiting at most `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_timeout`](Self::lock_timeout).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn lock_shared_timeout<K: AdvisoryKey>(
+        &self,
+        key: K,
+        timeout: Duration,
+    ) -> Result<SessionGuard<K>, Error> {
+        self.acquire(key, Mode::Shared, Wait::Timeout(timeout))
+            .await
+            .map(expect_granted)
+    }
+}
+
+impl Locker {
+    /// Session locks on connections made from `config` (without TLS), with
+    /// this locker's standby policy
+    /// ([`Config::allow_standby`](crate::Config::allow_standby)).
+    ///
+    /// The locker's transactions and the session locks take keys from the
+    /// same key spaces, so an xact lock and a session lock on one key
+    /// exclude each other.
+    pub fn session(&self, config: tokio_postgres::Config) -> SessionLock {
+        SessionLock::new(config).allow_standby(self.config().allow_standby)
+    }
+}
+
+fn expect_granted<K>(result: Result<SessionGuard<K>, K>) -> SessionGuard<K> {
+    match result {
+        Ok(guard) => guard,
+        Err(_) => unreachable!("a waiting lock is granted or fails"),
+    }
+}

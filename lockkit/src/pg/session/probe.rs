@@ -1,0 +1,262 @@
+//! The pooler probe: whether a connection goes through a
+//! transaction-mode pooler, the check the session-level form makes before
+//! every lock.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use super::conn::Lease;
+use super::SessionLock;
+#[cfg(doc)]
+use super::{SessionForm, DEFAULT_PROBE_TIMEOUT};
+use crate::engine::error::{Error, ErrorKind};
+use crate::engine::sql;
+
+/// `application_name` of the pooler probe's connections.
+const PROBE_NAME: &str = "lockkit pooler probe";
+
+/// The pooler probe did not finish within its timeout
+/// ([`SessionLock::probe_timeout`]): typically a pool or pooler with no
+/// second connection free. Nothing was locked, and the probe's connections
+/// were closed (or returned to the pool), so it holds none of them longer
+/// than the timeout. The source of an [`ErrorKind::Database`] without a
+/// SQLSTATE; find it with `std::error::Error::source` and `downcast_ref`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the pooler probe did not finish within {timeout:?} (no second connection free in the pool?); nothing was locked")]
+pub struct ProbeTimeout {
+    /// The timeout that expired.
+    pub timeout: Duration,
+}
+
+/// What [`probe_pooler`] saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolerProbe {
+    backend_pid: i32,
+    pub(super) evidence: Option<String>,
+}
+
+impl PoolerProbe {
+    /// The server backend the probed connection was on first.
+    pub fn backend_pid(&self) -> i32 {
+        self.backend_pid
+    }
+
+    /// Whether the connection goes through a transaction-mode pooler.
+    pub fn is_transaction_pooled(&self) -> bool {
+        self.evidence.is_some()
+    }
+
+    /// What gave the pooler away, when it did.
+    pub fn evidence(&self) -> Option<&str> {
+        self.evidence.as_deref()
+    }
+}
+
+/// Whether connections made from `config` (without TLS) go through a
+/// transaction-mode pooler: the check the [`SessionForm::SessionLevel`]
+/// form makes before every lock (the default form needs none). Bounded by
+/// [`DEFAULT_PROBE_TIMEOUT`]; use [`SessionLock::probe_pooler`] for TLS,
+/// a pool or another bound.
+///
+/// On its own connection it reads `pg_backend_pid()` in two transactions;
+/// then a second client opens a transaction, and the first reads its pid
+/// again. Directly connected, the pid never changes and the second client
+/// has another. Behind a transaction-mode pooler the backend is returned to
+/// the pool after each transaction: pgbouncer hands the one released last
+/// to the next client, so the second client gets the first one's backend,
+/// or, when it does not, the first client moves to another. The first
+/// connection also marks its backend with a session-wide setting
+/// (`lockkit.pooler_probe`, taken off again when no pooler was seen): a
+/// client that finds another client's mark on its fresh connection, or
+/// loses its own, was handed a backend by a pooler. Concurrent probes
+/// (a fleet of session-level lockers) thus mark the pooled backends for
+/// one another, where the pids alone let some of them miss the pooler. A
+/// session-mode pooler keeps each client on one backend (and its
+/// `DISCARD ALL` clears the mark) and is not reported. The probe is still
+/// a heuristic (the very first probes on a fresh pool rely on the pooler's
+/// reuse order); that is why the default session form does not rely on
+/// it.
+///
+/// # Errors
+///
+/// [`ProbeTimeout`] (inside [`ErrorKind::Database`]) when the probe did not
+/// finish within the bound, e.g. because the pool had no second connection
+/// free; when a connection or a query fails.
+///
+/// # Cancel safety
+///
+/// Cancel safe: both connections are closed when the future drops.
+pub async fn probe_pooler(config: &tokio_postgres::Config) -> Result<PoolerProbe, Error> {
+    SessionLock::new(config.clone()).probe_pooler().await
+}
+
+impl SessionLock {
+    /// Whether this lock's connections go through a transaction-mode
+    /// pooler: [`probe_pooler`] on a connection from this lock's source
+    /// (its config and TLS, or its pool), bounded by
+    /// [`probe_timeout`](Self::probe_timeout).
+    ///
+    /// # Errors
+    ///
+    /// [`ProbeTimeout`] (inside [`ErrorKind::Database`]) when the probe did not
+    /// finish in time, e.g. on a pool with no second connection free;
+    /// connection, pool and server errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: its connections are closed, or returned to the pool
+    /// only after their transaction ended, when the future drops.
+    pub async fn probe_pooler(&self) -> Result<PoolerProbe, Error> {
+        self.bounded(async {
+            let (mut lease, _) = self.lease(PROBE_NAME).await?;
+            let first = backend_pid(lease.client()).await?;
+            let probe = self.probe_backends(&lease, first).await?;
+            // Only statements in autocommit ran on it: a pooled connection
+            // may go back.
+            lease.clean = true;
+            Ok(probe)
+        })
+        .await
+    }
+
+    pub(super) async fn bounded<T>(
+        &self,
+        work: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(self.probe_timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::with_source(
+                ErrorKind::Timeout,
+                format!(
+                    "the pooler probe did not finish within {:?}",
+                    self.probe_timeout
+                ),
+                ProbeTimeout {
+                    timeout: self.probe_timeout,
+                },
+            )),
+        }
+    }
+
+    /// The probe proper, with the first connection already open and its
+    /// backend `first`: see [`probe_pooler`].
+    pub(super) async fn probe_backends(
+        &self,
+        lease: &Lease,
+        first: i32,
+    ) -> Result<PoolerProbe, Error> {
+        let client = lease.client();
+        let pooled = |evidence: String| PoolerProbe {
+            backend_pid: first,
+            evidence: Some(evidence),
+        };
+        // A session-wide mark of this probe on the backend, read back
+        // below: a backend that carries the mark of another client was
+        // handed over by a pooler (a direct connection, and a session-mode
+        // pooler's `DISCARD ALL`, start every client clean). Concurrent
+        // probes mark the pooled backends for one another, so they see the
+        // pooler where backend pids alone let several of them miss it.
+        let mark = format!("{:016x}", fastrand::u64(1..));
+        let (again, found) = read_mark(client, Some(&mark)).await?;
+        if again != first {
+            return Ok(pooled(format!(
+                "the next transaction ran on backend {again}"
+            )));
+        }
+        if let Some(found) = found {
+            return Ok(pooled(format!(
+                "backend {again} carries another client's pooler probe mark {found}"
+            )));
+        }
+        let (mut other, _) = self.lease(PROBE_NAME).await?;
+        other.client().batch_execute("BEGIN").await?;
+        let (other_pid, other_found) = read_mark(other.client(), None).await?;
+        let after = if other_pid == first {
+            None
+        } else {
+            Some(read_mark(client, None).await?)
+        };
+        other.clean = other
+            .client()
+            .batch_execute(sql::SESSION_ROLLBACK)
+            .await
+            .is_ok();
+        drop(other);
+        let evidence = match (after, other_found) {
+            (None, _) => Some(
+                "another client's transaction was given it while this connection was idle".into(),
+            ),
+            (_, Some(found)) => Some(format!(
+                "another client's transaction was given backend {other_pid}, which carries the pooler probe mark {found}"
+            )),
+            (Some((after, _)), None) if after != first => Some(format!(
+                "while another client's transaction was open, this connection moved to backend {after}"
+            )),
+            (Some((_, found)), None) if found.as_deref() != Some(mark.as_str()) => Some(format!(
+                "this connection's backend lost its pooler probe mark (found {found:?})"
+            )),
+            (Some(_), None) => None,
+        };
+        if let Some(evidence) = evidence {
+            return Ok(pooled(evidence));
+        }
+        // Directly connected (or session-pooled): take the mark off, so
+        // that a pooled connection leased again is not mistaken for one a
+        // pooler handed over.
+        client.batch_execute(PROBE_UNMARK).await?;
+        Ok(PoolerProbe {
+            backend_pid: first,
+            evidence: None,
+        })
+    }
+}
+
+/// The session-wide setting the pooler probe marks its backend with.
+const PROBE_MARK: &str = "lockkit.pooler_probe";
+
+/// Takes the pooler probe's mark off the session.
+const PROBE_UNMARK: &str = "SELECT set_config('lockkit.pooler_probe', '', false)";
+
+/// `pg_backend_pid()` and the pooler probe's mark on the backend, if any,
+/// in one transaction; with `set`, marks it with `set` afterwards, in the
+/// same transaction (so on the same backend). The mark answered is the one
+/// found before; with `set`, it is `None` when it was `set` already.
+async fn read_mark(client: &Client, set: Option<&str>) -> Result<(i32, Option<String>), Error> {
+    let mut query = format!("SELECT pg_backend_pid(), current_setting('{PROBE_MARK}', true)");
+    if let Some(set) = set {
+        query.push_str(&format!(
+            "; SELECT set_config('{PROBE_MARK}', '{set}', false)"
+        ));
+    }
+    let messages = client.simple_query(&query).await?;
+    let row = messages
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        })
+        .ok_or_else(|| Error::unexpected("the pooler probe's query returned no row".into()))?;
+    let pid = row
+        .get(0)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| Error::unexpected("pg_backend_pid() returned no pid".into()))?;
+    let found = row
+        .get(1)
+        .filter(|mark| !mark.is_empty() && Some(*mark) != set)
+        .map(str::to_owned);
+    Ok((pid, found))
+}
+
+/// `pg_backend_pid()` in a statement of its own (its own transaction).
+async fn backend_pid(client: &Client) -> Result<i32, Error> {
+    let messages = client.simple_query("SELECT pg_backend_pid()").await?;
+    messages
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => row.get(0).and_then(|v| v.parse().ok()),
+            _ => None,
+        })
+        .ok_or_else(|| Error::unexpected("pg_backend_pid() returned no row".into()))
+}

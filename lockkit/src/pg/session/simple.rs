@@ -1,0 +1,265 @@
+//! The default form's lock in one simple-protocol query: the lock
+//! engine's statements behind `BEGIN` and the session set-up, sent as one
+//! `Query` message, and the text rows they answer read back for the
+//! engine's reply checks.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures_util::StreamExt;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use super::take::{one_row, AppName};
+use super::Wait;
+use crate::engine::error::{DriverError, Error};
+use crate::engine::facts::ServerFacts;
+use crate::engine::sql;
+use crate::engine::{self, read_reply, Policy, ReplyRow, ReplyShape, Request, TxState};
+
+/// Opens the lock's transaction on `client`, sets it up (named `name`) and
+/// takes the transaction-scoped lock inside it through the lock engine (its
+/// statements, reply checks and timeouts), all in one simple-protocol
+/// query; later rounds of the engine (a timeout's savepoint rollback) go
+/// the same way. Answers the set-up row (`in_recovery`, `backend_pid`) and
+/// whether the lock was granted (`false`: a try found it busy), or, as the
+/// inner error, what the engine made of a failed lock statement. The
+/// standby and `hashtext` checks are the caller's.
+///
+/// # Errors
+///
+/// The outer error when `BEGIN` or the set-up failed, or their reply was
+/// not what they answer: then the engine never saw a reply.
+pub(super) async fn take_xact_lock(
+    client: &Client,
+    request: Request,
+    wait: Wait,
+    name: &AppName,
+    check_interval_known: &AtomicBool,
+) -> Result<((bool, i32), Result<bool, Error>), Error> {
+    static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(|| {
+        Policy::new(
+            crate::Config::default()
+                .allow_standby(true)
+                .order_check(crate::OrderCheck::Off)
+                .statements(crate::StatementMode::Unnamed),
+            ServerFacts::assumed(1, 1, 0),
+        )
+    });
+    let wait = match wait {
+        Wait::Forever => engine::Wait::Forever,
+        Wait::Timeout(timeout) => engine::Wait::Timeout(timeout),
+        Wait::Try => engine::Wait::Try,
+    };
+    let state = TxState::new();
+    let mut call = state.acquire(&POLICY, 0, request, wait)?;
+    let mut query = String::with_capacity(512);
+    let mut setup = None;
+    let mut first = true;
+    while let Some(round) = call.round() {
+        query.clear();
+        let known = check_interval_known.load(Ordering::Relaxed);
+        let prefix = if std::mem::take(&mut first) {
+            query.push_str(sql::SESSION_BEGIN);
+            query.push_str("; ");
+            1 + sql::write_session_setup(&mut query, name, known)
+        } else {
+            0
+        };
+        for (i, statement) in round.iter().enumerate() {
+            if i > 0 || prefix > 0 {
+                query.push_str("; ");
+            }
+            statement.write_simple(&mut query);
+        }
+        let (completed, failed) = simple_round(client, &query).await;
+        let expected = prefix
+            + round
+                .iter()
+                .map(|s| s.sql().simple_commands())
+                .sum::<usize>();
+        match &failed {
+            Some(e) if completed.len() < prefix => {
+                if e.code() == Some(&SqlState::UNDEFINED_OBJECT) {
+                    // No `client_connection_check_interval` (the server
+                    // is older than the one seen before): the next set-up
+                    // asks again.
+                    check_interval_known.store(false, Ordering::Relaxed);
+                }
+                return Err(Error::from(failed.expect("matched Some")));
+            }
+            None if completed.len() != expected => {
+                return Err(Error::unexpected(format!(
+                    "the session lock's query answered {} commands, not {expected}",
+                    completed.len()
+                )));
+            }
+            _ => {}
+        }
+        if prefix > 0 {
+            // BEGIN answers no row; the set-up one row in its first command
+            // and none in the others.
+            let begun = completed.rows(0, 1);
+            let set_up = completed.rows(1, 2);
+            let settings = completed.rows(2, prefix);
+            if !begun.is_empty() || !settings.is_empty() {
+                return Err(Error::unexpected(
+                    "BEGIN or a SET of the session set-up returned a row".into(),
+                ));
+            }
+            one_row(set_up, "the session set-up")?;
+            let row = &set_up[0];
+            let bad = |e: BadColumn| Error::unexpected(format!("the session set-up: {e}"));
+            setup = Some((row.bool(0).map_err(bad)?, row.int4(1).map_err(bad)?));
+            // The other form's last column: NULL when the server has no
+            // `client_connection_check_interval`.
+            if !known && row.text(3).is_ok() {
+                check_interval_known.store(true, Ordering::Relaxed);
+            }
+        }
+        if let Some(e) = failed {
+            call.receive(Err(DriverError::from(e)));
+            continue;
+        }
+        // Each statement's rows; a statement of several commands (a
+        // savepoint rollback) answers rows of none of them.
+        let mut answers: Vec<&[SimpleRow]> = Vec::with_capacity(round.len());
+        let mut next = prefix;
+        for statement in &round {
+            let commands = statement.sql().simple_commands();
+            answers.push(completed.rows(next, next + commands));
+            next += commands;
+        }
+        call.receive_answers(Ok(answers), |statement, rows| match statement.reply() {
+            ReplyShape::Done if rows.is_empty() => read_reply::<SimpleRow>(statement, None),
+            _ => read_reply(statement, Some(rows)),
+        });
+    }
+    let setup = setup.ok_or_else(|| Error::unexpected("the lock engine sent nothing".into()))?;
+    Ok((setup, call.finish().map(|outcome| outcome.is_ok())))
+}
+
+/// Sends `query` (statements joined by `;`) with the simple query
+/// protocol: one `Query` message, sent at the first poll. Answers the rows
+/// of each command that completed, in order, and the error that stopped
+/// the query, if any (the server runs no command after a failed one, so
+/// the failed one is the next after those completed).
+pub(super) async fn simple_round(
+    client: &Client,
+    query: &str,
+) -> (Completed, Option<tokio_postgres::Error>) {
+    // Two vectors for the whole query, not one per command.
+    let mut done = Completed {
+        rows: Vec::with_capacity(4),
+        ends: Vec::with_capacity(8),
+    };
+    let stream = match client.simple_query_raw(query).await {
+        Ok(stream) => stream,
+        Err(e) => return (done, Some(e)),
+    };
+    let mut stream = std::pin::pin!(stream);
+    while let Some(message) = stream.next().await {
+        match message {
+            Ok(SimpleQueryMessage::Row(row)) => done.rows.push(SimpleRow(row)),
+            Ok(SimpleQueryMessage::CommandComplete(_)) => done.ends.push(done.rows.len()),
+            Ok(_) => {}
+            Err(e) => return (done, Some(e)),
+        }
+    }
+    (done, None)
+}
+
+/// The commands of a simple query that completed, in order, with their
+/// rows in one vector: command `i` answered `rows[ends[i - 1]..ends[i]]`
+/// (rows after the last completed command, of a failed one, are ignored).
+pub(super) struct Completed {
+    rows: Vec<SimpleRow>,
+    ends: Vec<usize>,
+}
+
+impl Completed {
+    /// How many commands completed.
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// The rows of commands `from..to` (none for commands that did not
+    /// complete).
+    fn rows(&self, from: usize, to: usize) -> &[SimpleRow] {
+        // Where the rows of the first `i` commands end.
+        let end = |i: usize| match i.min(self.ends.len()) {
+            0 => 0,
+            i => self.ends[i - 1],
+        };
+        self.rows.get(end(from)..end(to)).unwrap_or_default()
+    }
+}
+
+/// A simple-protocol row: every column as text, decoded here for the
+/// engine's reply checks (and the set-up row).
+struct SimpleRow(tokio_postgres::SimpleQueryRow);
+
+/// Why a [`SimpleRow`] column could not be read.
+struct BadColumn(String);
+
+impl fmt::Display for BadColumn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl SimpleRow {
+    /// Column `i`'s text.
+    fn text(&self, i: usize) -> Result<&str, BadColumn> {
+        match self.0.try_get(i) {
+            Ok(Some(text)) => Ok(text),
+            Ok(None) => Err(BadColumn(format!("column {i} is NULL"))),
+            Err(e) => Err(BadColumn(e.to_string())),
+        }
+    }
+
+    fn parse<T: std::str::FromStr>(&self, i: usize, ty: &str) -> Result<T, BadColumn> {
+        let text = self.text(i)?;
+        text.parse()
+            .map_err(|_| BadColumn(format!("column {i}: {text:?} is not {ty}")))
+    }
+
+    fn array<T: std::str::FromStr>(&self, i: usize, ty: &str) -> Result<Vec<T>, BadColumn> {
+        let text = self.text(i)?;
+        let bad = || BadColumn(format!("column {i}: {text:?} is not {ty}[]"));
+        let inner = text
+            .strip_prefix('{')
+            .and_then(|t| t.strip_suffix('}'))
+            .ok_or_else(bad)?;
+        if inner.is_empty() {
+            return Ok(Vec::new());
+        }
+        inner
+            .split(',')
+            .map(|v| v.parse().map_err(|_| bad()))
+            .collect()
+    }
+}
+
+impl ReplyRow for SimpleRow {
+    type Error = BadColumn;
+    fn int8(&self, i: usize) -> Result<i64, BadColumn> {
+        self.parse(i, "int8")
+    }
+    fn int4(&self, i: usize) -> Result<i32, BadColumn> {
+        self.parse(i, "int4")
+    }
+    fn bool(&self, i: usize) -> Result<bool, BadColumn> {
+        match self.text(i)? {
+            "t" => Ok(true),
+            "f" => Ok(false),
+            text => Err(BadColumn(format!("column {i}: {text:?} is not bool"))),
+        }
+    }
+    fn int8_array(&self, i: usize) -> Result<Vec<i64>, BadColumn> {
+        self.array(i, "int8")
+    }
+    fn int4_array(&self, i: usize) -> Result<Vec<i32>, BadColumn> {
+        self.array(i, "int4")
+    }
+}

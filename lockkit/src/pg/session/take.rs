@@ -1,0 +1,279 @@
+//! Taking a lock on a connection of its own, in either form: the checks
+//! before it is handed out, the lock statement, and the guard made of it.
+
+use std::fmt;
+use std::sync::Arc;
+
+use futures_util::future::join;
+use tokio::sync::watch;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row};
+
+use super::conn::Lease;
+use super::guard::{Holding, SessionGuard, Shared};
+use super::keeper::watch_connection;
+#[cfg(doc)]
+use super::simple::simple_round;
+use super::simple::take_xact_lock;
+use super::{SessionForm, SessionLock, Wait};
+use crate::engine::error::{DriverError, Error, ErrorKind};
+use crate::engine::facts::ServerFacts;
+use crate::engine::plan::Mode;
+use crate::engine::sql::{self, timeout_setting, CHECK_CLIENT};
+use crate::engine::Request;
+use crate::key::{AdvisoryKey, KeyForm, LockKey};
+use crate::pg::exec::CancelOnDrop;
+use crate::pg::locker::server_facts;
+
+impl SessionLock {
+    pub(super) async fn acquire<K: AdvisoryKey>(
+        &self,
+        value: K,
+        mode: Mode,
+        wait: Wait,
+    ) -> Result<Result<SessionGuard<K>, K>, Error> {
+        let key = value.lock_key();
+        let hashtext = K::KEY_SPEC.form() == KeyForm::HashText;
+        let name = AppName(K::KEY_SPEC.namespace(), key);
+        let (lease, canceller) = self.lease(&name).await?;
+        let mut cancel = CancelOnDrop::new(lease.client(), &canceller, || ());
+        let taken = match self.form {
+            SessionForm::Transaction => {
+                let request = Request::key_of::<K>(key, mode);
+                self.lock_in_transaction(&lease, request, wait, &name, hashtext)
+                    .await
+            }
+            SessionForm::SessionLevel => {
+                self.lock_session_level(&lease, key, mode, wait, hashtext)
+                    .await
+            }
+        };
+        cancel.disarm();
+        drop(cancel);
+        match taken {
+            Ok((true, backend_pid)) => Ok(Ok(self.hold(value, key, mode, backend_pid, lease))),
+            Ok((false, _)) => {
+                self.discard(lease, true).await;
+                Ok(Err(value))
+            }
+            Err(e) => {
+                self.discard(lease, false).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The default form: opens the transaction, sets it up and takes the
+    /// lock in one simple-protocol query (one message, one round trip; see
+    /// [`simple_round`]), then checks the server's facts. Answers whether
+    /// the lock was granted and the backend pid.
+    async fn lock_in_transaction(
+        &self,
+        lease: &Lease,
+        request: Request,
+        wait: Wait,
+        name: &AppName,
+        hashtext: bool,
+    ) -> Result<(bool, i32), Error> {
+        let client = lease.client();
+        // The facts (HashText keys only) go first, outside the transaction:
+        // they are the server's, not the backend's. Then one query:
+        // `BEGIN; set-up; lock`. Should BEGIN fail, nothing after it runs
+        // (a simple query stops at its first error). It is the last thing
+        // sent, and the simple protocol leaves no portal open, so the held
+        // transaction holds no snapshot (no `backend_xmin`), with no
+        // statement after it.
+        let take = take_xact_lock(client, request, wait, name, &self.check_interval_known);
+        let (facts, taken) = match hashtext {
+            true => {
+                let (facts, taken) = join(server_facts(client), take).await;
+                (Some(facts), taken)
+            }
+            false => (None, take.await),
+        };
+        let (setup, granted) = taken?;
+        let (in_recovery, backend_pid) = setup;
+        if in_recovery && !self.allow_standby {
+            return Err(Error::new(ErrorKind::HotStandby));
+        }
+        if let Some(facts) = facts {
+            ServerFacts::from(&facts?).check_hashtext()?;
+        }
+        Ok((granted?, backend_pid))
+    }
+
+    /// The plain session-level form: facts, the pooler probe, then
+    /// `pg_advisory_lock`.
+    async fn lock_session_level(
+        &self,
+        lease: &Lease,
+        key: LockKey,
+        mode: Mode,
+        wait: Wait,
+        hashtext: bool,
+    ) -> Result<(bool, i32), Error> {
+        let client = lease.client();
+        let row = server_facts(client).await?;
+        let (facts, backend_pid) = (ServerFacts::from(&row), row.backend_pid);
+        self.refuse(&facts, hashtext)?;
+        if self.pooler_check {
+            let probe = self
+                .bounded(self.probe_backends(lease, backend_pid))
+                .await?;
+            if let Some(evidence) = probe.evidence {
+                return Err(Error::pooled(backend_pid, evidence));
+            }
+        }
+        // Session-wide: only on a connection of lockkit's own.
+        if lease.is_owned() && facts.server_version_num() >= 140000 {
+            client.batch_execute(CHECK_CLIENT).await?;
+        }
+        let context = match wait {
+            Wait::Timeout(timeout) => {
+                let setting = timeout_setting(timeout);
+                client
+                    .batch_execute(&format!("SET lock_timeout = '{setting}'"))
+                    .await?;
+                Some(timeout)
+            }
+            Wait::Forever | Wait::Try => None,
+        };
+        let started = std::time::Instant::now();
+        let rows = key_query(
+            client,
+            sql::session_lock(key, mode, matches!(wait, Wait::Try)),
+            key,
+        )
+        .await
+        .map_err(|e| {
+            DriverError::from(e).into_error_in(context.map(|t| (t, started.elapsed())), 1)
+        })?;
+        let granted = match wait {
+            Wait::Try => one_bool(&rows)?,
+            Wait::Forever | Wait::Timeout(_) => {
+                one_row(&rows, "the lock statement")?;
+                true
+            }
+        };
+        if let Wait::Timeout(_) = wait {
+            client.batch_execute("RESET lock_timeout").await?;
+        }
+        Ok((granted, backend_pid))
+    }
+
+    fn refuse(&self, facts: &crate::ServerFacts, hashtext: bool) -> Result<(), Error> {
+        if facts.in_recovery() && !self.allow_standby {
+            return Err(Error::new(ErrorKind::HotStandby));
+        }
+        if hashtext {
+            facts.check_hashtext()?;
+        }
+        Ok(())
+    }
+
+    /// Gives a connection back after a failed or busy acquisition: a pooled
+    /// one only once nothing can be held on it.
+    async fn discard(&self, mut lease: Lease, busy: bool) {
+        if lease.is_owned() {
+            return; // Dropping it closes the session.
+        }
+        lease.clean = match self.form {
+            SessionForm::Transaction => lease
+                .client()
+                .batch_execute(sql::SESSION_ROLLBACK)
+                .await
+                .is_ok(),
+            // A busy try took nothing; after an error, who knows.
+            SessionForm::SessionLevel => busy,
+        };
+    }
+
+    fn hold<K>(
+        &self,
+        value: K,
+        key: LockKey,
+        mode: Mode,
+        backend_pid: i32,
+        lease: Lease,
+    ) -> SessionGuard<K> {
+        let ended = lease.ended.clone();
+        let shared = Arc::new(Shared {
+            lease: tokio::sync::Mutex::new(Some(lease)),
+            lost: watch::Sender::new(false),
+            key,
+            mode,
+            form: self.form,
+            cadence: self.keeper.cadence,
+            backend_pid,
+        });
+        // A connection lockkit opened tells when it ends: its lock is gone
+        // at once. (It cost a connection and authentication; one more task
+        // is nothing next to that.) A leased one is watched by the keeper.
+        if let Some(ended) = ended {
+            tokio::spawn(watch_connection(Arc::downgrade(&shared), ended));
+        }
+        self.keeper.register(&shared);
+        SessionGuard {
+            value,
+            key,
+            mode,
+            form: self.form,
+            backend_pid,
+            shared: Holding(shared),
+        }
+    }
+}
+
+/// The `application_name` of a lock's connection,
+/// `lockkit session lock <namespace> <key>` (the key type's namespace
+/// first, so that the server's cut at 63 bytes takes the key, which
+/// `pg_locks` shows anyway; `lockkit inspect` reads the namespace back):
+/// formatted where it is written, never allocated on a pooled lease's path.
+#[derive(Clone, Copy)]
+pub(super) struct AppName(&'static str, LockKey);
+
+impl fmt::Display for AppName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "lockkit session lock {} {}", self.0, self.1)
+    }
+}
+
+/// Runs a one-key statement with unnamed statements only, which
+/// transaction-mode poolers without prepared-statement support accept.
+pub(super) async fn key_query(
+    client: &Client,
+    sql: &str,
+    key: LockKey,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    match key {
+        LockKey::BigInt(v) => client.query_typed(sql, &[(&v, Type::INT8)]).await,
+        LockKey::Pair(class, object) => {
+            let params: [(&(dyn ToSql + Sync), Type); 2] =
+                [(&class, Type::INT4), (&object, Type::INT4)];
+            client.query_typed(sql, &params).await
+        }
+    }
+}
+
+/// Exactly one row, or an error naming `what`.
+pub(super) fn one_row<T>(rows: &[T], what: &str) -> Result<(), Error> {
+    if rows.len() == 1 {
+        Ok(())
+    } else {
+        Err(Error::unexpected(format!(
+            "{what} returned {} rows, not one",
+            rows.len()
+        )))
+    }
+}
+
+/// Exactly one row whose first column is a non-null `bool`.
+pub(super) fn one_bool(rows: &[Row]) -> Result<bool, Error> {
+    one_row(rows, "the lock statement")?;
+    match rows[0].try_get::<_, Option<bool>>(0)? {
+        Some(answer) => Ok(answer),
+        None => Err(Error::unexpected(
+            "the lock statement returned NULL, not a bool".into(),
+        )),
+    }
+}
