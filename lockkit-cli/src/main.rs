@@ -35,7 +35,8 @@ use clap::{Parser, Subcommand};
 use lockkit::inspect::{
     advisory_locks, published_key_types, relation_lock_queues, KeyRegistry, RelationLockRow,
 };
-use lockkit::{probe_pooler, SessionLock};
+use lockkit::pg::probe_pooler;
+use lockkit::SessionLock;
 use lockkit_cli::keyarg::{compute, parse_value, Form, KeyRequest};
 use lockkit_cli::settings;
 use lockkit_cli::tls::{self, TlsSettings};
@@ -162,7 +163,7 @@ enum Command {
     Check {
         /// The keep-alive interval of the application's session locks, to
         /// compare with the idle timeouts.
-        #[arg(long, value_name = "SECONDS", default_value_t = lockkit::DEFAULT_KEEPALIVE.as_secs_f64())]
+        #[arg(long, value_name = "SECONDS", default_value_t = lockkit::pg::DEFAULT_KEEPALIVE.as_secs_f64())]
         session_keepalive: f64,
         /// Print JSON.
         #[arg(long)]
@@ -201,7 +202,7 @@ enum FormArg {
     Exact,
     /// `raw`: one i64 value is BigInt(value), two i32 values Pair(a, b); no namespace.
     Raw,
-    /// `lockkit::HashText`: BigInt(hashtext(text)) of one s:TEXT; no namespace.
+    /// `lockkit::key::HashText`: BigInt(hashtext(text)) of one s:TEXT; no namespace.
     Hashtext,
 }
 

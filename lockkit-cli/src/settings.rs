@@ -25,7 +25,7 @@ pub const SETTINGS_SQL: &str = "SELECT name, setting, unit FROM pg_settings \
 /// The keep-alive interval of a session lock that `lockkit check` assumes
 /// unless told otherwise (`--session-keepalive`): `SessionLock`'s own
 /// default.
-pub const DEFAULT_KEEPALIVE: Duration = lockkit::DEFAULT_KEEPALIVE;
+pub const DEFAULT_KEEPALIVE: Duration = lockkit::pg::DEFAULT_KEEPALIVE;
 
 /// One setting, assessed.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -34,7 +34,7 @@ pub struct SqlKeys {
 }
 
 /// The SQL expressions of a request's keys (the same keys as
-/// [`compute`](crate::keyarg::compute)).
+/// [`compute`])).
 ///
 /// # Errors
 ///

@@ -862,7 +862,7 @@ async fn check_reports_the_lock_settings() {
     // The keep-alive assumed is SessionLock's own default (issue 29).
     assert_eq!(
         doc["session_keepalive_seconds"],
-        lockkit::DEFAULT_KEEPALIVE.as_secs_f64()
+        lockkit::pg::DEFAULT_KEEPALIVE.as_secs_f64()
     );
     let idle_tx = find(&list, "idle_in_transaction_session_timeout");
     assert_eq!(idle_tx["value"], "4s");

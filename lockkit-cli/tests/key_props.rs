@@ -6,7 +6,8 @@
 
 use std::process::Command;
 
-use lockkit::{AdvisoryKey, HashText, LockKey};
+use lockkit::key::HashText;
+use lockkit::{AdvisoryKey, LockKey};
 use lockkit_cli::keyarg::{compute, parse_value, Form, KeyRequest};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};

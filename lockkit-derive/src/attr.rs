@@ -301,7 +301,7 @@ pub(crate) fn field(cx: &Ctxt, attrs: &[Attribute]) -> Field {
                     Ok(path) => set(cx, &mut f.with, name, path),
                     Err(_) => cx.error_spanned_by(
                         &lit,
-                        "expected the path of a `fn(&FieldType, &mut lockkit::Parts<'_>)`, as in `with = \"path::to::fn\"`",
+                        "expected the path of a `fn(&FieldType, &mut lockkit::key::Parts<'_>)`, as in `with = \"path::to::fn\"`",
                     ),
                 }
             }

@@ -75,7 +75,7 @@ fn expand(input: &Input<'_>, key: &Key) -> TokenStream {
                 }
             }
 
-            // The program's registry of key types (`lockkit::linked_key_types`).
+            // The program's registry of key types (`lockkit::key::linked_key_types`).
             // The spec does not depend on generic parameters, so a generic
             // type is registered once.
             #krate::__private::inventory::submit! {

@@ -18,7 +18,7 @@ mod valid;
 
 use proc_macro::TokenStream;
 
-/// Derives `lockkit::AdvisoryKey` (and `lockkit::KeyPart`) following the
+/// Derives `lockkit::AdvisoryKey` (and `lockkit::key::KeyPart`) following the
 /// normative key format, [KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
 ///
 /// The key of a value is a hash of its namespace and of its fields, in
@@ -53,14 +53,14 @@ use proc_macro::TokenStream;
 /// | option | meaning |
 /// | --- | --- |
 /// | `skip` | The field is not part of the key. |
-/// | `with = "path::to::fn"` | Encode the field with `fn(&FieldType, &mut lockkit::Parts<'_>)` instead of its `KeyPart` impl. |
+/// | `with = "path::to::fn"` | Encode the field with `fn(&FieldType, &mut lockkit::key::Parts<'_>)` instead of its `KeyPart` impl. |
 ///
 /// The [examples] show `with` (a `f64` amount locked by whole cents) and
 /// `skip`.
 ///
 /// # Field types
 ///
-/// Every encoded field must implement `lockkit::KeyPart`: integers (encoded
+/// Every encoded field must implement `lockkit::key::KeyPart`: integers (encoded
 /// by value, so widening `i32` to `i64` keeps every key), `bool`, `char`,
 /// strings (`&str`, `String`, `Box<str>`, `Cow<str>`, `Arc<str>` all encode
 /// alike), `Option`, slices, `Vec`, arrays, tuples, references and smart

@@ -21,13 +21,14 @@ use diesel_async::{
     AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
     TransactionManager,
 };
-use lockkit::driver::{Async, Driver};
-use lockkit::engine::{
+use lockkit::driver::diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
+use lockkit::driver::Policy;
+use lockkit::driver::{
     sql, DriverError, FactsRow, Reply, ReplyShape, SavepointEnd, Statement, HASHTEXT_PROBES,
 };
-use lockkit::for_diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
+use lockkit::driver::{Async, Driver};
 use lockkit::tx::BoxFuture;
-use lockkit::{Error, Policy, StatementMode};
+use lockkit::{Error, StatementMode};
 
 use crate::locker::Locker;
 
@@ -155,7 +156,7 @@ impl Driver for DieselAsync {
         answer.reply()
     }
 
-    /// The transaction given up ([`abandon_transaction`]: rolled back, so
+    /// The transaction given up (`abandon_transaction`: rolled back, so
     /// its locks are released whether or not the cancel request aborts it,
     /// which the server ignores when it lands after the lock was granted and
     /// the session is idle; and never reported committed), and a cancel
@@ -194,8 +195,9 @@ impl Driver for DieselAsync {
     }
 
     /// diesel-async cannot roll back in a destructor: the savepoint stays
-    /// open, and whether its locks are held is unknown. Gives the transaction up ([`abandon_transaction`]): its transaction
-    /// manager would go on counting the savepoint, so the enclosing
+    /// open, and whether its locks are held is unknown. Gives the
+    /// transaction up (`abandon_transaction`): its transaction manager
+    /// would go on counting the savepoint, so the enclosing
     /// `conn.transaction`'s commit would only `RELEASE` it and report
     /// success with the transaction (its writes, its locks) still open.
     /// Given up, the transaction is rolled back at once, which releases its

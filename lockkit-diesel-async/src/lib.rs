@@ -4,7 +4,7 @@
 //! The same keys, sorted batches, lock budget, order check, timeouts and
 //! errors as lockkit's tokio-postgres core and `lockkit-diesel`, from the
 //! same code: planning, checking every reply, bookkeeping and error typing
-//! are lockkit's engine ([`lockkit::engine`]); this crate only runs the
+//! are lockkit's engine ([`lockkit::driver`]); this crate only runs the
 //! engine's statements through diesel-async and, for a lock future dropped
 //! in flight, sends a cancel request and rolls the transaction back so that
 //! diesel-async cannot report its commit ([`LockTx::lock`]). A diesel-async

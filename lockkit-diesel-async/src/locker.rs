@@ -5,10 +5,11 @@ use std::future::Future;
 use std::sync::Arc;
 
 use diesel_async::AsyncPgConnection;
-use lockkit::for_diesel::DieselPolicy;
+use lockkit::driver::diesel::DieselPolicy;
+use lockkit::driver::Policy;
 use lockkit::pg::Canceller;
 use lockkit::tx::BoxFuture;
-use lockkit::{Batch, Config, Error, Policy, ServerFacts};
+use lockkit::{Batch, Config, Error, ServerFacts};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 

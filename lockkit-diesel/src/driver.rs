@@ -8,12 +8,13 @@ use std::num::NonZeroU32;
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
 use diesel::sql_types::{Array, Text};
 use diesel::{sql_query, PgConnection, QueryResult, RunQueryDsl};
-use lockkit::driver::{Blocking, Driver};
-use lockkit::engine::{
+use lockkit::driver::diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
+use lockkit::driver::Policy;
+use lockkit::driver::{
     sql, DriverError, FactsRow, Reply, ReplyShape, SavepointEnd, Statement, HASHTEXT_PROBES,
 };
-use lockkit::for_diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
-use lockkit::{Policy, StatementMode};
+use lockkit::driver::{Blocking, Driver};
+use lockkit::StatementMode;
 
 use crate::locker::Locker;
 

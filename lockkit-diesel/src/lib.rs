@@ -4,7 +4,7 @@
 //! The same keys, sorted batches, lock budget, order check and timeouts as
 //! lockkit's tokio-postgres core, from the same code: key encoding, batch
 //! planning, budget bookkeeping, SQL text and error mapping are lockkit's
-//! ([`lockkit::engine`]); this crate only runs the engine's statements
+//! ([`lockkit::driver`]); this crate only runs the engine's statements
 //! through Diesel. A Diesel session and a tokio-postgres session locking the same
 //! typed key exclude each other.
 //!
@@ -64,8 +64,8 @@
 //! and the `hashtext` functions; [`Batch`], [`Mode`], [`Config`],
 //! [`OrderCheck`], [`StatementMode`]; [`Held`], [`HeldBatch`], [`Busy`];
 //! [`Error`], [`ErrorKind`], [`sqlstate`]; [`RetryPolicy`],
-//! [`retry_blocking`], [`Transient`]; [`ServerFacts`], [`Policy`]. The rest
-//! of lockkit (its `engine`, say) is at [`lockkit`](mod@lockkit).
+//! [`retry_blocking`], [`Transient`]; [`ServerFacts`]. The rest
+//! of lockkit (its `driver` module, say) is at [`lockkit`](mod@lockkit).
 //!
 //! `#[derive(AdvisoryKey)]` finds lockkit by itself: through a direct
 //! dependency on `lockkit` if the crate has one (renamed or not), else

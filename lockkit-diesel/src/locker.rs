@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use diesel::PgConnection;
-use lockkit::for_diesel::DieselPolicy;
-use lockkit::{Batch, Config, Error, Policy, ServerFacts};
+use lockkit::driver::diesel::DieselPolicy;
+use lockkit::driver::Policy;
+use lockkit::{Batch, Config, Error, ServerFacts};
 
 use crate::driver as pg;
 use crate::LockTx;

@@ -12,11 +12,12 @@
 use std::future::Future;
 
 use futures_util::{TryFutureExt, TryStreamExt};
-use lockkit::driver::{Async, Driver};
-use lockkit::engine::{
+use lockkit::driver::Policy;
+use lockkit::driver::{
     read_reply, DriverError, Param, Reply, ReplyRow, ReplyShape, SavepointEnd, Statement,
 };
-use lockkit::{Policy, StatementMode};
+use lockkit::driver::{Async, Driver};
+use lockkit::StatementMode;
 use smallvec::SmallVec;
 use sqlx::postgres::types::Oid;
 use sqlx::postgres::{PgArguments, PgRow, PgTransactionManager, PgTypeInfo};

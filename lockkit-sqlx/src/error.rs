@@ -4,7 +4,7 @@
 //! to this crate); [`driver_error`] is the one conversion, and
 //! [`SqlxResultExt::lock_err`] applies it with `?`.
 
-use lockkit::engine::DriverError;
+use lockkit::driver::DriverError;
 use lockkit::Error;
 
 /// sqlx's error as the engine sees it: the SQLSTATE

@@ -4,7 +4,7 @@
 //! The same keys, sorted batches, lock budget, order check, timeouts and
 //! errors as lockkit's tokio-postgres core, from the same code: planning,
 //! checking every reply, bookkeeping and error typing are lockkit's engine
-//! ([`lockkit::engine`]); this crate only runs the engine's statements
+//! ([`lockkit::driver`]); this crate only runs the engine's statements
 //! through sqlx. A sqlx session and a tokio-postgres or Diesel session
 //! locking the same typed key exclude each other.
 //!

@@ -4,8 +4,9 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use lockkit::engine::{sql, FactsRow, HASHTEXT_PROBES};
-use lockkit::{Batch, Config, Error, Policy, ServerFacts};
+use lockkit::driver::Policy;
+use lockkit::driver::{sql, FactsRow, HASHTEXT_PROBES};
+use lockkit::{Batch, Config, Error, ServerFacts};
 use sqlx::{Acquire, Executor, PgConnection, Postgres};
 
 use crate::error::lock_error;
@@ -27,7 +28,7 @@ pub struct Locker {
 
 impl Locker {
     /// Learns the server's facts in one query
-    /// ([`SERVER_FACTS`](lockkit::engine::sql::SERVER_FACTS)) through
+    /// ([`SERVER_FACTS`](lockkit::driver::sql::SERVER_FACTS)) through
     /// `executor` (`&PgPool`, `&mut PgConnection`, `&mut *tx`) and builds a
     /// locker with `config`.
     ///

@@ -28,7 +28,7 @@
 //!   transaction, on a connection of their own; **inspection**
 //!   ([`inspect`], and the `lockkit` command) shows who holds and awaits
 //!   which keys, with the types behind them.
-//! - **One engine** ([`engine`]) owns the whole protocol of taking locks;
+//! - **One engine** ([`driver`]) owns the whole protocol of taking locks;
 //!   the tokio-postgres adapter here, `lockkit-diesel` and the others only
 //!   run its statements.
 //! - **Keys from SQL** ([`sql`]): the same keys computed by SQL functions
@@ -136,10 +136,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod driver;
-pub mod engine;
-#[cfg(feature = "diesel")]
-pub mod for_diesel;
-mod key;
+pub(crate) mod engine;
+pub mod key;
 #[cfg(feature = "tokio-postgres")]
 pub mod pg;
 mod retry;
@@ -149,32 +147,22 @@ pub mod tx;
 #[cfg(feature = "tokio-postgres")]
 pub use pg::inspect;
 
-// Keys: a domain type's stable key, in the format of docs/KEYS.md.
-pub use key::encoding::{parts_bytes, KeyPart, Parts};
-pub use key::hashtext::{
-    hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, ByteOrder, HashText,
-};
-pub use key::linked::{linked_key_types, LinkedKeyType};
-pub use key::namespace::{NamespaceError, MAX_NAMESPACE_LEN};
-pub use key::{AdvisoryKey, KeyForm, KeySpec, LockKey, PgLocksId};
+// Keys: a domain type's stable key (the rest of docs/KEYS.md is in `key`).
+pub use key::{AdvisoryKey, KeySpec, LockKey};
 
-// Locking, whatever the driver: policy, batches, guards, errors, retry.
+// Locking, whatever the driver: configuration, batches, guards, errors,
+// retry.
 pub use engine::config::{Config, OrderCheck, StatementMode};
 pub use engine::error::{sqlstate, BoxError, Error, ErrorKind};
 pub use engine::facts::ServerFacts;
 pub use engine::guard::{Busy, Held, HeldBatch};
 pub use engine::plan::{Batch, Mode};
-pub use engine::Policy;
 pub use retry::{retry_blocking, RetryPolicy, Transient};
 
-// The tokio-postgres adapter (module `pg`).
+// tokio-postgres (module `pg`, which has the rest: session-lock options,
+// migrations, DDL, the pooler probe).
 #[cfg(feature = "tokio-postgres")]
-pub use pg::{
-    probe_pooler, Migration, MigrationError, MigrationGuard, PoolerProbe, ProbeTimeout,
-    SessionForm, SessionGuard, SessionLock, WhenBusy, DEFAULT_KEEPALIVE, DEFAULT_PROBE_TIMEOUT,
-};
-#[cfg(feature = "tokio-postgres")]
-pub use pg::{run_ddl, DdlOutcome, DdlRetry, LockClient, LockTx, Locker};
+pub use pg::{LockClient, LockTx, Locker, SessionLock};
 #[cfg(feature = "tokio")]
 pub use retry::retry;
 
@@ -234,7 +222,7 @@ pub use retry::retry;
 /// ```
 /// use lockkit::AdvisoryKey;
 ///
-/// fn cents(amount: &f64, parts: &mut lockkit::Parts<'_>) {
+/// fn cents(amount: &f64, parts: &mut lockkit::key::Parts<'_>) {
 ///     parts.put(&((amount * 100.0).round() as i64));
 /// }
 ///
@@ -264,15 +252,16 @@ pub use lockkit_derive::AdvisoryKey;
 /// `retry_blocking`) and its own types.
 pub mod adapter {
     // Keys: what a key type is made of, and lockkit's key functions.
-    pub use crate::{
+    pub use crate::key::{
         hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, parts_bytes,
-        AdvisoryKey, ByteOrder, HashText, KeyForm, KeyPart, KeySpec, LockKey, NamespaceError,
-        Parts, PgLocksId, MAX_NAMESPACE_LEN,
+        ByteOrder, HashText, KeyForm, KeyPart, NamespaceError, Parts, PgLocksId, MAX_NAMESPACE_LEN,
     };
+    // The trait and, with the `derive` feature, its derive.
+    pub use crate::{AdvisoryKey, KeySpec, LockKey};
     // What the lock calls take and return.
     pub use crate::{
         sqlstate, Batch, BoxError, Busy, Config, Error, ErrorKind, Held, HeldBatch, Mode,
-        OrderCheck, Policy, ServerFacts, StatementMode,
+        OrderCheck, ServerFacts, StatementMode,
     };
     // Retrying transient failures: the policy (the loop is the adapter's).
     pub use crate::{RetryPolicy, Transient};

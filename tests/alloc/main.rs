@@ -113,7 +113,7 @@ fn control_the_counter_sees_this_threads_allocations() {
         tenant: "acme".into(),
         id: 1001,
     };
-    let (bytes, count) = allocations(|| lockkit::parts_bytes(&value));
+    let (bytes, count) = allocations(|| lockkit::key::parts_bytes(&value));
     assert!(count >= 1, "parts_bytes allocated {count} times");
     drop(bytes);
     // Nothing is counted while counting is off.

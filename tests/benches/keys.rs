@@ -16,8 +16,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::Criterion;
-use lockkit::engine::{Reply, TxState};
-use lockkit::{AdvisoryKey, Config, KeySpec, Mode, Policy, ServerFacts};
+use lockkit::driver::Policy;
+use lockkit::driver::{Reply, TxState};
+use lockkit::{AdvisoryKey, Config, KeySpec, Mode, ServerFacts};
 use lockkit_tests::fixtures::{Document, Posting, StripedEvent, Tenanted, TenantedPair};
 
 fn keys(c: &mut Criterion) {

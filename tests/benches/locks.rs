@@ -77,7 +77,7 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use diesel::sql_types::{Array, BigInt};
 use diesel::{sql_query, Connection, PgConnection, RunQueryDsl};
-use lockkit::engine::sql;
+use lockkit::driver::sql;
 use lockkit::{AdvisoryKey, Batch, Config, Error, LockClient, LockKey, Locker};
 use lockkit_tests::TestServer;
 use tokio::runtime::Runtime;

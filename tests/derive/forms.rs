@@ -1,7 +1,8 @@
 //! Type options: explicit namespace, explicit class, exact mode, raw keys,
 //! `crate = "..."`.
 
-use lockkit::{AdvisoryKey, KeyForm, KeySpec, LockKey};
+use lockkit::key::KeyForm;
+use lockkit::{AdvisoryKey, KeySpec, LockKey};
 
 /// A renamed type keeps its keys with an explicit namespace.
 #[derive(AdvisoryKey)]
@@ -125,8 +126,8 @@ fn raw_keys_are_the_value() {
     assert_eq!(LegacyPair::KEY_SPEC.form(), KeyForm::Raw);
     // As a part of another key, a raw key type encodes its value.
     assert_eq!(
-        lockkit::parts_bytes(&LegacyJobId(9)),
-        lockkit::parts_bytes(&9_i64)
+        lockkit::key::parts_bytes(&LegacyJobId(9)),
+        lockkit::key::parts_bytes(&9_i64)
     );
 }
 

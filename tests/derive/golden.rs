@@ -1,7 +1,8 @@
 //! The golden vectors of KEYS.md, reproduced through `#[derive(AdvisoryKey)]`.
 //! Never change a number here: each is part of the on-database protocol.
 
-use lockkit::{AdvisoryKey, KeyForm, LockKey};
+use lockkit::key::KeyForm;
+use lockkit::{AdvisoryKey, LockKey};
 
 /// The BigInt column: the derive's default key space.
 mod bigint {

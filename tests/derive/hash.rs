@@ -7,7 +7,8 @@
 
 use std::hash::Hasher;
 
-use lockkit::{parts_bytes, KeyPart, KeySpec, LockKey, Parts};
+use lockkit::key::{parts_bytes, KeyPart, Parts};
+use lockkit::{KeySpec, LockKey};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
 use siphasher::sip::SipHasher24;

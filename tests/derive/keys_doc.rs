@@ -2,7 +2,8 @@
 //! examples, its `ns_hash` and its `hashtext` figures are read out of the
 //! document and each is compared with what lockkit computes.
 
-use lockkit::{hashtext_key, parts_bytes, KeySpec, LockKey};
+use lockkit::key::{hashtext_key, parts_bytes};
+use lockkit::{KeySpec, LockKey};
 use lockkit_tests::keys_doc::{tables, text as doc};
 
 fn unquote(cell: &str) -> &str {
@@ -11,7 +12,7 @@ fn unquote(cell: &str) -> &str {
 
 /// One field of the golden table, `name: type = value`, put into `parts`
 /// as a value of that Rust type.
-fn put_field(field: &str, parts: &mut lockkit::Parts<'_>) {
+fn put_field(field: &str, parts: &mut lockkit::key::Parts<'_>) {
     let (_, rest) = field.split_once(": ").expect("`name: type = value`");
     let (ty, value) = rest.split_once(" = ").expect("`type = value`");
     let string = || {
@@ -53,7 +54,7 @@ fn golden_vectors_equal_the_code() {
             spec = spec.stripes(n.parse().unwrap());
         }
         let fields = unquote(fields);
-        let encode = |p: &mut lockkit::Parts<'_>| {
+        let encode = |p: &mut lockkit::key::Parts<'_>| {
             for field in fields.split("`, `").flat_map(|f| f.split(", ")) {
                 put_field(field, p);
             }

@@ -1,11 +1,12 @@
 //! Every derived key type is in the program's registry
-//! (`lockkit::linked_key_types`), generic ones once, with its spec (issue
+//! (`lockkit::key::linked_key_types`), generic ones once, with its spec (issue
 //! 29): `lockkit inspect` and `Locker::publish_key_types` name types from it.
 
 use std::marker::PhantomData;
 
 use lockkit::inspect::KeyRegistry;
-use lockkit::{AdvisoryKey, KeyForm, KeySpec};
+use lockkit::key::KeyForm;
+use lockkit::{AdvisoryKey, KeySpec};
 
 #[derive(AdvisoryKey)]
 #[advisory_key(namespace = "lockkit-tests/linked.plain")]
@@ -15,7 +16,7 @@ struct Plain {
 
 #[derive(AdvisoryKey)]
 #[advisory_key(namespace = "lockkit-tests/linked.generic", pair, class = 12)]
-struct Generic<'a, T: lockkit::KeyPart> {
+struct Generic<'a, T: lockkit::key::KeyPart> {
     tenant: &'a str,
     id: T,
     #[advisory_key(skip)]
@@ -29,8 +30,8 @@ enum Job {
     Report,
 }
 
-fn find(namespace: &str) -> Vec<&'static lockkit::LinkedKeyType> {
-    lockkit::linked_key_types()
+fn find(namespace: &str) -> Vec<&'static lockkit::key::LinkedKeyType> {
+    lockkit::key::linked_key_types()
         .filter(|t| t.spec().namespace() == namespace)
         .collect()
 }

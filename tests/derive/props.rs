@@ -20,7 +20,8 @@ use std::num::{
 use std::rc::Rc;
 use std::sync::Arc;
 
-use lockkit::{parts_bytes, AdvisoryKey, KeyPart, KeySpec, LockKey, Parts};
+use lockkit::key::{parts_bytes, KeyPart, Parts};
+use lockkit::{AdvisoryKey, KeySpec, LockKey};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
 

@@ -5,7 +5,8 @@ use std::borrow::Cow;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use lockkit::{parts_bytes, AdvisoryKey, KeyPart, KeySpec, LockKey, Parts};
+use lockkit::key::{parts_bytes, KeyPart, Parts};
+use lockkit::{AdvisoryKey, KeySpec, LockKey};
 
 /// KEYS.md's `Transfer` as a tuple struct: field names are not encoded.
 #[derive(AdvisoryKey)]
@@ -203,7 +204,7 @@ fn cents(amount: &f64, parts: &mut Parts<'_>) {
 }
 
 mod encoders {
-    pub(crate) fn lowercase(name: &str, parts: &mut lockkit::Parts<'_>) {
+    pub(crate) fn lowercase(name: &str, parts: &mut lockkit::key::Parts<'_>) {
         parts.put(&name.to_lowercase());
     }
 }

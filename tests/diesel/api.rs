@@ -8,8 +8,9 @@ use std::time::Duration;
 use diesel::connection::SimpleConnection;
 use diesel::sql_types::Text;
 use diesel::{sql_query, Connection, QueryableByName, RunQueryDsl};
+use lockkit::key::HashText;
 use lockkit::ErrorKind;
-use lockkit::{AdvisoryKey, HashText, ServerFacts};
+use lockkit::{AdvisoryKey, ServerFacts};
 use lockkit_diesel::{Batch, Config, Error, Locker, Mode, OrderCheck};
 use lockkit_tests::TestServer;
 
@@ -249,13 +250,13 @@ fn standby_and_hashtext_mismatch_are_refused_before_sending() {
     let _log = db.guard();
     let mut a = connect(db);
     let real = locker(&mut a, Config::default());
-    let probes: Vec<i32> = lockkit::engine::HASHTEXT_PROBES
+    let probes: Vec<i32> = lockkit::driver::HASHTEXT_PROBES
         .iter()
-        .map(|p| lockkit::hashtext(p))
+        .map(|p| lockkit::key::hashtext(p))
         .collect();
     let standby = Locker::with_facts(
         Config::default(),
-        ServerFacts::from(&lockkit::engine::FactsRow {
+        ServerFacts::from(&lockkit::driver::FactsRow {
             max_locks: 64,
             max_connections: 100,
             in_recovery: true,
@@ -268,7 +269,7 @@ fn standby_and_hashtext_mismatch_are_refused_before_sending() {
     bad[1] ^= 1;
     let mismatch = Locker::with_facts(
         Config::default(),
-        ServerFacts::from(&lockkit::engine::FactsRow {
+        ServerFacts::from(&lockkit::driver::FactsRow {
             max_locks: 64,
             max_connections: 100,
             in_recovery: false,
@@ -287,7 +288,7 @@ fn standby_and_hashtext_mismatch_are_refused_before_sending() {
         .unwrap();
     let allowed = Locker::with_facts(
         Config::default().allow_standby(true),
-        ServerFacts::from(&lockkit::engine::FactsRow {
+        ServerFacts::from(&lockkit::driver::FactsRow {
             max_locks: 64,
             max_connections: 100,
             in_recovery: true,

@@ -2,9 +2,7 @@
 //! check stands between a forged statement and a lock reported held.
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
-use lockkit_diesel_async::{
-    AdvisoryKey, Batch, Config, Error, ErrorKind, Locker, OrderCheck,
-};
+use lockkit_diesel_async::{AdvisoryKey, Batch, Config, Error, ErrorKind, Locker, OrderCheck};
 use lockkit_tests::{PgBouncer, TestServer};
 
 use crate::common::granted_elsewhere;

@@ -1,9 +1,10 @@
-//! DDL that never stalls the lock queue (`lockkit::run_ddl`), on a real
+//! DDL that never stalls the lock queue (`lockkit::pg::run_ddl`), on a real
 //! server with a long reader and readers arriving behind the DDL.
 
 use std::time::{Duration, Instant};
 
-use lockkit::{run_ddl, DdlRetry, ErrorKind, RetryPolicy};
+use lockkit::pg::{run_ddl, DdlRetry};
+use lockkit::{ErrorKind, RetryPolicy};
 use lockkit_tests::TestServer;
 use tokio_postgres::Client;
 

@@ -416,13 +416,13 @@ async fn no_prefix_of_give_up_leaves_the_session_outside_a_transaction() {
         (landed > 0, released)
     };
 
-    let statements = statements_of(lockkit::engine::sql::GIVE_UP);
+    let statements = statements_of(lockkit::driver::sql::GIVE_UP);
     assert!(statements.len() >= 2, "{statements:?}");
     let mut id = 5000;
     for savepoint in [false, true] {
         for n in 1..=statements.len() {
             id += 1;
-            let (landed, released) = run(lockkit::engine::sql::GIVE_UP, n, savepoint, id).await;
+            let (landed, released) = run(lockkit::driver::sql::GIVE_UP, n, savepoint, id).await;
             assert!(
                 !landed,
                 "after {:?} (savepoint: {savepoint}), a write ran outside any transaction",

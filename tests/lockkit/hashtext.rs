@@ -4,12 +4,10 @@
 
 use std::time::Duration;
 
-use lockkit::engine::HASHTEXT_PROBES;
+use lockkit::driver::HASHTEXT_PROBES;
+use lockkit::key::{hashtext, hashtext_with, ByteOrder, HashText};
 use lockkit::ErrorKind;
-use lockkit::{
-    hashtext, hashtext_with, AdvisoryKey, Batch, ByteOrder, Config, HashText, LockKey, Locker,
-    ServerFacts,
-};
+use lockkit::{AdvisoryKey, Batch, Config, LockKey, Locker, ServerFacts};
 use lockkit_tests::TestServer;
 
 use crate::common::{advisory_rows, backend_pid, held_by, locker};
@@ -166,7 +164,7 @@ async fn hashtext_mismatch_refuses_only_hashtext_keys() {
     wrong[1] = wrong[1].wrapping_add(1);
     let locker = Locker::with_facts(
         Config::default(),
-        ServerFacts::from(&lockkit::engine::FactsRow {
+        ServerFacts::from(&lockkit::driver::FactsRow {
             max_locks: 64,
             max_connections: 100,
             version_num: 150000,

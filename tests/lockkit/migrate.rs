@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit::{AdvisoryKey, Migration, MigrationError, MigrationGuard, SessionLock, WhenBusy};
+use lockkit::pg::{Migration, MigrationError, MigrationGuard, WhenBusy};
+use lockkit::{AdvisoryKey, SessionLock};
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio::sync::{Barrier, Notify};
 use tokio_postgres::{Client, Config, NoTls};

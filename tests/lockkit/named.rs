@@ -235,8 +235,8 @@ async fn a_session_locks_timeout_names_the_key_type() {
     let report = Report { id: 8 };
     let blocked = hold(&mut blocker, report.lock_key()).await;
     for form in [
-        lockkit::SessionForm::Transaction,
-        lockkit::SessionForm::SessionLevel,
+        lockkit::pg::SessionForm::Transaction,
+        lockkit::pg::SessionForm::SessionLevel,
     ] {
         let err = lockkit::SessionLock::new(db.config())
             .form(form)
@@ -244,7 +244,7 @@ async fn a_session_locks_timeout_names_the_key_type() {
             .await
             .expect_err("the key is held");
         assert!(err.is_timeout(), "{form:?}: {err}");
-        if form == lockkit::SessionForm::Transaction {
+        if form == lockkit::pg::SessionForm::Transaction {
             assert_eq!(err.key_types(), [REPORT], "{form:?}: {err}");
             assert!(err.to_string().contains(REPORT), "{form:?}: {err}");
         }

@@ -7,7 +7,7 @@
 //! session, the batch holds the keys before it, waits for it, and has not
 //! touched the keys after it.
 
-use lockkit::engine::sql;
+use lockkit::driver::sql;
 use lockkit::{Batch, Config, LockClient, LockKey, Mode};
 use lockkit_tests::TestServer;
 use tokio_postgres::types::ToSql;

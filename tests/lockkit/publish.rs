@@ -3,9 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use lockkit::engine::sql;
+use lockkit::driver::sql;
 use lockkit::inspect::{published_key_types, KeyRegistry};
-use lockkit::{AdvisoryKey, Config, KeyForm, KeySpec, LockKey, Locker};
+use lockkit::key::KeyForm;
+use lockkit::{AdvisoryKey, Config, KeySpec, LockKey, Locker};
 use lockkit_tests::TestServer;
 use tokio_postgres::{Client, NoTls};
 
@@ -54,7 +55,7 @@ async fn publishes_the_linked_types_idempotently() {
     let mut client = connect(&url).await;
     assert_eq!(published_key_types(&client).await.unwrap(), None);
     let locker = Locker::new(&client, Config::default()).await.unwrap();
-    let linked = lockkit::linked_key_types().count();
+    let linked = lockkit::key::linked_key_types().count();
     let n = locker
         .publish_key_types(&mut client, "svc-a")
         .await

@@ -8,10 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockkit::{
-    probe_pooler, AdvisoryKey, Config, ErrorKind, LockKey, Mode, SessionForm, SessionGuard,
-    SessionLock,
-};
+use lockkit::pg::{probe_pooler, SessionForm, SessionGuard};
+use lockkit::{AdvisoryKey, Config, ErrorKind, LockKey, Mode, SessionLock};
 use lockkit_tests::waits::{wait_until_awaited, WaitCounter};
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio::sync::Barrier;

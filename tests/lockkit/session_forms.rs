@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use lockkit::{AdvisoryKey, HashText, LockKey, Mode, SessionForm, SessionLock};
+use lockkit::key::HashText;
+use lockkit::pg::SessionForm;
+use lockkit::{AdvisoryKey, LockKey, Mode, SessionLock};
 use lockkit_tests::TestServer;
 
 use crate::common::granted_elsewhere;

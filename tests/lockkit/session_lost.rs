@@ -8,7 +8,8 @@
 
 use std::time::Duration;
 
-use lockkit::{AdvisoryKey, SessionGuard, SessionLock};
+use lockkit::pg::SessionGuard;
+use lockkit::{AdvisoryKey, SessionLock};
 use lockkit_tests::{PgBouncer, TestServer};
 
 use crate::session_pooler::pool_of;

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use lockkit::{AdvisoryKey, LockKey, ProbeTimeout, SessionForm, SessionLock};
+use lockkit::pg::{ProbeTimeout, SessionForm};
+use lockkit::{AdvisoryKey, LockKey, SessionLock};
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls};

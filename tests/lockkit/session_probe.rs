@@ -5,7 +5,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use lockkit::{AdvisoryKey, ErrorKind, SessionForm, SessionLock};
+use lockkit::pg::SessionForm;
+use lockkit::{AdvisoryKey, ErrorKind, SessionLock};
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio_postgres::NoTls;
 

@@ -14,7 +14,8 @@
 
 use std::time::Duration;
 
-use lockkit::{AdvisoryKey, ErrorKind, SessionForm, SessionLock};
+use lockkit::pg::SessionForm;
+use lockkit::{AdvisoryKey, ErrorKind, SessionLock};
 use lockkit_tests::{Cut, Proxy, TestServer};
 
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]

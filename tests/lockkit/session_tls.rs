@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use lockkit::{AdvisoryKey, Config, LockClient, Locker, SessionForm, SessionLock};
+use lockkit::pg::SessionForm;
+use lockkit::{AdvisoryKey, Config, LockClient, Locker, SessionLock};
 use lockkit_tests::observe::{held_by, wait_until_not_waiting, wait_until_waiting, waiting};
 use lockkit_tests::TestServer;
 use openssl::ssl::{SslConnector, SslMethod};

@@ -9,7 +9,8 @@
 
 use std::fmt::Write as _;
 
-use lockkit::{parts_bytes, AdvisoryKey, KeySpec, LockKey};
+use lockkit::key::parts_bytes;
+use lockkit::{AdvisoryKey, KeySpec, LockKey};
 use lockkit_tests::TestServer;
 use tokio_postgres::Client;
 

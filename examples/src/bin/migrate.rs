@@ -7,12 +7,12 @@
 //!
 //! 1. Six application instances start at once, each connecting through
 //!    pgbouncer in transaction mode, and each runs its migrations inside a
-//!    `lockkit::MigrationGuard`. Exactly one applies them (recorded in
+//!    `lockkit::pg::MigrationGuard`. Exactly one applies them (recorded in
 //!    `schema_migrations`); the others find nothing left to do and see the
 //!    schema when they proceed.
 //! 2. A long reader holds `accounts` (an open transaction after a SELECT)
 //!    for about 1.5 s while new readers keep arriving. An `ALTER TABLE`
-//!    through `lockkit::run_ddl` (50 ms `lock_timeout`, retried) keeps their
+//!    through `lockkit::pg::run_ddl` (50 ms `lock_timeout`, retried) keeps their
 //!    p99 latency low; the control, a plain `ALTER TABLE`, queues for its
 //!    ACCESS EXCLUSIVE lock and blocks every new reader behind it for the
 //!    long reader's whole duration.
@@ -25,7 +25,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockkit::{DdlRetry, HashText, Migration, MigrationGuard, SessionLock, WhenBusy};
+use lockkit::key::HashText;
+use lockkit::pg::{DdlRetry, Migration, MigrationGuard, WhenBusy};
+use lockkit::SessionLock;
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio::sync::Barrier;
 use tokio_postgres::{Client, Config, NoTls};
@@ -186,7 +188,7 @@ async fn stall(config: &Config, ddl: &'static str, helper: bool) -> Result<Durat
             let retry = DdlRetry::default()
                 .lock_timeout(Duration::from_millis(50))
                 .deadline(Duration::from_secs(30));
-            lockkit::run_ddl(&mut ddl_client, ddl, &retry).await?;
+            lockkit::pg::run_ddl(&mut ddl_client, ddl, &retry).await?;
         } else {
             ddl_client.batch_execute(ddl).await?;
         }

@@ -24,7 +24,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockkit::{HashText, SessionLock};
+use lockkit::key::HashText;
+use lockkit::SessionLock;
 use lockkit_examples::Database;
 use tokio::sync::Barrier;
 use tokio_postgres::Client;

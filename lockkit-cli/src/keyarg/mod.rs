@@ -22,7 +22,8 @@
 
 use std::fmt;
 
-use lockkit::{hashtext_key, KeyForm, KeyPart, KeySpec, LockKey, Parts};
+use lockkit::key::{hashtext_key, KeyForm, KeyPart, Parts};
+use lockkit::{KeySpec, LockKey};
 
 /// The syntax of a typed value, for `--help` and error messages.
 pub const SYNTAX: &str = "\
@@ -574,7 +575,7 @@ pub enum Form {
     /// `raw`: one `i64` value is `BigInt(value)`, two `i32` values are
     /// `Pair(a, b)`; no namespace.
     Raw,
-    /// `lockkit::HashText`: `BigInt(hashtext(text))` of one string; no
+    /// `lockkit::key::HashText`: `BigInt(hashtext(text))` of one string; no
     /// namespace.
     HashText,
 }

@@ -98,7 +98,8 @@ impl Config {
     /// [`Config::budget`] wins when both are set.
     ///
     /// ```
-    /// use lockkit::{Config, Policy, ServerFacts};
+    /// use lockkit::{Config, ServerFacts};
+    /// use lockkit::driver::Policy;
     /// # let facts = ServerFacts::assumed(64, 100, 0);
     /// let policy = Policy::new(Config::default().concurrent_lockers(8), facts);
     /// assert_eq!(policy.budget(), 400);

@@ -3,7 +3,7 @@
 //! whether its `hashtext` matches the client's.
 
 use crate::engine::error::Error;
-use crate::key::hashtext::hashtext;
+use crate::key::hashtext;
 
 /// Strings whose `hashtext` the server computes once to check the client's
 /// implementation: every tail length of the hash's 12-byte blocks and
@@ -25,7 +25,7 @@ pub struct ServerFacts {
     hashtext_mismatch: Option<(String, i32, i32)>,
 }
 
-/// The row of [`SERVER_FACTS`](crate::engine::sql::SERVER_FACTS), run with
+/// The row of [`SERVER_FACTS`](crate::driver::sql::SERVER_FACTS), run with
 /// [`HASHTEXT_PROBES`] as `$1`, as an adapter reads it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FactsRow {
@@ -44,7 +44,7 @@ pub struct FactsRow {
 }
 
 impl FactsRow {
-    /// Reads the row of [`SERVER_FACTS`](crate::engine::sql::SERVER_FACTS)
+    /// Reads the row of [`SERVER_FACTS`](crate::driver::sql::SERVER_FACTS)
     /// by its column order.
     ///
     /// # Errors
@@ -130,7 +130,7 @@ impl ServerFacts {
         self.server_version_num
     }
 
-    /// Whether [`HashText`](crate::HashText) keys match this server.
+    /// Whether [`HashText`](crate::key::HashText) keys match this server.
     ///
     /// # Errors
     ///

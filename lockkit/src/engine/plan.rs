@@ -2,7 +2,7 @@
 //! KEYS.md, and split into the two key spaces' statement parameters.
 //!
 //! The order is established here, by sorting [`LockKey`]s (whose `Ord` *is*
-//! the global order), and nowhere else: the SQL in [`sql`](crate::engine::sql) takes the
+//! the global order), and nowhere else: the SQL in [`sql`](crate::driver::sql) takes the
 //! arrays in the order given, with no `ORDER BY` to get wrong.
 
 use std::collections::BTreeMap;
@@ -160,7 +160,7 @@ impl<K: AdvisoryKey> FromIterator<K> for Batch {
 /// `BigInt` keys first (one statement), then `Pair` keys (a second one).
 ///
 /// Built by the engine's bookkeeping and bound to the statements of
-/// [`sql`](crate::engine::sql) in this order. A one-key plan, the most
+/// [`sql`](crate::driver::sql) in this order. A one-key plan, the most
 /// common lock call, is kept inline: planning it allocates nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Plan {

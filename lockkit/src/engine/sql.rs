@@ -20,7 +20,7 @@
 //! pair statement second, pipelined.
 //!
 //! Every statement that answers a row starts it with a tag, an `int8`
-//! constant of its own ([`Sql::tag`](crate::engine::Sql::tag): the ASCII
+//! constant of its own ([`Sql::tag`](crate::driver::Sql::tag): the ASCII
 //! bytes of `lockkit` and the statement's number), and all but the one-key
 //! locks follow it with a count; the engine checks both. A reply that does
 //! not come from lockkit's own statement (a foreign prepared statement of
@@ -201,7 +201,7 @@ pub const RESTORE_TIMEOUTS: &str = "/* lockkit:restore_timeouts */ SELECT CASE W
 /// `max_connections + max_prepared_transactions int4` (the lock table's
 /// slots), `pg_is_in_recovery() bool`, `server_version_num int4`,
 /// `hashtext` of each probe `int4[]`, and `pg_backend_pid() int4` (which a
-/// session lock keeps). See [`FactsRow`](crate::engine::FactsRow).
+/// session lock keeps). See [`FactsRow`](crate::driver::FactsRow).
 pub const SERVER_FACTS: &str = "SELECT current_setting('max_locks_per_transaction')::int4 AS max_locks, \
      (current_setting('max_connections')::int4 + current_setting('max_prepared_transactions')::int4) AS max_connections, \
      pg_is_in_recovery() AS in_recovery, current_setting('server_version_num')::int4 AS version_num, \
@@ -220,7 +220,7 @@ pub const SESSION_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 /// `application_name` given as a literal: appends it to `out` for the
 /// simple query protocol, sent in one query with [`SESSION_BEGIN`] before it
 /// and the lock statement after it
-/// ([`Statement::write_simple`](crate::engine::Statement::write_simple)),
+/// ([`Statement::write_simple`](crate::driver::Statement::write_simple)),
 /// and answers how many commands it wrote. Its first command answers one
 /// row: `pg_is_in_recovery() bool`, `pg_backend_pid() int4`, and, only when
 /// `check_interval_known` is false, two more columns, the last one `NULL`

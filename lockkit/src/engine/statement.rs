@@ -472,7 +472,7 @@ pub enum Reply {
 /// One row as a driver returned it, read by column index: what an adapter
 /// implements (a few lines over its driver's row type) so that the engine,
 /// not each adapter, knows the column layout of lockkit's replies and of
-/// [`SERVER_FACTS`](crate::engine::sql::SERVER_FACTS).
+/// [`SERVER_FACTS`](crate::driver::sql::SERVER_FACTS).
 pub trait ReplyRow {
     /// The driver's decoding error, kept as text in [`Reply::Malformed`].
     type Error: fmt::Display;

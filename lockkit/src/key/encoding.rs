@@ -179,7 +179,7 @@ pub(crate) fn body_hash(mut prefix: Sip24, encode: impl FnOnce(&mut Parts<'_>)) 
 /// For tests, tools and debugging; computing a key never builds this buffer.
 ///
 /// ```
-/// assert_eq!(lockkit::parts_bytes(&(true, "a")), [0x04, 0x01, 0x06, 1, 0, 0, 0, b'a']);
+/// assert_eq!(lockkit::key::parts_bytes(&(true, "a")), [0x04, 0x01, 0x06, 1, 0, 0, 0, b'a']);
 /// ```
 pub fn parts_bytes<T: KeyPart + ?Sized>(value: &T) -> Vec<u8> {
     let mut out = Vec::new();
@@ -449,7 +449,7 @@ mod tests {
 
         fn check<T: KeyPart + ?Sized + core::fmt::Debug>(value: &T) {
             let long = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:/-";
-            for n in 1..=crate::MAX_NAMESPACE_LEN {
+            for n in 1..=crate::key::MAX_NAMESPACE_LEN {
                 let ns = &long[..n];
                 let mut reference = siphasher::sip::SipHasher24::new_with_key(SIP_KEY);
                 reference.write(&(n as u32).to_le_bytes());

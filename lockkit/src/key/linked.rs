@@ -53,7 +53,7 @@ inventory::collect!(LinkedKeyType);
 ///     id: i64,
 /// }
 ///
-/// let found = lockkit::linked_key_types().find(|t| t.spec().namespace() == "docs.linked");
+/// let found = lockkit::key::linked_key_types().find(|t| t.spec().namespace() == "docs.linked");
 /// assert!(found.unwrap().name().ends_with("::Linked"));
 /// ```
 pub fn linked_key_types() -> impl Iterator<Item = &'static LinkedKeyType> {

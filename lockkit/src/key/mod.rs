@@ -3,15 +3,20 @@
 //! one of them (KEYS.md, "PostgreSQL's two key spaces" and "Keys").
 
 pub(crate) mod encoding;
-pub(crate) mod hashtext;
 pub(crate) mod linked;
 pub(crate) mod namespace;
 pub(crate) mod sip;
+pub(crate) mod text_hash;
+
+pub use encoding::{parts_bytes, KeyPart, Parts};
+pub use linked::{linked_key_types, LinkedKeyType};
+pub use namespace::{NamespaceError, MAX_NAMESPACE_LEN};
+pub use text_hash::{
+    hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, ByteOrder, HashText,
+};
 
 use core::fmt;
 
-use crate::key::encoding::{KeyPart, Parts};
-use crate::key::namespace::NamespaceError;
 use crate::key::sip::Sip24;
 
 /// An advisory lock key in one of PostgreSQL's two key spaces.
@@ -56,7 +61,8 @@ impl LockKey {
     /// The key's columns in `pg_locks`.
     ///
     /// ```
-    /// use lockkit::{LockKey, PgLocksId};
+    /// use lockkit::LockKey;
+    /// use lockkit::key::PgLocksId;
     ///
     /// let id = LockKey::BigInt(-2).to_pg_locks();
     /// assert_eq!(id, PgLocksId { classid: 0xFFFF_FFFF, objid: 0xFFFF_FFFE, objsubid: 1 });

@@ -269,7 +269,7 @@ mod tests {
         let long = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:/-";
         let mut rng = Rng(2);
         let data: Vec<u8> = (0..300).map(|_| rng.next() as u8).collect();
-        for n in 1..=crate::MAX_NAMESPACE_LEN {
+        for n in 1..=crate::key::MAX_NAMESPACE_LEN {
             let ns = &long[..n];
             let len_le = (n as u32).to_le_bytes();
             let mut prefix = Sip24::new(SIP_KEY);

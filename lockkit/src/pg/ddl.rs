@@ -19,7 +19,7 @@ use crate::retry::RetryPolicy;
 ///
 /// ```
 /// use std::time::Duration;
-/// use lockkit::DdlRetry;
+/// use lockkit::pg::DdlRetry;
 ///
 /// let retry = DdlRetry::default()
 ///     .lock_timeout(Duration::from_millis(50))
@@ -87,10 +87,10 @@ pub struct DdlOutcome {
 ///
 /// ```no_run
 /// # async fn run(client: &mut tokio_postgres::Client) -> Result<(), lockkit::Error> {
-/// let done = lockkit::run_ddl(
+/// let done = lockkit::pg::run_ddl(
 ///     client,
 ///     "ALTER TABLE orders ADD COLUMN note text",
-///     &lockkit::DdlRetry::default(),
+///     &lockkit::pg::DdlRetry::default(),
 /// )
 /// .await?;
 /// println!("migrated after {} attempt(s)", done.attempts);

@@ -431,7 +431,7 @@ fn foreign_row(e: &tokio_postgres::Error) -> bool {
 }
 
 /// Sends a one-key call's statement on `client` (see
-/// [`OneCall`](crate::engine::OneCall)) and returns its answer.
+/// [`OneCall`](crate::driver::OneCall)) and returns its answer.
 ///
 /// If the future is dropped while the statement is in flight, a cancel
 /// request goes to the server through `canceller`, and `cancelled` records

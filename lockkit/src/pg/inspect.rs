@@ -47,7 +47,7 @@ use crate::key::{AdvisoryKey, KeyForm, KeySpec, LockKey};
 
 pub use crate::pg::publish::{published_key_types, PublishedKeyType};
 
-/// The inspection statements (see [`sql`](crate::engine::sql)).
+/// The inspection statements (see [`sql`](crate::driver::sql)).
 pub use crate::engine::sql::{
     ADVISORY_LOCKS, CLEAR_ACTIVITY_SNAPSHOT, RELATION_LOCK_QUEUES, SESSION_HOLDERS,
 };
@@ -125,7 +125,7 @@ impl AdvisoryLockRow {
 impl AdvisoryLockRow {
     /// The lockkit call behind the session's current (or last) statement,
     /// from the marker every lockkit lock statement starts with
-    /// (`/* lockkit:batch_bigint */`, see [`sql`](crate::engine::sql)):
+    /// (`/* lockkit:batch_bigint */`, see [`sql`](crate::driver::sql)):
     /// `lock`, `lock_shared`, `try_lock`, `try_lock_shared`, `lock_batch`,
     /// `try_lock_batch`, `lock_timeout` (the steps of a timed call around
     /// its lock statement), or `session lock` for a [`SessionLock`](crate::SessionLock)'s
@@ -151,7 +151,7 @@ impl AdvisoryLockRow {
 /// [`AdvisoryLockRow::lockkit_call`].
 ///
 /// ```
-/// use lockkit::engine::sql;
+/// use lockkit::driver::sql;
 /// use lockkit::inspect::lockkit_call;
 ///
 /// assert_eq!(lockkit_call(sql::BATCH_BIGINT_EXCLUSIVE), Some("lock_batch"));
@@ -495,7 +495,7 @@ impl KeyRegistry {
     }
 
     /// A registry of every key type of the program: each type that derives
-    /// [`AdvisoryKey`] ([`linked_key_types`](crate::linked_key_types)),
+    /// [`AdvisoryKey`] ([`linked_key_types`](crate::key::linked_key_types)),
     /// in the order of their paths.
     ///
     /// ```
@@ -513,7 +513,7 @@ impl KeyRegistry {
     /// assert_eq!(registry.decode(key)[0].namespace(), "docs.registry");
     /// ```
     pub fn linked() -> Self {
-        let mut types: Vec<_> = crate::linked_key_types().collect();
+        let mut types: Vec<_> = crate::key::linked_key_types().collect();
         types.sort_by_key(|t| t.name());
         types
             .into_iter()

@@ -1,5 +1,5 @@
 //! Migrations: one runner at a time across a fleet ([`MigrationGuard`]);
-//! for DDL that never stalls the lock queue, see [`run_ddl`](crate::run_ddl).
+//! for DDL that never stalls the lock queue, see [`run_ddl`](crate::pg::run_ddl).
 //!
 //! # One migrator per fleet
 //!
@@ -96,7 +96,8 @@ impl<E: std::error::Error + 'static> std::error::Error for MigrationError<E> {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use lockkit::{AdvisoryKey, Migration, MigrationGuard, SessionLock, WhenBusy};
+/// use lockkit::{AdvisoryKey, SessionLock};
+/// use lockkit::pg::{Migration, MigrationGuard, WhenBusy};
 ///
 /// #[derive(AdvisoryKey, Clone)]
 /// #[advisory_key(namespace = "myapp/migrations")]

@@ -1,4 +1,4 @@
-//! The tokio-postgres adapter: it runs the [engine](crate::engine)'s
+//! The tokio-postgres adapter: it runs the [engine](crate::driver)'s
 //! statements on a `tokio_postgres` connection, and adds what only a
 //! connection can do: session locks, inspection of `pg_locks`, DDL under a
 //! short lock timeout.

@@ -76,12 +76,12 @@ impl PublishedKeyType {
 
 impl Locker {
     /// Publishes every key type of the program (every type deriving
-    /// [`AdvisoryKey`](crate::AdvisoryKey), [`linked_key_types`](crate::linked_key_types))
+    /// [`AdvisoryKey`](crate::AdvisoryKey), [`linked_key_types`](crate::key::linked_key_types))
     /// to the server as `application`'s, so that `lockkit inspect` names
     /// the type behind each of their keys. Opt-in: call it once at startup.
     ///
     /// The types go to the table `public.lockkit_key_types`
-    /// ([`CREATE_KEY_TYPES`](crate::engine::sql::CREATE_KEY_TYPES)), which
+    /// ([`CREATE_KEY_TYPES`](crate::driver::sql::CREATE_KEY_TYPES)), which
     /// this creates when it is missing: one row per (application, type),
     /// with the namespace, its tag, the key form and the pair class.
     /// Publishing again updates the rows (a type whose spec changed gets
@@ -97,7 +97,7 @@ impl Locker {
     /// [`ErrorKind::Database`](crate::ErrorKind::Database) when a statement
     /// fails, e.g. `42501` when the role may not create the table (its owner
     /// can create it with
-    /// [`CREATE_KEY_TYPES`](crate::engine::sql::CREATE_KEY_TYPES) and grant
+    /// [`CREATE_KEY_TYPES`](crate::driver::sql::CREATE_KEY_TYPES) and grant
     /// `SELECT, INSERT, UPDATE` on it); connection errors.
     ///
     /// # Cancel safety

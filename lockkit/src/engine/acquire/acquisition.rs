@@ -201,7 +201,7 @@ impl Acquisition<'_> {
     /// per statement of the round, in order (a `Vec`, an array, or any
     /// slice of them), each read into its reply by `read` (the adapter's
     /// reading of its driver's rows; see
-    /// [`read_reply`](crate::engine::read_reply)), or the first error. An
+    /// [`read_reply`](crate::driver::read_reply)), or the first error. An
     /// adapter then keeps only its driver's answers; pairing them with the
     /// round's statements is the engine's. A round of up to two statements
     /// allocates nothing here.

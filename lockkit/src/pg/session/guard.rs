@@ -38,7 +38,8 @@ use crate::key::LockKey;
 /// dereferences to the key value.
 ///
 /// ```no_run
-/// use lockkit::{HashText, SessionLock};
+/// use lockkit::SessionLock;
+/// use lockkit::key::HashText;
 ///
 /// # async fn payroll() -> Result<(), lockkit::Error> { Ok(()) }
 /// # async fn run(config: tokio_postgres::Config) -> Result<(), lockkit::Error> {

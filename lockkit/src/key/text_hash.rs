@@ -33,7 +33,7 @@ use crate::LockKey;
 /// variants give the same results on every client.
 ///
 /// ```
-/// use lockkit::{hashtext, hashtext_with, ByteOrder};
+/// use lockkit::key::{hashtext, hashtext_with, ByteOrder};
 ///
 /// assert_eq!(hashtext_with(ByteOrder::Little, "a"), hashtext("a"));
 /// assert_eq!(hashtext_with(ByteOrder::Little, "a"), 1_075_015_857);
@@ -74,7 +74,7 @@ pub enum ByteOrder {
 /// big-endian server use [`hashtext_with`] and [`ByteOrder::Big`].
 ///
 /// ```
-/// use lockkit::hashtext;
+/// use lockkit::key::hashtext;
 ///
 /// // SELECT hashtext('payroll-1405-01');  --> -1493109243
 /// assert_eq!(hashtext("payroll-1405-01"), -1_493_109_243);
@@ -94,7 +94,7 @@ pub const fn hashtext(s: &str) -> i32 {
 /// that of the machine running this code.
 ///
 /// ```
-/// use lockkit::{hashtext_with, ByteOrder};
+/// use lockkit::key::{hashtext_with, ByteOrder};
 ///
 /// assert_eq!(hashtext_with(ByteOrder::Little, "payroll-1405-01"), -1_493_109_243);
 /// assert_eq!(hashtext_with(ByteOrder::Big, "payroll-1405-01"), 744_977_484);
@@ -117,7 +117,7 @@ pub const fn hashtext_with(order: ByteOrder, s: &str) -> i32 {
 /// `order` is the byte order of the **server** (see [`ByteOrder`]).
 ///
 /// ```
-/// use lockkit::{hash_bytes, hashtext, ByteOrder};
+/// use lockkit::key::{hash_bytes, hashtext, ByteOrder};
 ///
 /// // "Zürich" in a LATIN1 database: 'ü' is the single byte 0xFC there.
 /// let latin1 = hash_bytes(ByteOrder::Little, b"Z\xFCrich") as i32;
@@ -182,7 +182,8 @@ pub const fn hash_bytes(order: ByteOrder, bytes: &[u8]) -> u32 {
 /// big-endian server use [`hashtext_key_with`].
 ///
 /// ```
-/// use lockkit::{hashtext, hashtext_key, LockKey};
+/// use lockkit::LockKey;
+/// use lockkit::key::{hashtext, hashtext_key};
 ///
 /// let key = hashtext_key("payroll-1405-01");
 /// assert_eq!(key, LockKey::BigInt(i64::from(hashtext("payroll-1405-01"))));
@@ -202,7 +203,8 @@ pub const fn hashtext_key(s: &str) -> LockKey {
 /// `order` is the byte order of the **server** (see [`ByteOrder`]).
 ///
 /// ```
-/// use lockkit::{hashtext_key_with, ByteOrder, LockKey};
+/// use lockkit::LockKey;
+/// use lockkit::key::{hashtext_key_with, ByteOrder};
 ///
 /// assert_eq!(hashtext_key_with(ByteOrder::Big, "a"), LockKey::BigInt(-887_099_196));
 /// ```
@@ -266,7 +268,7 @@ const fn final_mix(mut a: u32, mut b: u32, mut c: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::PgLocksId;
+    use crate::key::PgLocksId;
 
     /// `SELECT hashtext(s)` measured on PostgreSQL 15.18 (Debian 15.18,
     /// x86_64, little-endian), database encoding `UTF8`, locale `C.UTF-8`.
@@ -447,7 +449,8 @@ mod tests {
 /// otherwise.
 ///
 /// ```
-/// use lockkit::{AdvisoryKey, HashText, LockKey};
+/// use lockkit::{AdvisoryKey, LockKey};
+/// use lockkit::key::HashText;
 ///
 /// // SELECT hashtext('payroll-1405-01') = -1493109243 on a little-endian server.
 /// assert_eq!(HashText("payroll-1405-01").lock_key(), LockKey::BigInt(-1493109243));

@@ -1,4 +1,4 @@
-//! For adapter authors: how the one [`LockTx`](crate::tx::LockTx) reaches a
+//! For adapter authors: how the one [`LockTx`] reaches a
 //! connection.
 //!
 //! An adapter is a [`Driver`] (it runs the engine's statements on its
@@ -7,20 +7,94 @@
 //! flight), its entry points, its error conversion and its re-exports.
 //! Everything else of a lock call (the checks, the plan, the rounds, the
 //! reply checks, the bookkeeping, the guards, the savepoint's bookkeeping)
-//! is [`LockTx`](crate::tx::LockTx)'s and the engine's, written once.
+//! is [`LockTx`]'s and the engine's, written once.
 //!
 //! The driver runs one statement at a time, in the engine's order, and a
 //! round stops at its first error (what a pipeline would answer too).
+//!
+//! # The engine
+//!
+//! The lock engine is the whole protocol of taking locks inside a
+//! transaction, with no I/O and no driver types.
+//!
+//! Given what a transaction holds ([`TxState`]), a request ([`Request`],
+//! [`Wait`]) and what the locker knows of the server ([`Policy`]), the engine
+//! runs the checks (hot standby, `hashtext`, poisoning, budget, lock order),
+//! plans the batch (deduplicated, sorted in the global order of KEYS.md, one
+//! statement per key space), lists the statements to send, round by round
+//! ([`Acquisition::round`]), takes the replies back and checks every one
+//! ([`Acquisition::receive`]), records the outcome or poisons the
+//! transaction, and makes the guards from the outcome ([`Grant::lock`] and
+//! its siblings, which every adapter calls). Only the engine makes guards.
+//!
+//! The most common call, one key that waits as long as it takes or not at
+//! all (an adapter's `lock`, `lock_shared`, `try_lock`, `try_lock_shared`),
+//! is one statement and one reply: [`TxState::acquire_one`] starts it as a
+//! [`OneCall`], with the same checks, reply check, bookkeeping and metrics
+//! as [`Acquisition`] (one implementation of each, shared) and without the
+//! rounds: a whole one-lock transaction is about 0.5–1 % faster through it
+//! (BENCHMARKS.md).
+//!
+//! An adapter (tokio-postgres in [`crate::pg`], `lockkit-diesel`, …) only
+//! sends [`Statement`]s on its connection, pipelined where its driver allows,
+//! turns the rows into [`Reply`]s, turns its errors into [`DriverError`]s,
+//! and cancels a call whose future is dropped. Its whole lock call is this
+//! loop:
+//!
+//! ```
+//! use lockkit::driver::{
+//!     DriverError, Grant, Policy, Reply, ReplyShape, Request, Statement, TxState, Wait,
+//! };
+//! use lockkit::{Config, HeldBatch, Batch, ServerFacts};
+//!
+//! /// A stand-in for a driver: answers every statement as the server would
+//! /// when nothing else holds the keys.
+//! fn send(round: &[Statement<'_>]) -> Result<Vec<Reply>, DriverError> {
+//!     Ok(round.iter().map(|s| match (s.reply(), s.sql().tag()) {
+//!         (_, None) => Reply::Done,
+//!         (ReplyShape::Locked, Some(tag)) => Reply::Locked { tag },
+//!         (_, Some(tag)) => Reply::Tagged { tag, n: lockkit::driver::expected_rows(s) },
+//!     }).collect())
+//! }
+//!
+//! # fn main() -> Result<(), lockkit::Error> {
+//! let policy = Policy::new(Config::default(), ServerFacts::assumed(64, 100, 0));
+//! let state = TxState::new(); // one per transaction
+//! # #[derive(lockkit::AdvisoryKey)] struct Account { id: i64 }
+//! let batch = Batch::new().with(&Account { id: 1 }).with(&Account { id: 2 });
+//! let mut call = state.acquire(&policy, 0, Request::batch(&batch), Wait::Forever)?;
+//! while let Some(round) = call.round() {
+//!     let replies = send(&round);
+//!     call.receive(replies);
+//! }
+//! // The guard from the outcome: `Grant::lock` for one key, `try_lock`
+//! // and `try_lock_batch` for the tries.
+//! let held: HeldBatch<'_> = Grant::lock_batch(call.finish())?;
+//! assert_eq!(held.keys().len(), 2);
+//! assert_eq!(state.held_count(), 2);
+//! # Ok(())
+//! # }
+//! ```
+
+#[cfg(feature = "diesel")]
+pub mod diesel;
+
+pub use crate::engine::Policy;
+pub use crate::engine::{
+    expected_rows, read_reply, sql, Acquisition, DriverError, FactsRow, Grant, OneCall, Param,
+    ParamType, Reply, ReplyRow, ReplyShape, Request, Round, SavepointEnd, SavepointEnding, Sql,
+    Statement, TxSlot, TxState, Wait, HASHTEXT_PROBES,
+};
+#[cfg(feature = "tokio-postgres")]
+pub use crate::pg::Canceller;
 
 use std::fmt;
 use std::future::Future;
 
 use smallvec::SmallVec;
 
-use crate::engine::{Acquisition, DriverError, Grant, Policy, Reply, SavepointEnd, Statement};
 use std::panic::Location;
 
-use crate::engine::{Request, TxState};
 use crate::tx::{BoxFuture, LockTx, Scope};
 use crate::Batch;
 use crate::{Busy, Error, StatementMode};
@@ -41,7 +115,7 @@ pub trait Io: sealed::Sealed + Sized + Send + Sync + 'static {
 }
 
 /// Calls return their future; closures return a boxed future
-/// ([`BoxFuture`](crate::tx::BoxFuture)).
+/// ([`BoxFuture`]).
 #[derive(Debug)]
 pub enum Async {}
 
@@ -95,7 +169,7 @@ mod sealed {
 }
 
 /// A database stack's connection, as the one
-/// [`LockTx`](crate::tx::LockTx) uses it.
+/// [`LockTx`] uses it.
 ///
 /// The trait is implemented by a marker type of the adapter (no value is
 /// made); every method is an associated function over the connection, so
@@ -103,7 +177,7 @@ mod sealed {
 pub trait Driver: Sized + Send + Sync + 'static {
     /// [`Async`] or [`Blocking`].
     type Io: Io;
-    /// The connection a [`LockTx`](crate::tx::LockTx) borrows for its
+    /// The connection a [`LockTx`] borrows for its
     /// transaction, on which the application also runs its queries.
     type Conn: Send;
     /// The adapter's locker: configuration, server facts, and what the
@@ -140,7 +214,7 @@ pub trait Driver: Sized + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Answer, DriverError>> + Send + 'a;
 
     /// The engine's reply in `answer`, the answer to `statement`
-    /// ([`read_reply`](crate::engine::read_reply) over the driver's rows).
+    /// ([`read_reply`] over the driver's rows).
     fn reply(statement: &Statement<'_>, answer: &Self::Answer) -> Reply;
 
     /// What a lock call dropped while a statement is in flight leaves on

@@ -4,7 +4,7 @@
 //! this module.
 //!
 //! An adapter runs [`EngineQuery`] with its own connection
-//! (`get_result::<`[`TaggedRow`]`>` and the others, as [`ReplyShape`](crate::engine::ReplyShape) says),
+//! (`get_result::<`[`TaggedRow`]`>` and the others, as [`ReplyShape`](crate::driver::ReplyShape) says),
 //! keeps the row in an [`Answer`], and hands [`Answer::reply`] to the
 //! engine.
 
@@ -13,8 +13,9 @@ use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{Array, BigInt, Bool, Integer, Text, Untyped};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
+use crate::driver::Policy;
 use crate::engine::{FactsRow, Param, Reply, Statement};
-use crate::{Config, Policy, ServerFacts, StatementMode};
+use crate::{Config, ServerFacts, StatementMode};
 
 /// One of the engine's statements (one that answers a row) as a Diesel
 /// query.
@@ -89,7 +90,7 @@ impl QueryFragment<Pg> for EngineQuery<'_, '_> {
     }
 }
 
-/// The row of a [`ReplyShape::Locked`](crate::engine::ReplyShape::Locked) statement (its
+/// The row of a [`ReplyShape::Locked`](crate::driver::ReplyShape::Locked) statement (its
 /// `void` column is not read).
 #[derive(Debug, QueryableByName)]
 pub struct LockedRow {
@@ -97,7 +98,7 @@ pub struct LockedRow {
     tag: i64,
 }
 
-/// The row of a [`ReplyShape::Tagged`](crate::engine::ReplyShape::Tagged) statement.
+/// The row of a [`ReplyShape::Tagged`](crate::driver::ReplyShape::Tagged) statement.
 #[derive(Debug, QueryableByName)]
 pub struct TaggedRow {
     #[diesel(sql_type = BigInt)]
@@ -106,7 +107,7 @@ pub struct TaggedRow {
     n: i64,
 }
 
-/// The row of a [`ReplyShape::TriedBigint`](crate::engine::ReplyShape::TriedBigint) statement.
+/// The row of a [`ReplyShape::TriedBigint`](crate::driver::ReplyShape::TriedBigint) statement.
 #[derive(Debug, QueryableByName)]
 pub struct TriedBigintRow {
     #[diesel(sql_type = BigInt)]
@@ -117,7 +118,7 @@ pub struct TriedBigintRow {
     busy: Vec<i64>,
 }
 
-/// The row of a [`ReplyShape::TriedPair`](crate::engine::ReplyShape::TriedPair) statement.
+/// The row of a [`ReplyShape::TriedPair`](crate::driver::ReplyShape::TriedPair) statement.
 #[derive(Debug, QueryableByName)]
 pub struct TriedPairRow {
     #[diesel(sql_type = BigInt)]
@@ -134,7 +135,7 @@ pub struct TriedPairRow {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Answer {
-    /// A simple-protocol statement ([`ReplyShape::Done`](crate::engine::ReplyShape::Done)) completed.
+    /// A simple-protocol statement ([`ReplyShape::Done`](crate::driver::ReplyShape::Done)) completed.
     Done,
     /// See [`LockedRow`].
     Locked(LockedRow),
@@ -168,7 +169,7 @@ impl Answer {
     }
 }
 
-/// The row of [`SERVER_FACTS`](crate::engine::sql::SERVER_FACTS).
+/// The row of [`SERVER_FACTS`](crate::driver::sql::SERVER_FACTS).
 #[derive(Debug, QueryableByName)]
 pub struct FactsColumns {
     #[diesel(sql_type = Integer)]
@@ -229,7 +230,7 @@ pub struct DieselPolicy {
 
 impl DieselPolicy {
     /// From what a locker learned on connecting (the rows of
-    /// [`SERVER_FACTS`](crate::engine::sql::SERVER_FACTS) and [`MESSAGES`]).
+    /// [`SERVER_FACTS`](crate::driver::sql::SERVER_FACTS) and [`MESSAGES`]).
     /// When the messages are not English a `tracing` warning, naming
     /// `adapter`, says that deadlocks, timeouts and a full lock table will
     /// be plain database errors.
