@@ -15,7 +15,7 @@
 //! - **A [`LockClient`]** per connection prepares lockkit's statements once;
 //!   its [`begin`](LockClient::begin) opens a [`LockTx`], a
 //!   `tokio_postgres::Transaction` that takes locks. ([`Locker::begin`] and
-//!   [`Locker::wrap`] serve plain clients and pooled transactions.)
+//!   [`Locker::lock_tx`] serve plain clients and pooled transactions.)
 //! - **Locks live as long as the transaction** (`pg_advisory_xact_lock`):
 //!   released at `COMMIT` or `ROLLBACK`, never leaked into a pool. A lock
 //!   call returns a guard, [`Held`] or [`HeldBatch`], which borrows the

@@ -120,7 +120,7 @@ pub(crate) mod with_tokio_postgres {
             Session::new(tx, pid, Worker::Task(task))
         }
 
-        /// `LockTx` has the lock methods and is only made by `begin`/`wrap`,
+        /// `LockTx` has the lock methods and is only made by `begin`/`lock_tx`,
         /// which open a transaction: a lock outside one does not compile
         /// (tests/ui-guards/lock_without_transaction.rs).
         async fn lock_outside_transaction(&self) -> Option<Error> {

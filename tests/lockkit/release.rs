@@ -55,7 +55,7 @@ async fn released_on_server_restart() {
 
 /// Locks outside a transaction cannot be taken through lockkit: every lock
 /// method is on `LockTx`, whose only constructors are `Locker::begin` (which
-/// sends `BEGIN`) and `Locker::wrap` (which takes an open
+/// sends `BEGIN`) and `Locker::lock_tx` (which takes an open
 /// `tokio_postgres::Transaction`); `LockTx::new` is crate-private and
 /// `Locker` has no lock method of its own, so "lock in autocommit" does not
 /// compile. This test shows the PostgreSQL behaviour that design rules out:

@@ -209,7 +209,7 @@ async fn prepared_statements_take_the_same_locks() {
     assert!(granted_elsewhere(&observer, k).await);
 }
 
-/// `Locker::wrap`: a transaction the caller opened (here after a statement
+/// `Locker::lock_tx`: a transaction the caller opened (here after a statement
 /// of its own) takes locks that are held until it ends, as with `begin`;
 /// committing and rolling back the wrapped transaction both release them.
 #[tokio::test(flavor = "multi_thread")]
@@ -226,7 +226,7 @@ async fn wrap_takes_locks_in_the_callers_transaction() {
     raw.execute("SET LOCAL application_name = 'wrapped'", &[])
         .await
         .unwrap();
-    let tx = locker.wrap(raw);
+    let tx = locker.lock_tx(raw);
     let batch = Batch::new().with(&one).with(&two);
     let held = tx.lock_batch(&batch).await.unwrap();
     assert!(held.contains(&one) && held.contains(&two));
@@ -244,7 +244,7 @@ async fn wrap_takes_locks_in_the_callers_transaction() {
     tx.commit().await.unwrap();
     assert_eq!(advisory_rows(&observer, pid).await, 0, "commit releases");
 
-    let tx = locker.wrap(a.transaction().await.unwrap());
+    let tx = locker.lock_tx(a.transaction().await.unwrap());
     let _ = tx.lock(one).await.unwrap();
     assert!(held_by(&observer, pid, one.lock_key()).await);
     tx.rollback().await.unwrap();

@@ -1,6 +1,6 @@
 // There is no way to take an xact lock outside a transaction: neither the
 // client nor the locker has a lock method; only a `LockTx` (made by
-// `Locker::begin` or `Locker::wrap`) does.
+// `Locker::begin` or `Locker::lock_tx`) does.
 use lockkit::{AdvisoryKey, Config, Locker};
 
 #[derive(AdvisoryKey)]

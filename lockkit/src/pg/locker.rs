@@ -164,14 +164,14 @@ impl Locker {
     /// the transaction back before the client's next statement.
     pub async fn begin<'c>(&self, client: &'c mut Client) -> Result<LockTx<'c>, Error> {
         let tx = client.transaction().await?;
-        Ok(self.wrap(tx))
+        Ok(self.lock_tx(tx))
     }
 
     /// Wraps a transaction that is already open (a deadpool-postgres
     /// `Transaction` dereferences to one), with lockkit's statements sent
     /// unnamed. It must not hold advisory locks taken outside lockkit, or
     /// the budget will not count them.
-    pub fn wrap<'c>(&self, tx: Transaction<'c>) -> LockTx<'c> {
+    pub fn lock_tx<'c>(&self, tx: Transaction<'c>) -> LockTx<'c> {
         LockTx::new(self.clone(), tx, None)
     }
 }

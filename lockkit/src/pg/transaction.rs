@@ -24,7 +24,7 @@ use crate::pg::locker::Locker;
 ///
 /// Made by [`LockClient::begin`](crate::LockClient::begin) (the fast path:
 /// lockkit's statements prepared once per connection),
-/// [`Locker::begin`] or [`Locker::wrap`]. It dereferences to
+/// [`Locker::begin`] or [`Locker::lock_tx`]. It dereferences to
 /// [`tokio_postgres::Transaction`] for queries.
 ///
 /// Locks are released by the server at `COMMIT` or `ROLLBACK` (or a
