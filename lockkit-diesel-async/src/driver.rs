@@ -22,11 +22,10 @@ use diesel_async::{
     TransactionManager,
 };
 use lockkit::driver::diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
-use lockkit::driver::Policy;
 use lockkit::driver::{
-    sql, DriverError, FactsRow, Reply, ReplyShape, SavepointEnd, Statement, HASHTEXT_PROBES,
+    sql, Async, Driver, DriverError, FactsRow, Reply, ReplyShape, SavepointEnd, SavepointStep,
+    Statement, HASHTEXT_PROBES,
 };
-use lockkit::driver::{Async, Driver};
 use lockkit::tx::BoxFuture;
 use lockkit::{Error, StatementMode};
 
@@ -122,20 +121,12 @@ pub(crate) fn lock_error(e: diesel::result::Error) -> Error {
     driver_error(e).into_error()
 }
 
-/// diesel-async as lockkit's [`Driver`]: the one [`LockTx`](crate::LockTx)
-/// over an `AsyncPgConnection`.
-#[derive(Debug)]
-pub enum DieselAsync {}
-
-impl Driver for DieselAsync {
+/// The locker is the stack's [`Driver`]: the one
+/// [`LockTx`](crate::LockTx) runs its statements through it.
+impl Driver for Locker {
     type Io = Async;
     type Conn = AsyncPgConnection;
-    type Locker = Locker;
     type Answer = Answer;
-
-    fn policy(locker: &Locker) -> &Policy {
-        locker.policy()
-    }
 
     /// Fails when a cut-off call put the transaction manager in error.
     fn in_transaction(conn: &mut AsyncPgConnection) -> Result<bool, DriverError> {
@@ -149,7 +140,24 @@ impl Driver for DieselAsync {
         stmt: Statement<'a>,
         mode: StatementMode,
     ) -> impl Future<Output = Result<Answer, DriverError>> + Send + 'a {
-        run(conn, stmt, mode)
+        // Boxed `Send` with one lifetime, where rustc can see it is `Send`.
+        let future: BoxFuture<'a, Result<Answer, DriverError>> = Box::pin(async move {
+            if stmt.reply() == ReplyShape::Done {
+                conn.batch_execute(stmt.text())
+                    .await
+                    .map_err(driver_error)?;
+                return Ok(Answer::Done);
+            }
+            let query = EngineQuery::new(&stmt, mode);
+            let answer = match stmt.reply() {
+                ReplyShape::Locked => query.get_result(conn).await.map(Answer::Locked),
+                ReplyShape::TriedBigint => query.get_result(conn).await.map(Answer::TriedBigint),
+                ReplyShape::TriedPair => query.get_result(conn).await.map(Answer::TriedPair),
+                _ => query.get_result(conn).await.map(Answer::Tagged),
+            };
+            answer.map_err(driver_error)
+        });
+        future
     }
 
     fn reply(_: &Statement<'_>, answer: &Answer) -> Reply {
@@ -163,34 +171,22 @@ impl Driver for DieselAsync {
     /// request for the statement, so the server stops waiting for the lock.
     /// The cancel token (a copy of the connection's settings) is made only
     /// here: a call that completes pays nothing for it.
-    fn cut_off(conn: &mut AsyncPgConnection, locker: &Locker) {
+    fn cut_off(&self, conn: &mut AsyncPgConnection) {
         abandon_transaction(conn);
-        locker.canceller().cancel(conn.cancel_token());
+        self.canceller().cancel(conn.cancel_token());
     }
 
-    fn begin_savepoint(
+    fn savepoint(
         conn: &mut AsyncPgConnection,
+        step: SavepointStep,
     ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
-        let future: BoxFuture<'_, QueryResult<()>> =
-            Box::pin(<Manager as TransactionManager<AsyncPgConnection>>::begin_transaction(conn));
-        async move { future.await.map_err(driver_error) }
-    }
-
-    fn release_savepoint(
-        conn: &mut AsyncPgConnection,
-    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
-        let future: BoxFuture<'_, QueryResult<()>> =
-            Box::pin(<Manager as TransactionManager<AsyncPgConnection>>::commit_transaction(conn));
-        async move { future.await.map_err(driver_error) }
-    }
-
-    fn rollback_savepoint(
-        conn: &mut AsyncPgConnection,
-    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
-        let future: BoxFuture<'_, QueryResult<()>> =
-            Box::pin(
-                <Manager as TransactionManager<AsyncPgConnection>>::rollback_transaction(conn),
-            );
+        type Manager = AnsiTransactionManager;
+        // Boxed where they are made, so that rustc sees they are `Send`.
+        let future: BoxFuture<'_, QueryResult<()>> = match step {
+            SavepointStep::Begin => Box::pin(Manager::begin_transaction(conn)),
+            SavepointStep::Release => Box::pin(Manager::commit_transaction(conn)),
+            SavepointStep::Rollback => Box::pin(Manager::rollback_transaction(conn)),
+        };
         async move { future.await.map_err(driver_error) }
     }
 
@@ -207,34 +203,4 @@ impl Driver for DieselAsync {
         abandon_transaction(conn);
         SavepointEnd::Unknown
     }
-}
-
-/// diesel-async's transaction manager on `AsyncPgConnection` (its futures
-/// are boxed where they are made, so that rustc sees they are `Send`).
-type Manager = AnsiTransactionManager;
-
-/// Runs one statement (boxed `Send` with one lifetime, where rustc can see
-/// it is `Send`), as `mode` says: through diesel-async's statement cache,
-/// or unnamed.
-fn run<'a>(
-    conn: &'a mut AsyncPgConnection,
-    stmt: Statement<'a>,
-    mode: StatementMode,
-) -> BoxFuture<'a, Result<Answer, DriverError>> {
-    Box::pin(async move {
-        if stmt.reply() == ReplyShape::Done {
-            conn.batch_execute(stmt.text())
-                .await
-                .map_err(driver_error)?;
-            return Ok(Answer::Done);
-        }
-        let query = EngineQuery::new(&stmt, mode);
-        let answer = match stmt.reply() {
-            ReplyShape::Locked => query.get_result(conn).await.map(Answer::Locked),
-            ReplyShape::TriedBigint => query.get_result(conn).await.map(Answer::TriedBigint),
-            ReplyShape::TriedPair => query.get_result(conn).await.map(Answer::TriedPair),
-            _ => query.get_result(conn).await.map(Answer::Tagged),
-        };
-        answer.map_err(driver_error)
-    })
 }

@@ -109,7 +109,7 @@
 )]
 #![deny(unsafe_code)]
 
-pub mod driver;
+mod driver;
 mod locker;
 
 pub use locker::Locker;
@@ -124,7 +124,7 @@ pub use lockkit::tx::BoxFuture;
 /// [`LockTx::savepoint`](lockkit::tx::LockTx::savepoint). Guards borrow
 /// the connection (not the `LockTx`, so queries can run while they live),
 /// so none outlives the transaction's closure.
-pub type LockTx<'t> = lockkit::tx::LockTx<'t, driver::DieselAsync>;
+pub type LockTx<'t> = lockkit::tx::LockTx<'t, Locker>;
 
 /// lockkit itself, so that `#[derive(AdvisoryKey)]` and applications that
 /// depend only on this crate find it.

@@ -31,6 +31,13 @@ pub struct Locker {
     canceller: Canceller,
 }
 
+/// The configuration and facts, as the engine sees them.
+impl AsRef<Policy> for Locker {
+    fn as_ref(&self) -> &Policy {
+        self.inner.policy()
+    }
+}
+
 impl Locker {
     /// Learns the server's facts through `conn` (two queries) and builds a
     /// locker with `config`.

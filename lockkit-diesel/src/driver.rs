@@ -9,11 +9,10 @@ use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionMa
 use diesel::sql_types::{Array, Text};
 use diesel::{sql_query, PgConnection, QueryResult, RunQueryDsl};
 use lockkit::driver::diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
-use lockkit::driver::Policy;
 use lockkit::driver::{
-    sql, DriverError, FactsRow, Reply, ReplyShape, SavepointEnd, Statement, HASHTEXT_PROBES,
+    sql, Blocking, Driver, DriverError, FactsRow, Reply, ReplyShape, SavepointEnd, SavepointStep,
+    Statement, HASHTEXT_PROBES,
 };
-use lockkit::driver::{Blocking, Driver};
 use lockkit::StatementMode;
 
 use crate::locker::Locker;
@@ -50,23 +49,15 @@ pub(crate) fn transaction_depth(conn: &mut PgConnection) -> QueryResult<u32> {
     Ok(status.transaction_depth()?.map_or(0, NonZeroU32::get))
 }
 
-/// Diesel as lockkit's [`Driver`]: the one [`LockTx`](crate::LockTx) over
-/// a `PgConnection`, blocking.
-#[derive(Debug)]
-pub enum Diesel {}
-
 /// Diesel's transaction manager.
 type Manager = AnsiTransactionManager;
 
-impl Driver for Diesel {
+/// The locker is the stack's [`Driver`]: the one
+/// [`LockTx`](crate::LockTx) runs its statements through it.
+impl Driver for Locker {
     type Io = Blocking;
     type Conn = PgConnection;
-    type Locker = Locker;
     type Answer = Answer;
-
-    fn policy(locker: &Locker) -> &Policy {
-        locker.policy()
-    }
 
     fn in_transaction(conn: &mut PgConnection) -> Result<bool, DriverError> {
         Ok(transaction_depth(conn)? > 0)
@@ -85,30 +76,20 @@ impl Driver for Diesel {
     }
 
     /// A blocking call is never cut off in flight.
-    fn cut_off(_: &mut PgConnection, _: &Locker) {}
+    fn cut_off(&self, _: &mut PgConnection) {}
 
-    fn begin_savepoint(
+    fn savepoint(
         conn: &mut PgConnection,
+        step: SavepointStep,
     ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
         ready(
-            <Manager as TransactionManager<PgConnection>>::begin_transaction(conn)
-                .map_err(DriverError::from),
+            match step {
+                SavepointStep::Begin => Manager::begin_transaction(conn),
+                SavepointStep::Release => Manager::commit_transaction(conn),
+                SavepointStep::Rollback => rollback(conn),
+            }
+            .map_err(DriverError::from),
         )
-    }
-
-    fn release_savepoint(
-        conn: &mut PgConnection,
-    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
-        ready(
-            <Manager as TransactionManager<PgConnection>>::commit_transaction(conn)
-                .map_err(DriverError::from),
-        )
-    }
-
-    fn rollback_savepoint(
-        conn: &mut PgConnection,
-    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
-        ready(rollback(conn).map_err(DriverError::from))
     }
 
     /// A closure that panics: the savepoint (or transaction) is rolled back

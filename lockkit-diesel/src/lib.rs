@@ -118,7 +118,7 @@
 )]
 #![deny(unsafe_code)]
 
-pub mod driver;
+mod driver;
 mod locker;
 
 pub use locker::Locker;
@@ -133,7 +133,7 @@ pub use locker::Locker;
 /// [`LockTx::savepoint`](lockkit::tx::LockTx::savepoint). Guards borrow the
 /// connection (not the `LockTx`, so queries can run while they live), so
 /// none outlives the transaction's closure.
-pub type LockTx<'t> = lockkit::tx::LockTx<'t, driver::Diesel>;
+pub type LockTx<'t> = lockkit::tx::LockTx<'t, Locker>;
 
 /// The lockkit crate, for what is not re-exported here. Also the path
 /// `#[derive(AdvisoryKey)]` names in a crate that depends on `lockkit-diesel`

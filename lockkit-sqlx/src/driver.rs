@@ -12,11 +12,10 @@
 use std::future::Future;
 
 use futures_util::{TryFutureExt, TryStreamExt};
-use lockkit::driver::Policy;
 use lockkit::driver::{
-    read_reply, DriverError, Param, Reply, ReplyRow, ReplyShape, SavepointEnd, Statement,
+    read_reply, Async, Driver, DriverError, Param, Reply, ReplyRow, ReplyShape, SavepointEnd,
+    SavepointStep, Statement,
 };
-use lockkit::driver::{Async, Driver};
 use lockkit::StatementMode;
 use smallvec::SmallVec;
 use sqlx::postgres::types::Oid;
@@ -31,7 +30,7 @@ use crate::error::driver_error;
 use crate::locker::Locker;
 
 /// What the server answered one statement: lockkit's statements answer at
-/// most one row, kept inline. The [`Driver::Answer`] of [`Sqlx`], seen only
+/// most one row, kept inline. The [`Driver::Answer`] of [`Locker`], seen only
 /// by the engine.
 #[derive(Debug)]
 pub enum Answer {
@@ -118,20 +117,12 @@ fn bind<'q>(
     })
 }
 
-/// sqlx as lockkit's [`Driver`]: the one [`LockTx`](crate::LockTx) over a
-/// `PgConnection`.
-#[derive(Debug)]
-pub enum Sqlx {}
-
-impl Driver for Sqlx {
+/// The locker is the stack's [`Driver`]: the one
+/// [`LockTx`](crate::LockTx) runs its statements through it.
+impl Driver for Locker {
     type Io = Async;
     type Conn = PgConnection;
-    type Locker = Locker;
     type Answer = Answer;
-
-    fn policy(locker: &Locker) -> &Policy {
-        locker.policy()
-    }
 
     fn in_transaction(conn: &mut PgConnection) -> Result<bool, DriverError> {
         Ok(conn.is_in_transaction())
@@ -142,7 +133,30 @@ impl Driver for Sqlx {
         stmt: Statement<'a>,
         mode: StatementMode,
     ) -> impl Future<Output = Result<Answer, DriverError>> + Send + 'a {
-        run(conn, stmt, mode)
+        async move {
+            if stmt.reply() == ReplyShape::Done {
+                // No parameters: sqlx sends it with the simple query protocol,
+                // which the two-statement rollback needs.
+                conn.execute(stmt.text()).await.map_err(driver_error)?;
+                return Ok(Answer::Done);
+            }
+            // Prepared: sqlx's statement cache keeps it on the connection.
+            // Unnamed: parsed every time, for poolers that do not keep named
+            // statements.
+            let mut query = sqlx::query(stmt.text()).persistent(mode == StatementMode::Prepared);
+            for param in stmt.params() {
+                query = bind(query, param)?;
+            }
+            // `fetch_many`: `fetch` would wrap it in one more boxed stream.
+            let mut rows = SmallVec::new();
+            let mut stream = conn.fetch_many(query);
+            while let Some(step) = stream.try_next().await.map_err(driver_error)? {
+                if let Either::Right(row) = step {
+                    rows.push(SqlxRow(row));
+                }
+            }
+            Ok(Answer::Rows(rows))
+        }
     }
 
     fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
@@ -154,24 +168,18 @@ impl Driver for Sqlx {
 
     /// sqlx has no cancel request: the server keeps waiting for the lock,
     /// and sqlx's next use of the connection first waits for its reply.
-    fn cut_off(_: &mut PgConnection, _: &Locker) {}
+    fn cut_off(&self, _: &mut PgConnection) {}
 
-    fn begin_savepoint(
+    fn savepoint(
         conn: &mut PgConnection,
+        step: SavepointStep,
     ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
-        PgTransactionManager::begin(conn, None).map_err(driver_error)
-    }
-
-    fn release_savepoint(
-        conn: &mut PgConnection,
-    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
-        PgTransactionManager::commit(conn).map_err(driver_error)
-    }
-
-    fn rollback_savepoint(
-        conn: &mut PgConnection,
-    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
-        PgTransactionManager::rollback(conn).map_err(driver_error)
+        match step {
+            SavepointStep::Begin => PgTransactionManager::begin(conn, None),
+            SavepointStep::Release => PgTransactionManager::commit(conn),
+            SavepointStep::Rollback => PgTransactionManager::rollback(conn),
+        }
+        .map_err(driver_error)
     }
 
     /// sqlx rolls the savepoint back before the connection's next use.
@@ -179,34 +187,4 @@ impl Driver for Sqlx {
         PgTransactionManager::start_rollback(conn);
         SavepointEnd::RolledBack
     }
-}
-
-/// Runs one statement.
-async fn run(
-    conn: &mut PgConnection,
-    stmt: Statement<'_>,
-    mode: StatementMode,
-) -> Result<Answer, DriverError> {
-    if stmt.reply() == ReplyShape::Done {
-        // No parameters: sqlx sends it with the simple query protocol,
-        // which the two-statement rollback needs.
-        conn.execute(stmt.text()).await.map_err(driver_error)?;
-        return Ok(Answer::Done);
-    }
-    // Prepared: sqlx's statement cache keeps it on the connection.
-    // Unnamed: parsed every time, for poolers that do not keep named
-    // statements.
-    let mut query = sqlx::query(stmt.text()).persistent(mode == StatementMode::Prepared);
-    for param in stmt.params() {
-        query = bind(query, param)?;
-    }
-    // `fetch_many`: `fetch` would wrap it in one more boxed stream.
-    let mut rows = SmallVec::new();
-    let mut stream = conn.fetch_many(query);
-    while let Some(step) = stream.try_next().await.map_err(driver_error)? {
-        if let Either::Right(row) = step {
-            rows.push(SqlxRow(row));
-        }
-    }
-    Ok(Answer::Rows(rows))
 }

@@ -118,7 +118,7 @@ pub use lockkit::tx::BoxFuture;
 /// [`LockTx::savepoint`](lockkit::tx::LockTx::savepoint). Guards borrow
 /// the transaction (not the `LockTx`, so queries can run while they live),
 /// so none outlives it.
-pub type LockTx<'t> = lockkit::tx::LockTx<'t, driver::Sqlx>;
+pub type LockTx<'t> = lockkit::tx::LockTx<'t, Locker>;
 
 /// lockkit itself, so that `#[derive(AdvisoryKey)]` and applications that
 /// depend only on this crate find it.

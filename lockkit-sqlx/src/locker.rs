@@ -26,6 +26,13 @@ pub struct Locker {
     policy: Arc<Policy>,
 }
 
+/// The configuration and facts, as the engine sees them.
+impl AsRef<Policy> for Locker {
+    fn as_ref(&self) -> &Policy {
+        &self.policy
+    }
+}
+
 impl Locker {
     /// Learns the server's facts in one query
     /// ([`SERVER_FACTS`](lockkit::driver::sql::SERVER_FACTS)) through

@@ -9,7 +9,7 @@ use std::panic::Location;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::driver::{self, Async, Blocking, Driver, Io};
+use crate::driver::{self, Async, Blocking, Driver, Io, SavepointStep};
 use crate::engine::{Grant, Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait};
 use crate::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 
@@ -82,7 +82,7 @@ fn out<D: Driver, F: Future>(future: F) -> Out<D, F> {
 pub struct LockTx<'t, D: Driver, M: Io = <D as Driver>::Io> {
     conn: &'t mut D::Conn,
     state: TxSlot<'t>,
-    locker: D::Locker,
+    locker: D,
     depth: u32,
     /// `D::Io`, a parameter of its own so that the savepoint of an async
     /// and of a blocking stack can each have its own signature.
@@ -131,7 +131,7 @@ impl<D: Driver> Drop for SavepointGuard<'_, '_, D> {
 impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
     /// A top-level `LockTx` over the transaction open on `conn`
     /// ([`driver::lock_tx`]).
-    pub(crate) fn attach(locker: &D::Locker, conn: &'t mut D::Conn) -> Result<Self, Error> {
+    pub(crate) fn attach(locker: &D, conn: &'t mut D::Conn) -> Result<Self, Error> {
         if !D::in_transaction(conn).map_err(|e| e.into_error())? {
             return Err(Error::from(ErrorKind::NotInTransaction));
         }
@@ -150,7 +150,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
     }
 
     /// The locker this transaction belongs to.
-    pub fn locker(&self) -> &D::Locker {
+    pub fn locker(&self) -> &D {
         &self.locker
     }
 
@@ -431,7 +431,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         site: &'static Location<'static>,
     ) -> Result<Result<Grant, Busy>, Error> {
         self.check_in_transaction()?;
-        let policy = D::policy(&self.locker);
+        let policy = self.locker.as_ref();
         let call =
             self.state
                 .acquire_one(policy, self.depth, (value, mode), try_only, Some(site))?;
@@ -447,7 +447,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
     /// Checks that a transaction is open, then lets the engine run the call.
     async fn drive(&mut self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
         self.check_in_transaction()?;
-        let policy = D::policy(&self.locker);
+        let policy = self.locker.as_ref();
         let call = self.state.acquire(policy, self.depth, request, wait)?;
         let mode = policy.config().statement_mode();
         call.run(|call| driver::drive::<D>(self.conn, &self.locker, mode, call))
@@ -485,7 +485,9 @@ impl<'s, 'c, D: Driver> Scope<'s, 'c, D> {
         state: &'s TxState,
         depth: u32,
     ) -> Result<Self, Error> {
-        D::begin_savepoint(conn).await.map_err(|e| e.into_error())?;
+        D::savepoint(conn, SavepointStep::Begin)
+            .await
+            .map_err(|e| e.into_error())?;
         Ok(Scope {
             guard: SavepointGuard {
                 ending: state.ending(depth, SavepointEnd::RolledBack),
@@ -497,7 +499,7 @@ impl<'s, 'c, D: Driver> Scope<'s, 'c, D> {
     }
 
     /// The `LockTx` the closure is given.
-    pub(crate) fn tx(&mut self, locker: D::Locker) -> LockTx<'_, D> {
+    pub(crate) fn tx(&mut self, locker: D) -> LockTx<'_, D> {
         LockTx {
             conn: &mut *self.guard.conn,
             state: TxSlot::Borrowed(self.state),
@@ -508,11 +510,7 @@ impl<'s, 'c, D: Driver> Scope<'s, 'c, D> {
     }
 
     /// Takes `first` (a `locked_transaction`'s batch) in the scope.
-    pub(crate) async fn lock_first(
-        &mut self,
-        locker: D::Locker,
-        first: Request,
-    ) -> Result<(), Error> {
+    pub(crate) async fn lock_first(&mut self, locker: D, first: Request) -> Result<(), Error> {
         self.tx(locker).lock_request(first).await.map(drop)
     }
 
@@ -525,7 +523,7 @@ impl<'s, 'c, D: Driver> Scope<'s, 'c, D> {
                 // Dropped while `RELEASE` (or `COMMIT`) is in flight, whether
                 // it ran is unknown.
                 guard.ending.if_dropped(SavepointEnd::Unknown);
-                match D::release_savepoint(guard.conn).await {
+                match D::savepoint(guard.conn, SavepointStep::Release).await {
                     Ok(()) => {
                         guard.ending.record(SavepointEnd::Released);
                         Ok(value)
@@ -537,7 +535,7 @@ impl<'s, 'c, D: Driver> Scope<'s, 'c, D> {
                 }
             }
             Err(user) => {
-                let end = match D::rollback_savepoint(guard.conn).await {
+                let end = match D::savepoint(guard.conn, SavepointStep::Rollback).await {
                     Ok(()) => SavepointEnd::RolledBack,
                     Err(_) => SavepointEnd::Unknown,
                 };

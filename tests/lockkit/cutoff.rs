@@ -66,11 +66,18 @@ const THENS: [Then; 3] = [Then::Rollback, Then::Drop, Then::Panic];
 
 /// One cut-off on `conn`, then `then`.
 /// Answers `false` when a late cancel request of an earlier cut-off ended
-/// the call before it could be cut off.
+/// the call (or failed its `BEGIN`) before it could be cut off.
 async fn cut_off(conn: Arc<Mutex<LockClient>>, key: Order, cut: Cut, then: Then) -> bool {
     let round = tokio::spawn(async move {
         let mut conn = conn.lock_owned().await;
-        let tx = conn.begin().await.expect("begin");
+        let tx = match conn.begin().await {
+            Ok(tx) => tx,
+            // A late cancel request of an earlier cut-off can land on this
+            // round's `BEGIN` too (the documented limit of
+            // `Canceller::cancel_until_answered`): nothing was begun.
+            Err(e) if e.kind() == lockkit::ErrorKind::Cancelled => return false,
+            Err(e) => panic!("begin: {e}"),
+        };
         match cut {
             Cut::Select => {
                 tokio::select! {

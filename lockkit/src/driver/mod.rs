@@ -171,23 +171,19 @@ mod sealed {
 /// A database stack's connection, as the one
 /// [`LockTx`] uses it.
 ///
-/// The trait is implemented by a marker type of the adapter (no value is
-/// made); every method is an associated function over the connection, so
-/// that a savepoint's `LockTx` reborrows the same connection.
-pub trait Driver: Sized + Send + Sync + 'static {
+/// The trait is implemented by the adapter's locker (its configuration and
+/// server facts, as a [`Policy`], and what it needs to settle a cut-off
+/// call), which every [`LockTx`] keeps a clone of. The methods take the
+/// connection as an argument, so that a savepoint's `LockTx` reborrows the
+/// same connection.
+pub trait Driver: AsRef<Policy> + Clone + fmt::Debug + Sized + Send + Sync + 'static {
     /// [`Async`] or [`Blocking`].
     type Io: Io;
     /// The connection a [`LockTx`] borrows for its
     /// transaction, on which the application also runs its queries.
     type Conn: Send;
-    /// The adapter's locker: configuration, server facts, and what the
-    /// driver needs to settle a cut-off call (a cancel request's TLS).
-    type Locker: Clone + fmt::Debug + Send + Sync + 'static;
     /// What the server answered one statement, before the engine reads it.
     type Answer: Send;
-
-    /// What `locker` knows: configuration and server facts.
-    fn policy(locker: &Self::Locker) -> &Policy;
 
     /// Whether a transaction is open on `conn`.
     ///
@@ -222,33 +218,18 @@ pub trait Driver: Sized + Send + Sync + 'static {
     /// one, and whatever keeps the transaction from being reported
     /// committed. The engine has already poisoned the transaction's
     /// bookkeeping.
-    fn cut_off(conn: &mut Self::Conn, locker: &Self::Locker);
+    fn cut_off(&self, conn: &mut Self::Conn);
 
-    /// Opens a savepoint through the driver's transaction manager.
+    /// Takes one step of a savepoint through the driver's transaction
+    /// manager, on the innermost savepoint (at depth 0, `BEGIN` opens the
+    /// transaction, and `COMMIT` or `ROLLBACK` ends it).
     ///
     /// # Errors
     ///
     /// The driver's error.
-    fn begin_savepoint(
+    fn savepoint(
         conn: &mut Self::Conn,
-    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_;
-
-    /// Releases the innermost savepoint.
-    ///
-    /// # Errors
-    ///
-    /// The driver's error.
-    fn release_savepoint(
-        conn: &mut Self::Conn,
-    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_;
-
-    /// Rolls the innermost savepoint back.
-    ///
-    /// # Errors
-    ///
-    /// The driver's error.
-    fn rollback_savepoint(
-        conn: &mut Self::Conn,
+        step: SavepointStep,
     ) -> impl Future<Output = Result<(), DriverError>> + Send + '_;
 
     /// Ends, from a destructor, a savepoint (or a transaction begun by
@@ -259,6 +240,18 @@ pub trait Driver: Sized + Send + Sync + 'static {
     fn savepoint_dropped(conn: &mut Self::Conn) -> SavepointEnd;
 }
 
+/// A step of a savepoint, or of a transaction the driver's transaction
+/// manager begins ([`Driver::savepoint`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SavepointStep {
+    /// `SAVEPOINT`, or `BEGIN` outside a transaction.
+    Begin,
+    /// `RELEASE SAVEPOINT`, or `COMMIT` of the transaction.
+    Release,
+    /// `ROLLBACK TO SAVEPOINT`, or `ROLLBACK` of the transaction.
+    Rollback,
+}
+
 /// A [`LockTx`] over the transaction open on `conn`: an adapter's entry
 /// points make every `LockTx` through this.
 ///
@@ -267,10 +260,7 @@ pub trait Driver: Sized + Send + Sync + 'static {
 /// [`ErrorKind::NotInTransaction`](crate::ErrorKind::NotInTransaction) when
 /// no transaction is open on `conn`, or the driver's error when it cannot
 /// tell.
-pub fn lock_tx<'t, D: Driver>(
-    locker: &D::Locker,
-    conn: &'t mut D::Conn,
-) -> Result<LockTx<'t, D>, Error> {
+pub fn lock_tx<'t, D: Driver>(locker: &D, conn: &'t mut D::Conn) -> Result<LockTx<'t, D>, Error> {
     LockTx::attach(locker, conn)
 }
 
@@ -290,7 +280,7 @@ pub fn lock_tx<'t, D: Driver>(
 ///
 /// Dropped, the transaction ends as [`Driver::savepoint_dropped`] says.
 pub async fn transaction<D, R, E, F>(
-    locker: &D::Locker,
+    locker: &D,
     conn: &mut D::Conn,
     batch: Option<(&Batch, &'static Location<'static>)>,
     f: F,
@@ -321,7 +311,7 @@ where
 ///
 /// As [`transaction`].
 pub fn transaction_blocking<D, R, E, F>(
-    locker: &D::Locker,
+    locker: &D,
     conn: &mut D::Conn,
     batch: Option<(&Batch, &'static Location<'static>)>,
     f: F,
@@ -348,13 +338,13 @@ where
 /// statement was sent and its answer never read.
 struct CutOff<'c, 'l, D: Driver> {
     conn: &'c mut D::Conn,
-    armed: Option<&'l D::Locker>,
+    armed: Option<&'l D>,
 }
 
 impl<D: Driver> Drop for CutOff<'_, '_, D> {
     fn drop(&mut self) {
         if let Some(locker) = self.armed.take() {
-            D::cut_off(self.conn, locker);
+            locker.cut_off(self.conn);
         }
     }
 }
@@ -363,7 +353,7 @@ impl<D: Driver> Drop for CutOff<'_, '_, D> {
 /// flight.
 pub(crate) async fn send_one<'a, D: Driver>(
     conn: &'a mut D::Conn,
-    locker: &'a D::Locker,
+    locker: &'a D,
     mode: StatementMode,
     statement: Statement<'a>,
 ) -> Result<D::Answer, DriverError> {
@@ -382,7 +372,7 @@ pub(crate) async fn send_one<'a, D: Driver>(
 /// connection is settled ([`Driver::cut_off`]).
 pub(crate) async fn drive<D: Driver>(
     conn: &mut D::Conn,
-    locker: &D::Locker,
+    locker: &D,
     mode: StatementMode,
     mut call: Acquisition<'_>,
 ) -> Result<Result<Grant, Busy>, Error> {
