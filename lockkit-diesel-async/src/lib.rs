@@ -74,12 +74,6 @@
 //! [`ErrorKind::UnexpectedReply`] (never succeed without its lock): choose
 //! `Config::default().statements(StatementMode::Unnamed)` there.
 //!
-//! # Transactions only
-//!
-//! Every lock call checks diesel-async's transaction depth and fails with
-//! [`ErrorKind::NotInTransaction`] at depth 0: PostgreSQL would release a
-//! transaction-scoped lock at the end of its statement, silently.
-//!
 //! # Errors
 //!
 //! diesel-async reports Diesel's errors, which do not carry the SQLSTATE:
@@ -90,17 +84,6 @@
 //! lockkit's `diesel` feature (turned on by this crate), [`lockkit::Error`]
 //! converts `From<diesel::result::Error>`, so one error type works with `?`
 //! for both lock calls and queries.
-//!
-//! # Why one statement per round trip
-//!
-//! diesel-async pipelines queries whose futures are polled together on one
-//! `&AsyncPgConnection`, but each of those futures prepares its statement
-//! on its own, and nothing in diesel-async promises that the statements
-//! reach the server in the order the futures were made. lockkit's
-//! guarantees rest on that order (the savepoint and timeouts before the
-//! lock statements, `BigInt` keys before `Pair` keys), so this adapter
-//! sends the engine's statements one at a time: a lock or a one-key-space
-//! batch is one round trip, as with `lockkit-diesel`.
 #![warn(
     missing_docs,
     rust_2018_idioms,

@@ -135,28 +135,7 @@ impl Locker {
     /// does: make one per transaction and take every lock through it. On a
     /// deadpool or bb8 connection, pass `&mut *pooled`.
     ///
-    /// ```no_run
-    /// use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-    /// use lockkit_diesel_async::{AdvisoryKey, Locker};
-    ///
-    /// #[derive(AdvisoryKey)]
-    /// struct Order {
-    ///     id: i64,
-    /// }
-    ///
-    /// # async fn run(conn: &mut AsyncPgConnection, locker: &Locker) -> Result<(), lockkit::Error> {
-    /// conn.transaction::<_, lockkit::Error, _>(async |conn| {
-    ///     let mut tx = locker.lock_tx(conn)?;
-    ///     let order = tx.lock(Order { id: 42 }).await?; // held until COMMIT/ROLLBACK
-    ///     diesel::sql_query("UPDATE orders SET state = 'paid' WHERE id = $1")
-    ///         .bind::<diesel::sql_types::BigInt, _>(order.id)
-    ///         .execute(tx.conn())
-    ///         .await?;
-    ///     Ok(())
-    /// })
-    /// .await
-    /// # }
-    /// ```
+    /// See the [crate docs](crate) for an example.
     ///
     /// # Errors
     ///

@@ -128,35 +128,33 @@ impl Driver for Locker {
         Ok(conn.is_in_transaction())
     }
 
-    fn run<'a>(
+    async fn run<'a>(
         conn: &'a mut PgConnection,
         stmt: Statement<'a>,
         mode: StatementMode,
-    ) -> impl Future<Output = Result<Answer, DriverError>> + Send + 'a {
-        async move {
-            if stmt.reply() == ReplyShape::Done {
-                // No parameters: sqlx sends it with the simple query protocol,
-                // which the two-statement rollback needs.
-                conn.execute(stmt.text()).await.map_err(driver_error)?;
-                return Ok(Answer::Done);
-            }
-            // Prepared: sqlx's statement cache keeps it on the connection.
-            // Unnamed: parsed every time, for poolers that do not keep named
-            // statements.
-            let mut query = sqlx::query(stmt.text()).persistent(mode == StatementMode::Prepared);
-            for param in stmt.params() {
-                query = bind(query, param)?;
-            }
-            // `fetch_many`: `fetch` would wrap it in one more boxed stream.
-            let mut rows = SmallVec::new();
-            let mut stream = conn.fetch_many(query);
-            while let Some(step) = stream.try_next().await.map_err(driver_error)? {
-                if let Either::Right(row) = step {
-                    rows.push(SqlxRow(row));
-                }
-            }
-            Ok(Answer::Rows(rows))
+    ) -> Result<Answer, DriverError> {
+        if stmt.reply() == ReplyShape::Done {
+            // No parameters: sqlx sends it with the simple query protocol,
+            // which the two-statement rollback needs.
+            conn.execute(stmt.text()).await.map_err(driver_error)?;
+            return Ok(Answer::Done);
         }
+        // Prepared: sqlx's statement cache keeps it on the connection.
+        // Unnamed: parsed every time, for poolers that do not keep named
+        // statements.
+        let mut query = sqlx::query(stmt.text()).persistent(mode == StatementMode::Prepared);
+        for param in stmt.params() {
+            query = bind(query, param)?;
+        }
+        // `fetch_many`: `fetch` would wrap it in one more boxed stream.
+        let mut rows = SmallVec::new();
+        let mut stream = conn.fetch_many(query);
+        while let Some(step) = stream.try_next().await.map_err(driver_error)? {
+            if let Either::Right(row) = step {
+                rows.push(SqlxRow(row));
+            }
+        }
+        Ok(Answer::Rows(rows))
     }
 
     fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {

@@ -52,15 +52,10 @@
 //!
 //! # Forms
 //!
-//! - [`Locker::lock_tx`] over an open `sqlx::Transaction<'_, Postgres>`
-//!   (from `PgPool::begin`, `PgConnection::begin`, or inside sqlx's
-//!   `Connection::transaction`): a [`LockTx`] whose guards borrow the
-//!   transaction, so none outlives its `COMMIT`.
-//! - [`Locker::transaction`] and [`Locker::locked_transaction`]: begin,
-//!   run a closure, commit or roll back, in the style of sqlx's
-//!   `Connection::transaction` (`|tx| Box::pin(async move { … })`).
-//! - [`LockTx::savepoint`] for nested transactions whose locks are released
-//!   if they roll back.
+//! [`Locker::lock_tx`] over an open `sqlx::Transaction` (its guards borrow
+//! the transaction, so none outlives its `COMMIT`); [`Locker::transaction`]
+//! and [`Locker::locked_transaction`], in the style of sqlx's
+//! `Connection::transaction`; [`LockTx::savepoint`].
 //!
 //! # Statements, and transaction-mode poolers
 //!
@@ -70,12 +65,6 @@
 //! lock call may fail with [`ErrorKind::UnexpectedReply`] (never succeed
 //! without its lock): choose
 //! `Config::default().statements(StatementMode::Unnamed)` there.
-//!
-//! # Transactions only
-//!
-//! Every lock call checks sqlx's transaction depth and fails with
-//! [`ErrorKind::NotInTransaction`] at depth 0: PostgreSQL would release a
-//! transaction-scoped lock at the end of its statement, silently.
 //!
 //! # Errors
 //!
@@ -87,13 +76,8 @@
 //!
 //! # Differences from the tokio-postgres core
 //!
-//! - No pipelining: sqlx sends one statement per round trip (see
-//!   [`LockTx`]).
-//! - No cancel request for a dropped lock future (sqlx has no cancel
-//!   token): the transaction is poisoned, and the connection stays busy
-//!   until the server answers the lock statement. See [`LockTx::lock`].
-//! - Lock methods take `&mut self` (sqlx queries need `&mut PgConnection`);
-//!   guards borrow the transaction instead of the `LockTx`.
+//! One statement per round trip, and no cancel request for a dropped lock
+//! future (sqlx has none): see [`LockTx::lock`].
 #![warn(
     missing_docs,
     rust_2018_idioms,

@@ -98,29 +98,7 @@ impl Locker {
     /// guards borrow the transaction, so none outlives the `COMMIT` or
     /// `ROLLBACK` that releases them.
     ///
-    /// ```no_run
-    /// use lockkit_sqlx::{AdvisoryKey, Locker, SqlxResultExt};
-    ///
-    /// #[derive(AdvisoryKey)]
-    /// struct Order {
-    ///     id: i64,
-    /// }
-    ///
-    /// # async fn run(pool: &sqlx::PgPool, locker: &Locker) -> Result<(), lockkit::Error> {
-    /// let mut tx = pool.begin().await.lock_err()?;
-    /// {
-    ///     let mut ltx = locker.lock_tx(&mut tx)?;
-    ///     let order = ltx.lock(Order { id: 42 }).await?; // held until COMMIT/ROLLBACK
-    ///     sqlx::query("UPDATE orders SET state = 'paid' WHERE id = $1")
-    ///         .bind(order.id)
-    ///         .execute(ltx.conn())
-    ///         .await
-    ///         .lock_err()?;
-    /// }
-    /// tx.commit().await.lock_err()?; // releases the lock
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// See the [crate docs](crate) for an example.
     ///
     /// # Errors
     ///

@@ -7,5 +7,6 @@
 
 mod api;
 mod common;
+mod errors;
 mod pooler;
 mod release;
