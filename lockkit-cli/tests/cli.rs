@@ -4,6 +4,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use lockkit::{KeySpec, LockKey};
+use lockkit_tests::observe::{wait_until_waiting, wait_until_waiting_for, Awaited};
 use lockkit_tests::TestServer;
 use serde_json::Value;
 use tokio_postgres::{Client, NoTls};
@@ -41,26 +42,6 @@ async fn pid(client: &Client) -> i32 {
         .await
         .unwrap()
         .get(0)
-}
-
-/// Waits (up to 30 s) until `pid` waits for an advisory lock.
-async fn until_waiting(observer: &Client, pid: i32) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let n: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
-                &[&pid],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if n > 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "backend {pid} never waited");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[test]
@@ -232,7 +213,7 @@ async fn inspect_shows_holders_waiters_and_the_chain() {
             .unwrap();
         waiter
     });
-    until_waiting(&observer, waiter_pid).await;
+    wait_until_waiting(&observer, waiter_pid).await;
 
     let url = db.url();
     let out = lockkit(&["--url", url, "inspect", "--json", "-n", "CliOrder"]);
@@ -336,7 +317,7 @@ async fn inspect_names_a_prepared_transaction_as_the_blocker() {
             .await
             .unwrap();
     });
-    until_waiting(&observer, waiter_pid).await;
+    wait_until_waiting(&observer, waiter_pid).await;
 
     let out = lockkit(&["--url", db.url(), "inspect", "-n", "CliPrepared"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -681,26 +662,6 @@ async fn connect_url(url: &str, app: &str) -> Client {
     client
 }
 
-/// Waits (up to 30 s) until `pid` waits for a relation lock.
-async fn until_waiting_on_relation(observer: &Client, pid: i32) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let n: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted AND pid = $1",
-                &[&pid],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if n > 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "backend {pid} never waited");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Issue 14: `inspect --all` shows a stuck DDL lock queue in the wait-chain
 /// tree: a long reader, the ALTER TABLE waiting behind it, and a new reader
 /// queued behind the ALTER TABLE.
@@ -732,14 +693,14 @@ async fn inspect_all_shows_a_ddl_lock_queue() {
             .await
             .unwrap();
     });
-    until_waiting_on_relation(&setup, alter_pid).await;
+    wait_until_waiting_for(&setup, alter_pid, Awaited::Relation).await;
     let reading = tokio::spawn(async move {
         new_reader
             .batch_execute("SELECT count(*) FROM accounts")
             .await
             .unwrap();
     });
-    until_waiting_on_relation(&setup, new_pid).await;
+    wait_until_waiting_for(&setup, new_pid, Awaited::Relation).await;
 
     let out = lockkit(&["--url", &url, "inspect", "--all", "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -943,7 +904,7 @@ async fn inspect_names_published_types_calls_and_session_locks() {
         tx.rollback().await.unwrap();
     });
     let observer = connect_url(&url, "cli-observer").await;
-    until_waiting(&observer, waiter_pid).await;
+    wait_until_waiting(&observer, waiter_pid).await;
 
     let inspect_text = || {
         let out = lockkit(&["--url", &url, "inspect"]);

@@ -5,31 +5,11 @@ use std::time::{Duration, Instant};
 
 use lockkit::pg::{run_ddl, DdlRetry};
 use lockkit::{ErrorKind, RetryPolicy};
+use lockkit_tests::observe::{wait_until_waiting_for, Awaited};
 use lockkit_tests::TestServer;
 use tokio_postgres::Client;
 
 use crate::common::backend_pid;
-
-/// Waits (up to 30 s, else panics) until backend `pid` waits for a
-/// relation lock.
-async fn wait_until_relation_wait(observer: &Client, pid: i32) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let n: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted AND pid = $1",
-                &[&pid],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if n > 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "backend {pid} never waited");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 /// Waits (up to 30 s, else panics) until backend `pid` waits for a
 /// relation lock in its `nth` distinct transaction (told apart by
@@ -235,11 +215,11 @@ async fn control_plain_ddl_stalls_every_later_reader() {
     tokio::pin!(alter_call, read_call);
     tokio::select! {
         _ = &mut alter_call => panic!("the ALTER cannot finish while the reader holds"),
-        () = wait_until_relation_wait(&observer, alter_pid) => {}
+        () = wait_until_waiting_for(&observer, alter_pid, Awaited::Relation) => {}
     }
     tokio::select! {
         _ = &mut read_call => panic!("the new reader got past the queued ALTER"),
-        () = wait_until_relation_wait(&observer, reader_pid) => {}
+        () = wait_until_waiting_for(&observer, reader_pid, Awaited::Relation) => {}
     }
     // Still stalled a second later: it waits for the long reader, not for time.
     assert!(tokio::time::timeout(Duration::from_secs(1), &mut read_call)

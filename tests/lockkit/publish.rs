@@ -1,12 +1,11 @@
 //! `Locker::publish_key_types`: an application's key types on the server,
 //! for `lockkit inspect` (issue 29).
 
-use std::time::{Duration, Instant};
-
 use lockkit::driver::sql;
 use lockkit::inspect::{published_key_types, KeyRegistry};
 use lockkit::key::KeyForm;
 use lockkit::{AdvisoryKey, Config, KeySpec, LockKey, Locker};
+use lockkit_tests::observe::{wait_until_waiting_for, Awaited};
 use lockkit_tests::TestServer;
 use tokio_postgres::{Client, NoTls};
 
@@ -22,26 +21,6 @@ async fn connect(url: &str) -> Client {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
     tokio::spawn(connection);
     client
-}
-
-/// Waits (up to 30 s) until backend `pid` waits for a lock of any kind.
-async fn until_waiting_for_any_lock(observer: &Client, pid: i32) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let n: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid = $1",
-                &[&pid],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if n > 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "backend {pid} never waited");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// The program's types reach the table, once per (application, type)
@@ -121,7 +100,7 @@ async fn concurrent_publishers_on_a_fresh_database() {
     let locker = Locker::new(&second, Config::default()).await.unwrap();
     let publishing =
         tokio::spawn(async move { locker.publish_key_types(&mut second, "svc-second").await });
-    until_waiting_for_any_lock(&observer, second_pid).await;
+    wait_until_waiting_for(&observer, second_pid, Awaited::Any).await;
     tx.commit().await.unwrap();
     let n = publishing.await.unwrap().expect("the second publisher");
     assert!(n > 0);

@@ -67,13 +67,39 @@ pub async fn advisory_rows(observer: &Client, pid: i32) -> i64 {
         .get(0)
 }
 
+/// The kind of lock a backend is seen waiting for in `pg_locks`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Awaited {
+    /// An advisory lock.
+    Advisory,
+    /// A table lock (DDL behind a reader, a reader behind DDL).
+    Relation,
+    /// A lock of any kind.
+    Any,
+}
+
+impl Awaited {
+    fn locktype(self) -> Option<&'static str> {
+        match self {
+            Awaited::Advisory => Some("advisory"),
+            Awaited::Relation => Some("relation"),
+            Awaited::Any => None,
+        }
+    }
+}
+
 /// Whether backend `pid` waits for an advisory lock.
 pub async fn waiting(observer: &Client, pid: i32) -> bool {
+    waiting_for(observer, pid, Awaited::Advisory).await
+}
+
+/// Whether backend `pid` waits for a lock of the kind `what`.
+pub async fn waiting_for(observer: &Client, pid: i32, what: Awaited) -> bool {
     observer
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
-             AND NOT granted AND pid = $1)",
-            &[&pid],
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND pid = $1 \
+             AND ($2::text IS NULL OR locktype = $2))",
+            &[&pid, &what.locktype()],
         )
         .await
         .expect("pg_locks")
@@ -83,9 +109,18 @@ pub async fn waiting(observer: &Client, pid: i32) -> bool {
 /// Waits (up to 30 s, else panics) until backend `pid` waits for an
 /// advisory lock: the event a test synchronizes on instead of a sleep.
 pub async fn wait_until_waiting(observer: &Client, pid: i32) {
+    wait_until_waiting_for(observer, pid, Awaited::Advisory).await
+}
+
+/// Waits (up to 30 s, else panics) until backend `pid` waits for a lock of
+/// the kind `what`. The deadline guards a hang and is no timing claim.
+pub async fn wait_until_waiting_for(observer: &Client, pid: i32, what: Awaited) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !waiting(observer, pid).await {
-        assert!(Instant::now() < deadline, "backend {pid} never waited");
+    while !waiting_for(observer, pid, what).await {
+        assert!(
+            Instant::now() < deadline,
+            "backend {pid} never waited ({what:?})"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
