@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use diesel_async::AsyncPgConnection;
 use lockkit::driver::diesel::DieselPolicy;
+use lockkit::driver::Canceller;
 use lockkit::driver::Policy;
-use lockkit::pg::Canceller;
 use lockkit::tx::BoxFuture;
 use lockkit::{Batch, Config, Error, ServerFacts};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
@@ -84,7 +84,7 @@ impl Locker {
     /// over TLS through a tokio-postgres client, e.g. in
     /// `ManagerConfig::custom_setup`). Needed under `sslmode=require` and
     /// the `verify-*` modes, where a request in plain text fails and the
-    /// server goes on waiting for the key: see [`lockkit::pg::Canceller`].
+    /// server goes on waiting for the key: see [`lockkit::driver::Canceller`].
     pub fn cancel_tls<T>(mut self, tls: T) -> Locker
     where
         T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,

@@ -76,6 +76,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "cancel")]
+mod cancel;
 #[cfg(feature = "diesel")]
 pub mod diesel;
 
@@ -85,8 +87,8 @@ pub use crate::engine::{
     ParamType, Reply, ReplyRow, ReplyShape, Request, Round, SavepointEnd, SavepointEnding, Sql,
     Statement, TxSlot, TxState, Wait, HASHTEXT_PROBES,
 };
-#[cfg(feature = "tokio-postgres")]
-pub use crate::pg::Canceller;
+#[cfg(feature = "cancel")]
+pub use cancel::Canceller;
 
 use std::fmt;
 use std::future::Future;

@@ -9,11 +9,12 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Socket, Transaction};
 
+use crate::driver::Canceller;
 use crate::engine::config::{Config, StatementMode};
 use crate::engine::error::Error;
 use crate::engine::facts::{FactsRow, ServerFacts, HASHTEXT_PROBES};
 use crate::engine::{sql, Policy};
-use crate::pg::exec::{Canceller, StatementCache};
+use crate::pg::exec::StatementCache;
 use crate::pg::transaction::LockTx;
 
 /// Takes transaction-scoped advisory locks over tokio-postgres.

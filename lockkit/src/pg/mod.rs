@@ -15,7 +15,6 @@ pub mod session;
 pub(crate) mod transaction;
 
 pub use ddl::{run_ddl, DdlOutcome, DdlRetry};
-pub use exec::Canceller;
 pub use locker::{LockClient, Locker};
 pub use migrate::{Migration, MigrationError, MigrationGuard, WhenBusy};
 pub use publish::{published_key_types, PublishedKeyType};

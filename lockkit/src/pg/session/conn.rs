@@ -11,8 +11,8 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Socket};
 
 use super::SessionLock;
+use crate::driver::Canceller;
 use crate::engine::error::Error;
-use crate::pg::exec::Canceller;
 
 impl SessionLock {
     /// A connection for a lock (or the probe), and how to cancel a
