@@ -288,3 +288,32 @@ mod tests {
         );
     }
 }
+
+/// What the span of every call records, with or without `metrics`.
+#[cfg(test)]
+mod names {
+    use super::*;
+
+    /// Each outcome has its own label, the one the docs and dashboards
+    /// use; a key type is named by its namespace.
+    #[test]
+    fn outcomes_and_key_types_are_named() {
+        let labels = [
+            (Outcome::Granted, "granted"),
+            (Outcome::Busy, "busy"),
+            (Outcome::Timeout, "timeout"),
+            (Outcome::Cancelled, "cancelled"),
+            (Outcome::Deadlock, "deadlock"),
+            (Outcome::LockTableFull, "lock_table_full"),
+            (Outcome::ConnectionLost, "connection_lost"),
+            (Outcome::UnexpectedReply, "unexpected_reply"),
+            (Outcome::Error, "error"),
+        ];
+        for (outcome, label) in labels {
+            assert_eq!(outcome.label(), label);
+        }
+        assert_eq!(key_type!("billing.invoice").name(), "billing.invoice");
+        assert_eq!(KeyType::RAW.name(), "raw");
+        assert_eq!(KeyType::BATCH.name(), "batch");
+    }
+}

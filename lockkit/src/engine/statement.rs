@@ -640,4 +640,48 @@ mod tests {
             sql::ROLLBACK.split(';').count()
         );
     }
+
+    /// `Sql::index` is dense and distinct: an adapter's statement cache
+    /// keeps one slot per statement.
+    #[test]
+    fn every_statement_has_its_own_index() {
+        let all = [
+            Sql::LockBigint,
+            Sql::LockBigintShared,
+            Sql::LockPair,
+            Sql::LockPairShared,
+            Sql::TryBigint,
+            Sql::TryBigintShared,
+            Sql::TryPair,
+            Sql::TryPairShared,
+            Sql::BatchBigint,
+            Sql::BatchPair,
+            Sql::BatchBigintExclusive,
+            Sql::BatchPairExclusive,
+            Sql::TryBatchBigint,
+            Sql::TryBatchPair,
+            Sql::SetTimeouts,
+            Sql::ArmTimeouts,
+            Sql::RestoreTimeouts,
+            Sql::Savepoint,
+            Sql::Release,
+            Sql::Rollback,
+        ];
+        let indices: std::collections::BTreeSet<usize> = all.iter().map(|s| s.index()).collect();
+        assert_eq!(indices.len(), Sql::COUNT);
+        assert!(indices.iter().all(|&i| i < Sql::COUNT));
+    }
+
+    /// A round's `Debug` lists its statements.
+    #[test]
+    fn a_round_shows_its_statements() {
+        let mut round = Round::new();
+        round.push(Statement::new(Sql::Savepoint, &[]));
+        round.push(Statement::new(Sql::Release, &[]));
+        let shown = format!("{round:?}");
+        assert!(
+            shown.contains("Savepoint") && shown.contains("Release"),
+            "{shown}"
+        );
+    }
 }

@@ -541,4 +541,48 @@ mod tests {
             ]
         );
     }
+
+    /// `tagged` for every payload width the format allows, not only the
+    /// widths today's key parts use (1, 4, 8 and 16 bytes): the hashed
+    /// bytes are the collected ones.
+    #[test]
+    fn tagged_hashes_what_it_collects_for_every_width() {
+        use std::hash::Hasher;
+
+        use crate::key::namespace::SIP_KEY;
+
+        fn both<const N: u32>(tag: u8, payload: u128) {
+            let mut bytes = Vec::new();
+            Parts {
+                sink: Sink::Bytes(&mut bytes),
+            }
+            .tagged::<N>(tag, payload);
+            assert_eq!(bytes.len(), N as usize + 1);
+            let mut reference = siphasher::sip::SipHasher24::new_with_key(SIP_KEY);
+            reference.write(&bytes);
+            let mut ours = crate::key::sip::Sip24::new(SIP_KEY);
+            Parts {
+                sink: Sink::Hash(&mut ours),
+            }
+            .tagged::<N>(tag, payload);
+            assert_eq!(ours.finish(), reference.finish(), "N = {N}");
+        }
+        let payload = 0x0f0e_0d0c_0b0a_0908_0706_0504_0302_0100_u128;
+        both::<9>(7, payload);
+        both::<10>(7, payload);
+        both::<11>(7, payload);
+        both::<12>(7, payload);
+        both::<13>(7, payload);
+        both::<14>(7, payload);
+        both::<15>(7, payload);
+    }
+
+    /// References are transparent: `&T` and `&mut T` encode as `T`.
+    #[test]
+    fn references_encode_as_their_value() {
+        let mut v = 42_i64;
+        let expected = parts_bytes(&42_i64);
+        assert_eq!(parts_bytes(&&v), expected);
+        assert_eq!(parts_bytes(&&mut v), expected);
+    }
 }

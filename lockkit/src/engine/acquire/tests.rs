@@ -602,3 +602,82 @@ fn the_guards_come_from_the_outcome() {
         ErrorKind::Poisoned
     );
 }
+
+/// `Request::one` keeps its mode: the statement of a shared timed lock is
+/// a shared one, that of an exclusive one is not.
+#[test]
+fn a_one_key_request_keeps_its_mode() {
+    let policy = policy();
+    for mode in [Mode::Shared, Mode::Exclusive] {
+        let state = TxState::new();
+        let wait = Wait::Timeout(Duration::from_secs(1));
+        let mut call = state
+            .acquire(&policy, 0, Request::one(&K(1), mode), wait)
+            .unwrap();
+        let round = call.round().unwrap();
+        let sent: Vec<Sql> = round.iter().map(|s| s.sql()).collect();
+        let shared = sent.contains(&Sql::LockBigintShared);
+        assert_eq!(shared, mode == Mode::Shared, "{mode:?}: {sent:?}");
+        assert!(
+            sent.contains(&Sql::LockBigint) || shared,
+            "{mode:?}: {sent:?}"
+        );
+        let replies = granted(&round);
+        call.receive(Ok(replies));
+        assert!(call.finish().unwrap().is_ok());
+        assert!(state.holds(LockKey::BigInt(1), mode));
+    }
+}
+
+/// A batch whose keys are all exclusive takes the exclusive statement (no
+/// modes array); one shared key makes it the statement with modes.
+#[test]
+fn an_all_exclusive_batch_takes_the_exclusive_statement() {
+    let policy = policy();
+    let cases = [
+        (
+            Batch::new().with(&K(1)).with(&K(2)),
+            Sql::BatchBigintExclusive,
+        ),
+        (
+            Batch::new().with(&K(1)).with_shared(&K(2)),
+            Sql::BatchBigint,
+        ),
+        (
+            Batch::new().with(&P(1)).with(&P(2)),
+            Sql::BatchPairExclusive,
+        ),
+        (Batch::new().with(&P(1)).with_shared(&P(2)), Sql::BatchPair),
+    ];
+    for (batch, expected) in cases {
+        let state = TxState::new();
+        let call = state
+            .acquire(&policy, 0, Request::batch(&batch), Wait::Forever)
+            .unwrap();
+        let sent: Vec<Sql> = call.round().unwrap().iter().map(|s| s.sql()).collect();
+        assert_eq!(sent, [expected]);
+    }
+}
+
+/// An adapter that hands the driver's answers to `receive_answers` drives
+/// the call to its outcome, round after round.
+#[test]
+fn answers_read_by_the_adapter_drive_the_call() {
+    let policy = policy();
+    let state = TxState::new();
+    let batch = Batch::new().with(&K(1)).with(&P(2));
+    let wait = Wait::Timeout(Duration::from_secs(1));
+    let mut call = state
+        .acquire(&policy, 0, Request::batch(&batch), wait)
+        .unwrap();
+    let mut rounds = 0;
+    while let Some(round) = call.round() {
+        let answers = granted(&round);
+        call.receive_answers(Ok::<_, DriverError>(answers), |_, reply| reply.clone());
+        rounds += 1;
+        assert!(rounds < 5, "the call does not advance");
+    }
+    assert!(call.finish().unwrap().is_ok());
+    assert!(state.holds(LockKey::BigInt(1), Mode::Exclusive));
+    assert_eq!(state.held_count(), 2);
+}

@@ -93,3 +93,23 @@ fn is_send_sync_static() {
     check::<Error>();
     assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
 }
+
+/// The driver's own error stays reachable as the source, whatever lockkit
+/// makes of it.
+#[test]
+fn the_drivers_error_is_the_source() {
+    let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+    for e in [
+        DriverError::new(io).closed(true).into_error(),
+        DriverError::new("the driver's words")
+            .code(Some("40P01"))
+            .into_error(),
+    ] {
+        let source = e.source().expect("a source");
+        let text = source.to_string();
+        assert!(
+            text == "reset by peer" || text == "the driver's words",
+            "{e}: source {text:?}"
+        );
+    }
+}
