@@ -28,9 +28,12 @@
 //!   transaction, on a connection of their own; **inspection**
 //!   ([`inspect`], and the `lockkit` command) shows who holds and awaits
 //!   which keys, with the types behind them.
-//! - **One engine** ([`driver`]) owns the whole protocol of taking locks;
-//!   the tokio-postgres adapter here, `lockkit-diesel` and the others only
-//!   run its statements.
+//! - **One engine** owns the whole protocol of taking locks; the
+//!   tokio-postgres adapter here, `lockkit-diesel` and the others only run
+//!   its statements ([`driver`], for adapter authors). sqlx, diesel-async
+//!   and Diesel share one [`LockTx`](tx::LockTx), written once over each
+//!   adapter's driver; the key functions and what a key is made of are in
+//!   [`key`].
 //! - **Keys from SQL** ([`sql`]): the same keys computed by SQL functions
 //!   installed in the database, so that migrations, psql sessions and
 //!   services in other languages take the same locks.
