@@ -31,8 +31,13 @@ fn out<D: Driver, F: Future>(future: F) -> Out<D, F> {
 }
 
 /// A connection inside a transaction, taking transaction-scoped advisory
-/// locks: the lock calls of `lockkit-sqlx` and `lockkit-diesel-async`
-/// (their `LockTx<'t>` is this type over their [`Driver`]).
+/// locks: the lock calls of `lockkit-sqlx`, `lockkit-diesel-async` and
+/// `lockkit-diesel` (their `LockTx<'t>` is this type over their
+/// [`Driver`], the adapter's `Locker`).
+///
+/// On sqlx and diesel-async its calls return futures ([`Out`] is the
+/// future); on Diesel, which blocks, they return their result (the
+/// `# Cancel safety` sections are about the async stacks).
 ///
 /// Made by the adapter's `lock_tx` over an open transaction, by its
 /// closure forms, and by [`LockTx::savepoint`]. Run queries on
@@ -56,7 +61,7 @@ fn out<D: Driver, F: Future>(future: F) -> Out<D, F> {
 ///
 /// The engine's statements go one at a time, in the engine's order (neither
 /// sqlx nor diesel-async promises the order of pipelined statements with
-/// parameters): a lock or a batch of one key space takes one round trip; a
+/// parameters, and Diesel does not pipeline): a lock or a batch of one key space takes one round trip; a
 /// batch that mixes `BigInt` and `Pair` keys two; a timed lock five
 /// (savepoint, set the timeouts, lock, restore them, release); a try-batch
 /// three.
