@@ -12,14 +12,6 @@
 //! cargo run -p lockkit-examples --bin edit_lock
 //! cargo run -p lockkit-examples --bin transfer_diesel
 //! ```
-#![warn(
-    missing_docs,
-    rust_2018_idioms,
-    unreachable_pub,
-    missing_debug_implementations
-)]
-#![deny(unsafe_code)]
-
 pub mod db;
 pub mod ingest;
 pub mod transfer;

@@ -10,14 +10,6 @@
 //! - [`tls`]: `sslmode` and `sslrootcert`, as libpq reads them.
 //!
 //! The key format is [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
-#![warn(
-    missing_docs,
-    rust_2018_idioms,
-    unreachable_pub,
-    missing_debug_implementations
-)]
-#![deny(unsafe_code)]
-
 pub mod keyarg;
 pub mod registry;
 pub mod settings;

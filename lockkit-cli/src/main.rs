@@ -14,14 +14,6 @@
 //!
 //! Connects with `--url` or `DATABASE_URL`, over TLS as libpq would
 //! (`sslmode`, `sslrootcert`; see `lockkit_cli::tls`).
-#![warn(
-    missing_docs,
-    rust_2018_idioms,
-    unreachable_pub,
-    missing_debug_implementations
-)]
-#![deny(unsafe_code)]
-
 mod render;
 mod sql_command;
 

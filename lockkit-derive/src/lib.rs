@@ -1,14 +1,6 @@
 //! Implementation detail of `lockkit`: `#[derive(AdvisoryKey)]`. Depend on
 //! `lockkit` or one of its adapters (`lockkit-diesel`), feature `derive`, on
 //! by default, instead.
-#![warn(
-    missing_docs,
-    rust_2018_idioms,
-    unreachable_pub,
-    missing_debug_implementations
-)]
-#![deny(unsafe_code)]
-
 mod ast;
 mod attr;
 mod ctxt;

@@ -84,14 +84,6 @@
 //! lockkit's `diesel` feature (turned on by this crate), [`lockkit::Error`]
 //! converts `From<diesel::result::Error>`, so one error type works with `?`
 //! for both lock calls and queries.
-#![warn(
-    missing_docs,
-    rust_2018_idioms,
-    unreachable_pub,
-    missing_debug_implementations
-)]
-#![deny(unsafe_code)]
-
 mod driver;
 mod locker;
 

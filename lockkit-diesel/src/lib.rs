@@ -110,14 +110,6 @@
 //! - Guards do not borrow the [`LockTx`] (Diesel queries need
 //!   `&mut PgConnection`); their lifetime ties them to the transaction's
 //!   closure instead.
-#![warn(
-    missing_docs,
-    rust_2018_idioms,
-    unreachable_pub,
-    missing_debug_implementations
-)]
-#![deny(unsafe_code)]
-
 mod driver;
 mod locker;
 

@@ -78,14 +78,6 @@
 //!
 //! One statement per round trip, and no cancel request for a dropped lock
 //! future (sqlx has none): see [`LockTx::lock`].
-#![warn(
-    missing_docs,
-    rust_2018_idioms,
-    unreachable_pub,
-    missing_debug_implementations
-)]
-#![deny(unsafe_code)]
-
 pub mod driver;
 mod error;
 mod locker;

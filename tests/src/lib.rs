@@ -65,14 +65,6 @@
 //! even if it is killed: that is what stops the shared server, which lives
 //! in a `static` and never drops. Only killing the watchdog itself leaves a
 //! server behind, in a `lockkit-pg-<pid>-<n>` directory in the temp dir.
-#![warn(
-    missing_docs,
-    rust_2018_idioms,
-    unreachable_pub,
-    missing_debug_implementations
-)]
-#![deny(unsafe_code)]
-
 mod account;
 mod binaries;
 pub mod fixtures;
