@@ -167,4 +167,17 @@ mod tests {
         bad.hashes.pop();
         assert!(ServerFacts::from(&bad).check_hashtext().is_err());
     }
+
+    #[test]
+    fn the_version_is_the_servers() {
+        let row = FactsRow {
+            version_num: 180001,
+            ..FactsRow::default()
+        };
+        assert_eq!(ServerFacts::from(&row).server_version_num(), 180001);
+        assert_eq!(
+            ServerFacts::assumed(64, 100, 0).server_version_num(),
+            150000
+        );
+    }
 }

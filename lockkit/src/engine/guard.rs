@@ -203,3 +203,30 @@ impl Busy {
         Busy { keys, key_types }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A busy error names how many keys were busy and of which types.
+    #[test]
+    fn busy_says_how_many_and_of_which_types() {
+        let one = Busy::new(vec![LockKey::BigInt(1)], vec!["billing.invoice"]);
+        assert_eq!(
+            one.to_string(),
+            "1 advisory lock(s) busy, of type billing.invoice"
+        );
+        let two = Busy::new(
+            vec![LockKey::BigInt(1), LockKey::Pair(2, 3)],
+            vec!["order", "account"],
+        );
+        assert_eq!(
+            two.to_string(),
+            "2 advisory lock(s) busy, of types order, account"
+        );
+        assert_eq!(
+            Busy::new(vec![LockKey::BigInt(1)], vec![]).to_string(),
+            "1 advisory lock(s) busy"
+        );
+    }
+}

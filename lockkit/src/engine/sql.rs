@@ -515,4 +515,34 @@ mod tests {
             "{out}"
         );
     }
+
+    /// Each session unlock statement unlocks in its own key space and mode.
+    #[test]
+    fn session_unlock_matches_its_key_and_mode() {
+        let cases = [
+            (
+                LockKey::BigInt(1),
+                Mode::Exclusive,
+                "pg_advisory_unlock($1)",
+            ),
+            (
+                LockKey::BigInt(1),
+                Mode::Shared,
+                "pg_advisory_unlock_shared($1)",
+            ),
+            (
+                LockKey::Pair(1, 2),
+                Mode::Exclusive,
+                "pg_advisory_unlock($1, $2)",
+            ),
+            (
+                LockKey::Pair(1, 2),
+                Mode::Shared,
+                "pg_advisory_unlock_shared($1, $2)",
+            ),
+        ];
+        for (key, mode, call) in cases {
+            assert_eq!(session_unlock(key, mode), format!("SELECT {call}"));
+        }
+    }
 }

@@ -681,3 +681,20 @@ fn answers_read_by_the_adapter_drive_the_call() {
     assert!(state.holds(LockKey::BigInt(1), Mode::Exclusive));
     assert_eq!(state.held_count(), 2);
 }
+
+/// A try-batch whose keys are all granted releases its savepoint (the
+/// locks stay); only a busy key rolls it back.
+#[test]
+fn a_granted_try_batch_releases_its_savepoint() {
+    let state = TxState::new();
+    let batch = Batch::new().with(&K(1)).with(&K(2));
+    let mut call = state
+        .acquire(&policy(), 0, Request::batch(&batch), Wait::Try)
+        .unwrap();
+    let replies = granted(&call.round().unwrap());
+    call.receive(Ok(replies));
+    assert_eq!(sqls(&call), [Sql::Release]);
+    call.receive(Ok(vec![Reply::Done]));
+    assert!(call.finish().unwrap().is_ok());
+    assert_eq!(state.held_count(), 2);
+}
