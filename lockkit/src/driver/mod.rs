@@ -108,12 +108,8 @@ use crate::{Busy, Error, StatementMode};
 pub trait Io: sealed::Sealed + Sized + Send + Sync + 'static {
     /// What a call returns, made from its future `F`.
     type Out<F: Future>;
-    /// What a closure of a savepoint or a transaction returns.
-    type Body<'a, T>;
     /// The call's return value made from its future.
     fn finish<F: Future>(future: F) -> Self::Out<F>;
-    /// The closure's result as a future.
-    fn wait<'a, T>(body: Self::Body<'a, T>) -> impl Future<Output = T> + use<'a, T, Self>;
 }
 
 /// Calls return their future; closures return a boxed future
@@ -129,21 +125,15 @@ pub enum Blocking {}
 
 impl Io for Async {
     type Out<F: Future> = F;
-    type Body<'a, T> = crate::tx::BoxFuture<'a, T>;
 
     #[inline(always)]
     fn finish<F: Future>(future: F) -> F {
         future
     }
-
-    fn wait<'a, T>(body: Self::Body<'a, T>) -> impl Future<Output = T> {
-        body
-    }
 }
 
 impl Io for Blocking {
     type Out<F: Future> = F::Output;
-    type Body<'a, T> = T;
 
     fn finish<F: Future>(future: F) -> F::Output {
         use std::task::{Context, Poll, Waker};
@@ -157,10 +147,6 @@ impl Io for Blocking {
             // future never waits.
             Poll::Pending => unreachable!("lockkit: a blocking driver's call did not complete"),
         }
-    }
-
-    fn wait<'a, T>(body: T) -> impl Future<Output = T> {
-        std::future::ready(body)
     }
 }
 
