@@ -698,3 +698,73 @@ fn a_granted_try_batch_releases_its_savepoint() {
     assert!(call.finish().unwrap().is_ok());
     assert_eq!(state.held_count(), 2);
 }
+
+/// Takes `key` at savepoint `depth` of `state`, every key free.
+fn take_at(state: &TxState, depth: u32, key: &K) {
+    let mut call = state
+        .acquire(
+            &policy(),
+            depth,
+            Request::one(key, Mode::Exclusive),
+            Wait::Forever,
+        )
+        .unwrap();
+    let replies = granted(&call.round().unwrap());
+    call.receive(Ok(replies));
+    call.finish().unwrap().unwrap();
+}
+
+/// A try-batch of several keys runs in a savepoint: when its statement
+/// fails (a full lock table raises 53200 even in a try), the savepoint's
+/// rollback leaves the transaction usable.
+#[test]
+fn a_failed_try_batch_rolls_back_to_its_savepoint() {
+    let state = TxState::new();
+    let batch = Batch::new().with(&K(1)).with(&K(2));
+    let mut call = state
+        .acquire(&policy(), 0, Request::batch(&batch), Wait::Try)
+        .unwrap();
+    assert_eq!(sqls(&call), [Sql::Savepoint, Sql::TryBatchBigint]);
+    call.receive(Err(DriverError::new("full")
+        .code(Some("53200"))
+        .message(Some("out of shared memory"))));
+    assert_eq!(sqls(&call), [Sql::Rollback]);
+    call.receive(Ok(vec![Reply::Done]));
+    let err = call.finish().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockTableFull, "{err}");
+    assert!(!state.is_poisoned());
+    assert_eq!(state.held_count(), 0);
+}
+
+/// A savepoint's end is recorded at its own depth: rolled back, its locks
+/// are forgotten and the enclosing ones stay; released, they stay.
+#[test]
+fn a_savepoints_end_is_recorded_at_its_depth() {
+    let state = TxState::new();
+    take_at(&state, 0, &K(1));
+    take_at(&state, 1, &K(2));
+    state.end_savepoint(1, SavepointEnd::RolledBack);
+    assert!(state.holds(LockKey::BigInt(1), Mode::Exclusive));
+    assert!(!state.holds(LockKey::BigInt(2), Mode::Exclusive));
+    take_at(&state, 1, &K(3));
+    state.end_savepoint(1, SavepointEnd::Released);
+    assert!(state.holds(LockKey::BigInt(3), Mode::Exclusive));
+    assert_eq!(state.held_count(), 2);
+}
+
+/// A savepoint ending dropped after `if_dropped(Unknown)` (its `RELEASE`
+/// in flight) poisons the transaction; dropped before, it records the
+/// rollback it was made with.
+#[test]
+fn a_dropped_ending_records_what_it_was_told() {
+    let state = TxState::new();
+    take_at(&state, 1, &K(1));
+    drop(state.ending(1, SavepointEnd::RolledBack));
+    assert!(!state.is_poisoned());
+    assert_eq!(state.held_count(), 0);
+    take_at(&state, 1, &K(2));
+    let mut ending = state.ending(1, SavepointEnd::RolledBack);
+    ending.if_dropped(SavepointEnd::Unknown);
+    drop(ending);
+    assert!(state.is_poisoned());
+}
