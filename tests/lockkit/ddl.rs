@@ -287,15 +287,26 @@ async fn a_call_dropped_during_its_commit_may_have_applied_the_ddl() {
         .execute("SELECT pg_cancel_backend($1)", &[&pid])
         .await
         .unwrap();
-    let applied: bool = observer
-        .query_one(
-            "SELECT count(*) > 0 FROM information_schema.columns \
-             WHERE table_name = 'dropped_commit' AND column_name = 'note'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    // The cancelled backend leaves its SyncRep wait and ends the
+    // transaction, already in the WAL, as committed; until it has, the
+    // column is not visible yet. Polled until it is (or 30 s: a hang, not
+    // a timing claim).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let applied = loop {
+        let applied: bool = observer
+            .query_one(
+                "SELECT count(*) > 0 FROM information_schema.columns \
+                 WHERE table_name = 'dropped_commit' AND column_name = 'note'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if applied || Instant::now() >= deadline {
+            break applied;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     // Before the docs were fixed this asserted `!applied` and failed: the
     // DDL was applied although the call never returned. Nothing can undo a
     // COMMIT already sent; the docs now say so.
