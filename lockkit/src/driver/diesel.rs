@@ -13,9 +13,10 @@ use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{Array, BigInt, Bool, Integer, Text, Untyped};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use crate::driver::Policy;
+use crate::driver::{DriverError, Policy};
+use crate::engine::error::sqlstate;
 use crate::engine::{FactsRow, Param, Reply, Statement};
-use crate::{Config, ServerFacts, StatementMode};
+use crate::{Config, Error, ServerFacts, StatementMode};
 
 /// One of the engine's statements (one that answers a row) as a Diesel
 /// query.
@@ -270,6 +271,52 @@ impl DieselPolicy {
     /// kinds recognise deadlocks, timeouts and a full lock table.
     pub fn recognizes_errors(&self) -> bool {
         self.english
+    }
+}
+
+/// Diesel's error as the engine sees it. Diesel
+/// does not expose the SQLSTATE: its `DatabaseErrorKind` names a few codes,
+/// and the server's English primary message names the others.
+impl From<diesel::result::Error> for DriverError {
+    fn from(e: diesel::result::Error) -> Self {
+        use diesel::result::{DatabaseErrorKind as Kind, Error as D};
+        let (code, message, closed) = match &e {
+            D::DatabaseError(kind, info) => {
+                let code = match kind {
+                    Kind::UniqueViolation => Some("23505"),
+                    Kind::ForeignKeyViolation => Some("23503"),
+                    Kind::NotNullViolation => Some("23502"),
+                    Kind::CheckViolation => Some("23514"),
+                    Kind::RestrictViolation => Some("23001"),
+                    Kind::ExclusionViolation => Some("23P01"),
+                    Kind::SerializationFailure => Some(sqlstate::SERIALIZATION_FAILURE),
+                    Kind::ReadOnlyTransaction => Some("25006"),
+                    _ => None,
+                };
+                (
+                    code,
+                    Some(info.message().to_owned()),
+                    matches!(kind, Kind::ClosedConnection),
+                )
+            }
+            _ => (None, None, false),
+        };
+        // A row without the columns asked for: in a lock call, the reply
+        // of a statement that is not lockkit's.
+        let foreign = matches!(e, D::DeserializationError(_));
+        DriverError::new(e)
+            .code(code)
+            .message(message.as_deref())
+            .closed(closed)
+            .foreign_reply(foreign)
+    }
+}
+
+/// So that `?` works inside
+/// `conn.transaction::<_, lockkit::Error, _>(|conn| …)`.
+impl From<diesel::result::Error> for Error {
+    fn from(e: diesel::result::Error) -> Self {
+        DriverError::from(e).into_error()
     }
 }
 

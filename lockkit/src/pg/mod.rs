@@ -6,6 +6,7 @@
 //! Everything here is also at the crate root.
 
 pub(crate) mod ddl;
+mod error;
 pub(crate) mod exec;
 pub mod inspect;
 pub(crate) mod locker;
