@@ -80,7 +80,7 @@
 //! as in `lockkit-diesel`, deadlocks (`40P01`), lock and statement timeouts
 //! (`55P03`, `57014`), cancels, a full lock table (`53200`) and an aborted
 //! transaction (`25P02`) are recognised by the server's English message
-//! (the default `lc_messages`). See [`Locker::recognizes_errors`]. With
+//! (the default `lc_messages`). See [`Policy::recognizes_errors`]. With
 //! lockkit's `diesel` feature (turned on by this crate), [`lockkit::Error`]
 //! converts `From<diesel::result::Error>`, so one error type works with `?`
 //! for both lock calls and queries.

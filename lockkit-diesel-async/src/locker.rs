@@ -1,19 +1,15 @@
 //! [`Locker`]: configuration plus the server facts, shared by every
 //! transaction of an application, and how every locked transaction begins.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use diesel_async::AsyncPgConnection;
-use lockkit::driver::diesel::DieselPolicy;
-use lockkit::driver::Canceller;
-use lockkit::driver::Policy;
+use lockkit::driver::diesel::learned_policy;
+use lockkit::driver::{CancelTls, Canceller, Policy};
 use lockkit::tx::BoxFuture;
-use lockkit::{Batch, Config, Error, ServerFacts};
-use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::Socket;
+use lockkit::{Config, Error, ServerFacts};
 
-use crate::driver as exec;
+use crate::driver;
 use crate::LockTx;
 
 /// Takes transaction-scoped advisory locks over diesel-async's
@@ -27,14 +23,14 @@ use crate::LockTx;
 /// See the [crate docs](crate) for an example.
 #[derive(Clone, Debug)]
 pub struct Locker {
-    inner: Arc<DieselPolicy>,
+    inner: Arc<Policy>,
     canceller: Canceller,
 }
 
 /// The configuration and facts, as the engine sees them.
 impl AsRef<Policy> for Locker {
     fn as_ref(&self) -> &Policy {
-        self.inner.policy()
+        &self.inner
     }
 }
 
@@ -47,7 +43,7 @@ impl Locker {
     /// full lock table are recognised by the server's English message. When
     /// the messages are in another language a `tracing` warning says so, and
     /// such errors become [`ErrorKind::Database`](lockkit::ErrorKind::Database)
-    /// (see [`Locker::recognizes_errors`]).
+    /// (see [`Policy::recognizes_errors`]).
     ///
     /// # Errors
     ///
@@ -57,10 +53,12 @@ impl Locker {
     ///
     /// Cancel safe: the queries change nothing on the server.
     pub async fn new(conn: &mut AsyncPgConnection, config: Config) -> Result<Locker, Error> {
-        let facts = exec::server_facts(conn).await.map_err(exec::lock_error)?;
-        let messages = exec::messages(conn).await.map_err(exec::lock_error)?;
+        let facts = driver::server_facts(conn)
+            .await
+            .map_err(driver::lock_error)?;
+        let messages = driver::messages(conn).await.map_err(driver::lock_error)?;
         Ok(Locker {
-            inner: Arc::new(DieselPolicy::learned(
+            inner: Arc::new(learned_policy(
                 config,
                 &facts,
                 &messages,
@@ -74,7 +72,7 @@ impl Locker {
     /// server's messages are English.
     pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
         Locker {
-            inner: Arc::new(DieselPolicy::assumed(config, facts)),
+            inner: Arc::new(Policy::new(config, facts)),
             canceller: Canceller::plain(),
         }
     }
@@ -85,13 +83,7 @@ impl Locker {
     /// `ManagerConfig::custom_setup`). Needed under `sslmode=require` and
     /// the `verify-*` modes, where a request in plain text fails and the
     /// server goes on waiting for the key: see [`lockkit::driver::Canceller`].
-    pub fn cancel_tls<T>(mut self, tls: T) -> Locker
-    where
-        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
-        T::Stream: Send,
-        T::TlsConnect: Send,
-        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-    {
+    pub fn cancel_tls(mut self, tls: impl CancelTls) -> Locker {
         self.canceller = Canceller::tls(tls);
         self
     }
@@ -101,32 +93,9 @@ impl Locker {
         &self.canceller
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &Config {
-        self.inner.policy().config()
-    }
-
-    /// What the locker learned about the server.
-    pub fn facts(&self) -> &ServerFacts {
-        self.inner.policy().facts()
-    }
-
-    /// The configuration and facts, as the engine sees them.
+    /// The configuration, the server's facts and the lock budget.
     pub fn policy(&self) -> &Policy {
-        self.inner.policy()
-    }
-
-    /// Whether the server's error messages are English, so that
-    /// [`Error::is_deadlock`], [`Error::is_timeout`] and
-    /// [`Error::is_lock_table_full`] work.
-    pub fn recognizes_errors(&self) -> bool {
-        self.inner.recognizes_errors()
-    }
-
-    /// The lock budget per transaction: the configured one, else the
-    /// server's `max_locks_per_transaction`.
-    pub fn budget(&self) -> usize {
-        self.inner.policy().budget()
+        &self.inner
     }
 
     /// A [`LockTx`] over the transaction open on `conn`, inside
@@ -193,35 +162,6 @@ impl Locker {
         F: for<'a, 't> FnOnce(&'a mut LockTx<'t>) -> BoxFuture<'a, Result<R, E>>,
         E: From<Error>,
     {
-        lockkit::driver::transaction(self, conn, None, f).await
-    }
-
-    /// The common case in one call: a transaction that first takes every key
-    /// of `batch` in the global lock order, then runs `f`, then commits (or
-    /// rolls back, as [`Locker::transaction`]).
-    ///
-    /// # Errors
-    ///
-    /// The lock errors of
-    /// [`LockTx::lock_batch`](lockkit::tx::LockTx::lock_batch) (converted
-    /// into `E`), `f`'s error, or diesel-async's.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locker::transaction`].
-    #[track_caller]
-    pub fn locked_transaction<'c, 'b, R, E, F>(
-        &self,
-        conn: &'c mut AsyncPgConnection,
-        batch: &'b Batch,
-        f: F,
-    ) -> impl Future<Output = Result<R, E>> + use<'_, 'b, 'c, R, E, F>
-    where
-        F: for<'a, 't> FnOnce(&'a mut LockTx<'t>) -> BoxFuture<'a, Result<R, E>>,
-        E: From<Error>,
-    {
-        // The batch is the application's call, at its call site.
-        let site = std::panic::Location::caller();
-        lockkit::driver::transaction(self, conn, Some((batch, site)), f)
+        lockkit::driver::transaction(self, conn, f).await
     }
 }

@@ -27,7 +27,8 @@
 //!     // Both accounts, in the global lock order whatever the direction of
 //!     // the transfer: two concurrent opposite transfers cannot deadlock.
 //!     let batch = Batch::new().with(&Account { id: 7 }).with(&Account { id: 3 });
-//!     locker.locked_transaction(&mut conn, &batch, |tx| {
+//!     locker.transaction(&mut conn, |tx| {
+//!         let _held = tx.lock_batch(&batch)?; // until COMMIT or ROLLBACK
 //!         diesel::sql_query("UPDATE accounts SET cents = cents - 500 WHERE id = 7")
 //!             .execute(tx.conn())?; // a diesel::result::Error converts with `?`
 //!         diesel::sql_query("UPDATE accounts SET cents = cents + 500 WHERE id = 3")
@@ -38,10 +39,8 @@
 //! }
 //! ```
 //!
-//! # Three forms
+//! # Two forms
 //!
-//! - [`Locker::locked_transaction`]: a transaction that first takes a batch
-//!   of keys, runs a closure, commits or rolls back.
 //! - [`Locker::transaction`]: `conn.transaction` with a [`LockTx`], whose
 //!   methods take keys one by one, shared or exclusive, waiting, with a
 //!   timeout, or trying; batches and try-batches (all or nothing); and
@@ -100,7 +99,7 @@
 //! `40001` and a closed connection; deadlocks (`40P01`), lock and statement
 //! timeouts (`55P03`, `57014`), a full lock table (`53200`) and an aborted
 //! transaction (`25P02`) are recognised by the server's English message
-//! (the default `lc_messages`). See [`Locker::recognizes_errors`].
+//! (the default `lc_messages`). See [`Policy::recognizes_errors`].
 //!
 //! # Differences from the tokio-postgres core
 //!
@@ -119,7 +118,7 @@ pub use locker::Locker;
 /// advisory locks: lockkit's one [`LockTx`](lockkit::tx::LockTx) over
 /// Diesel, whose calls return their result (Diesel blocks).
 ///
-/// Made by [`Locker::transaction`], [`Locker::locked_transaction`], by
+/// Made by [`Locker::transaction`], by
 /// [`Locker::lock_tx`] inside Diesel's own
 /// `conn.transaction(|conn| …)`, and by
 /// [`LockTx::savepoint`](lockkit::tx::LockTx::savepoint). Guards borrow the

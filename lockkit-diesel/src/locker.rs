@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use diesel::PgConnection;
-use lockkit::driver::diesel::DieselPolicy;
+use lockkit::driver::diesel::learned_policy;
 use lockkit::driver::Policy;
-use lockkit::{Batch, Config, Error, ServerFacts};
+use lockkit::{Config, Error, ServerFacts};
 
 use crate::driver as pg;
 use crate::LockTx;
@@ -21,13 +21,13 @@ use crate::LockTx;
 /// See the [crate docs](crate) for an example.
 #[derive(Clone, Debug)]
 pub struct Locker {
-    inner: Arc<DieselPolicy>,
+    inner: Arc<Policy>,
 }
 
 /// The configuration and facts, as the engine sees them.
 impl AsRef<Policy> for Locker {
     fn as_ref(&self) -> &Policy {
-        self.inner.policy()
+        &self.inner
     }
 }
 
@@ -39,7 +39,7 @@ impl Locker {
     /// deadlocks, timeouts and a full lock table are recognised by the
     /// server's English message. When the messages are in another language a
     /// `tracing` warning says so, and such errors become
-    /// [`ErrorKind::Database`](lockkit::ErrorKind::Database) (see [`Locker::recognizes_errors`]).
+    /// [`ErrorKind::Database`](lockkit::ErrorKind::Database) (see [`Policy::recognizes_errors`]).
     ///
     /// # Errors
     ///
@@ -48,12 +48,7 @@ impl Locker {
         let facts = pg::server_facts(conn)?;
         let messages = pg::messages(conn)?;
         Ok(Locker {
-            inner: Arc::new(DieselPolicy::learned(
-                config,
-                &facts,
-                &messages,
-                "lockkit-diesel",
-            )),
+            inner: Arc::new(learned_policy(config, &facts, &messages, "lockkit-diesel")),
         })
     }
 
@@ -61,36 +56,13 @@ impl Locker {
     /// server's messages are English.
     pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
         Locker {
-            inner: Arc::new(DieselPolicy::assumed(config, facts)),
+            inner: Arc::new(Policy::new(config, facts)),
         }
     }
 
-    /// The policy.
-    pub fn config(&self) -> &Config {
-        self.inner.policy().config()
-    }
-
-    /// What the locker learned about the server.
-    pub fn facts(&self) -> &ServerFacts {
-        self.inner.policy().facts()
-    }
-
-    /// The configuration and facts, as the engine sees them.
+    /// The configuration, the server's facts and the lock budget.
     pub fn policy(&self) -> &Policy {
-        self.inner.policy()
-    }
-
-    /// Whether the server's error messages are English, so that
-    /// [`Error::is_deadlock`], [`Error::is_timeout`] and
-    /// [`Error::is_lock_table_full`] work (Diesel hides the SQLSTATE).
-    pub fn recognizes_errors(&self) -> bool {
-        self.inner.recognizes_errors()
-    }
-
-    /// The lock budget per transaction: the configured one, else the
-    /// server's `max_locks_per_transaction`.
-    pub fn budget(&self) -> usize {
-        self.inner.policy().budget()
+        &self.inner
     }
 
     /// A [`LockTx`] over the transaction open on `conn`, inside Diesel's own
@@ -151,31 +123,7 @@ impl Locker {
         F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
         E: From<Error>,
     {
-        lockkit::driver::transaction_blocking(self, conn, None, f)
-    }
-
-    /// The common case in one call: a transaction that first takes every key
-    /// of `batch` in the global lock order, then runs `f`, then commits (or
-    /// rolls back, as [`Locker::transaction`]).
-    ///
-    /// # Errors
-    ///
-    /// The lock errors of [`LockTx::lock_batch`] (converted into `E`), `f`'s
-    /// error, or Diesel's.
-    #[track_caller]
-    pub fn locked_transaction<R, E, F>(
-        &self,
-        conn: &mut PgConnection,
-        batch: &Batch,
-        f: F,
-    ) -> Result<R, E>
-    where
-        F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,
-        E: From<Error>,
-    {
-        // The batch is the application's call, at its call site.
-        let site = std::panic::Location::caller();
-        lockkit::driver::transaction_blocking(self, conn, Some((batch, site)), f)
+        lockkit::driver::transaction_blocking(self, conn, f)
     }
 }
 

@@ -53,9 +53,9 @@
 //! # Forms
 //!
 //! [`Locker::lock_tx`] over an open `sqlx::Transaction` (its guards borrow
-//! the transaction, so none outlives its `COMMIT`); [`Locker::transaction`]
-//! and [`Locker::locked_transaction`], in the style of sqlx's
-//! `Connection::transaction`; [`LockTx::savepoint`].
+//! the transaction, so none outlives its `COMMIT`); [`Locker::transaction`],
+//! in the style of sqlx's `Connection::transaction`;
+//! [`LockTx::savepoint`](lockkit::tx::LockTx::savepoint).
 //!
 //! # Statements, and transaction-mode poolers
 //!
@@ -90,7 +90,7 @@ pub use lockkit::tx::BoxFuture;
 /// advisory locks: lockkit's one [`LockTx`](lockkit::tx::LockTx) over sqlx.
 ///
 /// Made by [`Locker::lock_tx`] over an open `sqlx::Transaction`, by
-/// [`Locker::transaction`] and [`Locker::locked_transaction`], and by
+/// [`Locker::transaction`], and by
 /// [`LockTx::savepoint`](lockkit::tx::LockTx::savepoint). Guards borrow
 /// the transaction (not the `LockTx`, so queries can run while they live),
 /// so none outlives it.

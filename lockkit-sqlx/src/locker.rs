@@ -1,12 +1,11 @@
 //! [`Locker`]: configuration plus the server facts, shared by every
 //! transaction of an application.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use lockkit::driver::Policy;
 use lockkit::driver::{sql, FactsRow, HASHTEXT_PROBES};
-use lockkit::{Batch, Config, Error, ServerFacts};
+use lockkit::{Config, Error, ServerFacts};
 use sqlx::{Acquire, Executor, PgConnection, Postgres};
 
 use crate::error::lock_error;
@@ -69,25 +68,9 @@ impl Locker {
         }
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &Config {
-        self.policy.config()
-    }
-
-    /// What the locker learned about the server.
-    pub fn facts(&self) -> &ServerFacts {
-        self.policy.facts()
-    }
-
-    /// The configuration and facts, as the engine sees them.
+    /// The configuration, the server's facts and the lock budget.
     pub fn policy(&self) -> &Policy {
         &self.policy
-    }
-
-    /// The lock budget per transaction: the configured one, else the
-    /// server's `max_locks_per_transaction`.
-    pub fn budget(&self) -> usize {
-        self.policy.budget()
     }
 
     /// A [`LockTx`] over the transaction open on `conn`: pass `&mut tx` for
@@ -158,38 +141,6 @@ impl Locker {
         E: From<Error>,
     {
         let mut conn = conn.acquire().await.map_err(|e| E::from(lock_error(e)))?;
-        lockkit::driver::transaction(self, &mut *conn, None, f).await
-    }
-
-    /// The common case in one call: a transaction that first takes every key
-    /// of `batch` in the global lock order, then runs `f`, then commits (or
-    /// rolls back, as [`Locker::transaction`]).
-    ///
-    /// # Errors
-    ///
-    /// The lock errors of [`LockTx::lock_batch`](lockkit::tx::LockTx::lock_batch)
-    /// (converted into `E`), `f`'s error, or sqlx's.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Locker::transaction`].
-    #[track_caller]
-    pub fn locked_transaction<'c, 'b, A, R, E, F>(
-        &self,
-        conn: A,
-        batch: &'b Batch,
-        f: F,
-    ) -> impl Future<Output = Result<R, E>> + use<'_, 'b, 'c, A, R, E, F>
-    where
-        A: Acquire<'c, Database = Postgres>,
-        F: for<'a, 't> FnOnce(&'a mut LockTx<'t>) -> BoxFuture<'a, Result<R, E>>,
-        E: From<Error>,
-    {
-        // The batch is the application's call, at its call site.
-        let site = std::panic::Location::caller();
-        async move {
-            let mut conn = conn.acquire().await.map_err(|e| E::from(lock_error(e)))?;
-            lockkit::driver::transaction(self, &mut *conn, Some((batch, site)), f).await
-        }
+        lockkit::driver::transaction(self, &mut *conn, f).await
     }
 }

@@ -160,6 +160,7 @@ pub use engine::error::{sqlstate, BoxError, Error, ErrorKind};
 pub use engine::facts::ServerFacts;
 pub use engine::guard::{Busy, Held, HeldBatch};
 pub use engine::plan::{Batch, Mode};
+pub use engine::Policy;
 pub use retry::{retry_blocking, RetryPolicy, Transient};
 
 // tokio-postgres (module `pg`, which has the rest: session-lock options,
@@ -264,7 +265,7 @@ pub mod adapter {
     // What the lock calls take and return.
     pub use crate::{
         sqlstate, Batch, BoxError, Busy, Config, Error, ErrorKind, Held, HeldBatch, Mode,
-        OrderCheck, ServerFacts, StatementMode,
+        OrderCheck, Policy, ServerFacts, StatementMode,
     };
     // Retrying transient failures: the policy (the loop is the adapter's).
     pub use crate::{RetryPolicy, Transient};

@@ -396,8 +396,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         out::<D, _>(async move { Grant::try_lock_batch(self.drive(request, Wait::Try).await) })
     }
 
-    /// Takes a batch's keys, forever: [`LockTx::lock_batch`], and the first
-    /// step of a `locked_transaction`.
+    /// Takes a batch's keys, forever: [`LockTx::lock_batch`].
     async fn lock_request(&mut self, request: Request) -> Result<HeldBatch<'t>, Error> {
         Grant::lock_batch(self.drive(request, Wait::Forever).await)
     }
@@ -512,11 +511,6 @@ impl<'s, 'c, D: Driver> Scope<'s, 'c, D> {
             depth: self.depth,
             io: PhantomData,
         }
-    }
-
-    /// Takes `first` (a `locked_transaction`'s batch) in the scope.
-    pub(crate) async fn lock_first(&mut self, locker: D, first: Request) -> Result<(), Error> {
-        self.tx(locker).lock_request(first).await.map(drop)
     }
 
     /// Releases the savepoint (commits the transaction) after the closure's

@@ -46,9 +46,9 @@ fn batch_try_and_timeout() {
         &mut a,
         Config::default().order_check(lockkit::OrderCheck::Off),
     );
-    assert!(locker.facts().max_locks_per_transaction() >= 64);
-    assert!(!locker.facts().in_recovery());
-    assert!(locker.recognizes_errors());
+    assert!(locker.policy().facts().max_locks_per_transaction() >= 64);
+    assert!(!locker.policy().facts().in_recovery());
+    assert!(locker.policy().recognizes_errors());
 
     a.transaction::<(), Error, _>(|a| {
         let mut tx_a = locker.lock_tx(a)?;
@@ -260,7 +260,7 @@ fn standby_and_hashtext_mismatch_are_refused_before_sending() {
             max_locks: 64,
             max_connections: 100,
             in_recovery: true,
-            version_num: real.facts().server_version_num(),
+            version_num: real.policy().facts().server_version_num(),
             hashes: probes.clone(),
             backend_pid: 0,
         }),
@@ -273,7 +273,7 @@ fn standby_and_hashtext_mismatch_are_refused_before_sending() {
             max_locks: 64,
             max_connections: 100,
             in_recovery: false,
-            version_num: real.facts().server_version_num(),
+            version_num: real.policy().facts().server_version_num(),
             hashes: bad,
             backend_pid: 0,
         }),
@@ -292,7 +292,7 @@ fn standby_and_hashtext_mismatch_are_refused_before_sending() {
             max_locks: 64,
             max_connections: 100,
             in_recovery: true,
-            version_num: real.facts().server_version_num(),
+            version_num: real.policy().facts().server_version_num(),
             hashes: probes.clone(),
             backend_pid: 0,
         }),
@@ -520,26 +520,4 @@ fn an_order_error_names_the_applications_call_sites_and_a_try_passes() {
             Ok::<_, Error>(())
         })
         .unwrap();
-}
-
-/// `locked_transaction` takes its batch on the application's behalf: an
-/// order error inside its closure names the application's call site for
-/// the key held, not the adapter's.
-#[test]
-fn locked_transactions_batch_is_taken_at_the_applications_call_site() {
-    let db = TestServer::shared();
-    let _log = db.guard();
-    let mut a = connect(db);
-    let locker = locker(&mut a, Config::default().order_check(OrderCheck::Error));
-    // `Pair` keys sort above every `BigInt` key.
-    let batch = Batch::new().with(&Cell { id: 50 });
-    let line = line!() + 1;
-    let out = locker.locked_transaction(&mut a, &batch, |tx| {
-        let err = tx.lock(Item { id: 50 }).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
-        let taken_at = err.lock_order_sites().unwrap().0.unwrap();
-        assert_eq!((taken_at.file(), taken_at.line()), (file!(), line), "{err}");
-        Ok::<_, Error>(())
-    });
-    out.unwrap();
 }

@@ -139,8 +139,8 @@ async fn default_budget_is_max_locks_per_transaction() {
     let observer = db.connect().await;
     let pid = backend_pid(&a).await;
     let locker = locker(&a, Config::default().order_check(OrderCheck::Warn)).await;
-    assert_eq!(locker.facts().max_locks_per_transaction(), 10);
-    assert_eq!(locker.budget(), 10);
+    assert_eq!(locker.policy().facts().max_locks_per_transaction(), 10);
+    assert_eq!(locker.policy().budget(), 10);
 
     let tx = locker.begin(&mut a).await.unwrap();
     let err = tx.lock_batch(&batch_of(0..11)).await.unwrap_err();
@@ -445,7 +445,7 @@ async fn budget_prevents_lock_table_full() {
     .await;
     let bounded = locker(&greedy, Config::default().order_check(OrderCheck::Warn)).await;
     let polite = locker(&innocent, Config::default().order_check(OrderCheck::Warn)).await;
-    assert_eq!(bounded.budget(), 10);
+    assert_eq!(bounded.policy().budget(), 10);
 
     // Without a budget: take keys in batches until the server gives out.
     const STEP: i64 = 50;
@@ -460,7 +460,7 @@ async fn budget_prevents_lock_table_full() {
     };
     assert!(err.is_lock_table_full(), "{err}");
     assert_eq!(err.code(), Some("53200"));
-    assert!(taken as usize > bounded.budget());
+    assert!(taken as usize > bounded.policy().budget());
     eprintln!("53200 after {taken} advisory locks (+ part of a batch of {STEP})");
     // The failed statement aborted the transaction, and the server released
     // its locks with the abort, before any ROLLBACK.

@@ -199,7 +199,7 @@ async fn a_foreign_statement_behind_a_pooler_is_never_a_lock() {
     // backend, and every lock is real.
     let unnamed = Locker::with_facts(
         Config::default().statements(lockkit::StatementMode::Unnamed),
-        locker.facts().clone(),
+        locker.policy().facts().clone(),
     );
     let (client, conn) = bouncer.config().connect(NoTls).await.unwrap();
     tokio::spawn(conn);

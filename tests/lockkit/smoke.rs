@@ -15,8 +15,8 @@ async fn lock_is_held_until_commit() {
     let mut a = db.connect().await;
     let observer = db.connect().await;
     let locker = locker(&a, Config::default().order_check(OrderCheck::Warn)).await;
-    assert!(locker.facts().max_locks_per_transaction() >= 64);
-    assert!(!locker.facts().in_recovery());
+    assert!(locker.policy().facts().max_locks_per_transaction() >= 64);
+    assert!(!locker.policy().facts().in_recovery());
 
     let tx = locker.begin(&mut a).await.unwrap();
     let held = tx.lock(Item { id: 1 }).await.unwrap();
@@ -200,7 +200,7 @@ async fn prepared_statements_take_the_same_locks() {
         Config::default()
             .order_check(OrderCheck::Warn)
             .statements(lockkit::StatementMode::Unnamed),
-        locker.facts().clone(),
+        locker.policy().facts().clone(),
     );
     let mut plain = lockkit::LockClient::new(&unnamed, db.connect().await);
     let tx = plain.begin().await.unwrap();

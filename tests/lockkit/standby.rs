@@ -38,7 +38,7 @@ async fn standby_is_refused_unless_allowed() {
     let k = Key { id: 1 };
 
     let refusing = locker(&s, Config::default()).await;
-    assert!(refusing.facts().in_recovery());
+    assert!(refusing.policy().facts().in_recovery());
     let tx = refusing.begin(&mut s).await.unwrap();
     assert_standby(tx.lock(k).await, "lock");
     assert_standby(tx.lock_shared(k).await, "lock_shared");
@@ -71,7 +71,7 @@ async fn standby_is_refused_unless_allowed() {
     assert_eq!(advisory_rows(&standby_observer, pid).await, 2);
     assert!(!granted_elsewhere(&primary_observer, held.key()).await);
     let on_primary = locker(&p, Config::default()).await;
-    assert!(!on_primary.facts().in_recovery());
+    assert!(!on_primary.policy().facts().in_recovery());
     let ptx = on_primary.begin(&mut p).await.unwrap();
     assert!(
         ptx.try_lock(k).await.unwrap().is_ok(),

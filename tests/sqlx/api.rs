@@ -207,9 +207,10 @@ async fn the_closure_forms_commit_and_roll_back() {
     // own `Connection::transaction`): the observer is shared.
     let observer = std::sync::Arc::new(db.connect().await);
     let seen = locker
-        .locked_transaction(&pool, &Batch::new().with(&Item { id: 40 }), |tx| {
+        .transaction(&pool, |tx| {
             let observer = std::sync::Arc::clone(&observer);
             Box::pin(async move {
+                let _held = tx.lock_batch(&Batch::new().with(&Item { id: 40 })).await?;
                 assert!(tx.holds(&Item { id: 40 }, Mode::Exclusive));
                 Ok::<_, Error>(granted_elsewhere(&observer, Item { id: 40 }.lock_key()).await)
             })
@@ -473,29 +474,4 @@ async fn an_order_error_names_the_applications_call_sites_and_a_try_passes() {
     assert_eq!(asked_at.file(), file!(), "{err}");
     drop(ltx);
     tx.rollback().await.unwrap();
-}
-
-/// `locked_transaction` takes its batch on the application's behalf: an
-/// order error inside its closure names the application's call site for
-/// the key held, not the adapter's.
-#[tokio::test(flavor = "multi_thread")]
-async fn locked_transactions_batch_is_taken_at_the_applications_call_site() {
-    let db = TestServer::shared();
-    let _log = db.guard();
-    let pool = pool(db, 2).await;
-    let locker = locker(&pool, Config::default().order_check(OrderCheck::Error)).await;
-    // `Pair` keys sort above every `BigInt` key.
-    let batch = Batch::new().with(&Slot { id: 50 });
-    let out: Result<(), Error> = locker
-        .locked_transaction(&pool, &batch, |tx| {
-            Box::pin(async move {
-                let err = tx.lock(Item { id: 50 }).await.unwrap_err();
-                assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
-                let taken_at = err.lock_order_sites().unwrap().0.unwrap();
-                assert_eq!(taken_at.file(), file!(), "{err}");
-                Ok(())
-            })
-        })
-        .await;
-    out.unwrap();
 }

@@ -63,12 +63,16 @@ fn transfer(
     to: i64,
     amount: i64,
 ) -> Result<bool, Error> {
-    // Both accounts, in the global lock order whichever way the money goes.
-    let mut batch = Batch::new();
-    if locked {
-        batch = batch.with(&Account { id: from }).with(&Account { id: to });
-    }
-    locker.locked_transaction(conn, &batch, |tx| {
+    locker.transaction(conn, |tx| {
+        if locked {
+            // Both accounts, in the global lock order whichever way the
+            // money goes.
+            let _held = tx.lock_batch(
+                &Batch::new()
+                    .with(&Account { id: from })
+                    .with(&Account { id: to }),
+            )?;
+        }
         let payer: i64 = accounts.find(from).select(cents).first(tx.conn())?;
         if payer < amount {
             return Ok(false);

@@ -201,7 +201,7 @@ pub async fn run(options: &Options, db: &Database) -> Result<Report, BoxError> {
         ),
     };
     let locker = Locker::new(&admin, config).await?;
-    let budget = locker.budget();
+    let budget = locker.policy().budget();
     let budgeting = Budgeting::decide(options.batch, budget, options.budget_mode);
     let row = admin
         .query_one(

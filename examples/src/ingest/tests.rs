@@ -46,7 +46,7 @@ async fn every_fault_fires_when_the_agent_falls_behind() {
     let db = Database::throwaway(&server_settings(&options));
     let admin = db.connect().await.unwrap();
     let locker = Locker::new(&admin, Config::default()).await.unwrap();
-    let budgeting = Budgeting::decide(options.batch, locker.budget(), options.budget_mode);
+    let budgeting = Budgeting::decide(options.batch, locker.policy().budget(), options.budget_mode);
     let workload = Arc::new(Workload::generate(
         options.workers,
         options.events,

@@ -23,6 +23,29 @@ const RESEND_FIRST: Duration = Duration::from_millis(100);
 #[cfg(feature = "tokio-postgres")]
 const RESEND_MAX: Duration = Duration::from_secs(1);
 
+/// A TLS connector that a cancel request can be sent through: what
+/// tokio-postgres's `CancelToken::cancel_query` takes (postgres-openssl's
+/// `MakeTlsConnector`, postgres-native-tls's, tokio-postgres-rustls's), and
+/// that can be kept and sent between tasks. Implemented for every such
+/// connector.
+pub trait CancelTls:
+    MakeTlsConnect<Socket, Stream: Send, TlsConnect: Send + TlsConnect<Socket, Future: Send>>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> CancelTls for T where
+    T: MakeTlsConnect<Socket, Stream: Send, TlsConnect: Send + TlsConnect<Socket, Future: Send>>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// How a cancel request reaches the server: in plain text, or through the
 /// TLS connector the connection was made with.
 ///
@@ -49,13 +72,7 @@ impl Canceller {
     }
 
     /// Through `tls`, the connector the connections are made with.
-    pub fn tls<T>(tls: T) -> Canceller
-    where
-        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
-        T::Stream: Send,
-        T::TlsConnect: Send,
-        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-    {
+    pub fn tls(tls: impl CancelTls) -> Canceller {
         Canceller(Some(Arc::new(move |token: CancelToken| {
             let tls = tls.clone();
             Box::pin(async move { token.cancel_query(tls).await }) as BoxFuture<'static, _>

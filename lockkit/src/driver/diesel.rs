@@ -220,58 +220,27 @@ impl MessagesRow {
     }
 }
 
-/// What a Diesel adapter's locker holds: the engine's [`Policy`], and
-/// whether the server's messages are English, which reading Diesel's errors
-/// needs (see [`MessagesRow::english`]).
-#[derive(Debug)]
-pub struct DieselPolicy {
-    policy: Policy,
-    english: bool,
-}
-
-impl DieselPolicy {
-    /// From what a locker learned on connecting (the rows of
-    /// [`SERVER_FACTS`](crate::driver::sql::SERVER_FACTS) and [`MESSAGES`]).
-    /// When the messages are not English a `tracing` warning, naming
-    /// `adapter`, says that deadlocks, timeouts and a full lock table will
-    /// be plain database errors.
-    pub fn learned(
-        config: Config,
-        facts: &FactsRow,
-        messages: &MessagesRow,
-        adapter: &str,
-    ) -> Self {
-        let english = messages.english();
-        if !english {
-            tracing::warn!(
-                "{adapter}: the server's lc_messages is not English; deadlocks, lock \
-                 timeouts and a full lock table cannot be told apart from other database errors"
-            );
-        }
-        DieselPolicy {
-            policy: Policy::new(config, ServerFacts::from(facts)),
-            english,
-        }
+/// The policy of a Diesel adapter's locker, from what it learned on
+/// connecting (the rows of [`SERVER_FACTS`](crate::driver::sql::SERVER_FACTS)
+/// and [`MESSAGES`]): Diesel hides the SQLSTATE, so lockkit recognises its
+/// errors only when the server's messages are English
+/// ([`Policy::recognizes_errors`]). When they are not, a `tracing`
+/// warning, naming `adapter`, says that deadlocks, timeouts and a full
+/// lock table will be plain database errors.
+pub fn learned_policy(
+    config: Config,
+    facts: &FactsRow,
+    messages: &MessagesRow,
+    adapter: &str,
+) -> Policy {
+    let english = messages.english();
+    if !english {
+        tracing::warn!(
+            "{adapter}: the server's lc_messages is not English; deadlocks, lock \
+             timeouts and a full lock table cannot be told apart from other database errors"
+        );
     }
-
-    /// With facts known in advance; the messages are assumed English.
-    pub fn assumed(config: Config, facts: ServerFacts) -> Self {
-        DieselPolicy {
-            policy: Policy::new(config, facts),
-            english: true,
-        }
-    }
-
-    /// The configuration and facts, as the engine sees them.
-    pub fn policy(&self) -> &Policy {
-        &self.policy
-    }
-
-    /// Whether the server's messages are English, so that lockkit's error
-    /// kinds recognise deadlocks, timeouts and a full lock table.
-    pub fn recognizes_errors(&self) -> bool {
-        self.english
-    }
+    Policy::new(config, ServerFacts::from(facts)).by_messages(english)
 }
 
 /// Diesel's error as the engine sees it. Diesel

@@ -88,17 +88,14 @@ pub use crate::engine::{
     Statement, TxSlot, TxState, Wait, HASHTEXT_PROBES,
 };
 #[cfg(feature = "cancel")]
-pub use cancel::Canceller;
+pub use cancel::{CancelTls, Canceller};
 
 use std::fmt;
 use std::future::Future;
 
 use smallvec::SmallVec;
 
-use std::panic::Location;
-
 use crate::tx::{BoxFuture, LockTx, Scope};
-use crate::Batch;
 use crate::{Busy, Error, StatementMode};
 
 /// Whether a driver's calls are futures ([`Async`]) or run to their end
@@ -253,72 +250,45 @@ pub fn lock_tx<'t, D: Driver>(locker: &D, conn: &'t mut D::Conn) -> Result<LockT
 }
 
 /// Runs `f` in a new transaction begun on `conn` (a savepoint, when one is
-/// open there) with a [`LockTx`], after taking `batch` (asked for at its
-/// site) when there is one: commits when `f` returns `Ok`, rolls back when
-/// it returns `Err`; dropped, the transaction ends as
-/// [`Driver::savepoint_dropped`] says. An async adapter's `transaction` and
-/// `locked_transaction`.
+/// open there) with a [`LockTx`]: commits when `f` returns `Ok`, rolls back
+/// when it returns `Err`; dropped, the transaction ends as
+/// [`Driver::savepoint_dropped`] says. An async adapter's `transaction`.
 ///
 /// # Errors
 ///
-/// The batch's lock errors, `f`'s error, or the driver's (as [`Error`])
-/// when `BEGIN`, `COMMIT` or `ROLLBACK` fails.
+/// `f`'s error, or the driver's (as [`Error`]) when `BEGIN`, `COMMIT` or
+/// `ROLLBACK` fails.
 ///
 /// # Cancel safety
 ///
 /// Dropped, the transaction ends as [`Driver::savepoint_dropped`] says.
-pub async fn transaction<D, R, E, F>(
-    locker: &D,
-    conn: &mut D::Conn,
-    batch: Option<(&Batch, &'static Location<'static>)>,
-    f: F,
-) -> Result<R, E>
+pub async fn transaction<D, R, E, F>(locker: &D, conn: &mut D::Conn, f: F) -> Result<R, E>
 where
     D: Driver<Io = Async>,
     F: for<'a, 's> FnOnce(&'a mut LockTx<'s, D>) -> BoxFuture<'a, Result<R, E>>,
     E: From<Error>,
 {
-    let first = batch.map(|(batch, site)| Request::batch(batch).at(site));
     let state = TxState::new();
     let mut scope = Scope::<D>::begin(conn, &state, 0).await?;
-    let result = match first {
-        Some(first) => match scope.lock_first(locker.clone(), first).await {
-            Ok(()) => f(&mut scope.tx(locker.clone())).await,
-            Err(e) => Err(E::from(e)),
-        },
-        None => f(&mut scope.tx(locker.clone())).await,
-    };
+    let result = f(&mut scope.tx(locker.clone())).await;
     scope.end(result).await
 }
 
-/// [`transaction`] for a blocking adapter (Diesel): its `transaction` and
-/// `locked_transaction`. A panic in `f` rolls the transaction back as it
-/// unwinds.
+/// [`transaction`] for a blocking adapter (Diesel): its `transaction`. A
+/// panic in `f` rolls the transaction back as it unwinds.
 ///
 /// # Errors
 ///
 /// As [`transaction`].
-pub fn transaction_blocking<D, R, E, F>(
-    locker: &D,
-    conn: &mut D::Conn,
-    batch: Option<(&Batch, &'static Location<'static>)>,
-    f: F,
-) -> Result<R, E>
+pub fn transaction_blocking<D, R, E, F>(locker: &D, conn: &mut D::Conn, f: F) -> Result<R, E>
 where
     D: Driver<Io = Blocking>,
     F: FnOnce(&mut LockTx<'_, D>) -> Result<R, E>,
     E: From<Error>,
 {
-    let first = batch.map(|(batch, site)| Request::batch(batch).at(site));
     let state = TxState::new();
     let mut scope = Blocking::finish(Scope::<D>::begin(conn, &state, 0))?;
-    let result = match first {
-        Some(first) => match Blocking::finish(scope.lock_first(locker.clone(), first)) {
-            Ok(()) => f(&mut scope.tx(locker.clone())),
-            Err(e) => Err(E::from(e)),
-        },
-        None => f(&mut scope.tx(locker.clone())),
-    };
+    let result = f(&mut scope.tx(locker.clone()));
     Blocking::finish(scope.end(result))
 }
 

@@ -390,6 +390,20 @@ impl<T: AdvisoryKey + ?Sized> AdvisoryKey for &T {
 mod tests {
     use super::*;
 
+    /// A spec's accessors answer what it was built with, and its `Debug`
+    /// names the namespace and options without the hash state.
+    #[test]
+    fn a_spec_shows_what_it_was_built_with() {
+        let striped = KeySpec::new("orders").stripes(16);
+        assert_eq!(striped.stripe_count(), Some(16));
+        assert_eq!(KeySpec::new("orders").stripe_count(), None);
+        let shown = format!("{striped:?}");
+        for part in ["KeySpec", "\"orders\"", "BigInt", "Some(16)"] {
+            assert!(shown.contains(part), "{shown} lacks {part}");
+        }
+        assert!(!shown.contains("body"), "{shown}");
+    }
+
     #[test]
     fn order_is_keys_md_global_order() {
         let mut keys = vec![

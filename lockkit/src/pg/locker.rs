@@ -5,11 +5,10 @@
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Socket, Transaction};
+use tokio_postgres::{Client, Transaction};
 
-use crate::driver::Canceller;
+use crate::driver::{CancelTls, Canceller};
 use crate::engine::config::{Config, StatementMode};
 use crate::engine::error::Error;
 use crate::engine::facts::{FactsRow, ServerFacts, HASHTEXT_PROBES};
@@ -93,8 +92,7 @@ impl Locker {
     /// # Example
     ///
     /// ```no_run
-    /// # use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-    /// # use tokio_postgres::Socket;
+    /// #     /// # use tokio_postgres::Socket;
     /// # async fn run<T>(client: tokio_postgres::Client, tls: T) -> Result<(), lockkit::Error>
     /// # where
     /// #     T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
@@ -110,13 +108,7 @@ impl Locker {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn cancel_tls<T>(mut self, tls: T) -> Locker
-    where
-        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
-        T::Stream: Send,
-        T::TlsConnect: Send,
-        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-    {
+    pub fn cancel_tls(mut self, tls: impl CancelTls) -> Locker {
         self.canceller = Canceller::tls(tls);
         self
     }
@@ -126,25 +118,9 @@ impl Locker {
         &self.canceller
     }
 
-    /// The policy.
-    pub fn config(&self) -> &Config {
-        self.inner.config()
-    }
-
-    /// What the locker learned about the server.
-    pub fn facts(&self) -> &ServerFacts {
-        self.inner.facts()
-    }
-
-    /// The configuration and facts, as the engine sees them.
+    /// The configuration, the server's facts and the lock budget.
     pub fn policy(&self) -> &Policy {
         &self.inner
-    }
-
-    /// The lock budget per transaction: see [`Config::budget`] and
-    /// [`Config::concurrent_lockers`].
-    pub fn budget(&self) -> usize {
-        self.inner.budget()
     }
 
     /// Starts a transaction on a plain `client` that can take advisory
@@ -229,7 +205,7 @@ impl LockClient {
     /// the transaction back before the client's next statement.
     pub async fn begin(&mut self) -> Result<LockTx<'_>, Error> {
         let tx = self.client.transaction().await?;
-        let cache = match self.locker.config().statement_mode() {
+        let cache = match self.locker.policy().config().statement_mode() {
             StatementMode::Prepared => Some(&self.cache),
             StatementMode::Unnamed => None,
         };

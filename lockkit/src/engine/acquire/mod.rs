@@ -26,17 +26,34 @@ pub use one_call::OneCall;
 pub use request::{Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait};
 
 /// What a locker enforces: its [`Config`] and the [`ServerFacts`] it learned.
-/// Every adapter's locker holds one.
+/// Every adapter's locker holds one (`locker.policy()`).
 #[derive(Clone, Debug)]
 pub struct Policy {
     config: Config,
     facts: ServerFacts,
+    recognizes_errors: bool,
 }
 
 impl Policy {
-    /// A policy of `config` on the server described by `facts`.
+    /// A policy of `config` on the server described by `facts`, whose
+    /// errors the driver reports with their SQLSTATE.
     pub fn new(config: Config, facts: ServerFacts) -> Self {
-        Policy { config, facts }
+        Policy {
+            config,
+            facts,
+            recognizes_errors: true,
+        }
+    }
+
+    /// The same policy, for a driver that hides the SQLSTATE (Diesel) on a
+    /// server whose messages are English (`english`) or not: lockkit then
+    /// recognises deadlocks, timeouts and a full lock table by the
+    /// server's English message, and cannot in another language.
+    pub fn by_messages(self, english: bool) -> Self {
+        Policy {
+            recognizes_errors: english,
+            ..self
+        }
     }
 
     /// The configuration.
@@ -47,6 +64,17 @@ impl Policy {
     /// The server's facts.
     pub fn facts(&self) -> &ServerFacts {
         &self.facts
+    }
+
+    /// Whether lockkit's error kinds recognise deadlocks, timeouts and a
+    /// full lock table ([`Error::is_deadlock`](crate::Error::is_deadlock),
+    /// [`Error::is_timeout`](crate::Error::is_timeout),
+    /// [`Error::is_lock_table_full`](crate::Error::is_lock_table_full)).
+    /// Always, where the driver reports the SQLSTATE (tokio-postgres, sqlx);
+    /// on Diesel's stacks only when the server's messages are English, else
+    /// such errors are [`ErrorKind::Database`](crate::ErrorKind::Database).
+    pub fn recognizes_errors(&self) -> bool {
+        self.recognizes_errors
     }
 
     /// The lock budget per transaction (see [`Config::budget`] and

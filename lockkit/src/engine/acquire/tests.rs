@@ -2,7 +2,7 @@ use std::panic::Location;
 use std::time::Duration;
 
 use super::*;
-use crate::engine::config::{Config, OrderCheck};
+use crate::engine::config::{Config, OrderCheck, StatementMode};
 use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::expected_rows;
 use crate::engine::facts::ServerFacts;
@@ -767,4 +767,23 @@ fn a_dropped_ending_records_what_it_was_told() {
     ending.if_dropped(SavepointEnd::Unknown);
     drop(ending);
     assert!(state.is_poisoned());
+}
+
+/// A policy answers the configuration and facts it was made with, and
+/// recognises errors unless its driver reads them from messages in another
+/// language.
+#[test]
+fn a_policy_keeps_what_it_was_made_with() {
+    let config = Config::default()
+        .order_check(OrderCheck::Off)
+        .statements(StatementMode::Unnamed)
+        .budget(7);
+    let facts = ServerFacts::assumed(64, 100, 0);
+    let policy = Policy::new(config.clone(), facts.clone());
+    assert_eq!(policy.config(), &config);
+    assert_eq!(policy.facts(), &facts);
+    assert_eq!(policy.budget(), 7);
+    assert!(policy.recognizes_errors());
+    assert!(policy.clone().by_messages(true).recognizes_errors());
+    assert!(!policy.by_messages(false).recognizes_errors());
 }

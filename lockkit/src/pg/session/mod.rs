@@ -438,7 +438,7 @@ impl Locker {
     /// same key spaces, so an xact lock and a session lock on one key
     /// exclude each other.
     pub fn session(&self, config: tokio_postgres::Config) -> SessionLock {
-        SessionLock::new(config).allow_standby(self.config().allow_standby)
+        SessionLock::new(config).allow_standby(self.policy().config().allow_standby)
     }
 }
 
