@@ -1,11 +1,9 @@
 //! [`Locker`]: configuration plus the server facts, shared by every
 //! transaction of an application, and how every locked transaction begins.
 
-use std::sync::Arc;
-
 use diesel_async::AsyncPgConnection;
 use lockkit::driver::diesel::learned_policy;
-use lockkit::driver::{CancelTls, Canceller, Policy};
+use lockkit::driver::{CancelTls, CancellingPolicy, Policy};
 use lockkit::tx::BoxFuture;
 use lockkit::{Config, Error, ServerFacts};
 
@@ -23,14 +21,13 @@ use crate::LockTx;
 /// See the [crate docs](crate) for an example.
 #[derive(Clone, Debug)]
 pub struct Locker {
-    inner: Arc<Policy>,
-    canceller: Canceller,
+    pub(crate) inner: CancellingPolicy,
 }
 
 /// The configuration and facts, as the engine sees them.
 impl AsRef<Policy> for Locker {
     fn as_ref(&self) -> &Policy {
-        &self.inner
+        self.inner.policy()
     }
 }
 
@@ -58,13 +55,12 @@ impl Locker {
             .map_err(driver::lock_error)?;
         let messages = driver::messages(conn).await.map_err(driver::lock_error)?;
         Ok(Locker {
-            inner: Arc::new(learned_policy(
+            inner: CancellingPolicy::new(learned_policy(
                 config,
                 &facts,
                 &messages,
                 "lockkit-diesel-async",
             )),
-            canceller: Canceller::plain(),
         })
     }
 
@@ -72,8 +68,7 @@ impl Locker {
     /// server's messages are English.
     pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
         Locker {
-            inner: Arc::new(Policy::new(config, facts)),
-            canceller: Canceller::plain(),
+            inner: CancellingPolicy::new(Policy::new(config, facts)),
         }
     }
 
@@ -83,19 +78,15 @@ impl Locker {
     /// `ManagerConfig::custom_setup`). Needed under `sslmode=require` and
     /// the `verify-*` modes, where a request in plain text fails and the
     /// server goes on waiting for the key: see [`lockkit::driver::Canceller`].
-    pub fn cancel_tls(mut self, tls: impl CancelTls) -> Locker {
-        self.canceller = Canceller::tls(tls);
-        self
-    }
-
-    /// How this locker sends cancel requests.
-    pub(crate) fn canceller(&self) -> &Canceller {
-        &self.canceller
+    pub fn cancel_tls(self, tls: impl CancelTls) -> Locker {
+        Locker {
+            inner: self.inner.tls(tls),
+        }
     }
 
     /// The configuration, the server's facts and the lock budget.
     pub fn policy(&self) -> &Policy {
-        &self.inner
+        self.inner.policy()
     }
 
     /// A [`LockTx`] over the transaction open on `conn`, inside

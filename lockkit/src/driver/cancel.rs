@@ -15,6 +15,8 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Client;
 use tokio_postgres::{CancelToken, NoTls, Socket};
 
+use crate::driver::Policy;
+
 /// The first delay before a cancel request is sent again, while the
 /// statements it cancels still run; it doubles up to [`RESEND_MAX`].
 #[cfg(feature = "tokio-postgres")]
@@ -44,6 +46,43 @@ impl<T> CancelTls for T where
         + Sync
         + 'static
 {
+}
+
+/// What the locker of a stack that reaches the server through tokio-postgres
+/// keeps (the tokio-postgres adapter, lockkit-diesel-async): its
+/// [`Policy`], shared by its clones, and how it sends cancel requests.
+#[derive(Clone, Debug)]
+pub struct CancellingPolicy {
+    policy: Arc<Policy>,
+    canceller: Canceller,
+}
+
+impl CancellingPolicy {
+    /// `policy`, with cancel requests in plain text.
+    pub fn new(policy: Policy) -> Self {
+        CancellingPolicy {
+            policy: Arc::new(policy),
+            canceller: Canceller::plain(),
+        }
+    }
+
+    /// The same policy, with cancel requests sent through `tls`.
+    pub fn tls(self, tls: impl CancelTls) -> Self {
+        CancellingPolicy {
+            canceller: Canceller::tls(tls),
+            ..self
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// How cancel requests are sent.
+    pub fn canceller(&self) -> &Canceller {
+        &self.canceller
+    }
 }
 
 /// How a cancel request reaches the server: in plain text, or through the

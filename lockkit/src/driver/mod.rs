@@ -88,7 +88,7 @@ pub use crate::engine::{
     Statement, TxSlot, TxState, Wait, HASHTEXT_PROBES,
 };
 #[cfg(feature = "cancel")]
-pub use cancel::{CancelTls, Canceller};
+pub use cancel::{CancelTls, Canceller, CancellingPolicy};
 
 use std::fmt;
 use std::future::Future;

@@ -367,6 +367,59 @@ mod tests {
             .collect()
     }
 
+    /// Takes `keys` (waiting) in `t` at `depth`, checked by `c`.
+    fn take(t: &mut TxLocks, keys: &[(i64, Mode)], depth: u32, c: &Config) {
+        let p = t.plan(ask(&req(keys)), 10, c).unwrap().0;
+        t.start();
+        t.finish(p.taken(), (depth, None), true, false);
+    }
+
+    /// Under the order check, asking above the highest key held is in
+    /// order, and so is upgrading the highest key itself.
+    #[test]
+    fn ascending_requests_and_an_upgrade_of_the_top_key_are_in_order() {
+        let c = cfg(OrderCheck::Error);
+        let mut t = TxLocks::default();
+        take(&mut t, &[(1, Mode::Exclusive)], 0, &c);
+        take(&mut t, &[(5, Mode::Shared)], 0, &c);
+        let (plan, warned) = t.plan(ask(&req(&[(5, Mode::Exclusive)])), 10, &c).unwrap();
+        assert_eq!(
+            (plan.len(), warned),
+            (1, None),
+            "the upgrade of the top key"
+        );
+        let (plan, warned) = t.plan(ask(&req(&[(9, Mode::Exclusive)])), 10, &c).unwrap();
+        assert_eq!(
+            (plan.len(), warned),
+            (1, None),
+            "a key above every one held"
+        );
+    }
+
+    /// Releasing a savepoint of a transaction that no error aborted leaves
+    /// it usable; one that an error aborted stays aborted one level up.
+    #[test]
+    fn a_released_savepoint_aborts_nothing() {
+        let c = cfg(OrderCheck::Off);
+        let mut t = TxLocks::default();
+        take(&mut t, &[(1, Mode::Exclusive)], 1, &c);
+        t.release_savepoint(1);
+        assert!(t.plan(ask(&req(&[(2, Mode::Exclusive)])), 10, &c).is_ok());
+        let p = t
+            .plan(ask(&req(&[(3, Mode::Exclusive)])), 10, &c)
+            .unwrap()
+            .0;
+        t.start();
+        t.finish(p.taken(), (2, None), false, true);
+        t.release_savepoint(2);
+        let err = t
+            .plan(ask(&req(&[(4, Mode::Exclusive)])), 10, &c)
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::TransactionAborted, "{err}");
+        t.rollback_savepoint(1);
+        assert!(t.plan(ask(&req(&[(4, Mode::Exclusive)])), 10, &c).is_ok());
+    }
+
     #[test]
     fn relock_sends_nothing_and_upgrade_sends() {
         let mut t = TxLocks::default();

@@ -164,6 +164,21 @@ mod tests {
     use super::*;
     use crate::engine::facts::ServerFacts;
 
+    /// Each option reads back what was set, and the defaults are prepared
+    /// statements on a primary only.
+    #[test]
+    fn options_read_back_what_was_set() {
+        let default = Config::default();
+        assert_eq!(default.statement_mode(), StatementMode::Prepared);
+        assert!(!default.standby_allowed());
+        let set = Config::default()
+            .statements(StatementMode::Unnamed)
+            .allow_standby(true);
+        assert_eq!(set.statement_mode(), StatementMode::Unnamed);
+        assert!(set.standby_allowed());
+        assert!(!set.allow_standby(false).standby_allowed());
+    }
+
     #[test]
     fn the_budget_is_the_configured_one_or_a_share_of_the_lock_table() {
         // 64 locks per transaction × (100 + 0) slots: a table of 6,400.

@@ -3,12 +3,11 @@
 //! statements prepared on it.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
 
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Transaction};
 
-use crate::driver::{CancelTls, Canceller};
+use crate::driver::{CancelTls, CancellingPolicy};
 use crate::engine::config::{Config, StatementMode};
 use crate::engine::error::Error;
 use crate::engine::facts::{FactsRow, ServerFacts, HASHTEXT_PROBES};
@@ -47,8 +46,7 @@ use crate::pg::transaction::LockTx;
 /// ```
 #[derive(Clone, Debug)]
 pub struct Locker {
-    inner: Arc<Policy>,
-    canceller: Canceller,
+    pub(crate) inner: CancellingPolicy,
 }
 
 impl Locker {
@@ -72,8 +70,7 @@ impl Locker {
     /// A locker with facts known in advance (no query).
     pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
         Locker {
-            inner: Arc::new(Policy::new(config, facts)),
-            canceller: Canceller::plain(),
+            inner: CancellingPolicy::new(Policy::new(config, facts)),
         }
     }
 
@@ -92,14 +89,8 @@ impl Locker {
     /// # Example
     ///
     /// ```no_run
-    /// #     /// # use tokio_postgres::Socket;
-    /// # async fn run<T>(client: tokio_postgres::Client, tls: T) -> Result<(), lockkit::Error>
-    /// # where
-    /// #     T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
-    /// #     T::Stream: Send,
-    /// #     T::TlsConnect: Send,
-    /// #     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-    /// # {
+    /// # use lockkit::driver::CancelTls;
+    /// # async fn run(client: tokio_postgres::Client, tls: impl CancelTls) -> Result<(), lockkit::Error> {
     /// use lockkit::{Config, Locker};
     ///
     /// // `client` was connected with `tls` (e.g. postgres-openssl's
@@ -108,19 +99,15 @@ impl Locker {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn cancel_tls(mut self, tls: impl CancelTls) -> Locker {
-        self.canceller = Canceller::tls(tls);
-        self
-    }
-
-    /// How this locker sends cancel requests.
-    pub(crate) fn canceller(&self) -> &Canceller {
-        &self.canceller
+    pub fn cancel_tls(self, tls: impl CancelTls) -> Locker {
+        Locker {
+            inner: self.inner.tls(tls),
+        }
     }
 
     /// The configuration, the server's facts and the lock budget.
     pub fn policy(&self) -> &Policy {
-        &self.inner
+        self.inner.policy()
     }
 
     /// Starts a transaction on a plain `client` that can take advisory

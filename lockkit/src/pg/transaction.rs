@@ -626,7 +626,7 @@ impl<'c> LockTx<'c> {
                 Some(site),
             )?;
             let (client, cache) = (self.client(), self.cache);
-            let (canceller, cancelled) = (self.locker.canceller(), &self.shared.cancelled);
+            let (canceller, cancelled) = (self.locker.inner.canceller(), &self.shared.cancelled);
             let send = |statement| exec::send_one(client, cache, canceller, cancelled, statement);
             call.run(send, exec::reply).await
         }
@@ -650,7 +650,7 @@ impl<'c> LockTx<'c> {
         &'s self,
         call: crate::engine::Acquisition<'s>,
     ) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 's {
-        let canceller = self.locker.canceller();
+        let canceller = self.locker.inner.canceller();
         call.run(|call| {
             exec::drive(
                 self.client(),

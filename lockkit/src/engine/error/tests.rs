@@ -16,6 +16,20 @@ fn the_accessors_answer_only_for_their_kind() {
     let pooled = Error::pooled(4242, "two backends".to_owned());
     assert_eq!(pooled.backend_pid(), Some(4242));
     assert!(!pooled.is_connection_lost());
+    // Each predicate is true of its own kind only.
+    let timeout = err("55P03", "canceling statement due to lock timeout").into_error();
+    let full = err("53200", "out of shared memory").into_error();
+    let unique = err("23505", "duplicate key value").into_error();
+    for (e, expected) in [
+        (&timeout, (true, false, false)),
+        (&other, (false, true, false)),
+        (&full, (false, false, true)),
+        (&unique, (false, false, false)),
+        (&lost, (false, false, false)),
+    ] {
+        let seen = (e.is_timeout(), e.is_deadlock(), e.is_lock_table_full());
+        assert_eq!(seen, expected, "{e}");
+    }
 }
 
 #[test]
