@@ -29,26 +29,16 @@ use sqlx::{
 use crate::error::driver_error;
 use crate::locker::Locker;
 
-/// What the server answered one statement: lockkit's statements answer at
-/// most one row, kept inline. The [`Driver::Answer`] of [`Locker`], seen only
-/// by the engine.
-#[derive(Debug)]
-pub enum Answer {
-    /// A statement without rows.
-    Done,
-    /// The rows of a statement.
-    Rows(SmallVec<[SqlxRow; 1]>),
-}
+/// What the server answered one statement, the [`Driver::Answer`] of
+/// [`Locker`]: its rows (lockkit's statements answer at most one, kept
+/// inline), or `None` for a statement sent without rows (the simple query
+/// protocol).
+pub type Answer = Option<SmallVec<[SqlxRow; 1]>>;
 
 /// A sqlx row, read by the engine ([`ReplyRow`]: the engine knows the
 /// column layout of lockkit's replies; this adapter only decodes columns).
+#[derive(Debug)]
 pub struct SqlxRow(pub(crate) PgRow);
-
-impl std::fmt::Debug for SqlxRow {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqlxRow").finish_non_exhaustive()
-    }
-}
 
 impl SqlxRow {
     /// Column `i` decoded as `T`, when the server typed it `ty`: the type
@@ -137,7 +127,7 @@ impl Driver for Locker {
             // No parameters: sqlx sends it with the simple query protocol,
             // which the two-statement rollback needs.
             conn.execute(stmt.text()).await.map_err(driver_error)?;
-            return Ok(Answer::Done);
+            return Ok(None);
         }
         // Prepared: sqlx's statement cache keeps it on the connection.
         // Unnamed: parsed every time, for poolers that do not keep named
@@ -154,14 +144,11 @@ impl Driver for Locker {
                 rows.push(SqlxRow(row));
             }
         }
-        Ok(Answer::Rows(rows))
+        Ok(Some(rows))
     }
 
     fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
-        match answer {
-            Answer::Done => read_reply::<SqlxRow>(stmt, None),
-            Answer::Rows(rows) => read_reply(stmt, Some(rows)),
-        }
+        read_reply(stmt, answer.as_deref())
     }
 
     /// sqlx has no cancel request: the server keeps waiting for the lock,
