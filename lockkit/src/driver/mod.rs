@@ -161,6 +161,11 @@ mod sealed {
 /// call), which every [`LockTx`] keeps a clone of. The methods take the
 /// connection as an argument, so that a savepoint's `LockTx` reborrows the
 /// same connection.
+///
+/// A blocking driver (`Io = `[`Blocking`]) does each call's work before
+/// its future is first polled, and returns it ready
+/// ([`std::future::ready`]): [`LockTx`] polls that future once, and
+/// panics if it is not ready (a bug of the driver).
 pub trait Driver: AsRef<Policy> + Clone + fmt::Debug + Sized + Send + Sync + 'static {
     /// [`Async`] or [`Blocking`].
     type Io: Io;

@@ -645,29 +645,10 @@ mod tests {
     /// keeps one slot per statement.
     #[test]
     fn every_statement_has_its_own_index() {
-        let all = [
-            Sql::LockBigint,
-            Sql::LockBigintShared,
-            Sql::LockPair,
-            Sql::LockPairShared,
-            Sql::TryBigint,
-            Sql::TryBigintShared,
-            Sql::TryPair,
-            Sql::TryPairShared,
-            Sql::BatchBigint,
-            Sql::BatchPair,
-            Sql::BatchBigintExclusive,
-            Sql::BatchPairExclusive,
-            Sql::TryBatchBigint,
-            Sql::TryBatchPair,
-            Sql::SetTimeouts,
-            Sql::ArmTimeouts,
-            Sql::RestoreTimeouts,
-            Sql::Savepoint,
-            Sql::Release,
-            Sql::Rollback,
-        ];
-        let indices: std::collections::BTreeSet<usize> = all.iter().map(|s| s.index()).collect();
+        let all = Sql::PREPARABLE
+            .into_iter()
+            .chain([Sql::Savepoint, Sql::Release, Sql::Rollback]);
+        let indices: std::collections::BTreeSet<usize> = all.map(|s| s.index()).collect();
         assert_eq!(indices.len(), Sql::COUNT);
         assert!(indices.iter().all(|&i| i < Sql::COUNT));
     }
