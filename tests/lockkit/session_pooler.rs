@@ -19,6 +19,13 @@ use tokio_postgres::{Client, NoTls};
 
 use crate::common::held_by;
 
+/// The keepalive of the sessions of the load tests, which bounds how long a
+/// call waits for the server's answer. These tests are about where locks
+/// are left, not about that bound (`session_silent` is): a loaded machine
+/// may take seconds to answer through the pooler, and a call given up
+/// there would be a correct `ConnectionLost`, not what these tests check.
+const PATIENT: Duration = Duration::from_secs(60);
+
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
 #[advisory_key(namespace = "lockkit-tests/session-pooler")]
 struct Leader {
@@ -213,14 +220,14 @@ async fn two_hundred_locks_behind_transaction_pgbouncer_under_load() {
     let key = Leader { id: 1 };
 
     // Connections lockkit opens through the pooler.
-    let sessions = SessionLock::new(bouncer.config());
+    let sessions = SessionLock::new(bouncer.config()).keepalive(PATIENT);
     assert_eq!(
         two_hundred_locks(&sessions, &sessions, &observer, key).await,
         200
     );
     // Connections leased from a deadpool pool of pooler connections.
     let pool = pool_of(bouncer.config(), 2);
-    let pooled = SessionLock::from_pool(pool.clone());
+    let pooled = SessionLock::from_pool(pool.clone()).keepalive(PATIENT);
     assert_eq!(
         two_hundred_locks(&pooled, &sessions, &observer, key).await,
         200
@@ -275,12 +282,12 @@ async fn two_hundred_locks_through_session_pgbouncer_and_direct() {
         .default_pool_size(10)
         .start();
     let load = Background::start(&bouncer.config(), 3).await;
-    let sessions = SessionLock::new(bouncer.config());
+    let sessions = SessionLock::new(bouncer.config()).keepalive(PATIENT);
     assert_eq!(
         two_hundred_locks(&sessions, &sessions, &observer, key).await,
         200
     );
-    let pooled = SessionLock::from_pool(pool_of(bouncer.config(), 2));
+    let pooled = SessionLock::from_pool(pool_of(bouncer.config(), 2)).keepalive(PATIENT);
     assert_eq!(
         two_hundred_locks(&pooled, &sessions, &observer, key).await,
         200
@@ -288,12 +295,12 @@ async fn two_hundred_locks_through_session_pgbouncer_and_direct() {
     assert!(load.finish().await > 0);
 
     let load = Background::start(&db.config(), 3).await;
-    let sessions = SessionLock::new(db.config());
+    let sessions = SessionLock::new(db.config()).keepalive(PATIENT);
     assert_eq!(
         two_hundred_locks(&sessions, &sessions, &observer, key).await,
         200
     );
-    let pooled = SessionLock::from_pool(pool_of(db.config(), 2));
+    let pooled = SessionLock::from_pool(pool_of(db.config(), 2)).keepalive(PATIENT);
     assert_eq!(
         two_hundred_locks(&pooled, &sessions, &observer, key).await,
         200
