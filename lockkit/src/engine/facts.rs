@@ -148,6 +148,64 @@ impl ServerFacts {
 mod tests {
     use super::*;
 
+    /// A row of `SERVER_FACTS` as a driver hands it over.
+    struct Row(FactsRow);
+
+    impl crate::engine::ReplyRow for Row {
+        type Error = String;
+        fn int8(&self, i: usize) -> Result<i64, String> {
+            Err(format!("column {i} is not int8"))
+        }
+        fn int4(&self, i: usize) -> Result<i32, String> {
+            let r = &self.0;
+            match i {
+                0 => Ok(r.max_locks),
+                1 => Ok(r.max_connections),
+                3 => Ok(r.version_num),
+                5 => Ok(r.backend_pid),
+                _ => Err(format!("column {i} is not int4")),
+            }
+        }
+        fn bool(&self, i: usize) -> Result<bool, String> {
+            (i == 2)
+                .then_some(self.0.in_recovery)
+                .ok_or(format!("column {i}"))
+        }
+        fn int8_array(&self, i: usize) -> Result<Vec<i64>, String> {
+            Err(format!("column {i} is not int8[]"))
+        }
+        fn int4_array(&self, i: usize) -> Result<Vec<i32>, String> {
+            (i == 4)
+                .then(|| self.0.hashes.clone())
+                .ok_or(format!("column {i}"))
+        }
+    }
+
+    /// The row is read by its column order, and the facts keep what the
+    /// server said: its lock table's size and whether it is a standby.
+    #[test]
+    fn the_facts_are_read_from_their_row() {
+        let row = FactsRow {
+            max_locks: 32,
+            max_connections: 50,
+            in_recovery: true,
+            version_num: 170002,
+            hashes: vec![1, 2],
+            backend_pid: 4242,
+        };
+        assert_eq!(FactsRow::read(&Row(row.clone())), Ok(row.clone()));
+        let facts = ServerFacts::from(&row);
+        assert!(facts.in_recovery());
+        assert_eq!(facts.server_version_num(), 170002);
+        assert_eq!(facts.lock_table_capacity(), 32 * 50);
+        // `max_connections + max_prepared_transactions` backends.
+        assert_eq!(
+            ServerFacts::assumed(64, 100, 5).lock_table_capacity(),
+            64 * 105
+        );
+        assert!(!ServerFacts::assumed(64, 100, 0).in_recovery());
+    }
+
     #[test]
     fn mismatch_is_reported_with_the_probe() {
         let good = FactsRow {

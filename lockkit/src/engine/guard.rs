@@ -208,6 +208,16 @@ impl Busy {
 mod tests {
     use super::*;
 
+    /// A guard's `Debug` shows the value, its key and its mode.
+    #[test]
+    fn a_guard_shows_its_value_key_and_mode() {
+        let held: Held<'_, &str> = Held::new("order 7", LockKey::BigInt(7), Mode::Shared);
+        let shown = format!("{held:?}");
+        for part in ["Held", "\"order 7\"", "BigInt(7)", "Shared"] {
+            assert!(shown.contains(part), "{shown} lacks {part}");
+        }
+    }
+
     /// A busy error names how many keys were busy and of which types.
     #[test]
     fn busy_says_how_many_and_of_which_types() {
