@@ -208,6 +208,36 @@ impl Busy {
 mod tests {
     use super::*;
 
+    /// A batch's guard knows its keys, and gives a proof for each of them
+    /// and for nothing else.
+    #[test]
+    fn a_batch_contains_its_keys_only() {
+        #[derive(Debug, PartialEq)]
+        struct K(LockKey);
+        impl AdvisoryKey for K {
+            const KEY_SPEC: crate::KeySpec<'static> = crate::KeySpec::new("K").raw();
+            fn lock_key(&self) -> LockKey {
+                self.0
+            }
+        }
+        let batch = HeldBatch::new(vec![
+            (LockKey::BigInt(3), Mode::Exclusive),
+            (LockKey::Pair(1, 2), Mode::Shared),
+        ]);
+        assert!(batch.contains(&K(LockKey::BigInt(3))));
+        assert!(batch.contains(&K(LockKey::Pair(1, 2))));
+        assert!(!batch.contains(&K(LockKey::BigInt(4))));
+        let proof = batch.proof(K(LockKey::Pair(1, 2))).unwrap();
+        assert_eq!(
+            (proof.key(), proof.mode()),
+            (LockKey::Pair(1, 2), Mode::Shared)
+        );
+        assert_eq!(
+            batch.proof(K(LockKey::BigInt(4))).unwrap_err(),
+            K(LockKey::BigInt(4))
+        );
+    }
+
     /// A guard's `Debug` shows the value, its key and its mode.
     #[test]
     fn a_guard_shows_its_value_key_and_mode() {
