@@ -252,6 +252,8 @@ mod tests {
     #[test]
     fn busy_says_how_many_and_of_which_types() {
         let one = Busy::new(vec![LockKey::BigInt(1)], vec!["billing.invoice"]);
+        assert_eq!(one.keys(), [LockKey::BigInt(1)]);
+        assert_eq!(one.key_types(), ["billing.invoice"]);
         assert_eq!(
             one.to_string(),
             "1 advisory lock(s) busy, of type billing.invoice"

@@ -234,6 +234,32 @@ pub(crate) fn observe(
     let _ = key_type;
 }
 
+#[cfg(test)]
+mod outcome_tests {
+    use super::*;
+
+    /// A failed call's outcome names its error kind where the metrics count
+    /// that kind, and is `error` for every other kind.
+    #[test]
+    fn a_failed_call_is_named_by_its_kind() {
+        let named = [
+            (ErrorKind::Timeout, "timeout"),
+            (ErrorKind::Cancelled, "cancelled"),
+            (ErrorKind::Deadlock, "deadlock"),
+            (ErrorKind::LockTableFull, "lock_table_full"),
+            (ErrorKind::ConnectionLost, "connection_lost"),
+            (ErrorKind::UnexpectedReply, "unexpected_reply"),
+            (ErrorKind::Database, "error"),
+            (ErrorKind::Poisoned, "error"),
+        ];
+        for (kind, label) in named {
+            assert_eq!(Outcome::of(kind).label(), label, "{kind:?}");
+        }
+        assert_eq!(Outcome::Granted.label(), "granted");
+        assert_eq!(Outcome::Busy.label(), "busy");
+    }
+}
+
 #[cfg(all(test, feature = "metrics"))]
 mod tests {
     use super::*;
