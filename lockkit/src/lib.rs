@@ -9,9 +9,9 @@
 //!   [`LockKey`], `BigInt(i64)` or `Pair(i32, i32)`, in the key format of
 //!   [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md): the same on every machine, build and version, because
 //!   every process that will ever run must agree on it.
-//! - **A [`Locker`]**, made once at startup, holds the policy ([`Config`]:
-//!   lock budget, order check, statement mode) and what it learned of the
-//!   server in one round trip ([`ServerFacts`]).
+//! - **A [`Locker`]**, made once at startup, holds its [`Policy`]: the
+//!   configuration ([`Config`]: lock budget, order check, statement mode)
+//!   and what it learned of the server in one round trip ([`ServerFacts`]).
 //! - **A [`LockClient`]** per connection prepares lockkit's statements once;
 //!   its [`begin`](LockClient::begin) opens a [`LockTx`], a
 //!   `tokio_postgres::Transaction` that takes locks. ([`Locker::begin`] and
