@@ -258,6 +258,54 @@ mod outcome_tests {
         assert_eq!(Outcome::Granted.label(), "granted");
         assert_eq!(Outcome::Busy.label(), "busy");
     }
+
+    /// What a span's fields were given, as text.
+    #[derive(Clone, Default)]
+    struct Recorded(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl tracing::field::Visit for Recorded {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{}={value:?}", field.name()));
+        }
+    }
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Recorded {
+        fn on_record(
+            &self,
+            _: &tracing::span::Id,
+            values: &tracing::span::Record<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            values.record(&mut self.clone());
+        }
+    }
+
+    /// A call's span is given its outcome and how long it waited.
+    #[test]
+    fn a_call_records_its_outcome_and_wait_in_its_span() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let recorded = Recorded::default();
+        let subscriber = tracing_subscriber::registry().with(recorded.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!(
+                "lock",
+                outcome = tracing::field::Empty,
+                wait_ms = tracing::field::Empty
+            );
+            observe(
+                &span,
+                key_type!("some.type"),
+                Outcome::Timeout,
+                Duration::from_millis(5),
+            );
+        });
+        let seen = recorded.0.lock().unwrap().join(", ");
+        assert!(seen.contains("outcome=\"timeout\""), "{seen}");
+        assert!(seen.contains("wait_ms=5.0"), "{seen}");
+    }
 }
 
 #[cfg(all(test, feature = "metrics"))]
