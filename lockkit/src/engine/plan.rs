@@ -305,6 +305,56 @@ mod tests {
         }
     }
 
+    struct H(i64);
+    impl AdvisoryKey for H {
+        const KEY_SPEC: KeySpec<'static> = KeySpec::new("H").hashtext();
+        fn lock_key(&self) -> LockKey {
+            LockKey::BigInt(self.0)
+        }
+    }
+
+    /// A key's type is its namespace, which a typed add gives a key first
+    /// added raw; a server-`hashtext` key marks the batch until it is
+    /// cleared.
+    #[test]
+    fn a_batch_keeps_its_keys_types_and_hashtext() {
+        let mut b = Batch::new();
+        assert!(b.is_empty() && !b.has_hashtext());
+        b.add_key(LockKey::BigInt(1), Mode::Shared)
+            .add(&K(1), Mode::Shared)
+            .add(&K(2), Mode::Shared)
+            .add_key(LockKey::BigInt(2), Mode::Shared)
+            .add_key(LockKey::BigInt(3), Mode::Shared);
+        assert_eq!(b.planned_types(), ["K", "K", RAW]);
+        assert!(!b.has_hashtext());
+        b.add(&H(4), Mode::Exclusive);
+        b.add(&K(5), Mode::Exclusive);
+        assert!(b.has_hashtext());
+        assert_eq!(b.extend(&[K(6), K(7)]).len(), 7);
+        b.clear();
+        assert!(b.is_empty() && !b.has_hashtext());
+    }
+
+    /// A plan's keys are pushed in the global order; one out of order is a
+    /// bug of the engine, caught in debug builds.
+    #[test]
+    #[should_panic(expected = "sorted and distinct")]
+    fn a_plan_refuses_a_pair_key_below_its_last() {
+        let mut plan = Plan::default();
+        plan.push(LockKey::Pair(1, 2), Mode::Exclusive, RAW);
+        plan.push(LockKey::Pair(1, 1), Mode::Exclusive, RAW);
+    }
+
+    /// As above, for a `BigInt` key after a `Pair` key.
+    #[test]
+    #[should_panic(expected = "sorted and distinct")]
+    fn a_plan_refuses_a_bigint_key_after_a_pair_key() {
+        let mut plan = Plan::default();
+        plan.push(LockKey::BigInt(1), Mode::Exclusive, RAW);
+        plan.push(LockKey::Pair(1, 2), Mode::Exclusive, RAW);
+        plan.push(LockKey::BigInt(5), Mode::Exclusive, RAW);
+    }
+
     #[test]
     fn a_batch_collected_counts_its_distinct_keys() {
         let b: Batch = [K(3), K(1), K(3)].into_iter().collect();
