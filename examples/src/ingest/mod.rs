@@ -74,7 +74,7 @@ pub struct Options {
         long,
         value_enum,
         value_delimiter = ',',
-        default_values_t = [Strategy::Advisory, Strategy::OnConflict, Strategy::ForUpdate, Strategy::LockOnly, Strategy::NoLock]
+        default_values_t = [Strategy::Advisory, Strategy::HandAdvisory, Strategy::OnConflict, Strategy::ForUpdate, Strategy::LockOnly, Strategy::HandLockOnly, Strategy::NoLock]
     )]
     pub strategies: Vec<Strategy>,
     /// How the advisory strategies handle batches larger than the lock

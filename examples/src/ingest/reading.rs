@@ -68,6 +68,20 @@ impl Report {
                 l.events_per_second / n.events_per_second,
             );
         }
+        for reference in [Strategy::HandAdvisory, Strategy::HandLockOnly] {
+            let mirrored = reference.mirrors().and_then(|m| self.outcome(m));
+            if let (Some(l), Some(h)) = (mirrored, self.outcome(reference)) {
+                let ratio = l.events_per_second / h.events_per_second;
+                let _ = write!(
+                    out,
+                    "{} through lockkit against the same locks in the same transactions sent by hand with no lockkit ({}): {} at {ratio:.2}× its throughput, so lockkit's own share is {:+.0} %. ",
+                    l.strategy.name(),
+                    h.strategy.name(),
+                    verdict(ratio),
+                    (ratio - 1.0) * 100.0,
+                );
+            }
+        }
         let on_conflict = self.outcome(Strategy::OnConflict);
         if let (Some(a), Some(c)) = (advisory, on_conflict) {
             let ratio = a.events_per_second / c.events_per_second;
@@ -179,6 +193,7 @@ mod tests {
             !text.contains("lock-only"),
             "only the strategies run: {text}"
         );
+        assert!(!text.contains("by hand"), "only the strategies run: {text}");
         let swapped = report(vec![
             outcome(Strategy::Advisory, 10_970.0),
             outcome(Strategy::OnConflict, 31_394.0),
@@ -217,5 +232,22 @@ mod tests {
             "{text}"
         );
         assert_eq!(report(vec![outcome(Strategy::Advisory, 1.0)]).reading(), "");
+    }
+
+    /// Each lockkit strategy is compared with its hand-written reference,
+    /// and only with its own.
+    #[test]
+    fn lockkit_is_read_against_its_hand_written_reference() {
+        let text = report(vec![
+            outcome(Strategy::Advisory, 60_000.0),
+            outcome(Strategy::HandAdvisory, 62_500.0),
+            outcome(Strategy::HandLockOnly, 50_000.0),
+        ])
+        .reading();
+        assert!(
+            text.contains("advisory through lockkit against the same locks in the same transactions sent by hand with no lockkit (hand-advisory): level within the noise at 0.96× its throughput, so lockkit's own share is -4 %"),
+            "{text}"
+        );
+        assert!(!text.contains("(hand-lock-only)"), "{text}");
     }
 }

@@ -214,16 +214,16 @@ impl Report {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "| strategy    | events/s | event p50 ms | event p95 ms | event p99 ms | batch p99 ms | WAL B/event | dead tuples | size MiB | deadlocks | retries | duplicates | missing |"
+            "| strategy       | events/s | event p50 ms | event p95 ms | event p99 ms | batch p99 ms | WAL B/event | dead tuples | size MiB | deadlocks | retries | duplicates | missing |"
         );
         let _ = writeln!(
             out,
-            "| ----------- | -------: | -----------: | -----------: | -----------: | -----------: | ----------: | ----------: | -------: | --------: | ------: | ---------: | ------: |"
+            "| -------------- | -------: | -----------: | -----------: | -----------: | -----------: | ----------: | ----------: | -------: | --------: | ------: | ---------: | ------: |"
         );
         for o in &self.outcomes {
             let _ = writeln!(
                 out,
-                "| {:<11} | {:>8.0} | {:>12.1} | {:>12.1} | {:>12.1} | {:>12.1} | {:>11.0} | {:>11} | {:>8.1} | {:>9} | {:>7} | {:>10} | {:>7} |",
+                "| {:<14} | {:>8.0} | {:>12.1} | {:>12.1} | {:>12.1} | {:>12.1} | {:>11.0} | {:>11} | {:>8.1} | {:>9} | {:>7} | {:>10} | {:>7} |",
                 o.strategy.name(),
                 o.events_per_second,
                 o.event_p50_ms,
