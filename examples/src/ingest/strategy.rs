@@ -409,7 +409,7 @@ mod tests {
         let mut keys: Vec<Uuid> = (0..300u128)
             .map(|i| Uuid::from_u128(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
             .collect();
-        keys.extend_from_slice(&keys[..40].to_vec());
+        keys.extend_from_within(..40);
         for budgeting in [
             Budgeting::Fits,
             Budgeting::Split { chunk: 64 },
