@@ -58,13 +58,27 @@ impl Database {
     ///
     /// When the server cannot be started (the message has its log).
     pub fn throwaway(settings: &[(&str, &str)]) -> Database {
+        match Database::try_throwaway(settings) {
+            Ok(db) => db,
+            Err(e) => panic!("cannot start a test server: {e}"),
+        }
+    }
+
+    /// A throwaway server started with `settings`, or why it did not
+    /// start: for a setting the server may refuse (a library to preload
+    /// that is not installed), to start again without it.
+    ///
+    /// # Errors
+    ///
+    /// When the server cannot be started (the message has its log).
+    pub fn try_throwaway(settings: &[(&str, &str)]) -> Result<Database, std::io::Error> {
         let mut builder = TestServer::builder();
         for (name, value) in settings {
             builder = builder.setting(*name, *value);
         }
-        Database {
-            server: Server::Throwaway(Arc::new(builder.start())),
-        }
+        Ok(Database {
+            server: Server::Throwaway(Arc::new(builder.try_start()?)),
+        })
     }
 
     fn server(&self) -> &TestServer {

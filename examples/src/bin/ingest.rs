@@ -15,7 +15,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use lockkit_examples::ingest::{self, Options};
-use lockkit_examples::Database;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -23,7 +22,7 @@ async fn main() -> ExitCode {
     if !options.quiet {
         eprintln!("starting the server…");
     }
-    let db = Database::from_env(&ingest::server_settings(&options));
+    let db = ingest::database(&options);
     let report = match ingest::run(&options, &db).await {
         Ok(report) => report,
         Err(e) => {

@@ -2,6 +2,7 @@
 //! duplicates that reach two workers at the same moment, ingested exactly
 //! once by N concurrent workers under each strategy, measured in one run.
 
+mod breakdown;
 mod budget;
 mod chaos;
 mod chart;
@@ -30,6 +31,7 @@ use uuid::Uuid;
 use crate::db::Database;
 use retry::{retrying, Failure};
 
+pub use breakdown::{BackendTimes, Breakdown, StatementTimes, SAMPLE_EVERY};
 pub use budget::{expected_stripes, BudgetMode, Budgeting, LockCapacity};
 pub use chaos::{Action, Step, Survived};
 pub use chart::latency_svg;
@@ -74,7 +76,7 @@ pub struct Options {
         long,
         value_enum,
         value_delimiter = ',',
-        default_values_t = [Strategy::Advisory, Strategy::OnConflict, Strategy::ForUpdate, Strategy::LockOnly, Strategy::NoLock]
+        default_values_t = [Strategy::Advisory, Strategy::HandAdvisory, Strategy::OnConflict, Strategy::ForUpdate, Strategy::LockOnly, Strategy::HandLockOnly, Strategy::NoLock]
     )]
     pub strategies: Vec<Strategy>,
     /// How the advisory strategies handle batches larger than the lock
@@ -93,6 +95,12 @@ pub struct Options {
     /// `synchronous_commit=on` instead of the harness's fast settings.
     #[arg(long)]
     pub durable: bool,
+    /// No "where the time goes" breakdown: no `pg_stat_statements`, no
+    /// sampling of the workers' backends, so that what the probes cost can
+    /// be measured against a run without them. (`--chaos` has no breakdown
+    /// either: a restart discards the server's statistics.)
+    #[arg(long)]
+    pub no_breakdown: bool,
     /// Seed of the event stream.
     #[arg(long, default_value_t = 1405)]
     pub seed: u64,
@@ -149,6 +157,48 @@ pub fn server_settings(options: &Options) -> Vec<(&'static str, &'static str)> {
     settings
 }
 
+impl Options {
+    /// Whether the strategies' time is broken down (see
+    /// [`Breakdown`]): unless `--no-breakdown` or `--chaos`.
+    pub fn breakdown(&self) -> bool {
+        !self.no_breakdown && !self.chaos
+    }
+}
+
+/// The server of the study: `DATABASE_URL` when set, else a throwaway server
+/// with [`server_settings`], and with `pg_stat_statements` preloaded when
+/// the run has a breakdown. A server that cannot load it (the contrib
+/// module not installed) is started again without it, with a note on stderr:
+/// the breakdown then goes without the server's statement times.
+pub fn database(options: &Options) -> Database {
+    let settings = server_settings(options);
+    if std::env::var("DATABASE_URL").is_ok_and(|url| !url.is_empty()) || !options.breakdown() {
+        return Database::from_env(&settings);
+    }
+    let mut preloaded = settings.clone();
+    preloaded.push(("shared_preload_libraries", "pg_stat_statements"));
+    match Database::try_throwaway(&preloaded) {
+        Ok(db) => db,
+        Err(e) => {
+            let first = e.to_string();
+            let first = first.lines().next().unwrap_or("");
+            eprintln!(
+                "ingest: the server cannot preload pg_stat_statements ({first}); starting it without: no server statement times"
+            );
+            Database::throwaway(&settings)
+        }
+    }
+}
+
+/// Which probes run around each strategy's ingest.
+#[derive(Clone, Copy, Debug)]
+struct Probing {
+    /// The breakdown's probes run.
+    on: bool,
+    /// `pg_stat_statements` is usable.
+    statements: bool,
+}
+
 /// Runs the study against `db`.
 ///
 /// # Errors
@@ -202,6 +252,34 @@ pub async fn run(options: &Options, db: &Database) -> Result<Report, BoxError> {
     };
     let locker = Locker::new(&admin, config).await?;
     let budget = locker.policy().budget();
+    let (probing, breakdown_note) = if options.breakdown() {
+        match breakdown::enable_statements(&admin).await {
+            Ok(()) => (
+                Probing {
+                    on: true,
+                    statements: true,
+                },
+                None,
+            ),
+            Err(e) => (
+                Probing {
+                    on: true,
+                    statements: false,
+                },
+                Some(format!(
+                    "pg_stat_statements is not usable ({e}): no server statement times"
+                )),
+            ),
+        }
+    } else {
+        (
+            Probing {
+                on: false,
+                statements: false,
+            },
+            None,
+        )
+    };
     let budgeting = Budgeting::decide(options.batch, budget, options.budget_mode);
     let row = admin
         .query_one(
@@ -226,6 +304,9 @@ pub async fn run(options: &Options, db: &Database) -> Result<Report, BoxError> {
         options.seed,
     ));
     let lines = Lines::new(options.quiet);
+    if let Some(note) = &breakdown_note {
+        lines.say(format_args!("{note}"));
+    }
     lines.say(format_args!(
         "PostgreSQL {version} ({durability}); {} strategies, {} events each, {} workers",
         options.strategies.len(),
@@ -251,7 +332,7 @@ pub async fn run(options: &Options, db: &Database) -> Result<Report, BoxError> {
             Vec::new()
         };
         let outcome = run_strategy(
-            strategy, options, db, &locker, budgeting, &workload, &steps, &lines,
+            strategy, options, db, &locker, budgeting, &workload, &steps, &lines, probing,
         )
         .await?;
         lines.say(format_args!(
@@ -285,6 +366,7 @@ pub async fn run(options: &Options, db: &Database) -> Result<Report, BoxError> {
         budget,
         budgeting,
         budget_note: budgeting.describe(options.batch, budget, &budget_source),
+        breakdown_note,
         outcomes,
     })
 }
@@ -306,6 +388,8 @@ struct Tally {
     reconnects: u64,
     /// `ack-early`: events acknowledged whose transaction then failed.
     acked_then_failed: u64,
+    /// Time spent waiting for the other workers at the start of each round.
+    round_wait: Duration,
 }
 
 impl Tally {
@@ -325,6 +409,7 @@ impl Tally {
         self.lost_events += t.lost_events;
         self.reconnects += t.reconnects;
         self.acked_then_failed += t.acked_then_failed;
+        self.round_wait += t.round_wait;
         for (code, n) in t.retried {
             *self.retried.entry(code).or_default() += n;
         }
@@ -370,6 +455,7 @@ async fn run_strategy(
     workload: &Arc<Workload>,
     steps: &[Step],
     lines: &Lines,
+    probing: Probing,
 ) -> Result<Outcome, BoxError> {
     // A new admin connection per strategy: the chaos of the last one
     // restarted the server.
@@ -430,6 +516,19 @@ async fn run_strategy(
             format!(", {} faults scheduled", steps.len())
         }
     ));
+    // The probes only without faults: a restart discards the server's
+    // statistics, and reconnected workers have new backends.
+    let probe = if probing.on && steps.is_empty() {
+        let pids: Arc<[i32]> = shared
+            .targets
+            .pids
+            .iter()
+            .map(|pid| pid.load(Ordering::SeqCst))
+            .collect();
+        Some(breakdown::Probe::start(db, &admin, probing.statements, pids).await?)
+    } else {
+        None
+    };
     let start = Instant::now();
     let handles: Vec<_> = slots
         .into_iter()
@@ -469,6 +568,13 @@ async fn run_strategy(
     } else {
         admin
     };
+    let events = workload.events as f64;
+    // Read before the study's own queries on its tables below, which
+    // pg_stat_statements would count as the strategy's.
+    let stopped = match probe {
+        Some(probe) => Some(probe.stop(&admin, events).await?),
+        None => None,
+    };
     let wal_bytes: f64 = admin
         .query_one(
             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::float8",
@@ -499,11 +605,23 @@ async fn run_strategy(
         .await?
         .get(0);
 
+    let breakdown = match stopped {
+        Some(stopped) => Some(
+            stopped
+                .finish(
+                    &admin,
+                    events,
+                    options.workers as f64 * elapsed.as_secs_f64(),
+                    tally.round_wait,
+                )
+                .await?,
+        ),
+        None => None,
+    };
     let mut batch_latencies = tally.batch_latencies_us;
     batch_latencies.sort_unstable();
     let mut event_latencies = tally.event_latencies_us;
     event_latencies.sort_unstable();
-    let events = workload.events as f64;
     let mut retried: Vec<(String, u64)> = tally.retried.into_iter().collect();
     retried.sort();
     Ok(Outcome {
@@ -534,6 +652,7 @@ async fn run_strategy(
         rows,
         duplicates: rows - distinct_rows,
         missing: workload.distinct as i64 - distinct_rows,
+        breakdown,
     })
 }
 
@@ -718,8 +837,10 @@ async fn worker(conn: Conn, shared: Arc<Shared>, id: usize) -> Tally {
         round_starts_at += batches.iter().map(|b| b.len() as u64).sum::<u64>();
         // Every worker starts the round together: the two copies of a
         // duplicate arrive at the same moment.
+        let waiting = Instant::now();
         shared.barrier.wait().await;
         let arrived = Instant::now();
+        tally.lock().expect("tally lock").round_wait += arrived - waiting;
         let chunk = shared.budgeting.chunk(batch);
         for start in (0..batch).step_by(chunk) {
             let job = Job {

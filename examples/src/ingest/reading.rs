@@ -68,6 +68,21 @@ impl Report {
                 l.events_per_second / n.events_per_second,
             );
         }
+        for reference in [Strategy::HandAdvisory, Strategy::HandLockOnly] {
+            let mirrored = reference.mirrors().and_then(|m| self.outcome(m));
+            if let (Some(l), Some(h)) = (mirrored, self.outcome(reference)) {
+                let ratio = l.events_per_second / h.events_per_second;
+                let _ = write!(
+                    out,
+                    "{} through lockkit against the same locks in the same transactions sent by hand with no lockkit ({}): {} at {ratio:.2}× its throughput, so lockkit changes the throughput by {:+.0} %{}. ",
+                    l.strategy.name(),
+                    h.strategy.name(),
+                    verdict(ratio),
+                    (ratio - 1.0) * 100.0,
+                    difference(l, h),
+                );
+            }
+        }
         let on_conflict = self.outcome(Strategy::OnConflict);
         if let (Some(a), Some(c)) = (advisory, on_conflict) {
             let ratio = a.events_per_second / c.events_per_second;
@@ -93,6 +108,36 @@ impl Report {
     }
 }
 
+/// Where `a`'s time per event differs from `b`'s, from their breakdowns
+/// (empty without them): worker time, the backend states that make it up,
+/// the server's time in the lock statements, and the client's CPU.
+fn difference(a: &Outcome, b: &Outcome) -> String {
+    let (Some(x), Some(y)) = (&a.breakdown, &b.breakdown) else {
+        return String::new();
+    };
+    let mut parts = vec![format!("worker time {:+.1} µs", x.worker_us - y.worker_us)];
+    if let (Some(p), Some(q)) = (x.backends, y.backends) {
+        parts.push(format!(
+            "of which running {:+.1}, lock wait {:+.1}, other waits {:+.1}, idle in transaction {:+.1}, idle between transactions {:+.1}",
+            p.running_us - q.running_us,
+            p.lock_wait_us - q.lock_wait_us,
+            p.other_wait_us - q.other_wait_us,
+            p.idle_in_transaction_us - q.idle_in_transaction_us,
+            p.idle_us - q.idle_us,
+        ));
+    }
+    if let (Some(p), Some(q)) = (x.statements, y.statements) {
+        parts.push(format!(
+            "server time in the lock statement {:+.1} µs",
+            p.lock_us - q.lock_us
+        ));
+    }
+    if let (Some(p), Some(q)) = (x.client_cpu_us, y.client_cpu_us) {
+        parts.push(format!("client CPU {:+.1} µs", p - q));
+    }
+    format!(" (per event: {})", parts.join("; "))
+}
+
 /// Dead tuples, or `n/a` when the statistics were discarded (`--chaos`).
 fn dead(o: &Outcome) -> String {
     o.dead_tuples
@@ -100,11 +145,11 @@ fn dead(o: &Outcome) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ingest::Budgeting;
 
-    fn outcome(strategy: Strategy, events_per_second: f64) -> Outcome {
+    pub(crate) fn outcome(strategy: Strategy, events_per_second: f64) -> Outcome {
         Outcome {
             strategy,
             seconds: 1.0,
@@ -133,10 +178,11 @@ mod tests {
             rows: 1,
             duplicates: 0,
             missing: 0,
+            breakdown: None,
         }
     }
 
-    fn report(outcomes: Vec<Outcome>) -> Report {
+    pub(crate) fn report(outcomes: Vec<Outcome>) -> Report {
         Report {
             server_version: "15".into(),
             throwaway_server: true,
@@ -153,6 +199,7 @@ mod tests {
             budget: 64,
             budgeting: Budgeting::Fits,
             budget_note: String::new(),
+            breakdown_note: None,
             outcomes,
         }
     }
@@ -179,6 +226,7 @@ mod tests {
             !text.contains("lock-only"),
             "only the strategies run: {text}"
         );
+        assert!(!text.contains("by hand"), "only the strategies run: {text}");
         let swapped = report(vec![
             outcome(Strategy::Advisory, 10_970.0),
             outcome(Strategy::OnConflict, 31_394.0),
@@ -217,5 +265,60 @@ mod tests {
             "{text}"
         );
         assert_eq!(report(vec![outcome(Strategy::Advisory, 1.0)]).reading(), "");
+    }
+
+    /// Each lockkit strategy is compared with its hand-written reference,
+    /// and only with its own.
+    #[test]
+    fn lockkit_is_read_against_its_hand_written_reference() {
+        let text = report(vec![
+            outcome(Strategy::Advisory, 60_000.0),
+            outcome(Strategy::HandAdvisory, 62_500.0),
+            outcome(Strategy::HandLockOnly, 50_000.0),
+        ])
+        .reading();
+        assert!(
+            text.contains("advisory through lockkit against the same locks in the same transactions sent by hand with no lockkit (hand-advisory): level within the noise at 0.96× its throughput, so lockkit changes the throughput by -4 %"),
+            "{text}"
+        );
+        assert!(!text.contains("(hand-lock-only)"), "{text}");
+        assert!(!text.contains("per event:"), "no breakdown: {text}");
+    }
+
+    /// With breakdowns, the comparison says where the difference is.
+    #[test]
+    fn the_difference_is_broken_down() {
+        use crate::ingest::{BackendTimes, Breakdown, StatementTimes};
+        let breakdown = |running_us, lock_us, cpu| Breakdown {
+            worker_us: 100.0 + running_us,
+            round_wait_us: 10.0,
+            client_cpu_us: Some(cpu),
+            backends: Some(BackendTimes {
+                samples: 100,
+                running_us,
+                lock_wait_us: 30.0,
+                other_wait_us: 5.0,
+                idle_in_transaction_us: 30.0,
+                idle_us: 35.0,
+            }),
+            statements: Some(StatementTimes {
+                calls: 0.01,
+                total_us: 50.0,
+                lock_us,
+                data_us: 20.0,
+                transaction_us: 1.0,
+            }),
+            commits: 0.002,
+            rollbacks: 0.0,
+        };
+        let mut lockkit = outcome(Strategy::Advisory, 60_000.0);
+        lockkit.breakdown = Some(breakdown(32.0, 12.0, 9.0));
+        let mut hand = outcome(Strategy::HandAdvisory, 62_500.0);
+        hand.breakdown = Some(breakdown(30.0, 11.5, 6.5));
+        let text = report(vec![lockkit, hand]).reading();
+        assert!(
+            text.contains("(per event: worker time +2.0 µs; of which running +2.0, lock wait +0.0, other waits +0.0, idle in transaction +0.0, idle between transactions +0.0; server time in the lock statement +0.5 µs; client CPU +2.5 µs)"),
+            "{text}"
+        );
     }
 }

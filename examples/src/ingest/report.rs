@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
+use super::breakdown::Breakdown;
 use super::budget::Budgeting;
 use super::chaos::Survived;
 use super::strategy::Strategy;
@@ -76,6 +77,8 @@ pub struct Outcome {
     pub duplicates: i64,
     /// Distinct keys of the stream with no row: must be 0.
     pub missing: i64,
+    /// Where the time went; `None` with `--no-breakdown` or `--chaos`.
+    pub breakdown: Option<Breakdown>,
 }
 
 impl Outcome {
@@ -149,6 +152,7 @@ impl Outcome {
             "rows": self.rows,
             "duplicates": self.duplicates,
             "missing": self.missing,
+            "breakdown": self.breakdown.as_ref().map(Breakdown::json),
         })
     }
 }
@@ -187,6 +191,8 @@ pub struct Report {
     pub budgeting: Budgeting,
     /// The same, in words.
     pub budget_note: String,
+    /// Why the breakdown lacks a part (`pg_stat_statements` not usable).
+    pub breakdown_note: Option<String>,
     /// One per strategy, in the order run.
     pub outcomes: Vec<Outcome>,
 }
@@ -214,16 +220,16 @@ impl Report {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "| strategy    | events/s | event p50 ms | event p95 ms | event p99 ms | batch p99 ms | WAL B/event | dead tuples | size MiB | deadlocks | retries | duplicates | missing |"
+            "| strategy       | events/s | event p50 ms | event p95 ms | event p99 ms | batch p99 ms | WAL B/event | dead tuples | size MiB | deadlocks | retries | duplicates | missing |"
         );
         let _ = writeln!(
             out,
-            "| ----------- | -------: | -----------: | -----------: | -----------: | -----------: | ----------: | ----------: | -------: | --------: | ------: | ---------: | ------: |"
+            "| -------------- | -------: | -----------: | -----------: | -----------: | -----------: | ----------: | ----------: | -------: | --------: | ------: | ---------: | ------: |"
         );
         for o in &self.outcomes {
             let _ = writeln!(
                 out,
-                "| {:<11} | {:>8.0} | {:>12.1} | {:>12.1} | {:>12.1} | {:>12.1} | {:>11.0} | {:>11} | {:>8.1} | {:>9} | {:>7} | {:>10} | {:>7} |",
+                "| {:<14} | {:>8.0} | {:>12.1} | {:>12.1} | {:>12.1} | {:>12.1} | {:>11.0} | {:>11} | {:>8.1} | {:>9} | {:>7} | {:>10} | {:>7} |",
                 o.strategy.name(),
                 o.events_per_second,
                 o.event_p50_ms,
@@ -342,6 +348,72 @@ impl Report {
                 failed.join(", ")
             );
         }
+        out.push_str(&self.breakdown_table());
+        out
+    }
+
+    /// "Where the time goes": one row per strategy with a breakdown, in µs
+    /// per event (empty when none has one).
+    pub fn breakdown_table(&self) -> String {
+        let rows: Vec<(&Outcome, &Breakdown)> = self
+            .outcomes
+            .iter()
+            .filter_map(|o| o.breakdown.as_ref().map(|b| (o, b)))
+            .collect();
+        let mut out = String::new();
+        if rows.is_empty() {
+            return out;
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "Where the time goes, µs per event. worker = {} workers × wall time / events, split by what each worker's backend was doing (pg_stat_activity, sampled every {} ms): running, waiting on a lock, waiting on anything else, idle inside a transaction (the client's turn), idle between transactions (the client's turn; round barrier: of that, waiting for the other workers, measured by the workers). server: execution time by statement kind (pg_stat_statements; lock waits inside a statement included). stmts and commits: per event. client CPU: this process, user + system.",
+            self.workers,
+            super::breakdown::SAMPLE_EVERY.as_millis()
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "| strategy       | worker | running | lock wait | other wait | idle in tx | idle | round barrier | server | locks | data | BEGIN/COMMIT | stmts | commits | client CPU |"
+        );
+        let _ = writeln!(
+            out,
+            "| -------------- | -----: | ------: | --------: | ---------: | ---------: | ---: | ------------: | -----: | ----: | ---: | -----------: | ----: | ------: | ---------: |"
+        );
+        let num = |v: Option<f64>, width: usize| match v {
+            Some(v) => format!("{v:>width$.1}"),
+            None => format!("{:>width$}", "n/a"),
+        };
+        for (o, b) in rows {
+            let states = b.backends;
+            let server = b.statements;
+            let _ = writeln!(
+                out,
+                "| {:<14} | {:>6.1} | {} | {} | {} | {} | {} | {:>13.1} | {} | {} | {} | {} | {} | {:>7.3} | {} |",
+                o.strategy.name(),
+                b.worker_us,
+                num(states.map(|s| s.running_us), 7),
+                num(states.map(|s| s.lock_wait_us), 9),
+                num(states.map(|s| s.other_wait_us), 10),
+                num(states.map(|s| s.idle_in_transaction_us), 10),
+                num(states.map(|s| s.idle_us), 4),
+                b.round_wait_us,
+                num(server.map(|s| s.total_us), 6),
+                num(server.map(|s| s.lock_us), 5),
+                num(server.map(|s| s.data_us), 4),
+                num(server.map(|s| s.transaction_us), 12),
+                match server {
+                    Some(s) => format!("{:>5.3}", s.calls),
+                    None => format!("{:>5}", "n/a"),
+                },
+                b.commits,
+                num(b.client_cpu_us, 10),
+            );
+        }
+        if let Some(note) = &self.breakdown_note {
+            let _ = writeln!(out, "{note}.");
+        }
+        let _ = writeln!(out);
         out
     }
 
@@ -367,6 +439,7 @@ impl Report {
                 Budgeting::Stripe { stripes } => json!({ "mode": "stripe", "stripes": stripes }),
             },
             "budget_note": self.budget_note,
+            "breakdown_note": self.breakdown_note,
             "outcomes": self.outcomes.iter().map(Outcome::json).collect::<Vec<_>>(),
         })
     }

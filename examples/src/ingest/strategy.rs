@@ -45,6 +45,14 @@ pub enum Strategy {
     /// batch, then `INSERT … ON CONFLICT DO NOTHING`, as the notes chose.
     /// The unique index would keep exactly-once without the locks.
     Advisory,
+    /// Reference for `advisory`, with no lockkit in it: the same keys (the
+    /// same `i64` values, from lockkit's key derivation), sorted and
+    /// deduplicated as lockkit sorts them, locked by one hand-written
+    /// statement on a plain tokio-postgres transaction, in the same
+    /// transactions, pipelined in front of the same insert. What it costs
+    /// is what the advisory locks cost as such; `advisory` against it is
+    /// what lockkit adds.
+    HandAdvisory,
     /// A plain `INSERT … ON CONFLICT DO NOTHING` on the unique key: the
     /// contention happens inside the unique index.
     OnConflict,
@@ -56,6 +64,10 @@ pub enum Strategy {
     /// exist are looked up and the missing ones inserted. The same
     /// statements as `no-lock`, plus the locks.
     LockOnly,
+    /// Reference for `lock-only`, with no lockkit in it: its locks taken by
+    /// the hand-written statement of `hand-advisory`, on a plain
+    /// tokio-postgres transaction.
+    HandLockOnly,
     /// Control, not exactly once: `lock-only` without the locks
     /// (check-then-insert, no unique index). Concurrent copies of a key both
     /// see it missing and both insert it: duplicates.
@@ -72,21 +84,37 @@ impl Strategy {
     pub fn name(self) -> &'static str {
         match self {
             Strategy::Advisory => "advisory",
+            Strategy::HandAdvisory => "hand-advisory",
             Strategy::OnConflict => "on-conflict",
             Strategy::ForUpdate => "for-update",
             Strategy::LockOnly => "lock-only",
+            Strategy::HandLockOnly => "hand-lock-only",
             Strategy::NoLock => "no-lock",
             Strategy::AckEarly => "ack-early",
         }
     }
 
-    /// Whether the strategy takes lockkit's advisory locks (and so is
-    /// subject to the lock budget).
+    /// Whether the strategy takes advisory locks, through lockkit or by
+    /// hand (and so is subject to the lock budget: the hand-written
+    /// references take exactly the locks of the strategy they mirror).
     pub fn locks(self) -> bool {
         matches!(
             self,
-            Strategy::Advisory | Strategy::LockOnly | Strategy::AckEarly
+            Strategy::Advisory
+                | Strategy::HandAdvisory
+                | Strategy::LockOnly
+                | Strategy::HandLockOnly
+                | Strategy::AckEarly
         )
+    }
+
+    /// The lockkit strategy a hand-written reference mirrors.
+    pub fn mirrors(self) -> Option<Strategy> {
+        match self {
+            Strategy::HandAdvisory => Some(Strategy::Advisory),
+            Strategy::HandLockOnly => Some(Strategy::LockOnly),
+            _ => None,
+        }
     }
 
     /// Whether this is a control, built to fail the exactly-once check.
@@ -107,12 +135,16 @@ impl Strategy {
         );
         sql.push_str(match self {
             // ON CONFLICT needs the unique index as its arbiter.
-            Strategy::Advisory | Strategy::OnConflict => {
+            Strategy::Advisory | Strategy::HandAdvisory | Strategy::OnConflict => {
                 "CREATE UNIQUE INDEX ingest_events_key ON ingest_events (business_key);"
             }
             // The reservation (or nothing, for the control) is the gate; the
             // events are still looked up by key.
-            Strategy::ForUpdate | Strategy::LockOnly | Strategy::NoLock | Strategy::AckEarly => {
+            Strategy::ForUpdate
+            | Strategy::LockOnly
+            | Strategy::HandLockOnly
+            | Strategy::NoLock
+            | Strategy::AckEarly => {
                 "CREATE INDEX ingest_events_key ON ingest_events (business_key);"
             }
         });
@@ -137,6 +169,8 @@ pub(crate) struct Statements {
     insert: Statement,
     check: Option<Statement>,
     reserve: Option<Statement>,
+    /// The hand-written references' lock statement.
+    lock: Option<Statement>,
 }
 
 const INSERT_ON_CONFLICT: &str = "INSERT INTO ingest_events (business_key, payload)
@@ -148,6 +182,13 @@ const CHECK_RESERVATIONS: &str = "SELECT business_key FROM ingest_reservations
      WHERE business_key = ANY($1::uuid[]) ORDER BY business_key FOR UPDATE";
 const RESERVE: &str = "INSERT INTO ingest_reservations (business_key)
      SELECT k FROM unnest($1::uuid[]) AS t(k) ORDER BY k";
+/// The hand-written references' lock statement: every key of `$1` (sorted
+/// and distinct, see [`hand_keys`]) locked in array order. `unnest` in
+/// `FROM` yields the array's order, and nothing sorts after the lock
+/// function ran; one row comes back (the count), as from lockkit's batch
+/// statement.
+pub(crate) const HAND_LOCK: &str =
+    "SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::int8[]) AS t(k)";
 const CHECK_EVENTS: &str =
     "SELECT business_key FROM ingest_events WHERE business_key = ANY($1::uuid[])";
 
@@ -157,32 +198,33 @@ impl Statements {
         client: &Client,
         strategy: Strategy,
     ) -> Result<Statements, lockkit::Error> {
+        let lock = match strategy {
+            Strategy::HandAdvisory | Strategy::HandLockOnly => {
+                Some(client.prepare(HAND_LOCK).await?)
+            }
+            _ => None,
+        };
         Ok(match strategy {
-            Strategy::Advisory => Statements {
+            Strategy::Advisory | Strategy::HandAdvisory | Strategy::OnConflict => Statements {
                 insert: client.prepare(INSERT_ON_CONFLICT).await?,
                 check: None,
                 reserve: None,
-            },
-            Strategy::OnConflict => Statements {
-                insert: client.prepare(INSERT_ON_CONFLICT).await?,
-                check: None,
-                reserve: None,
+                lock,
             },
             Strategy::ForUpdate => Statements {
                 insert: client.prepare(INSERT_PLAIN).await?,
                 check: Some(client.prepare(CHECK_RESERVATIONS).await?),
                 reserve: Some(client.prepare(RESERVE).await?),
+                lock,
             },
-            Strategy::LockOnly | Strategy::AckEarly => Statements {
-                insert: client.prepare(INSERT_PLAIN).await?,
-                check: Some(client.prepare(CHECK_EVENTS).await?),
-                reserve: None,
-            },
-            Strategy::NoLock => Statements {
-                insert: client.prepare(INSERT_PLAIN).await?,
-                check: Some(client.prepare(CHECK_EVENTS).await?),
-                reserve: None,
-            },
+            Strategy::LockOnly | Strategy::HandLockOnly | Strategy::AckEarly | Strategy::NoLock => {
+                Statements {
+                    insert: client.prepare(INSERT_PLAIN).await?,
+                    check: Some(client.prepare(CHECK_EVENTS).await?),
+                    reserve: None,
+                    lock,
+                }
+            }
         })
     }
 }
@@ -203,6 +245,36 @@ fn lock_batch_of(budgeting: Budgeting, keys: &[Uuid]) -> Batch {
             .map(|&business_key| Event { business_key })
             .collect(),
     }
+}
+
+/// The `i64` values the hand-written references lock for `keys`: the keys
+/// of [`lock_batch_of`], from lockkit's key derivation, sorted ascending and
+/// deduplicated, which is the order lockkit takes them in (`LockKey`'s
+/// `Ord`, the global lock order). The study's keys are all in the bigint
+/// key space; a pair key has no place in [`HAND_LOCK`] and is an error.
+pub(crate) fn hand_keys(budgeting: Budgeting, keys: &[Uuid]) -> Result<Vec<i64>, lockkit::Error> {
+    let lock_key = |business_key: Uuid| match budgeting {
+        Budgeting::Stripe { stripes } => StripedEvent {
+            business_key,
+            stripes,
+        }
+        .lock_key(),
+        Budgeting::Fits | Budgeting::Split { .. } => Event { business_key }.lock_key(),
+    };
+    let mut out = Vec::with_capacity(keys.len());
+    for &key in keys {
+        match lock_key(key) {
+            LockKey::BigInt(k) => out.push(k),
+            LockKey::Pair(..) => {
+                return Err(lockkit::Error::other(
+                    "the hand-written lock statement takes bigint keys only",
+                ))
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
 }
 
 /// Ingests `keys` in one transaction, the way `strategy` does.
@@ -259,6 +331,40 @@ pub(crate) async fn ingest(
             }
             tx.commit().await
         }
+        Strategy::HandAdvisory => {
+            let lock = stmts.lock.as_ref().expect("prepared for this strategy");
+            let locked = hand_keys(budgeting, keys)?;
+            let tx = client.transaction().await?;
+            // Pipelined as `advisory` does: the lock statement, then the
+            // insert right behind it, both sent before either answer.
+            try_join(
+                tx.query_one(lock, &[&locked]),
+                tx.execute(&stmts.insert, &[&keys]),
+            )
+            .await?;
+            Ok(tx.commit().await?)
+        }
+        Strategy::HandLockOnly => {
+            let lock = stmts.lock.as_ref().expect("prepared for this strategy");
+            let check = stmts.check.as_ref().expect("prepared for this strategy");
+            let locked = hand_keys(budgeting, keys)?;
+            let tx = client.transaction().await?;
+            // As `lock-only`: the check goes out right behind the locks and
+            // takes its snapshot once every key is locked.
+            let (_, rows) =
+                try_join(tx.query_one(lock, &[&locked]), tx.query(check, &[&keys])).await?;
+            let found: std::collections::HashSet<Uuid> =
+                rows.iter().map(|row| row.get(0)).collect();
+            let missing: Vec<Uuid> = keys
+                .iter()
+                .filter(|k| !found.contains(k))
+                .copied()
+                .collect();
+            if !missing.is_empty() {
+                tx.execute(&stmts.insert, &[&missing]).await?;
+            }
+            Ok(tx.commit().await?)
+        }
         Strategy::OnConflict => {
             let tx = client.transaction().await?;
             tx.execute(&stmts.insert, &[&keys]).await?;
@@ -294,6 +400,53 @@ pub(crate) async fn ingest(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hand-written references lock what lockkit locks, in its order:
+    /// the same values as the planned batch, for keys per event and for
+    /// striped keys, with the duplicates of a batch taken once.
+    #[test]
+    fn hand_keys_are_lockkits_planned_keys() {
+        let mut keys: Vec<Uuid> = (0..300u128)
+            .map(|i| Uuid::from_u128(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+            .collect();
+        keys.extend_from_within(..40);
+        for budgeting in [
+            Budgeting::Fits,
+            Budgeting::Split { chunk: 64 },
+            Budgeting::Stripe { stripes: 64 },
+        ] {
+            let planned: Vec<i64> = lock_batch_of(budgeting, &keys)
+                .planned()
+                .into_iter()
+                .map(|(key, mode)| {
+                    assert_eq!(mode, lockkit::Mode::Exclusive);
+                    match key {
+                        LockKey::BigInt(k) => k,
+                        LockKey::Pair(..) => panic!("a pair key: {key:?}"),
+                    }
+                })
+                .collect();
+            assert_eq!(
+                hand_keys(budgeting, &keys).unwrap(),
+                planned,
+                "{budgeting:?}"
+            );
+            assert!(planned.windows(2).all(|w| w[0] < w[1]));
+        }
+    }
+
+    /// Every hand-written reference mirrors a strategy that takes the same
+    /// locks, under the same budget.
+    #[test]
+    fn references_mirror_a_locking_strategy() {
+        use clap::ValueEnum;
+        for &s in Strategy::value_variants() {
+            if let Some(m) = s.mirrors() {
+                assert!(s.locks() && m.locks() && m.mirrors().is_none(), "{s}");
+                assert_eq!(s.schema(), m.schema(), "{s}");
+            }
+        }
+    }
 
     #[test]
     fn striped_keys_fold_onto_the_stripes() {

@@ -69,6 +69,10 @@ async fn every_fault_fires_when_the_agent_falls_behind() {
         &workload,
         &steps,
         &Lines::new(true),
+        Probing {
+            on: false,
+            statements: false,
+        },
     )
     .await
     .unwrap();
