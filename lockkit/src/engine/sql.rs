@@ -516,6 +516,36 @@ mod tests {
         );
     }
 
+    /// Each session lock statement locks in its own key space and mode,
+    /// waiting (its `void` cast to `text`) or trying.
+    #[test]
+    fn session_lock_matches_its_key_mode_and_wait() {
+        for (key, args) in [(LockKey::BigInt(1), "$1"), (LockKey::Pair(1, 2), "$1, $2")] {
+            for (mode, suffix) in [(Mode::Exclusive, ""), (Mode::Shared, "_shared")] {
+                assert_eq!(
+                    session_lock(key, mode, false),
+                    format!("SELECT pg_advisory_lock{suffix}({args})::text")
+                );
+                assert_eq!(
+                    session_lock(key, mode, true),
+                    format!("SELECT pg_try_advisory_lock{suffix}({args})")
+                );
+            }
+        }
+    }
+
+    /// Text in an `E'…'` literal: quotes and backslashes doubled, NULs
+    /// dropped, the rest copied as it is, after every special character.
+    #[test]
+    fn escaped_text_doubles_quotes_and_backslashes() {
+        let mut out = String::new();
+        write_escaped(&mut out, "it's\\a\\0b\u{0}c'");
+        assert_eq!(out, r"E'it''s\\a\\0bc'''");
+        let mut plain = String::new();
+        write_escaped(&mut plain, "lockkit worker 7");
+        assert_eq!(plain, "E'lockkit worker 7'");
+    }
+
     /// Each session unlock statement unlocks in its own key space and mode.
     #[test]
     fn session_unlock_matches_its_key_and_mode() {
