@@ -643,6 +643,27 @@ mod tests {
 
     /// `Sql::index` is dense and distinct: an adapter's statement cache
     /// keeps one slot per statement.
+    /// A one-key lock answers its tag alone, a try-batch its busy keys, a
+    /// simple-protocol statement no row, and every other statement its tag
+    /// and count.
+    #[test]
+    fn each_statement_answers_in_its_shape() {
+        for sql in Sql::PREPARABLE {
+            let expected = match sql {
+                Sql::LockBigint | Sql::LockBigintShared | Sql::LockPair | Sql::LockPairShared => {
+                    ReplyShape::Locked
+                }
+                Sql::TryBatchBigint => ReplyShape::TriedBigint,
+                Sql::TryBatchPair => ReplyShape::TriedPair,
+                _ => ReplyShape::Tagged,
+            };
+            assert_eq!(sql.reply(), expected, "{sql:?}");
+        }
+        for sql in [Sql::Savepoint, Sql::Release, Sql::Rollback] {
+            assert_eq!(sql.reply(), ReplyShape::Done, "{sql:?}");
+        }
+    }
+
     #[test]
     fn every_statement_has_its_own_index() {
         let all = Sql::PREPARABLE
