@@ -319,10 +319,10 @@ impl<'a> Statement<'a> {
         let mut rest = text;
         while let Some(at) = rest.find('$') {
             out.push_str(&rest[..at]);
-            let digits = rest[at + 1..]
-                .find(|c: char| !c.is_ascii_digit())
-                .map_or(rest.len() - at - 1, |n| n);
-            let index: usize = rest[at + 1..at + 1 + digits].parse().unwrap_or(0);
+            let after = &rest[at + 1..];
+            let (number, next) =
+                after.split_at(after.bytes().take_while(u8::is_ascii_digit).count());
+            let index: usize = number.parse().unwrap_or(0);
             match index.checked_sub(1).and_then(|i| params.get(i)) {
                 Some(param) => {
                     out.push_str("('");
@@ -341,9 +341,12 @@ impl<'a> Statement<'a> {
                 }
                 // Not a parameter of this statement (no text of lockkit's
                 // has one): left as it is, so the server rejects it.
-                None => out.push_str(&rest[at..at + 1 + digits]),
+                None => {
+                    out.push('$');
+                    out.push_str(number);
+                }
             }
-            rest = &rest[at + 1 + digits..];
+            rest = next;
         }
         out.push_str(rest);
     }
@@ -662,6 +665,19 @@ mod tests {
         for sql in [Sql::Savepoint, Sql::Release, Sql::Rollback] {
             assert_eq!(sql.reply(), ReplyShape::Done, "{sql:?}");
         }
+    }
+
+    /// A round iterates over, and shows, the statements pushed on it, in
+    /// order.
+    #[test]
+    fn a_round_is_its_statements_in_order() {
+        let mut round = Round::new();
+        round.push(Statement::new(Sql::Savepoint, &[]));
+        round.push(Statement::new(Sql::Release, &[]));
+        let kinds: Vec<Sql> = (&round).into_iter().map(|s| s.sql()).collect();
+        assert_eq!(kinds, [Sql::Savepoint, Sql::Release]);
+        assert_eq!(round.kinds().as_slice(), kinds);
+        assert_eq!(format!("{round:?}").matches("Statement").count(), 2);
     }
 
     #[test]

@@ -392,6 +392,30 @@ tuple!(A B C D E F G H I J K L);
 mod tests {
     use super::*;
 
+    /// `Parts` shows its name only: the hash state is noise in a message.
+    #[test]
+    fn parts_show_their_name() {
+        struct Shown(std::cell::RefCell<String>);
+        impl KeyPart for Shown {
+            fn encode(&self, parts: &mut Parts<'_>) {
+                *self.0.borrow_mut() = format!("{parts:?}");
+            }
+        }
+        let shown = Shown(Default::default());
+        parts_bytes(&shown);
+        assert_eq!(shown.0.into_inner(), "Parts { .. }");
+    }
+
+    /// A UUID is its 16 bytes in RFC 4122 order, after its tag.
+    #[cfg(feature = "uuid")]
+    #[test]
+    fn a_uuid_is_its_bytes_in_rfc_4122_order() {
+        let bytes: [u8; 16] = core::array::from_fn(|i| i as u8 + 1);
+        let encoded = parts_bytes(&uuid::Uuid::from_bytes(bytes));
+        assert_eq!(encoded[0], TAG_UUID);
+        assert_eq!(encoded[1..], bytes);
+    }
+
     #[test]
     fn integers_encode_by_value() {
         let one = parts_bytes(&1_u8);

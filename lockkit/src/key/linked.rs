@@ -59,3 +59,21 @@ inventory::collect!(LinkedKeyType);
 pub fn linked_key_types() -> impl Iterator<Item = &'static LinkedKeyType> {
     inventory::iter::<LinkedKeyType>.into_iter()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    inventory::submit! {
+        LinkedKeyType::new("lockkit::key::linked::tests::Linked", KeySpec::new("unit.linked"))
+    }
+
+    /// A key type submitted at link time is found, with its name and spec.
+    #[test]
+    fn a_linked_type_is_found_with_its_name_and_spec() {
+        let found = linked_key_types()
+            .find(|t| t.spec().namespace() == "unit.linked")
+            .expect("the submitted type");
+        assert_eq!(found.name(), "lockkit::key::linked::tests::Linked");
+    }
+}

@@ -110,6 +110,19 @@ pub(crate) const fn body_prefix(ns: &str) -> Sip24 {
 mod tests {
     use super::*;
 
+    /// Each namespace error says what is wrong, with the length or the
+    /// byte's offset.
+    #[test]
+    fn namespace_errors_say_what_is_wrong() {
+        assert!(NamespaceError::Empty.to_string().contains("empty"));
+        assert!(NamespaceError::TooLong(70)
+            .to_string()
+            .contains("70 bytes long"));
+        assert!(NamespaceError::InvalidByte(3)
+            .to_string()
+            .contains("at byte 3"));
+    }
+
     #[test]
     fn const_ns_hash_is_siphash_2_4() {
         // KEYS.md: never change.
