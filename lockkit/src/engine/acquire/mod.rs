@@ -83,3 +83,28 @@ impl Policy {
         self.config.budget_for(&self.facts)
     }
 }
+
+#[cfg(test)]
+mod policy_tests {
+    use super::*;
+    use crate::engine::config::{OrderCheck, StatementMode};
+
+    /// A policy answers the configuration and facts it was made with, and
+    /// recognises errors unless its driver reads them from messages in another
+    /// language.
+    #[test]
+    fn a_policy_keeps_what_it_was_made_with() {
+        let config = Config::default()
+            .order_check(OrderCheck::Off)
+            .statements(StatementMode::Unnamed)
+            .budget(7);
+        let facts = ServerFacts::assumed(64, 100, 0);
+        let policy = Policy::new(config.clone(), facts.clone());
+        assert_eq!(policy.config(), &config);
+        assert_eq!(policy.facts(), &facts);
+        assert_eq!(policy.budget(), 7);
+        assert!(policy.recognizes_errors());
+        assert!(policy.clone().by_messages(true).recognizes_errors());
+        assert!(!policy.by_messages(false).recognizes_errors());
+    }
+}

@@ -2,7 +2,7 @@ use std::panic::Location;
 use std::time::Duration;
 
 use super::*;
-use crate::engine::config::{Config, OrderCheck, StatementMode};
+use crate::engine::config::{Config, OrderCheck};
 use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::expected_rows;
 use crate::engine::facts::ServerFacts;
@@ -240,6 +240,35 @@ fn a_timed_mixed_batch_re_arms_the_timeout_between_key_spaces() {
     );
     let round = call.round().unwrap();
     assert_eq!(round[1].params(), [Param::Int8(1000)]);
+    // One key space: nothing to re-arm.
+    let bigints = Batch::new().with(&K(1)).with(&K(2));
+    let timed = Wait::Timeout(Duration::from_secs(1));
+    let other = TxState::new();
+    let call = other
+        .acquire(&policy(), 0, Request::batch(&bigints), timed)
+        .unwrap();
+    assert!(
+        !sqls(&call).contains(&Sql::ArmTimeouts),
+        "{:?}",
+        sqls(&call)
+    );
+}
+
+/// The order check applies to the calls that wait; a try cannot deadlock.
+#[test]
+fn only_a_waiting_call_is_checked_for_its_order() {
+    let state = TxState::new();
+    let checked = Policy::new(
+        Config::default().order_check(OrderCheck::Error),
+        ServerFacts::assumed(64, 100, 0),
+    );
+    take_at(&state, 0, &K(5));
+    let below = || Request::one(&K(1), Mode::Exclusive);
+    let err = state
+        .acquire(&checked, 0, below(), Wait::Forever)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+    assert!(state.acquire(&checked, 0, below(), Wait::Try).is_ok());
 }
 
 #[test]
@@ -767,23 +796,4 @@ fn a_dropped_ending_records_what_it_was_told() {
     ending.if_dropped(SavepointEnd::Unknown);
     drop(ending);
     assert!(state.is_poisoned());
-}
-
-/// A policy answers the configuration and facts it was made with, and
-/// recognises errors unless its driver reads them from messages in another
-/// language.
-#[test]
-fn a_policy_keeps_what_it_was_made_with() {
-    let config = Config::default()
-        .order_check(OrderCheck::Off)
-        .statements(StatementMode::Unnamed)
-        .budget(7);
-    let facts = ServerFacts::assumed(64, 100, 0);
-    let policy = Policy::new(config.clone(), facts.clone());
-    assert_eq!(policy.config(), &config);
-    assert_eq!(policy.facts(), &facts);
-    assert_eq!(policy.budget(), 7);
-    assert!(policy.recognizes_errors());
-    assert!(policy.clone().by_messages(true).recognizes_errors());
-    assert!(!policy.by_messages(false).recognizes_errors());
 }
