@@ -62,6 +62,16 @@ fn granted(round: &[Statement<'_>]) -> Vec<Reply> {
         .collect()
 }
 
+/// A waiting exclusive call of `K(n)` in `state`, at depth 0.
+fn lock_k(state: &TxState, n: i64) -> Result<Acquisition<'_>, Error> {
+    state.acquire(
+        &policy(),
+        0,
+        Request::one(&K(n), Mode::Exclusive),
+        Wait::Forever,
+    )
+}
+
 fn sqls(call: &Acquisition<'_>) -> Vec<Sql> {
     call.round().unwrap().iter().map(Statement::sql).collect()
 }
@@ -77,13 +87,7 @@ fn left(state: &TxState, outcome: Result<Result<Grant, Busy>, Error>) -> String 
     let (held, poisoned) = (state.held(), state.is_poisoned());
     // Dropped unanswered, this call poisons the transaction: it comes
     // last.
-    let next = state
-        .acquire(
-            &policy(),
-            0,
-            Request::one(&K(9), Mode::Exclusive),
-            Wait::Forever,
-        )
+    let next = lock_k(state, 9)
         .map(|call| call.round().map(|r| r.len()))
         .map_err(|e| e.kind());
     format!("{outcome}; held {held:?}; poisoned {poisoned}; next {next:?}")
@@ -274,14 +278,7 @@ fn only_a_waiting_call_is_checked_for_its_order() {
 #[test]
 fn a_foreign_reply_is_an_error_and_poisons() {
     let state = TxState::new();
-    let mut call = state
-        .acquire(
-            &policy(),
-            0,
-            Request::one(&K(7), Mode::Exclusive),
-            Wait::Forever,
-        )
-        .unwrap();
+    let mut call = lock_k(&state, 7).unwrap();
     // A foreign `SELECT $1` under lockkit's statement name.
     call.receive(Ok(vec![Reply::Locked { tag: 7 }]));
     let err = call.finish().unwrap_err();
@@ -290,14 +287,7 @@ fn a_foreign_reply_is_an_error_and_poisons() {
     assert!(!state.holds(LockKey::BigInt(7), Mode::Exclusive));
     // The control: lockkit's own reply is a grant.
     let state = TxState::new();
-    let mut call = state
-        .acquire(
-            &policy(),
-            0,
-            Request::one(&K(7), Mode::Exclusive),
-            Wait::Forever,
-        )
-        .unwrap();
+    let mut call = lock_k(&state, 7).unwrap();
     let replies = granted(&call.round().unwrap());
     call.receive(Ok(replies));
     assert!(call.finish().unwrap().is_ok());
@@ -393,20 +383,33 @@ fn wrong_counts_shapes_and_tags_are_refused() {
         assert_eq!(err.kind(), ErrorKind::UnexpectedReply, "{reply:?}");
         assert!(state.is_poisoned());
     }
+    // A try-batch's reply under another statement's tag.
+    for batch in [
+        Batch::new().with(&K(1)).with(&K(2)),
+        Batch::new().with(&P(1)).with(&P(2)),
+    ] {
+        let state = TxState::new();
+        let try_batch = Request::batch(&batch);
+        let mut call = state.acquire(&policy(), 0, try_batch, Wait::Try).unwrap();
+        let mut replies = granted(&call.round().unwrap());
+        for reply in &mut replies {
+            if let Reply::TriedBigint { tag, .. } | Reply::TriedPair { tag, .. } = reply {
+                *tag += 1;
+            }
+        }
+        call.receive(Ok(replies));
+        assert_eq!(
+            call.finish().unwrap_err().kind(),
+            ErrorKind::UnexpectedReply
+        );
+    }
 }
 
 #[test]
 fn a_relock_sends_nothing_and_leaves_nothing_in_flight() {
     let state = TxState::new();
     for _ in 0..2 {
-        let mut call = state
-            .acquire(
-                &policy(),
-                0,
-                Request::one(&K(1), Mode::Exclusive),
-                Wait::Forever,
-            )
-            .unwrap();
+        let mut call = lock_k(&state, 1).unwrap();
         if let Some(round) = call.round() {
             let replies = granted(&round);
             call.receive(Ok(replies));
@@ -424,50 +427,24 @@ fn a_relock_sends_nothing_and_leaves_nothing_in_flight() {
     assert!(call.round().is_none(), "held in a covering mode");
     drop(call);
     assert!(!state.is_poisoned());
-    assert!(state
-        .acquire(
-            &policy(),
-            0,
-            Request::one(&K(2), Mode::Exclusive),
-            Wait::Forever
-        )
-        .is_ok());
+    assert!(lock_k(&state, 2).is_ok());
 }
 
 #[test]
 fn a_dropped_call_poisons_and_an_error_aborts() {
     let state = TxState::new();
-    let call = state
-        .acquire(
-            &policy(),
-            0,
-            Request::one(&K(1), Mode::Exclusive),
-            Wait::Forever,
-        )
-        .unwrap();
+    let call = lock_k(&state, 1).unwrap();
     assert!(call.round().is_some());
     drop(call);
     assert!(state.is_poisoned());
 
     let state = TxState::new();
-    let mut call = state
-        .acquire(
-            &policy(),
-            0,
-            Request::one(&K(1), Mode::Exclusive),
-            Wait::Forever,
-        )
-        .unwrap();
+    let mut call = lock_k(&state, 1).unwrap();
     call.receive(Err(DriverError::new("x")
         .code(Some("40P01"))
         .message(Some("deadlock detected"))));
     assert!(call.finish().unwrap_err().is_deadlock());
-    let again = state.acquire(
-        &policy(),
-        0,
-        Request::one(&K(2), Mode::Exclusive),
-        Wait::Forever,
-    );
+    let again = lock_k(&state, 2);
     assert_eq!(again.unwrap_err().kind(), ErrorKind::TransactionAborted);
 }
 
@@ -491,14 +468,7 @@ fn a_timed_out_call_rolls_its_savepoint_back_and_stays_usable() {
     assert!(err.is_timeout());
     assert_eq!(err.timeout(), Some(Duration::from_millis(50)));
     assert!(!state.is_poisoned());
-    assert!(state
-        .acquire(
-            &policy(),
-            0,
-            Request::one(&K(2), Mode::Exclusive),
-            Wait::Forever
-        )
-        .is_ok());
+    assert!(lock_k(&state, 2).is_ok());
 }
 
 #[test]
@@ -616,14 +586,7 @@ fn the_guards_come_from_the_outcome() {
 
     let state = TxState::new();
     state.poison();
-    let poisoned = state
-        .acquire(
-            &policy(),
-            0,
-            Request::one(&K(1), Mode::Exclusive),
-            Wait::Forever,
-        )
-        .map(Acquisition::finish);
+    let poisoned = lock_k(&state, 1).map(Acquisition::finish);
     assert_eq!(
         Grant::lock(poisoned.and_then(|o| o), K(1))
             .unwrap_err()
