@@ -1,8 +1,6 @@
 //! The general lock call ([`Acquisition`]): any request, any wait, round
 //! by round, each round's replies checked.
 
-use std::time::Duration;
-
 use smallvec::SmallVec;
 
 use super::grant::Grant;
@@ -421,16 +419,6 @@ impl Acquisition<'_> {
             _ => 0,
         };
         n as i64
-    }
-
-    /// Whether the outcome is known ([`Acquisition::round`] is `None`).
-    pub fn is_finished(&self) -> bool {
-        matches!(self.stage, Stage::Finished(_))
-    }
-
-    /// How long the call has been running.
-    pub fn elapsed(&self) -> Duration {
-        self.ledger.started.elapsed()
     }
 
     /// The outcome, once [`Acquisition::round`] is `None`: the grant, or the

@@ -416,14 +416,8 @@ fn a_relock_sends_nothing_and_leaves_nothing_in_flight() {
         }
         assert!(call.finish().unwrap().is_ok());
     }
-    let call = state
-        .acquire(
-            &policy(),
-            0,
-            Request::one(&K(1), Mode::Shared),
-            Wait::Forever,
-        )
-        .unwrap();
+    let shared = Request::one(&K(1), Mode::Shared);
+    let call = state.acquire(&policy(), 0, shared, Wait::Forever).unwrap();
     assert!(call.round().is_none(), "held in a covering mode");
     drop(call);
     assert!(!state.is_poisoned());
@@ -451,14 +445,9 @@ fn a_dropped_call_poisons_and_an_error_aborts() {
 #[test]
 fn a_timed_out_call_rolls_its_savepoint_back_and_stays_usable() {
     let state = TxState::new();
-    let mut call = state
-        .acquire(
-            &policy(),
-            0,
-            Request::one(&K(1), Mode::Exclusive),
-            Wait::Timeout(Duration::from_millis(50)),
-        )
-        .unwrap();
+    let timed = Wait::Timeout(Duration::from_millis(50));
+    let one = Request::one(&K(1), Mode::Exclusive);
+    let mut call = state.acquire(&policy(), 0, one, timed).unwrap();
     call.receive(Err(DriverError::new("x")
         .code(Some("55P03"))
         .message(Some("canceling statement due to lock timeout"))));
@@ -693,14 +682,8 @@ fn a_granted_try_batch_releases_its_savepoint() {
 
 /// Takes `key` at savepoint `depth` of `state`, every key free.
 fn take_at(state: &TxState, depth: u32, key: &K) {
-    let mut call = state
-        .acquire(
-            &policy(),
-            depth,
-            Request::one(key, Mode::Exclusive),
-            Wait::Forever,
-        )
-        .unwrap();
+    let one = Request::one(key, Mode::Exclusive);
+    let mut call = state.acquire(&policy(), depth, one, Wait::Forever).unwrap();
     let replies = granted(&call.round().unwrap());
     call.receive(Ok(replies));
     call.finish().unwrap().unwrap();
@@ -726,6 +709,49 @@ fn a_failed_try_batch_rolls_back_to_its_savepoint() {
     assert_eq!(err.kind(), ErrorKind::LockTableFull, "{err}");
     assert!(!state.is_poisoned());
     assert_eq!(state.held_count(), 0);
+}
+
+/// A pair try-batch's busy keys must be keys it asked for, as many classes
+/// as objects; a pair batch must report its own count.
+#[test]
+fn pair_replies_are_checked_key_by_key() {
+    let batch = Batch::new().with(&P(1)).with(&P(2));
+    let tag = Sql::TryBatchPair.tag().unwrap();
+    let tried = |classes, objects| Reply::TriedPair {
+        tag,
+        n: 2,
+        classes,
+        objects,
+    };
+    for (reply, busy) in [
+        (tried(vec![1], vec![2]), Some(LockKey::Pair(1, 2))),
+        (tried(vec![1, 1], vec![2]), None),
+        (tried(vec![1], vec![9]), None),
+    ] {
+        let state = TxState::new();
+        let mut call = state
+            .acquire(&policy(), 0, Request::batch(&batch), Wait::Try)
+            .unwrap();
+        call.receive(Ok(vec![Reply::Done, reply]));
+        while call.round().is_some() {
+            call.receive(Ok(vec![Reply::Done]));
+        }
+        match (call.finish(), busy) {
+            (Ok(Err(seen)), Some(key)) => assert_eq!(seen.keys(), [key]),
+            (Err(e), None) => assert_eq!(e.kind(), ErrorKind::UnexpectedReply, "{e}"),
+            (other, _) => panic!("{other:?} for {busy:?}"),
+        }
+    }
+    let state = TxState::new();
+    let mut call = state
+        .acquire(&policy(), 0, Request::batch(&batch), Wait::Forever)
+        .unwrap();
+    let tag = Sql::BatchPairExclusive.tag().unwrap();
+    call.receive(Ok(vec![Reply::Tagged { tag, n: 1 }]));
+    assert_eq!(
+        call.finish().unwrap_err().kind(),
+        ErrorKind::UnexpectedReply
+    );
 }
 
 /// A savepoint's end is recorded at its own depth: rolled back, its locks
