@@ -234,8 +234,64 @@ pub(crate) fn observe(
     let _ = key_type;
 }
 
+/// What the tests of lock calls see of their spans.
+#[cfg(test)]
+pub(crate) mod recording {
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+
+    /// The spans made (`span=<name>`) and the fields recorded into them
+    /// (`<field>=<value>`), in order.
+    #[derive(Clone, Default)]
+    struct Recorded(Arc<Mutex<Vec<String>>>);
+
+    impl tracing::field::Visit for Recorded {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{}={value:?}", field.name()));
+        }
+    }
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Recorded {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _: &tracing::span::Id,
+            _: Context<'_, S>,
+        ) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("span={}", attrs.metadata().name()));
+        }
+
+        fn on_record(
+            &self,
+            _: &tracing::span::Id,
+            values: &tracing::span::Record<'_>,
+            _: Context<'_, S>,
+        ) {
+            values.record(&mut self.clone());
+        }
+    }
+
+    /// Runs `f` under a subscriber that takes every span, and answers what
+    /// it saw, joined by `, `.
+    pub(crate) fn recorded<R>(f: impl FnOnce() -> R) -> (R, String) {
+        let seen = Recorded::default();
+        let subscriber = tracing_subscriber::registry().with(seen.clone());
+        let out = tracing::subscriber::with_default(subscriber, f);
+        let seen = seen.0.lock().unwrap().join(", ");
+        (out, seen)
+    }
+}
+
 #[cfg(test)]
 mod outcome_tests {
+    use super::recording::recorded;
     use super::*;
 
     /// A failed call's outcome names its error kind where the metrics count
@@ -259,37 +315,10 @@ mod outcome_tests {
         assert_eq!(Outcome::Busy.label(), "busy");
     }
 
-    /// What a span's fields were given, as text.
-    #[derive(Clone, Default)]
-    struct Recorded(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
-
-    impl tracing::field::Visit for Recorded {
-        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-            self.0
-                .lock()
-                .unwrap()
-                .push(format!("{}={value:?}", field.name()));
-        }
-    }
-
-    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Recorded {
-        fn on_record(
-            &self,
-            _: &tracing::span::Id,
-            values: &tracing::span::Record<'_>,
-            _: tracing_subscriber::layer::Context<'_, S>,
-        ) {
-            values.record(&mut self.clone());
-        }
-    }
-
     /// A call's span is given its outcome and how long it waited.
     #[test]
     fn a_call_records_its_outcome_and_wait_in_its_span() {
-        use tracing_subscriber::layer::SubscriberExt;
-        let recorded = Recorded::default();
-        let subscriber = tracing_subscriber::registry().with(recorded.clone());
-        tracing::subscriber::with_default(subscriber, || {
+        let ((), seen) = recorded(|| {
             let span = tracing::info_span!(
                 "lock",
                 outcome = tracing::field::Empty,
@@ -302,7 +331,6 @@ mod outcome_tests {
                 Duration::from_millis(5),
             );
         });
-        let seen = recorded.0.lock().unwrap().join(", ");
         assert!(seen.contains("outcome=\"timeout\""), "{seen}");
         assert!(seen.contains("wait_ms=5.0"), "{seen}");
     }

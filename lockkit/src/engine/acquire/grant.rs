@@ -36,9 +36,10 @@ impl Grant {
     /// The guard of a batch call. The lifetime `'t` is the adapter's to tie
     /// to its transaction.
     pub fn batch<'t>(self) -> HeldBatch<'t> {
+        // A grant is of one key or of a batch's keys, never both.
         let keys = match self.key {
-            Some(one) if self.keys.is_empty() => vec![one],
-            _ => self.keys,
+            Some(one) => vec![one],
+            None => self.keys,
         };
         HeldBatch::new(keys)
     }

@@ -11,6 +11,8 @@ use crate::engine::plan::{Batch, Mode};
 use crate::engine::statement::{Param, Reply, ReplyShape, Sql, Statement};
 use crate::key::{AdvisoryKey, LockKey};
 
+mod checks;
+
 #[derive(Debug)]
 struct K(i64);
 impl AdvisoryKey for K {
@@ -256,23 +258,6 @@ fn a_timed_mixed_batch_re_arms_the_timeout_between_key_spaces() {
         "{:?}",
         sqls(&call)
     );
-}
-
-/// The order check applies to the calls that wait; a try cannot deadlock.
-#[test]
-fn only_a_waiting_call_is_checked_for_its_order() {
-    let state = TxState::new();
-    let checked = Policy::new(
-        Config::default().order_check(OrderCheck::Error),
-        ServerFacts::assumed(64, 100, 0),
-    );
-    take_at(&state, 0, &K(5));
-    let below = || Request::one(&K(1), Mode::Exclusive);
-    let err = state
-        .acquire(&checked, 0, below(), Wait::Forever)
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
-    assert!(state.acquire(&checked, 0, below(), Wait::Try).is_ok());
 }
 
 #[test]

@@ -1,0 +1,70 @@
+//! What a call checks before anything is sent (the order), and what it
+//! reports: its span, and the guard its grant makes.
+
+use super::*;
+use crate::engine::observe::recording::recorded;
+
+/// A policy that refuses a waiting call below a key held.
+fn order_checked() -> Policy {
+    Policy::new(
+        Config::default().order_check(OrderCheck::Error),
+        ServerFacts::assumed(64, 100, 0),
+    )
+}
+
+/// The order check applies to the calls that wait; a try cannot deadlock.
+#[test]
+fn only_a_waiting_call_is_checked_for_its_order() {
+    let state = TxState::new();
+    let checked = order_checked();
+    take_at(&state, 0, &K(5));
+    let below = || Request::one(&K(1), Mode::Exclusive);
+    let err = state
+        .acquire(&checked, 0, below(), Wait::Forever)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+    assert!(state.acquire(&checked, 0, below(), Wait::Try).is_ok());
+}
+
+/// The same for the one-key call, whose order error names the site it was
+/// asked at.
+#[test]
+fn a_one_key_call_is_checked_when_it_waits_and_names_its_site() {
+    let state = TxState::new();
+    take_at(&state, 0, &K(5));
+    let site = Location::caller();
+    let one = |try_only| {
+        state.acquire_one(
+            &order_checked(),
+            0,
+            (&K(1), Mode::Exclusive),
+            try_only,
+            Some(site),
+        )
+    };
+    let err = one(false).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+    assert_eq!(err.lock_order_sites().unwrap().1, Some(site));
+    assert!(one(true).is_ok());
+}
+
+/// A call that goes to the server makes its span, and records its outcome
+/// in it.
+#[test]
+fn a_call_makes_its_span_and_records_its_outcome() {
+    let state = TxState::new();
+    let ((), seen) = recorded(|| take_at(&state, 0, &K(1)));
+    assert!(seen.contains("span=lockkit.lock"), "{seen}");
+    assert!(seen.contains("outcome=\"granted\""), "{seen}");
+}
+
+/// A one-key call's grant makes the batch guard of its key.
+#[test]
+fn a_one_key_grant_makes_the_batch_guard_of_its_key() {
+    let state = TxState::new();
+    let mut call = lock_k(&state, 1).unwrap();
+    let replies = granted(&call.round().unwrap());
+    call.receive(Ok(replies));
+    let held = call.finish().unwrap().unwrap().batch();
+    assert_eq!(held.keys(), [(LockKey::BigInt(1), Mode::Exclusive)]);
+}
