@@ -171,6 +171,7 @@ impl TxLocks {
     }
 
     /// The held keys in the global order.
+    #[cfg(test)]
     pub(crate) fn keys(&self) -> impl Iterator<Item = (LockKey, Mode)> + '_ {
         self.held
             .0

@@ -70,18 +70,14 @@ impl TxState {
     }
 
     /// The held keys and modes, in the global order.
-    pub fn held(&self) -> Vec<(LockKey, Mode)> {
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> Vec<(LockKey, Mode)> {
         self.locks().keys().collect()
     }
 
     /// Whether a lock call was cut off, so what is held is unknown.
     pub fn is_poisoned(&self) -> bool {
         self.locks().is_poisoned()
-    }
-
-    /// Marks the transaction poisoned: every later lock call fails.
-    pub fn poison(&self) {
-        self.locks().poison();
     }
 
     /// Records how the savepoint at `depth` ended: released, its locks

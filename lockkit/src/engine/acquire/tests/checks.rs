@@ -68,3 +68,20 @@ fn a_one_key_grant_makes_the_batch_guard_of_its_key() {
     let held = call.finish().unwrap().unwrap().batch();
     assert_eq!(held.keys(), [(LockKey::BigInt(1), Mode::Exclusive)]);
 }
+
+/// A one-key try's count under another statement's tag is refused.
+#[test]
+fn a_one_key_reply_under_another_tag_is_refused() {
+    let state = TxState::new();
+    let one = Request::one(&K(1), Mode::Exclusive);
+    let mut call = state.acquire(&policy(), 0, one, Wait::Try).unwrap();
+    let mut replies = granted(&call.round().unwrap());
+    for reply in &mut replies {
+        if let Reply::Tagged { tag, .. } = reply {
+            *tag += 1;
+        }
+    }
+    call.receive(Ok(replies));
+    let err = call.finish().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::UnexpectedReply, "{err}");
+}
