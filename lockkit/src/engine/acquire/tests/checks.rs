@@ -23,6 +23,8 @@ fn only_a_waiting_call_is_checked_for_its_order() {
         .acquire(&checked, 0, below(), Wait::Forever)
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+    // Both keys named by their type, the one held and the one asked for.
+    assert_eq!(err.to_string().matches("the K key").count(), 2, "{err}");
     assert!(state.acquire(&checked, 0, below(), Wait::Try).is_ok());
 }
 
