@@ -87,3 +87,45 @@ fn a_one_key_reply_under_another_tag_is_refused() {
     let err = call.finish().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::UnexpectedReply, "{err}");
 }
+
+/// An ending is pending until it records what the server answered; then
+/// its drop records nothing more.
+#[test]
+fn a_recorded_ending_is_no_longer_pending() {
+    let state = TxState::new();
+    take_at(&state, 1, &K(1));
+    let mut ending = state.ending(1, SavepointEnd::RolledBack);
+    assert!(ending.is_pending());
+    ending.record(SavepointEnd::Released);
+    assert!(!ending.is_pending());
+    drop(ending);
+    assert_eq!(state.held_count(), 1, "released: the key stays");
+}
+
+/// A key of a server-`hashtext` type is refused on a server whose
+/// `hashtext` differs from lockkit's; other keys are not.
+#[test]
+fn a_hashtext_key_needs_the_servers_hashtext() {
+    struct H(i64);
+    impl AdvisoryKey for H {
+        const KEY_SPEC: crate::KeySpec<'static> = crate::KeySpec::new("H").hashtext();
+        fn lock_key(&self) -> LockKey {
+            LockKey::BigInt(self.0)
+        }
+    }
+    let row = crate::engine::facts::FactsRow {
+        max_locks: 64,
+        max_connections: 100,
+        hashes: vec![0; crate::engine::facts::HASHTEXT_PROBES.len()],
+        ..Default::default()
+    };
+    let policy = Policy::new(Config::default(), ServerFacts::from(&row));
+    let state = TxState::new();
+    let hashed = Request::one(&H(1), Mode::Exclusive);
+    let err = state
+        .acquire(&policy, 0, hashed, Wait::Forever)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::HashtextMismatch, "{err}");
+    let plain = Request::one(&K(1), Mode::Exclusive);
+    assert!(state.acquire(&policy, 0, plain, Wait::Forever).is_ok());
+}
