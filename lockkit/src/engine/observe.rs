@@ -363,7 +363,13 @@ mod tests {
             match outcome.counter() {
                 Some(c) => {
                     let counter = &key_type.counters[c];
-                    assert!(counter.name().starts_with("lockkit_lock_"), "{counter:?}");
+                    let expected = match outcome {
+                        Outcome::Busy => "lockkit_lock_busy_total",
+                        Outcome::Timeout => "lockkit_lock_timeouts_total",
+                        Outcome::Deadlock => "lockkit_lock_deadlocks_total",
+                        other => panic!("{other:?} counts nothing"),
+                    };
+                    assert_eq!(counter.name(), expected);
                     let made =
                         Key::from_parts(counter.name().to_owned(), labels("some.type", None));
                     assert_eq!((counter, counter.get_hash()), (&made, made.get_hash()));

@@ -127,3 +127,12 @@ fn the_drivers_error_is_the_source() {
         );
     }
 }
+
+/// An error's `Debug` shows its kind, SQLSTATE, message and source.
+#[test]
+fn debug_shows_kind_code_message_and_source() {
+    let shown = format!("{:?}", err("40P01", "deadlock detected").into_error());
+    for part in ["Error", "Deadlock", "40P01", "deadlock detected", "source"] {
+        assert!(shown.contains(part), "{shown} lacks {part}");
+    }
+}

@@ -55,8 +55,13 @@ fn a_one_key_call_is_checked_when_it_waits_and_names_its_site() {
 #[test]
 fn a_call_makes_its_span_and_records_its_outcome() {
     let state = TxState::new();
-    let ((), seen) = recorded(|| take_at(&state, 0, &K(1)));
-    assert!(seen.contains("span=lockkit.lock"), "{seen}");
+    let ((), seen) = recorded(|| {
+        take_at(&state, 0, &K(1));
+        // Held already: nothing is sent, and no span is made.
+        let relock = lock_k(&state, 1).unwrap();
+        assert!(relock.round().is_none());
+    });
+    assert_eq!(seen.matches("span=lockkit.lock").count(), 1, "{seen}");
     assert!(seen.contains("outcome=\"granted\""), "{seen}");
 }
 
