@@ -277,6 +277,14 @@ pub(crate) fn hand_keys(budgeting: Budgeting, keys: &[Uuid]) -> Result<Vec<i64>,
     Ok(out)
 }
 
+/// The keys of `keys` that the check did not find, in their order.
+fn missing(keys: &[Uuid], found: &std::collections::HashSet<Uuid>) -> Vec<Uuid> {
+    keys.iter()
+        .filter(|k| !found.contains(k))
+        .copied()
+        .collect()
+}
+
 /// Ingests `keys` in one transaction, the way `strategy` does.
 pub(crate) async fn ingest(
     client: &mut LockClient,
@@ -321,11 +329,7 @@ pub(crate) async fn ingest(
                     .map(|row| row.get(0))
                     .collect::<std::collections::HashSet<Uuid>>()
             };
-            let missing: Vec<Uuid> = keys
-                .iter()
-                .filter(|k| !found.contains(k))
-                .copied()
-                .collect();
+            let missing = missing(keys, &found);
             if !missing.is_empty() {
                 tx.execute(&stmts.insert, &[&missing]).await?;
             }
@@ -355,11 +359,7 @@ pub(crate) async fn ingest(
                 try_join(tx.query_one(lock, &[&locked]), tx.query(check, &[&keys])).await?;
             let found: std::collections::HashSet<Uuid> =
                 rows.iter().map(|row| row.get(0)).collect();
-            let missing: Vec<Uuid> = keys
-                .iter()
-                .filter(|k| !found.contains(k))
-                .copied()
-                .collect();
+            let missing = missing(keys, &found);
             if !missing.is_empty() {
                 tx.execute(&stmts.insert, &[&missing]).await?;
             }
@@ -379,11 +379,7 @@ pub(crate) async fn ingest(
                 .iter()
                 .map(|row| row.get(0))
                 .collect();
-            let missing: Vec<Uuid> = keys
-                .iter()
-                .filter(|k| !found.contains(k))
-                .copied()
-                .collect();
+            let missing = missing(keys, &found);
             if !missing.is_empty() {
                 if let Some(reserve) = &stmts.reserve {
                     // A concurrent copy that reserved the key first makes
