@@ -134,3 +134,28 @@ fn a_hashtext_key_needs_the_servers_hashtext() {
     let plain = Request::one(&K(1), Mode::Exclusive);
     assert!(state.acquire(&policy, 0, plain, Wait::Forever).is_ok());
 }
+
+/// On a hot standby a lock is refused, unless the configuration allows
+/// it (it would exclude nothing on the primary).
+#[test]
+fn a_standby_refuses_locks_unless_allowed() {
+    let row = crate::engine::facts::FactsRow {
+        max_locks: 64,
+        max_connections: 100,
+        in_recovery: true,
+        hashes: crate::engine::facts::HASHTEXT_PROBES
+            .iter()
+            .map(|p| crate::key::hashtext(p))
+            .collect(),
+        ..Default::default()
+    };
+    let on = |config: Config| Policy::new(config, ServerFacts::from(&row));
+    let state = TxState::new();
+    let one = || Request::one(&K(1), Mode::Exclusive);
+    let err = state
+        .acquire(&on(Config::default()), 0, one(), Wait::Forever)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::HotStandby, "{err}");
+    let allowed = on(Config::default().allow_standby(true));
+    assert!(state.acquire(&allowed, 0, one(), Wait::Forever).is_ok());
+}

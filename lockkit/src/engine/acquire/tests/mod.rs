@@ -738,6 +738,12 @@ fn pair_replies_are_checked_key_by_key() {
         call.finish().unwrap_err().kind(),
         ErrorKind::UnexpectedReply
     );
+    let state = TxState::new();
+    let mut call = state
+        .acquire(&policy(), 0, Request::batch(&batch), Wait::Forever)
+        .unwrap();
+    call.receive(Ok(vec![Reply::Tagged { tag, n: 2 }]));
+    assert!(call.finish().unwrap().is_ok(), "both keys reported");
 }
 
 /// A savepoint's end is recorded at its own depth: rolled back, its locks
