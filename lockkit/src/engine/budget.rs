@@ -538,16 +538,9 @@ mod tests {
         let mut t = TxLocks::default();
         let c = cfg(OrderCheck::Off);
         for (key, depth) in [(1, 0), (2, 1), (3, 2)] {
-            let p = t.plan(ask(&req(&[(key, Mode::Shared)])), 10, &c).unwrap().0;
-            t.start();
-            t.finish(p.taken(), (depth, None), true, false);
+            take(&mut t, &[(key, Mode::Shared)], depth, &c);
         }
-        let p = t
-            .plan(ask(&req(&[(1, Mode::Exclusive)])), 10, &c)
-            .unwrap()
-            .0;
-        t.start();
-        t.finish(p.taken(), (2, None), true, false);
+        take(&mut t, &[(1, Mode::Exclusive)], 2, &c);
         t.release_savepoint(2);
         t.rollback_savepoint(1);
         assert_eq!(
