@@ -103,8 +103,6 @@ async fn no_statement_scans_a_whole_table() {
     let admin = db.connect().await.unwrap();
     let locker = Locker::new(&admin, Config::default()).await.unwrap();
     let budgeting = Budgeting::decide(64, locker.policy().budget(), options.budget_mode);
-    let scans = "SELECT coalesce(sum(seq_scan), 0)::int8 FROM pg_stat_user_tables \
-                 WHERE relname IN ('ingest_events', 'ingest_reservations')";
     let fill = |rows: u32| {
         format!(
             "INSERT INTO ingest_events (business_key, payload) \
@@ -144,37 +142,50 @@ async fn no_statement_scans_a_whole_table() {
                 .unwrap();
         }
         admin.batch_execute(&fill(100_000)).await.unwrap();
-        // Counters so far first: a backend asked to flushes them before it
-        // answers its next statement.
-        client
-            .batch_execute("SELECT pg_stat_force_next_flush()")
-            .await
-            .unwrap();
-        client.batch_execute("SELECT 1").await.unwrap();
-        admin
-            .batch_execute("SELECT pg_stat_clear_snapshot()")
-            .await
-            .unwrap();
-        let before: i64 = admin.query_one(scans, &[]).await.unwrap().get(0);
+        let before = seq_scans(&admin, &client, 102_000 + 8 * 64).await;
         for _ in 0..3 {
             strategy::ingest(&mut client, strategy, budgeting, &stmts, &keys())
                 .await
                 .unwrap();
         }
-        client
-            .batch_execute("SELECT pg_stat_force_next_flush()")
-            .await
-            .unwrap();
-        client.batch_execute("SELECT 1").await.unwrap();
-        admin
-            .batch_execute("SELECT pg_stat_clear_snapshot()")
-            .await
-            .unwrap();
-        let after: i64 = admin.query_one(scans, &[]).await.unwrap().get(0);
+        let after = seq_scans(&admin, &client, 102_000 + 11 * 64).await;
         scanned.push((strategy.name(), after - before));
     }
     assert!(
         scanned.iter().all(|&(_, n)| n == 0),
         "whole-table scans per strategy: {scanned:?}"
     );
+}
+
+/// Whole-table scans of the study's tables so far, once the statistics
+/// show `inserted` rows in `ingest_events`: a backend reports a table's
+/// counters together, so the scans of a transaction are counted once its
+/// inserts are. Until then `worker` is made to go idle again, which is
+/// when a backend reports (at most every half second before PostgreSQL 15,
+/// at once after `pg_stat_force_next_flush` from 15).
+async fn seq_scans(admin: &Client, worker: &Client, inserted: i64) -> i64 {
+    const COUNTS: &str = "SELECT coalesce(sum(seq_scan), 0)::int8, \
+        coalesce(sum(n_tup_ins) FILTER (WHERE relname = 'ingest_events'), 0)::int8 \
+        FROM pg_stat_user_tables WHERE relname IN ('ingest_events', 'ingest_reservations')";
+    let flush = "DO $$ BEGIN \
+        IF to_regproc('pg_stat_force_next_flush') IS NOT NULL \
+        THEN PERFORM pg_stat_force_next_flush(); END IF; END $$";
+    // Bounded so that a lost report fails the test instead of hanging it.
+    for _ in 0..600 {
+        worker.batch_execute(flush).await.unwrap();
+        worker.batch_execute("SELECT 1").await.unwrap();
+        admin.batch_execute(flush).await.unwrap();
+        admin.batch_execute("SELECT 1").await.unwrap();
+        admin
+            .batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await
+            .unwrap();
+        let row = admin.query_one(COUNTS, &[]).await.unwrap();
+        let (scans, rows): (i64, i64) = (row.get(0), row.get(1));
+        if rows >= inserted {
+            return scans;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the statistics never showed {inserted} rows inserted into ingest_events");
 }
