@@ -160,9 +160,10 @@ async fn no_statement_scans_a_whole_table() {
 /// Whole-table scans of the study's tables so far, once the statistics
 /// show `inserted` rows in `ingest_events`: a backend reports a table's
 /// counters together, so the scans of a transaction are counted once its
-/// inserts are. Until then `worker` is made to go idle again, which is
-/// when a backend reports (at most every half second before PostgreSQL 15,
-/// at once after `pg_stat_force_next_flush` from 15).
+/// inserts are. Until then both sessions (`admin` filled the table) are
+/// made to go idle again, which is when a backend reports: at most every
+/// half second before PostgreSQL 15, at once after
+/// `pg_stat_force_next_flush` from 15.
 async fn seq_scans(admin: &Client, worker: &Client, inserted: i64) -> i64 {
     const COUNTS: &str = "SELECT coalesce(sum(seq_scan), 0)::int8, \
         coalesce(sum(n_tup_ins) FILTER (WHERE relname = 'ingest_events'), 0)::int8 \
@@ -173,9 +174,7 @@ async fn seq_scans(admin: &Client, worker: &Client, inserted: i64) -> i64 {
     // Bounded so that a lost report fails the test instead of hanging it.
     for _ in 0..600 {
         worker.batch_execute(flush).await.unwrap();
-        worker.batch_execute("SELECT 1").await.unwrap();
         admin.batch_execute(flush).await.unwrap();
-        admin.batch_execute("SELECT 1").await.unwrap();
         admin
             .batch_execute("SELECT pg_stat_clear_snapshot()")
             .await

@@ -118,13 +118,8 @@ fn a_hashtext_key_needs_the_servers_hashtext() {
             LockKey::BigInt(self.0)
         }
     }
-    let row = crate::engine::facts::FactsRow {
-        max_locks: 64,
-        max_connections: 100,
-        hashes: vec![0; crate::engine::facts::HASHTEXT_PROBES.len()],
-        ..Default::default()
-    };
-    let policy = Policy::new(Config::default(), ServerFacts::from(&row));
+    let wrong = vec![0; crate::engine::facts::HASHTEXT_PROBES.len()];
+    let policy = Policy::new(Config::default(), facts(false, wrong));
     let state = TxState::new();
     let hashed = Request::one(&H(1), Mode::Exclusive);
     let err = state
@@ -139,17 +134,12 @@ fn a_hashtext_key_needs_the_servers_hashtext() {
 /// it (it would exclude nothing on the primary).
 #[test]
 fn a_standby_refuses_locks_unless_allowed() {
-    let row = crate::engine::facts::FactsRow {
-        max_locks: 64,
-        max_connections: 100,
-        in_recovery: true,
-        hashes: crate::engine::facts::HASHTEXT_PROBES
-            .iter()
-            .map(|p| crate::key::hashtext(p))
-            .collect(),
-        ..Default::default()
-    };
-    let on = |config: Config| Policy::new(config, ServerFacts::from(&row));
+    let right = crate::engine::facts::HASHTEXT_PROBES
+        .iter()
+        .map(|p| crate::key::hashtext(p))
+        .collect();
+    let standby = facts(true, right);
+    let on = |config: Config| Policy::new(config, standby.clone());
     let state = TxState::new();
     let one = || Request::one(&K(1), Mode::Exclusive);
     let err = state

@@ -36,6 +36,18 @@ fn policy() -> Policy {
     )
 }
 
+/// The facts of a server with a lock table of 64 × 100, `in_recovery` or
+/// not, whose `hashtext` answers the probes with `hashes`.
+fn facts(in_recovery: bool, hashes: Vec<i32>) -> ServerFacts {
+    ServerFacts::from(&crate::engine::facts::FactsRow {
+        max_locks: 64,
+        max_connections: 100,
+        in_recovery,
+        hashes,
+        ..Default::default()
+    })
+}
+
 /// What a server answers when every key is free.
 fn granted(round: &[Statement<'_>]) -> Vec<Reply> {
     round
