@@ -234,38 +234,64 @@ pub(crate) fn observe(
     let _ = key_type;
 }
 
-/// What the tests of lock calls see of their spans.
+/// What the tests of lock calls see of their spans and events.
+///
+/// `tracing` caches, per callsite, whether any subscriber wants it, and
+/// works that out when the callsite is first hit: while at most one
+/// dispatcher is registered, from the default of the thread that hits it.
+/// A test with a subscriber of its own (`with_default`) therefore races
+/// every test running beside it with none: if one of those hits lockkit's
+/// span first, the span is cached as wanted by nobody, for every thread,
+/// and the recording test sees nothing. So the test binary has one global
+/// subscriber, which wants everything and hands it to the recorder of the
+/// thread it happens on, if that thread is recording.
 #[cfg(test)]
 pub(crate) mod recording {
-    use std::sync::{Arc, Mutex};
+    use std::cell::RefCell;
+    use std::sync::{Arc, Mutex, Once};
 
     use tracing_subscriber::layer::{Context, SubscriberExt};
 
-    /// The spans made (`span=<name>`) and the fields recorded into them
-    /// (`<field>=<value>`), in order.
+    /// The spans made (`span=<name>`), the events (`event=<level>`) and
+    /// the fields recorded into either (`<field>=<value>`), in order.
     #[derive(Clone, Default)]
     struct Recorded(Arc<Mutex<Vec<String>>>);
 
-    impl tracing::field::Visit for Recorded {
-        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-            self.0
-                .lock()
-                .unwrap()
-                .push(format!("{}={value:?}", field.name()));
+    impl Recorded {
+        fn push(&self, line: String) {
+            self.0.lock().unwrap().push(line);
         }
     }
 
-    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Recorded {
+    impl tracing::field::Visit for Recorded {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.push(format!("{}={value:?}", field.name()));
+        }
+    }
+
+    thread_local! {
+        /// This thread's recorder, while it runs [`recorded`].
+        static RECORDER: RefCell<Option<Recorded>> = const { RefCell::new(None) };
+    }
+
+    fn recorder() -> Option<Recorded> {
+        RECORDER.with(|r| r.borrow().clone())
+    }
+
+    /// The global subscriber's layer: hands everything to this thread's
+    /// recorder.
+    struct Router;
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Router {
         fn on_new_span(
             &self,
             attrs: &tracing::span::Attributes<'_>,
             _: &tracing::span::Id,
             _: Context<'_, S>,
         ) {
-            self.0
-                .lock()
-                .unwrap()
-                .push(format!("span={}", attrs.metadata().name()));
+            if let Some(r) = recorder() {
+                r.push(format!("span={}", attrs.metadata().name()));
+            }
         }
 
         fn on_record(
@@ -274,16 +300,35 @@ pub(crate) mod recording {
             values: &tracing::span::Record<'_>,
             _: Context<'_, S>,
         ) {
-            values.record(&mut self.clone());
+            if let Some(mut r) = recorder() {
+                values.record(&mut r);
+            }
+        }
+
+        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+            if let Some(mut r) = recorder() {
+                r.push(format!("event={}", event.metadata().level()));
+                event.record(&mut r);
+            }
         }
     }
 
-    /// Runs `f` under a subscriber that takes every span, and answers what
-    /// it saw, joined by `, `.
+    /// Runs `f` on this thread, recording what it reports, and answers
+    /// what it saw, joined by `, `.
     pub(crate) fn recorded<R>(f: impl FnOnce() -> R) -> (R, String) {
+        static GLOBAL: Once = Once::new();
+        GLOBAL.call_once(|| {
+            tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Router))
+                .expect("the only global subscriber of lockkit's unit tests");
+        });
+        // A callsite hit before the global subscriber existed may still be
+        // cached as wanted by nobody; from here on every thread's default
+        // is the global one, which wants it.
+        tracing::callsite::rebuild_interest_cache();
         let seen = Recorded::default();
-        let subscriber = tracing_subscriber::registry().with(seen.clone());
-        let out = tracing::subscriber::with_default(subscriber, f);
+        RECORDER.with(|r| *r.borrow_mut() = Some(seen.clone()));
+        let out = f();
+        RECORDER.with(|r| *r.borrow_mut() = None);
         let seen = seen.0.lock().unwrap().join(", ");
         (out, seen)
     }

@@ -329,27 +329,12 @@ fn warn_out_of_order(violation: OutOfOrder) {
 #[cfg(test)]
 mod tests {
     use std::panic::Location;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-
-    use tracing_subscriber::layer::{Context, SubscriberExt};
-    use tracing_subscriber::Layer;
 
     use super::warn_out_of_order;
     use crate::engine::budget::OutOfOrder;
     use crate::engine::error::Acquired;
+    use crate::engine::observe::recording::recorded;
     use crate::key::LockKey;
-
-    /// Counts the warnings sent to it.
-    struct Warnings(Arc<AtomicUsize>);
-
-    impl<S: tracing::Subscriber> Layer<S> for Warnings {
-        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-            if *event.metadata().level() == tracing::Level::WARN {
-                self.0.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
 
     fn violation(site: Option<&'static Location<'static>>) -> OutOfOrder {
         let at = |key| Acquired {
@@ -367,20 +352,15 @@ mod tests {
     /// a call without a site (the adapter gave none) every time.
     #[test]
     fn an_out_of_order_request_warns_once_per_call_site() {
-        let count = Arc::new(AtomicUsize::new(0));
-        let subscriber = tracing_subscriber::registry().with(Warnings(count.clone()));
         let (a, b) = (Location::caller(), Location::caller());
         let warned = |site| {
-            let before = count.load(Ordering::Relaxed);
-            warn_out_of_order(violation(site));
-            count.load(Ordering::Relaxed) - before
+            let ((), seen) = recorded(|| warn_out_of_order(violation(site)));
+            seen.matches("event=WARN").count()
         };
-        tracing::subscriber::with_default(subscriber, || {
-            assert_eq!(warned(Some(a)), 1, "a site's first violation");
-            assert_eq!(warned(Some(a)), 0, "the same site again");
-            assert_eq!(warned(Some(b)), 1, "another site");
-            assert_eq!(warned(None), 1, "no site");
-            assert_eq!(warned(None), 1, "no site, again");
-        });
+        assert_eq!(warned(Some(a)), 1, "a site's first violation");
+        assert_eq!(warned(Some(a)), 0, "the same site again");
+        assert_eq!(warned(Some(b)), 1, "another site");
+        assert_eq!(warned(None), 1, "no site");
+        assert_eq!(warned(None), 1, "no site, again");
     }
 }
