@@ -131,10 +131,11 @@ impl Locker {
         Ok(self.lock_tx(tx))
     }
 
-    /// Wraps a transaction that is already open (a deadpool-postgres
-    /// `Transaction` dereferences to one), with lockkit's statements sent
-    /// unnamed. It must not hold advisory locks taken outside lockkit, or
-    /// the budget will not count them.
+    /// Wraps a `tokio_postgres::Transaction` that is already open, with
+    /// lockkit's statements sent unnamed. It must not hold advisory locks
+    /// taken outside lockkit, or the budget will not count them. (A
+    /// deadpool-postgres `Transaction` is a wrapper that cannot be taken
+    /// apart: on a pooled connection use [`begin`](Self::begin).)
     pub fn lock_tx<'c>(&self, tx: Transaction<'c>) -> LockTx<'c> {
         LockTx::new(self.clone(), tx, None)
     }
