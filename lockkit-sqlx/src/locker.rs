@@ -83,6 +83,12 @@ impl Locker {
     ///
     /// See the [crate docs](crate) for an example.
     ///
+    /// The transaction is sqlx's, and so is its commit: after a lock
+    /// call's error that aborts it (a deadlock, the session's own
+    /// `lock_timeout`), PostgreSQL answers `COMMIT` by rolling back, and
+    /// sqlx's `commit` reports success. Return the error (`?`), or use
+    /// [`transaction`](Self::transaction), whose commit refuses.
+    ///
     /// # Errors
     ///
     /// [`ErrorKind::NotInTransaction`](lockkit::ErrorKind::NotInTransaction) when sqlx has no transaction open on
@@ -129,6 +135,10 @@ impl Locker {
     ///
     /// `f`'s error, or sqlx's (as [`lockkit::Error`], converted into `E`)
     /// when `BEGIN`, `COMMIT` or `ROLLBACK` fails.
+    /// [`ErrorKind::TransactionAborted`](lockkit::ErrorKind::TransactionAborted), rolled back instead of
+    /// committed, when `f` returns `Ok` after a lock call's error aborted the
+    /// transaction (PostgreSQL answers `COMMIT` there by rolling back, which
+    /// sqlx reports as success).
     ///
     /// # Cancel safety
     ///

@@ -518,6 +518,19 @@ impl<'s, 'c, D: Driver> Scope<'s, 'c, D> {
     pub(crate) async fn end<R, E: From<Error>>(mut self, result: Result<R, E>) -> Result<R, E> {
         let guard = &mut self.guard;
         match result {
+            // A lock call's error aborted the transaction (or this
+            // savepoint): the server would answer `COMMIT` by rolling back,
+            // which the stack reports as a commit, and `RELEASE` with an
+            // error. Rolled back, and said so.
+            Ok(_) if self.state.is_aborted() => {
+                let rollback = D::savepoint(guard.conn, SavepointStep::Rollback).await;
+                guard.ending.record(match rollback {
+                    Ok(()) => SavepointEnd::RolledBack,
+                    Err(_) => SavepointEnd::Unknown,
+                });
+                let rollback = rollback.err().map(|e| e.into_error().into());
+                Err(E::from(Error::not_committed(self.depth, rollback)))
+            }
             Ok(value) => {
                 // Dropped while `RELEASE` (or `COMMIT`) is in flight, whether
                 // it ran is unknown.
@@ -591,6 +604,9 @@ impl<'t, D: Driver<Io = Async>> LockTx<'t, D, Async> {
     /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` fails (after which this
     /// transaction's lock calls fail with [`ErrorKind::Poisoned`]: roll it
     /// back).
+    /// [`ErrorKind::TransactionAborted`], the savepoint rolled back instead
+    /// of released, when `f` returns `Ok` after a lock call's error aborted
+    /// it; this transaction is usable again.
     ///
     /// # Cancel safety
     ///
@@ -620,6 +636,9 @@ impl<'t, D: Driver<Io = Blocking>> LockTx<'t, D, Blocking> {
     /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` fails (after which this
     /// transaction's lock calls fail with [`ErrorKind::Poisoned`]: roll it
     /// back).
+    /// [`ErrorKind::TransactionAborted`], the savepoint rolled back instead
+    /// of released, when `f` returns `Ok` after a lock call's error aborted
+    /// it; this transaction is usable again.
     ///
     /// # Panics
     ///

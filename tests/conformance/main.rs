@@ -27,6 +27,7 @@ suite!(tokio_postgres: crate::adapters::with_tokio_postgres::TokioPg;
     exclusion, exclusion_control, deadlock_freedom, deadlock_control,
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
     release_on_terminate, budget, timeout, cancel, savepoints, drifting_key,
+    commit_after_an_aborting_error,
     // No lock_outside_transaction_refused: it does not compile
     // (tests/ui-guards/lock_without_transaction.rs).
 );
@@ -36,6 +37,10 @@ suite!(sqlx: crate::adapters::with_sqlx::Sqlx;
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
     release_on_terminate, budget, timeout, cancel, savepoints, drifting_key,
     lock_outside_transaction_refused,
+    // No commit_after_an_aborting_error: this stack's sessions commit
+    // through sqlx's own `Transaction::commit` (`lock_tx`), which is not
+    // lockkit's to refuse (`Locker::lock_tx` says so); lockkit's closure
+    // form is tested in tests/sqlx/api.rs.
 );
 
 suite!(diesel_async: crate::adapters::with_diesel_async::DieselAsync;
@@ -43,12 +48,17 @@ suite!(diesel_async: crate::adapters::with_diesel_async::DieselAsync;
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
     release_on_terminate, budget, timeout, cancel, savepoints, drifting_key,
     lock_outside_transaction_refused,
+    // No commit_after_an_aborting_error: this stack's sessions commit
+    // through diesel-async's own `conn.transaction` (`lock_tx`), which is
+    // not lockkit's to refuse (`Locker::lock_tx` says so); lockkit's closure
+    // form is tested in tests/diesel_async/api.rs.
 );
 
 suite!(diesel: crate::adapters::with_diesel::Diesel;
     exclusion, exclusion_control, deadlock_freedom, deadlock_control,
     release_on_commit, release_on_rollback, release_on_panic,
     release_on_terminate, budget, timeout, savepoints, drifting_key,
+    commit_after_an_aborting_error,
     lock_outside_transaction_refused,
     // No release_on_drop: a blocking transaction closure cannot be
     // abandoned half-way, only unwound (release_on_panic). No cancel: no

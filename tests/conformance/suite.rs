@@ -609,6 +609,84 @@ pub(crate) async fn cancel<A: Adapter>() {
 }
 
 // ---------------------------------------------------------------------------
+// A commit after a lock error that aborted the transaction.
+
+/// A transaction that a failed lock call aborted (here, the victim of a
+/// deadlock) does not report a commit: committing it rolls it back and
+/// fails with `TransactionAborted`, and its write is not there. PostgreSQL
+/// answers `COMMIT` in an aborted transaction by rolling back, without an
+/// error, so a commit that only reads errors would report success. The
+/// other transaction of the cycle is the control: it commits, and its
+/// write is there.
+pub(crate) async fn commit_after_an_aborting_error<A: Adapter>() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    counters(&observer).await;
+    let rows = [id::<A>(40, 0), id::<A>(40, 1)];
+    observer
+        .execute(
+            &format!(
+                "INSERT INTO {COUNTERS} SELECT unnest($1::int8[]), 0 \
+                 ON CONFLICT (id) DO UPDATE SET n = 0"
+            ),
+            &[&&rows[..]],
+        )
+        .await
+        .expect("reset the counters");
+    let stack = A::open(db, Config::default().order_check(OrderCheck::Off), 2).await;
+    let s = sessions(&stack, 2).await;
+    let keys = [Key::Big(id::<A>(40, 0)), Key::Big(id::<A>(40, 1))];
+    for i in 0..2 {
+        s[i].begin().await;
+        s[i].increment(rows[i]).await.unwrap();
+        s[i].lock(keys[i], Mode::Exclusive).await.unwrap();
+    }
+    // Each asks for the other's key, the second once the first is seen
+    // waiting: a wait cycle, which the server breaks by failing one call
+    // with 40P01 and aborting its transaction.
+    let (first, second) = tokio::join!(s[0].lock(keys[1], Mode::Exclusive), async {
+        observe::wait_until_waiting(&observer, s[0].pid()).await;
+        s[1].lock(keys[0], Mode::Exclusive).await
+    });
+    let outcomes = [first, second];
+    let victims: Vec<usize> = (0..2).filter(|&i| outcomes[i].is_err()).collect();
+    assert_eq!(victims.len(), 1, "one victim: {outcomes:?}");
+    let (victim, survivor) = (victims[0], 1 - victims[0]);
+    let err = outcomes[victim].as_ref().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Deadlock, "{err}");
+
+    let committed = s[victim].commit().await;
+    s[survivor].commit().await.unwrap();
+    let n = |row: i64| {
+        let observer = &observer;
+        async move {
+            let select = format!("SELECT n FROM {COUNTERS} WHERE id = $1");
+            let n: i64 = observer.query_one(&select, &[&row]).await.unwrap().get(0);
+            n
+        }
+    };
+    assert_eq!(n(rows[survivor]).await, 1, "the survivor's write");
+    assert_eq!(n(rows[victim]).await, 0, "the victim's write");
+    let err = committed.expect_err("the aborted transaction's commit reported success");
+    assert_eq!(err.kind(), ErrorKind::TransactionAborted, "{err}");
+    for (i, session) in s.iter().enumerate() {
+        assert_eq!(
+            advisory_rows(&observer, session.pid()).await,
+            0,
+            "session {i}"
+        );
+    }
+    // The victim's session is usable again.
+    s[victim].begin().await;
+    s[victim]
+        .lock(keys[survivor], Mode::Exclusive)
+        .await
+        .unwrap();
+    s[victim].commit().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
 // Savepoints, and the refusal outside a transaction.
 
 /// A lock taken in a savepoint that is rolled back is released (and

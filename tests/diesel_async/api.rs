@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use lockkit_diesel_async::{AdvisoryKey, Batch, Error, ErrorKind, Mode};
+use lockkit_tests::aborted::Aborting;
 use lockkit_tests::TestServer;
 
 use crate::common::{backend_pid, granted_elsewhere, locker, pool, wait_until_waiting};
@@ -340,4 +341,44 @@ async fn an_order_error_names_the_applications_call_sites_and_a_try_passes() {
     })
     .await
     .unwrap();
+}
+
+/// The closure form does not report a commit of a transaction that a lock
+/// call's error aborted: PostgreSQL answers `COMMIT` there by rolling back,
+/// which diesel-async reports as success. A closure that swallows the
+/// lock's error and returns `Ok` gets `TransactionAborted`, and its write is
+/// not there. The control is the same closure with a lock that is granted:
+/// it commits its write.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_a_lock_error_aborted_is_not_reported_committed() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 1);
+    let locker = locker(&pool).await;
+    let busy = Item { id: 43 };
+    let fixture = Aborting::new(db, "lockkit_diesel_async_aborted", busy.lock_key()).await;
+    let mut conn = pool.get().await.unwrap();
+    for (row, key) in [(1_i64, Item { id: 44 }), (2, busy)] {
+        let insert = fixture.insert();
+        let answer = locker
+            .transaction(&mut conn, |tx| {
+                Box::pin(async move {
+                    diesel::sql_query("SET LOCAL lock_timeout = '50ms'")
+                        .execute(tx.conn())
+                        .await?;
+                    diesel::sql_query(insert)
+                        .bind::<BigInt, _>(row)
+                        .execute(tx.conn())
+                        .await?;
+                    // Swallowed: the closure returns Ok.
+                    if let Err(e) = tx.lock(key).await {
+                        assert!(e.is_timeout(), "{e}");
+                    }
+                    Ok(())
+                })
+            })
+            .await;
+        fixture.check(row, key == busy, answer).await;
+    }
+    fixture.finish().await;
 }

@@ -538,3 +538,60 @@ async fn a_clash_on_the_timeout_statements_is_an_unexpected_reply() {
         assert!(refused > 0, "{marker}: the clash was never seen");
     }
 }
+
+/// A commit after a lock call's error aborted the transaction was
+/// reported as a success: PostgreSQL answers `COMMIT` there by rolling
+/// back, and tokio-postgres reads no error. Now the commit rolls back and
+/// fails with `TransactionAborted` (the top level is in the conformance
+/// suite, `commit_after_an_aborting_error`). Here the abort is inside a
+/// savepoint: its commit rolls it back and says so, and the transaction
+/// goes on: its commit keeps the writes made outside the savepoint, and the
+/// write inside it is gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_savepoint_a_lock_error_aborted_rolls_back_at_its_commit() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let table = lockkit_tests::scratch_table(&observer, "lockkit_sp_aborted").await;
+    let mut holder = db.connect().await;
+    let busy = Item { id: 60 };
+    let held = holder.transaction().await.unwrap();
+    held.execute(
+        "SELECT pg_advisory_xact_lock($1)",
+        &[&bigint(busy.lock_key())],
+    )
+    .await
+    .unwrap();
+    let mut client = db.connect().await;
+    // The session's own bound: the lock statement fails, and the error
+    // aborts the savepoint it runs in.
+    client
+        .batch_execute("SET lock_timeout = '50ms'")
+        .await
+        .unwrap();
+    let locker = locker(&client, Config::default()).await;
+    let insert = format!("INSERT INTO {table} VALUES ($1)");
+    let mut tx = locker.begin(&mut client).await.unwrap();
+    tx.execute(&insert, &[&1_i64]).await.unwrap();
+    let sp = tx.savepoint().await.unwrap();
+    sp.execute(&insert, &[&2_i64]).await.unwrap();
+    let err = sp.lock(busy).await.unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    let err = sp.commit().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TransactionAborted, "{err}");
+    tx.execute(&insert, &[&3_i64]).await.unwrap();
+    tx.commit().await.unwrap();
+    held.rollback().await.unwrap();
+    let ids: Vec<i64> = observer
+        .query(&format!("SELECT id FROM {table} ORDER BY id"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(ids, [1, 3]);
+    observer
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}

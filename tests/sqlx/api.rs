@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use lockkit_sqlx::{
     AdvisoryKey, Batch, Config, Error, ErrorKind, LockTx, Mode, OrderCheck, SqlxResultExt,
 };
+use lockkit_tests::aborted::Aborting;
 use lockkit_tests::TestServer;
 use sqlx::Connection;
 
@@ -474,4 +475,45 @@ async fn an_order_error_names_the_applications_call_sites_and_a_try_passes() {
     assert_eq!(asked_at.file(), file!(), "{err}");
     drop(ltx);
     tx.rollback().await.unwrap();
+}
+
+/// The closure form does not report a commit of a transaction that a lock
+/// call's error aborted: PostgreSQL answers `COMMIT` there by rolling back,
+/// which sqlx reports as success. A closure that swallows the lock's error
+/// and returns `Ok` gets `TransactionAborted`, and its write is not there.
+/// The control is the same closure with a lock that is granted: it commits
+/// its write.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_a_lock_error_aborted_is_not_reported_committed() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 1).await;
+    let locker = locker(&pool, Config::default()).await;
+    let busy = Item { id: 43 };
+    let fixture = Aborting::new(db, "lockkit_sqlx_aborted", busy.lock_key()).await;
+    for (row, key) in [(1_i64, Item { id: 44 }), (2, busy)] {
+        let insert = fixture.insert();
+        let answer = locker
+            .transaction(&pool, |tx| {
+                Box::pin(async move {
+                    sqlx::query("SET LOCAL lock_timeout = '50ms'")
+                        .execute(tx.conn())
+                        .await
+                        .lock_err()?;
+                    sqlx::query(&insert)
+                        .bind(row)
+                        .execute(tx.conn())
+                        .await
+                        .lock_err()?;
+                    // Swallowed: the closure returns Ok.
+                    if let Err(e) = tx.lock(key).await {
+                        assert!(e.is_timeout(), "{e}");
+                    }
+                    Ok(())
+                })
+            })
+            .await;
+        fixture.check(row, key == busy, answer).await;
+    }
+    fixture.finish().await;
 }

@@ -65,6 +65,7 @@
 //! even if it is killed: that is what stops the shared server, which lives
 //! in a `static` and never drops. Only killing the watchdog itself leaves a
 //! server behind, in a `lockkit-pg-<pid>-<n>` directory in the temp dir.
+pub mod aborted;
 mod account;
 mod binaries;
 pub mod fixtures;

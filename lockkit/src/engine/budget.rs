@@ -184,6 +184,12 @@ impl TxLocks {
         self.poisoned
     }
 
+    /// Whether a lock call's error aborted the transaction, or the
+    /// savepoint it ran in, with no rollback to that savepoint since.
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted_at.is_some()
+    }
+
     /// Decides what a request must send: the keys (already in global order)
     /// not yet held in a covering mode, and, under [`OrderCheck::Warn`], the
     /// order violation to warn about. Checks poisoning, the abort state, the

@@ -189,6 +189,11 @@ impl<'c> LockTx<'c> {
     /// tokio-postgres reports as success. The transaction is rolled back
     /// instead (as [`LockTx::rollback`]), so the error says what happened.
     ///
+    /// [`ErrorKind::TransactionAborted`](crate::ErrorKind::TransactionAborted),
+    /// rolled back in the same way, when a lock call's error (a deadlock,
+    /// the session's own `lock_timeout`, …) aborted the transaction (or,
+    /// for a savepoint, the savepoint).
+    ///
     /// # Cancel safety
     ///
     /// Not cancel safe: if dropped while in flight, whether the transaction
@@ -211,6 +216,15 @@ impl<'c> LockTx<'c> {
                     format!("{CUT_OFF}; its rollback failed"),
                     e,
                 ),
+            });
+        }
+        if self.shared.state.is_aborted() {
+            // PostgreSQL answers `COMMIT` in an aborted transaction by
+            // rolling back, which tokio-postgres reports as success.
+            let depth = self.depth;
+            return Err(match Box::pin(self.rollback()).await {
+                Ok(()) => Error::not_committed(depth, None),
+                Err(e) => Error::not_committed(depth, Some(e.into())),
             });
         }
         let tx = self.take();

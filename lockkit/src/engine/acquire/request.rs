@@ -80,6 +80,15 @@ impl TxState {
         self.locks().is_poisoned()
     }
 
+    /// Whether a lock call's error aborted the transaction, or the
+    /// savepoint it ran in, with no rollback to that savepoint since: the
+    /// server refuses every statement until then, and answers `COMMIT` by
+    /// rolling back, which a driver that reads only errors reports as a
+    /// commit.
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.locks().is_aborted()
+    }
+
     /// Records how the savepoint at `depth` ended: released, its locks
     /// belong to `depth - 1`; rolled back, the server released them; not
     /// known, the transaction is poisoned. Depth 0 is the transaction

@@ -73,7 +73,9 @@ pub enum ErrorKind {
     /// `53200`: the server's shared lock table is full.
     LockTableFull,
     /// The transaction is aborted (`25P02`, or an earlier lock statement
-    /// failed); roll it back.
+    /// failed); roll it back. Also a commit (or a savepoint's release)
+    /// that lockkit refused and rolled back instead, because a lock call's
+    /// error had aborted the transaction.
     TransactionAborted,
     /// The connection is gone; the server released its locks with it.
     ConnectionLost,
@@ -307,6 +309,26 @@ impl Error {
     #[cfg_attr(not(feature = "tokio-postgres"), allow(dead_code))]
     pub(crate) fn with_message(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error::make(kind, None, Detail::Text(message.into()), None)
+    }
+
+    /// The refusal of a commit (at `depth` 0) or of a savepoint's release
+    /// that a lock call's error aborted: it was rolled back instead, and
+    /// `rollback` is that rollback's own error when it failed too.
+    pub(crate) fn not_committed(depth: u32, rollback: Option<BoxError>) -> Self {
+        let what = if depth == 0 {
+            "a lock call's error aborted the transaction (PostgreSQL answers COMMIT \
+             there by rolling back): it was rolled back, not committed"
+        } else {
+            "a lock call's error aborted the savepoint: it was rolled back, not released"
+        };
+        match rollback {
+            None => Error::with_message(ErrorKind::TransactionAborted, what),
+            Some(e) => Error::with_source(
+                ErrorKind::TransactionAborted,
+                format!("{what}; its rollback failed"),
+                e,
+            ),
+        }
     }
 
     /// Any other error (a pool's, an application's), as
