@@ -55,7 +55,12 @@ fn out<D: Driver, F: Future>(future: F) -> Out<D, F> {
 /// the budget counts distinct keys, and locks released by a savepoint
 /// rollback are forgotten. Use [`LockTx::savepoint`] rather than raw
 /// `SAVEPOINT` SQL or the driver's own nested transaction, which this
-/// bookkeeping cannot see.
+/// bookkeeping cannot see. End the transaction through the stack's own
+/// commit or rollback (or the adapter's closure form), never with raw
+/// `COMMIT` or `ROLLBACK` SQL on the connection: neither the stack nor
+/// lockkit would see it, and a lock call after it would run outside a
+/// transaction block, where the server releases an xact lock at the end
+/// of its statement.
 ///
 /// # Round trips
 ///

@@ -32,12 +32,18 @@ use crate::pg::locker::Locker;
 /// aborts the transaction; never earlier. Guards borrow the transaction, so
 /// none outlives it. Locks are taken only inside this transaction, so the
 /// silent lock-and-release of an xact lock outside a transaction cannot
-/// happen through this API.
+/// happen through this API (as long as the transaction ends through it too:
+/// see below).
 ///
 /// It remembers what it holds: locking a held key again costs no round trip,
 /// the budget counts distinct keys, and locks released by a savepoint
 /// rollback are forgotten. Use [`LockTx::savepoint`] rather than raw
-/// `SAVEPOINT` SQL, which this bookkeeping cannot see.
+/// `SAVEPOINT` SQL, which this bookkeeping cannot see, and end the
+/// transaction with [`LockTx::commit`] or [`LockTx::rollback`], never with
+/// raw `COMMIT` or `ROLLBACK` SQL through the `Transaction` it dereferences
+/// to: lockkit would not see it, and a lock call after it would run outside
+/// a transaction block, where the server releases an xact lock at the end
+/// of its statement.
 ///
 /// ```no_run
 /// use lockkit::{AdvisoryKey, Batch, LockClient, Locker};
