@@ -100,8 +100,9 @@ impl Locker {
     /// The transaction is diesel-async's, and so is its commit: after a lock
     /// call's error that aborts it (a deadlock, the session's own
     /// `lock_timeout`), PostgreSQL answers `COMMIT` by rolling back, and
-    /// diesel-async's `conn.transaction` reports success. Return the error (`?`), or use
-    /// [`transaction`](Self::transaction), whose commit refuses.
+    /// diesel-async's `conn.transaction` reports success. Return the error
+    /// (`?`), or use [`transaction`](Self::transaction), whose commit
+    /// refuses.
     ///
     /// # Errors
     ///
@@ -146,10 +147,11 @@ impl Locker {
     ///
     /// `f`'s error, or diesel-async's (as [`lockkit::Error`], converted
     /// into `E`) when `BEGIN`, `COMMIT` or `ROLLBACK` fails.
-    /// [`ErrorKind::TransactionAborted`](lockkit::ErrorKind::TransactionAborted), rolled back instead of
-    /// committed, when `f` returns `Ok` after a lock call's error aborted the
-    /// transaction (PostgreSQL answers `COMMIT` there by rolling back, which
-    /// diesel-async reports as success).
+    ///
+    /// [`ErrorKind::TransactionAborted`](lockkit::ErrorKind::TransactionAborted),
+    /// rolled back instead of committed, when `f` returns `Ok` after a lock
+    /// call's error aborted the transaction (PostgreSQL answers `COMMIT`
+    /// there by rolling back, which diesel-async reports as success).
     ///
     /// # Cancel safety
     ///

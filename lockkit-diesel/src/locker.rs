@@ -97,8 +97,8 @@ impl Locker {
     /// The transaction is Diesel's, and so is its commit: after a lock
     /// call's error that aborts it (a deadlock, the session's own
     /// `lock_timeout`), PostgreSQL answers `COMMIT` by rolling back, and
-    /// Diesel's `conn.transaction` reports success. Return the error (`?`), or use
-    /// [`transaction`](Self::transaction), whose commit refuses.
+    /// Diesel's `conn.transaction` reports success. Return the error (`?`),
+    /// or use [`transaction`](Self::transaction), whose commit refuses.
     ///
     /// # Errors
     ///
@@ -124,10 +124,11 @@ impl Locker {
     /// # Errors
     ///
     /// `f`'s error, or Diesel's when `BEGIN`, `COMMIT` or `ROLLBACK` fails.
-    /// [`ErrorKind::TransactionAborted`](lockkit::ErrorKind::TransactionAborted), rolled back instead of
-    /// committed, when `f` returns `Ok` after a lock call's error aborted the
-    /// transaction (PostgreSQL answers `COMMIT` there by rolling back, which
-    /// Diesel reports as success).
+    ///
+    /// [`ErrorKind::TransactionAborted`](lockkit::ErrorKind::TransactionAborted),
+    /// rolled back instead of committed, when `f` returns `Ok` after a lock
+    /// call's error aborted the transaction (PostgreSQL answers `COMMIT`
+    /// there by rolling back, which Diesel reports as success).
     pub fn transaction<R, E, F>(&self, conn: &mut PgConnection, f: F) -> Result<R, E>
     where
         F: FnOnce(&mut LockTx<'_>) -> Result<R, E>,

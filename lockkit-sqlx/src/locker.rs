@@ -135,10 +135,11 @@ impl Locker {
     ///
     /// `f`'s error, or sqlx's (as [`lockkit::Error`], converted into `E`)
     /// when `BEGIN`, `COMMIT` or `ROLLBACK` fails.
-    /// [`ErrorKind::TransactionAborted`](lockkit::ErrorKind::TransactionAborted), rolled back instead of
-    /// committed, when `f` returns `Ok` after a lock call's error aborted the
-    /// transaction (PostgreSQL answers `COMMIT` there by rolling back, which
-    /// sqlx reports as success).
+    ///
+    /// [`ErrorKind::TransactionAborted`](lockkit::ErrorKind::TransactionAborted),
+    /// rolled back instead of committed, when `f` returns `Ok` after a lock
+    /// call's error aborted the transaction (PostgreSQL answers `COMMIT`
+    /// there by rolling back, which sqlx reports as success).
     ///
     /// # Cancel safety
     ///

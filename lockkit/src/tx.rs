@@ -609,6 +609,7 @@ impl<'t, D: Driver<Io = Async>> LockTx<'t, D, Async> {
     /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` fails (after which this
     /// transaction's lock calls fail with [`ErrorKind::Poisoned`]: roll it
     /// back).
+    ///
     /// [`ErrorKind::TransactionAborted`], the savepoint rolled back instead
     /// of released, when `f` returns `Ok` after a lock call's error aborted
     /// it; this transaction is usable again.
@@ -641,6 +642,7 @@ impl<'t, D: Driver<Io = Blocking>> LockTx<'t, D, Blocking> {
     /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` fails (after which this
     /// transaction's lock calls fail with [`ErrorKind::Poisoned`]: roll it
     /// back).
+    ///
     /// [`ErrorKind::TransactionAborted`], the savepoint rolled back instead
     /// of released, when `f` returns `Ok` after a lock call's error aborted
     /// it; this transaction is usable again.

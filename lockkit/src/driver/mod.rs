@@ -262,7 +262,9 @@ pub fn lock_tx<'t, D: Driver>(locker: &D, conn: &'t mut D::Conn) -> Result<LockT
 /// # Errors
 ///
 /// `f`'s error, or the driver's (as [`Error`]) when `BEGIN`, `COMMIT` or
-/// `ROLLBACK` fails. [`ErrorKind::TransactionAborted`](crate::ErrorKind::TransactionAborted),
+/// `ROLLBACK` fails.
+///
+/// [`ErrorKind::TransactionAborted`](crate::ErrorKind::TransactionAborted),
 /// rolled back instead of committed, when `f` returns `Ok` after a lock
 /// call's error aborted the transaction.
 ///
