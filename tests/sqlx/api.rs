@@ -517,3 +517,50 @@ async fn a_transaction_a_lock_error_aborted_is_not_reported_committed() {
     }
     fixture.finish().await;
 }
+
+/// A savepoint (lockkit's, inside sqlx's own transaction) whose lock call's
+/// error aborted it is rolled back when its closure returns `Ok`, which
+/// gets `TransactionAborted`; the transaction goes on, and its commit keeps
+/// the writes made outside the savepoint, not the one inside.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_savepoint_a_lock_error_aborted_is_rolled_back_and_the_transaction_goes_on() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 1).await;
+    let locker = locker(&pool, Config::default()).await;
+    let busy = Item { id: 45 };
+    let fixture = Aborting::new(db, "lockkit_sqlx_sp_aborted", busy.lock_key()).await;
+    let insert = fixture.insert();
+    let mut tx = pool.begin().await.unwrap();
+    let mut ltx = locker.lock_tx(&mut tx).unwrap();
+    let write = |row: i64| sqlx::query(&insert).bind(row);
+    write(1).execute(ltx.conn()).await.unwrap();
+    let inside = fixture.insert();
+    let answer: Result<(), Error> = ltx
+        .savepoint(|sp| {
+            Box::pin(async move {
+                sqlx::query("SET LOCAL lock_timeout = '50ms'")
+                    .execute(sp.conn())
+                    .await
+                    .lock_err()?;
+                sqlx::query(&inside)
+                    .bind(2_i64)
+                    .execute(sp.conn())
+                    .await
+                    .lock_err()?;
+                // Swallowed: the closure returns Ok.
+                if let Err(e) = sp.lock(busy).await {
+                    assert!(e.is_timeout(), "{e}");
+                }
+                Ok(())
+            })
+        })
+        .await;
+    let err = answer.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TransactionAborted, "{err}");
+    write(3).execute(ltx.conn()).await.unwrap();
+    drop(ltx);
+    tx.commit().await.unwrap();
+    assert_eq!(fixture.ids().await, [1, 3]);
+    fixture.finish().await;
+}

@@ -41,6 +41,17 @@ impl Aborting {
         format!("INSERT INTO {} VALUES ($1)", self.table)
     }
 
+    /// The rows written and committed so far, in order.
+    pub async fn ids(&self) -> Vec<i64> {
+        let select = format!("SELECT id FROM {} ORDER BY id", self.table);
+        let rows = self
+            .observer
+            .query(&select, &[])
+            .await
+            .expect("read the rows");
+        rows.iter().map(|row| row.get(0)).collect()
+    }
+
     /// Checks what the closure form answered for the transaction that wrote
     /// `row`: when its lock call `failed` (and the closure returned `Ok`),
     /// `TransactionAborted` and no row; else `Ok` and the row (the control).
