@@ -564,3 +564,53 @@ async fn a_savepoint_a_lock_error_aborted_is_rolled_back_and_the_transaction_goe
     assert_eq!(fixture.ids().await, [1, 3]);
     fixture.finish().await;
 }
+
+/// The closure form does not report a commit after a lock call that was
+/// cut off while the server waited (its future dropped, here by
+/// `select!`): sqlx sends no cancel request, so the statement goes on
+/// waiting after the drop, and here another session cancels it, which
+/// aborts the transaction where lockkit never reads the reply. The commit
+/// must not say Ok for a write that is not there: sqlx reads the dropped
+/// statement's reply before it sends `COMMIT`, and fails the commit with
+/// that statement's error.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_whose_lock_call_was_cut_off_is_not_reported_committed() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 1).await;
+    let locker = locker(&pool, Config::default()).await;
+    let busy = Item { id: 46 };
+    let fixture = Aborting::new(db, "lockkit_sqlx_cut_off", busy.lock_key()).await;
+    let observer = std::sync::Arc::new(db.connect().await);
+    let insert = fixture.insert();
+    let answer: Result<(), Error> = locker
+        .transaction(&pool, |tx| {
+            Box::pin(async move {
+                let pid = backend_pid(tx.conn()).await;
+                sqlx::query(&insert)
+                    .bind(1_i64)
+                    .execute(tx.conn())
+                    .await
+                    .lock_err()?;
+                let call = tx.lock(busy);
+                tokio::pin!(call);
+                tokio::select! {
+                    r = &mut call => panic!("granted while held: {r:?}"),
+                    () = wait_until_waiting(&observer, pid) => {}
+                }
+                // Cut off; the statement still waits for the key, until
+                // the cancel (the holder keeps it throughout).
+                observer
+                    .execute("SELECT pg_cancel_backend($1)", &[&pid])
+                    .await
+                    .unwrap();
+                Ok(())
+            })
+        })
+        .await;
+    let ids = fixture.ids().await;
+    let err = answer.expect_err("the transaction was aborted after the drop");
+    assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+    assert!(ids.is_empty(), "refused, yet committed: {ids:?}");
+    fixture.finish().await;
+}
