@@ -6,12 +6,13 @@
 use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
-use diesel::sql_types::Text;
-use diesel::{sql_query, Connection, QueryableByName, RunQueryDsl};
+use diesel::sql_types::{BigInt, Text};
+use diesel::{sql_query, Connection, PgConnection, QueryableByName, RunQueryDsl};
 use lockkit::key::HashText;
 use lockkit::ErrorKind;
 use lockkit::{AdvisoryKey, ServerFacts};
 use lockkit_diesel::{Batch, Config, Error, Locker, Mode, OrderCheck};
+use lockkit_tests::aborted::Aborting;
 use lockkit_tests::TestServer;
 
 use crate::common::{connect, granted_elsewhere, locker};
@@ -520,4 +521,58 @@ fn an_order_error_names_the_applications_call_sites_and_a_try_passes() {
             Ok::<_, Error>(())
         })
         .unwrap();
+}
+
+/// A lock call's error that aborted a savepoint or the transaction is
+/// refused at their end, not reported as a release or a commit (PostgreSQL
+/// answers `COMMIT` in an aborted transaction by rolling back, which Diesel
+/// reports as success): the savepoint whose closure swallowed the error is
+/// rolled back with `TransactionAborted` and the transaction goes on,
+/// keeping the writes made outside it; the transaction whose closure did
+/// the same is rolled back, and its write is not there.
+#[test]
+fn a_lock_error_that_aborted_is_refused_at_the_end() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime for the fixture");
+    let busy = Item { id: 70 };
+    let fixture = runtime.block_on(Aborting::new(db, "lockkit_diesel_aborted", busy.lock_key()));
+    let insert = fixture.insert();
+    let write = |conn: &mut PgConnection, row: i64| {
+        sql_query(&insert)
+            .bind::<BigInt, _>(row)
+            .execute(conn)
+            .map(drop)
+    };
+    let mut conn = connect(db);
+    let locker = locker(&mut conn, Config::default());
+    locker
+        .transaction(&mut conn, |tx| {
+            write(tx.conn(), 1)?;
+            let err = tx
+                .savepoint(|sp| {
+                    sp.conn().batch_execute("SET LOCAL lock_timeout = '50ms'")?;
+                    write(sp.conn(), 2)?;
+                    // Swallowed: the closure returns Ok.
+                    let e = sp.lock(busy).unwrap_err();
+                    assert!(e.is_timeout(), "{e}");
+                    Ok::<_, Error>(())
+                })
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::TransactionAborted, "{err}");
+            write(tx.conn(), 3)?;
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+    assert_eq!(runtime.block_on(fixture.ids()), [1, 3]);
+
+    let answer = locker.transaction(&mut conn, |tx| {
+        tx.conn().batch_execute("SET LOCAL lock_timeout = '50ms'")?;
+        write(tx.conn(), 4)?;
+        let e = tx.lock(busy).unwrap_err();
+        assert!(e.is_timeout(), "{e}");
+        Ok::<_, Error>(())
+    });
+    runtime.block_on(fixture.check(4, true, answer));
+    runtime.block_on(fixture.finish());
 }
