@@ -9,7 +9,8 @@ use std::panic::Location;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::driver::{self, Async, Blocking, Driver, Io, SavepointStep};
+use crate::driver::{self, Async, Blocking, Driver, DriverError, Io, SavepointStep};
+use crate::engine::error::Refused;
 use crate::engine::{Grant, Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait};
 use crate::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 
@@ -128,6 +129,19 @@ impl<D: Driver, M: Io> DerefMut for LockTx<'_, D, M> {
 struct SavepointGuard<'s, 'c, D: Driver> {
     ending: SavepointEnding<'s>,
     conn: &'c mut D::Conn,
+}
+
+impl<D: Driver> SavepointGuard<'_, '_, D> {
+    /// Rolls the savepoint (or the transaction) back, and records how it
+    /// ended: rolled back, or unknown when the rollback failed.
+    async fn roll_back(&mut self) -> Result<(), DriverError> {
+        let rollback = D::savepoint(self.conn, SavepointStep::Rollback).await;
+        self.ending.record(match rollback {
+            Ok(()) => SavepointEnd::RolledBack,
+            Err(_) => SavepointEnd::Unknown,
+        });
+        rollback
+    }
 }
 
 impl<D: Driver> Drop for SavepointGuard<'_, '_, D> {
@@ -528,13 +542,13 @@ impl<'s, 'c, D: Driver> Scope<'s, 'c, D> {
             // which the stack reports as a commit, and `RELEASE` with an
             // error. Rolled back, and said so.
             Ok(_) if self.state.is_aborted() => {
-                let rollback = D::savepoint(guard.conn, SavepointStep::Rollback).await;
-                guard.ending.record(match rollback {
-                    Ok(()) => SavepointEnd::RolledBack,
-                    Err(_) => SavepointEnd::Unknown,
-                });
-                let rollback = rollback.err().map(|e| e.into_error().into());
-                Err(E::from(Error::not_committed(self.depth, rollback)))
+                let rollback = guard.roll_back().await.err();
+                let rollback = rollback.map(|e| e.into_error().into());
+                Err(E::from(Error::not_committed(
+                    Refused::Aborted,
+                    self.depth,
+                    rollback,
+                )))
             }
             Ok(value) => {
                 // Dropped while `RELEASE` (or `COMMIT`) is in flight, whether
@@ -552,11 +566,9 @@ impl<'s, 'c, D: Driver> Scope<'s, 'c, D> {
                 }
             }
             Err(user) => {
-                let end = match D::savepoint(guard.conn, SavepointStep::Rollback).await {
-                    Ok(()) => SavepointEnd::RolledBack,
-                    Err(_) => SavepointEnd::Unknown,
-                };
-                guard.ending.record(end);
+                // The closure's error is the answer; the rollback's, if
+                // any, is in how the savepoint's end was recorded.
+                let _ = guard.roll_back().await;
                 Err(user)
             }
         }

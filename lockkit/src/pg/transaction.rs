@@ -11,7 +11,7 @@ use futures_util::FutureExt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Transaction;
 
-use crate::engine::error::{Error, ErrorKind};
+use crate::engine::error::{Error, Refused};
 use crate::engine::guard::{Busy, Held, HeldBatch};
 use crate::engine::plan::{Batch, Mode};
 use crate::engine::{Grant, Request, SavepointEnd, TxSlot, TxState, Wait};
@@ -207,31 +207,22 @@ impl<'c> LockTx<'c> {
     /// dropped in flight poisons the transaction: whether the savepoint's
     /// locks passed to it is unknown.
     pub async fn commit(mut self) -> Result<(), Error> {
-        if self.depth == 0 && self.shared.cancelled.load(Ordering::SeqCst) {
-            const CUT_OFF: &str = "a lock call of this transaction was cut off and its \
-                cancel request may abort the transaction: it was not committed";
+        // PostgreSQL answers `COMMIT` in an aborted transaction by rolling
+        // back, which tokio-postgres reports as success: a transaction that
+        // is, or may become, aborted is rolled back and refused instead.
+        let refused = if self.depth == 0 && self.shared.cancelled.load(Ordering::SeqCst) {
+            Some(Refused::CutOff)
+        } else if self.shared.state.is_aborted() {
+            Some(Refused::Aborted)
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            let depth = self.depth;
             // Boxed: this rare path's future would otherwise make every
             // commit's future six times the size of tokio-postgres's.
-            return Err(match Box::pin(self.rollback()).await {
-                Ok(()) => Error::with_message(
-                    ErrorKind::Poisoned,
-                    format!("{CUT_OFF}, and is rolled back"),
-                ),
-                Err(e) => Error::with_source(
-                    ErrorKind::Poisoned,
-                    format!("{CUT_OFF}; its rollback failed"),
-                    e,
-                ),
-            });
-        }
-        if self.shared.state.is_aborted() {
-            // PostgreSQL answers `COMMIT` in an aborted transaction by
-            // rolling back, which tokio-postgres reports as success.
-            let depth = self.depth;
-            return Err(match Box::pin(self.rollback()).await {
-                Ok(()) => Error::not_committed(depth, None),
-                Err(e) => Error::not_committed(depth, Some(e.into())),
-            });
+            let rollback = Box::pin(self.rollback()).await.err();
+            return Err(Error::not_committed(why, depth, rollback.map(Into::into)));
         }
         let tx = self.take();
         // Dropped once `RELEASE` is sent, whether it ran is not known.

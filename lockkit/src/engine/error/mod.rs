@@ -210,6 +210,19 @@ enum Detail {
     Text(String),
 }
 
+/// Why lockkit refused a commit (or a savepoint's release) and rolled back
+/// instead ([`Error::not_committed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// A lock call was cut off while the server waited: the cancel request
+    /// it sent may abort the transaction, whenever it lands (a refusal of
+    /// the tokio-postgres `LockTx`, whose driver sends cancel requests).
+    #[cfg_attr(not(feature = "tokio-postgres"), allow(dead_code))]
+    CutOff,
+    /// A lock call's error aborted the transaction (or the savepoint).
+    Aborted,
+}
+
 impl Error {
     fn make(
         kind: ErrorKind,
@@ -311,23 +324,29 @@ impl Error {
         Error::make(kind, None, Detail::Text(message.into()), None)
     }
 
-    /// The refusal of a commit (at `depth` 0) or of a savepoint's release
-    /// that a lock call's error aborted: it was rolled back instead, and
-    /// `rollback` is that rollback's own error when it failed too.
-    pub(crate) fn not_committed(depth: u32, rollback: Option<BoxError>) -> Self {
-        let what = if depth == 0 {
-            "a lock call's error aborted the transaction (PostgreSQL answers COMMIT \
-             there by rolling back): it was rolled back, not committed"
-        } else {
-            "a lock call's error aborted the savepoint: it was rolled back, not released"
+    /// The refusal of a commit (at `depth` 0) or of a savepoint's release,
+    /// for the reason `why`: it was rolled back instead, and `rollback` is
+    /// that rollback's own error when it failed too.
+    pub(crate) fn not_committed(why: Refused, depth: u32, rollback: Option<BoxError>) -> Self {
+        let (kind, what) = match why {
+            Refused::CutOff => (
+                ErrorKind::Poisoned,
+                "a lock call of this transaction was cut off and its cancel request \
+                 may abort the transaction: it was not committed",
+            ),
+            Refused::Aborted if depth == 0 => (
+                ErrorKind::TransactionAborted,
+                "a lock call's error aborted the transaction (PostgreSQL answers COMMIT \
+                 there by rolling back): it was not committed",
+            ),
+            Refused::Aborted => (
+                ErrorKind::TransactionAborted,
+                "a lock call's error aborted the savepoint: it was not released",
+            ),
         };
         match rollback {
-            None => Error::with_message(ErrorKind::TransactionAborted, what),
-            Some(e) => Error::with_source(
-                ErrorKind::TransactionAborted,
-                format!("{what}; its rollback failed"),
-                e,
-            ),
+            None => Error::with_message(kind, format!("{what}, and is rolled back")),
+            Some(e) => Error::with_source(kind, format!("{what}; its rollback failed"), e),
         }
     }
 
