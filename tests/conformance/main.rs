@@ -37,10 +37,11 @@ suite!(sqlx: crate::adapters::with_sqlx::Sqlx;
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
     release_on_terminate, budget, timeout, cancel, savepoints, drifting_key,
     lock_outside_transaction_refused,
-    // No commit_after_an_aborting_error: this stack's sessions commit
-    // through sqlx's own `Transaction::commit` (`lock_tx`), which is not
-    // lockkit's to refuse (`Locker::lock_tx` says so); lockkit's closure
-    // form is tested in tests/sqlx/api.rs.
+    // Not commit_after_an_aborting_error but its control: this stack's
+    // sessions commit through sqlx's own `Transaction::commit` (`lock_tx`),
+    // which is not lockkit's to refuse (`Locker::lock_tx` says so);
+    // lockkit's closure form is tested in tests/sqlx/api.rs.
+    commit_after_an_aborting_error_control,
 );
 
 suite!(diesel_async: crate::adapters::with_diesel_async::DieselAsync;
@@ -48,10 +49,11 @@ suite!(diesel_async: crate::adapters::with_diesel_async::DieselAsync;
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
     release_on_terminate, budget, timeout, cancel, savepoints, drifting_key,
     lock_outside_transaction_refused,
-    // No commit_after_an_aborting_error: this stack's sessions commit
-    // through diesel-async's own `conn.transaction` (`lock_tx`), which is
-    // not lockkit's to refuse (`Locker::lock_tx` says so); lockkit's closure
-    // form is tested in tests/diesel_async/api.rs.
+    // Not commit_after_an_aborting_error but its control: this stack's
+    // sessions commit through diesel-async's own `conn.transaction`
+    // (`lock_tx`), which is not lockkit's to refuse (`Locker::lock_tx` says
+    // so); lockkit's closure form is tested in tests/diesel_async/api.rs.
+    commit_after_an_aborting_error_control,
 );
 
 suite!(diesel: crate::adapters::with_diesel::Diesel;

@@ -98,12 +98,20 @@ async fn every_fault_fires_when_the_agent_falls_behind() {
 #[tokio::test(flavor = "multi_thread")]
 async fn no_statement_scans_a_whole_table() {
     const SPREAD: u128 = 0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835;
+    // Rows of the small table each statement is planned on, and rows added
+    // for the large one it then runs on.
+    const SMALL: i64 = 2_000;
+    const LARGE: i64 = 100_000;
+    // Transactions of 64 new keys on each: past the five custom plans
+    // after which a session may switch to the generic plan, then a few.
+    const PLANNED: i64 = 8;
+    const RUN: i64 = 3;
     let options = Options::parse_from(["ingest", "--quiet"]);
     let db = Database::throwaway(&server_settings(&options));
     let admin = db.connect().await.unwrap();
     let locker = Locker::new(&admin, Config::default()).await.unwrap();
     let budgeting = Budgeting::decide(64, locker.policy().budget(), options.budget_mode);
-    let fill = |rows: u32| {
+    let fill = |rows: i64| {
         format!(
             "INSERT INTO ingest_events (business_key, payload) \
              SELECT gen_random_uuid(), 'x' FROM generate_series(1, {rows}); \
@@ -120,7 +128,7 @@ async fn no_statement_scans_a_whole_table() {
                 .await
                 .unwrap();
         }
-        admin.batch_execute(&fill(2_000)).await.unwrap();
+        admin.batch_execute(&fill(SMALL)).await.unwrap();
         let client = db.connect().await.unwrap();
         let stmts = strategy::Statements::prepare(&client, strategy)
             .await
@@ -134,21 +142,19 @@ async fn no_statement_scans_a_whole_table() {
                 .map(|i| Uuid::from_u128(i.wrapping_mul(SPREAD)))
                 .collect::<Vec<Uuid>>()
         };
-        // Past the five custom plans after which a session may switch to
-        // the generic plan, on the small table.
-        for _ in 0..8 {
+        for _ in 0..PLANNED {
             strategy::ingest(&mut client, strategy, budgeting, &stmts, &keys())
                 .await
                 .unwrap();
         }
-        admin.batch_execute(&fill(100_000)).await.unwrap();
-        let before = seq_scans(&admin, &client, 102_000 + 8 * 64).await;
-        for _ in 0..3 {
+        admin.batch_execute(&fill(LARGE)).await.unwrap();
+        let before = seq_scans(&admin, &client, SMALL + LARGE + PLANNED * 64).await;
+        for _ in 0..RUN {
             strategy::ingest(&mut client, strategy, budgeting, &stmts, &keys())
                 .await
                 .unwrap();
         }
-        let after = seq_scans(&admin, &client, 102_000 + 11 * 64).await;
+        let after = seq_scans(&admin, &client, SMALL + LARGE + (PLANNED + RUN) * 64).await;
         scanned.push((strategy.name(), after - before));
     }
     assert!(
