@@ -23,6 +23,7 @@ mod release;
 mod session;
 mod session_forms;
 mod session_lost;
+mod session_multiplexed;
 mod session_pooler;
 mod session_probe;
 mod session_silent;

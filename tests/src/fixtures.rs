@@ -52,3 +52,13 @@ pub struct StripedEvent {
     /// The business key.
     pub business_key: String,
 }
+
+/// The key of the multiplexed session-lock tests and benchmark rows, also
+/// taken by the `hold-session-locks` child process (tests/src/bin), so that
+/// a test and the process it kills lock the same keys.
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[advisory_key(namespace = "lockkit-tests/multiplexed")]
+pub struct Feed {
+    /// The feed id.
+    pub id: i64,
+}

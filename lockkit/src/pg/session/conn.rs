@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Socket};
 
@@ -23,8 +23,8 @@ impl SessionLock {
     ) -> Result<(Lease, Canceller), Error> {
         match &self.source {
             Source::Connect(connect) => {
-                let (client, ended) = connect.connect(application_name.to_string()).await?;
-                Ok((Lease::owned(client, ended), connect.canceller()))
+                let (client, ended, close) = connect.connect(application_name.to_string()).await?;
+                Ok((Lease::owned(client, ended, close), connect.canceller()))
             }
             #[cfg(feature = "deadpool")]
             Source::Pool(pool) => {
@@ -46,6 +46,8 @@ pub(super) struct Lease {
     /// Whether a pooled connection may go back to its pool: set only once
     /// nothing of the lock can be left on it.
     pub(super) clean: bool,
+    /// Closes an owned connection now, while its client is still shared.
+    close: Option<Arc<Notify>>,
 }
 
 enum Conn {
@@ -55,11 +57,12 @@ enum Conn {
 }
 
 impl Lease {
-    fn owned(client: Client, ended: watch::Receiver<bool>) -> Self {
+    fn owned(client: Client, ended: watch::Receiver<bool>, close: Arc<Notify>) -> Self {
         Lease {
             conn: Some(Conn::Owned(client)),
             ended: Some(ended),
             clean: false,
+            close: Some(close),
         }
     }
 
@@ -69,6 +72,7 @@ impl Lease {
             conn: Some(Conn::Pooled(object)),
             ended: None,
             clean: false,
+            close: None,
         }
     }
 
@@ -83,6 +87,16 @@ impl Lease {
 
     pub(super) fn is_owned(&self) -> bool {
         matches!(self.conn, Some(Conn::Owned(_)))
+    }
+
+    /// Closes an owned connection now, even while its client is shared
+    /// (statements in flight fail): the server ends the session, and every
+    /// lock on it. A pooled connection closes when the lease drops
+    /// (detached from its pool, unless clean).
+    pub(super) fn close(&self) {
+        if let Some(close) = &self.close {
+            close.notify_one();
+        }
     }
 }
 
@@ -129,12 +143,13 @@ impl fmt::Debug for Source {
     }
 }
 
+/// An opened connection: its client, the watch that flips when it ends,
+/// and what closes it ([`Lease::close`]).
+pub(super) type Opened = (Client, watch::Receiver<bool>, Arc<Notify>);
+
 /// Opens connections, whatever the TLS connector's type.
 pub(super) trait Connect: Send + Sync {
-    fn connect(
-        &self,
-        application_name: String,
-    ) -> BoxFuture<'_, Result<(Client, watch::Receiver<bool>), Error>>;
+    fn connect(&self, application_name: String) -> BoxFuture<'_, Result<Opened, Error>>;
     fn canceller(&self) -> Canceller;
     fn config(&self) -> &tokio_postgres::Config;
 }
@@ -152,23 +167,27 @@ where
     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
 {
     /// Connects, named `application_name`, and runs the connection on a
-    /// task that flips the returned watch to `true` when it ends.
-    fn connect(
-        &self,
-        application_name: String,
-    ) -> BoxFuture<'_, Result<(Client, watch::Receiver<bool>), Error>> {
+    /// task that flips the returned watch to `true` when it ends, and that
+    /// the returned `Notify` ends (closing the socket).
+    fn connect(&self, application_name: String) -> BoxFuture<'_, Result<Opened, Error>> {
         Box::pin(async move {
             let mut config = self.config.clone();
             config.application_name(&application_name);
             let (client, connection) = config.connect(self.tls.clone()).await?;
             let (ended, lost) = watch::channel(false);
+            let close = Arc::new(Notify::new());
+            let closing = close.clone();
             tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "lockkit: a session lock connection ended");
+                tokio::select! {
+                    result = connection => if let Err(e) = result {
+                        tracing::debug!(error = %e, "lockkit: a session lock connection ended");
+                    },
+                    // Dropping the connection closes its socket.
+                    () = closing.notified() => {}
                 }
                 let _ = ended.send(true);
             });
-            Ok((client, lost))
+            Ok((client, lost, close))
         })
     }
 

@@ -14,6 +14,7 @@ use tokio_postgres::Client;
 
 use super::conn::Lease;
 use super::keeper::within_cadence;
+use super::mux::MuxHold;
 use super::take::{key_query, one_bool};
 use super::SessionForm;
 #[cfg(doc)]
@@ -64,7 +65,14 @@ pub struct SessionGuard<K> {
     pub(super) mode: Mode,
     pub(super) form: SessionForm,
     pub(super) backend_pid: i32,
-    pub(super) shared: Holding,
+    pub(super) hold: Hold,
+}
+
+/// How a guard holds its lock: on a connection of its own, or on a
+/// multiplexed one.
+pub(super) enum Hold {
+    Own(Holding),
+    Mux(MuxHold),
 }
 
 impl<K: fmt::Debug> fmt::Debug for SessionGuard<K> {
@@ -119,7 +127,10 @@ impl<K> SessionGuard<K> {
     /// once the connection ended or a keepalive failed (the lock is gone).
     /// Use [`check`](Self::check) to ask the server.
     pub fn is_held(&self) -> bool {
-        !*self.shared.lost.borrow()
+        match &self.hold {
+            Hold::Own(shared) => !*shared.lost.borrow(),
+            Hold::Mux(held) => held.is_held(),
+        }
     }
 
     /// A future that resolves when the lock is gone: its connection ended
@@ -131,7 +142,10 @@ impl<K> SessionGuard<K> {
     ///
     /// Cancel safe: it only watches.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut lost = self.shared.lost.subscribe();
+        let mut lost = match &self.hold {
+            Hold::Own(shared) => shared.lost.subscribe(),
+            Hold::Mux(held) => held.lost(),
+        };
         async move {
             // An error means the lock's state is gone: lost as well.
             let _ = lost.wait_for(|lost| *lost).await;
@@ -153,9 +167,13 @@ impl<K> SessionGuard<K> {
     ///
     /// Cancel safe: it only reads.
     pub async fn check(&self) -> Result<bool, Error> {
+        let shared = match &self.hold {
+            Hold::Own(shared) => shared,
+            Hold::Mux(held) => return held.check().await,
+        };
         // On a task of its own, so that a check dropped half-way still
         // reads its replies and sends the keepalive that closes its portal.
-        tokio::spawn(check_now(self.shared.clone()))
+        tokio::spawn(check_now(shared.0.clone()))
             .await
             .unwrap_or(Ok(false))
     }
@@ -189,7 +207,11 @@ impl<K> SessionGuard<K> {
     /// pooled one detached from its pool, never returned), which ends the
     /// session's transaction and the lock on the server.
     pub async fn release(self) -> Result<bool, Error> {
-        let lease = self.shared.lease.lock().await.take();
+        let shared = match self.hold {
+            Hold::Own(shared) => shared,
+            Hold::Mux(held) => return held.release().await,
+        };
+        let lease = shared.lease.lock().await.take();
         let Some(lease) = lease else {
             // The keeper, a check or the connection's end gave the
             // connection up: the lock is gone.
@@ -197,12 +219,12 @@ impl<K> SessionGuard<K> {
         };
         let mut ending = Ending {
             lease: Some(lease),
-            lost: &self.shared.lost,
+            lost: &shared.lost,
         };
         let lease = ending.lease.as_mut().expect("just put");
         within_cadence(
-            self.shared.cadence,
-            end_lock(lease, self.form, self.key, self.mode),
+            shared.cadence,
+            end_lock(lease, shared.form, shared.key, shared.mode),
         )
         .await
         // `ending` drops the lease (closed, or back to its pool if clean),
@@ -346,7 +368,11 @@ async fn end_dropped(shared: Arc<Shared>) {
 /// Whether the lock's backend holds `key`, then the keepalive, which drops
 /// the check's portal (and snapshot), within one cadence; a lost
 /// connection, or no answer in time, answers `false`.
-async fn holds_now(lease: &Lease, key: LockKey, cadence: Duration) -> Result<bool, Error> {
+pub(super) async fn holds_now(
+    lease: &Lease,
+    key: LockKey,
+    cadence: Duration,
+) -> Result<bool, Error> {
     let client = lease.client();
     let answer = within_cadence(cadence, async {
         let (held, closed) = join(holds(client, key), client.batch_execute(sql::KEEPALIVE)).await;
@@ -381,7 +407,8 @@ async fn end_lock(
             lease.clean = true;
             Ok(true)
         }
-        SessionForm::SessionLevel => {
+        // (A multiplexed lock's guard holds no lease of its own.)
+        SessionForm::SessionLevel | SessionForm::Multiplexed => {
             let rows = key_query(client, sql::session_unlock(key, mode), key).await?;
             let was_held = one_bool(&rows)?;
             // Unlocked what it took: nothing of this lock is left.

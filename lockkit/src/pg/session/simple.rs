@@ -97,25 +97,7 @@ pub(super) async fn take_xact_lock(
             _ => {}
         }
         if prefix > 0 {
-            // BEGIN answers no row; the set-up one row in its first command
-            // and none in the others.
-            let begun = completed.rows(0, 1);
-            let set_up = completed.rows(1, 2);
-            let settings = completed.rows(2, prefix);
-            if !begun.is_empty() || !settings.is_empty() {
-                return Err(Error::unexpected(
-                    "BEGIN or a SET of the session set-up returned a row".into(),
-                ));
-            }
-            one_row(set_up, "the session set-up")?;
-            let row = &set_up[0];
-            let bad = |e: BadColumn| Error::unexpected(format!("the session set-up: {e}"));
-            setup = Some((row.bool(0).map_err(bad)?, row.int4(1).map_err(bad)?));
-            // The other form's last column: NULL when the server has no
-            // `client_connection_check_interval`.
-            if !known && row.text(3).is_ok() {
-                check_interval_known.store(true, Ordering::Relaxed);
-            }
+            setup = Some(read_setup(&completed, prefix, known, check_interval_known)?);
         }
         if let Some(e) = failed {
             call.receive(Err(DriverError::from(e)));
@@ -137,6 +119,72 @@ pub(super) async fn take_xact_lock(
     }
     let setup = setup.ok_or_else(|| Error::unexpected("the lock engine sent nothing".into()))?;
     Ok((setup, call.finish().map(|outcome| outcome.is_ok())))
+}
+
+/// Opens a held transaction on `client` and sets it up (named `name`), in
+/// one simple-protocol query, as [`take_xact_lock`] does before its lock:
+/// the multiplexed form's connection. Answers `in_recovery` and the
+/// backend pid.
+///
+/// # Errors
+///
+/// When `BEGIN` or the set-up failed, or their reply was not theirs.
+pub(super) async fn begin_held(
+    client: &Client,
+    name: impl fmt::Display,
+    check_interval_known: &AtomicBool,
+) -> Result<(bool, i32), Error> {
+    let known = check_interval_known.load(Ordering::Relaxed);
+    let mut query = String::with_capacity(256);
+    query.push_str(sql::SESSION_BEGIN);
+    query.push_str("; ");
+    let prefix = 1 + sql::write_session_setup(&mut query, name, known);
+    let (completed, failed) = simple_round(client, &query).await;
+    if let Some(e) = failed {
+        if e.code() == Some(&SqlState::UNDEFINED_OBJECT) {
+            check_interval_known.store(false, Ordering::Relaxed);
+        }
+        return Err(Error::from(e));
+    }
+    if completed.len() != prefix {
+        return Err(Error::unexpected(format!(
+            "the session set-up answered {} commands, not {prefix}",
+            completed.len()
+        )));
+    }
+    read_setup(&completed, prefix, known, check_interval_known)
+}
+
+/// The set-up row of a held transaction's first `prefix` commands
+/// (`BEGIN`, then [`sql::write_session_setup`]'s): `in_recovery` and the
+/// backend pid. Notes whether the server has
+/// `client_connection_check_interval`.
+fn read_setup(
+    completed: &Completed,
+    prefix: usize,
+    known: bool,
+    check_interval_known: &AtomicBool,
+) -> Result<(bool, i32), Error> {
+    // BEGIN answers no row; the set-up one row in its first command and
+    // none in the others.
+    let begun = completed.rows(0, 1);
+    let set_up = completed.rows(1, 2);
+    let settings = completed.rows(2, prefix);
+    if !begun.is_empty() || !settings.is_empty() {
+        return Err(Error::unexpected(
+            "BEGIN or a SET of the session set-up returned a row".into(),
+        ));
+    }
+    one_row(set_up, "the session set-up")?;
+    let row = &set_up[0];
+    let bad = |e: BadColumn| Error::unexpected(format!("the session set-up: {e}"));
+    let setup = (row.bool(0).map_err(bad)?, row.int4(1).map_err(bad)?);
+    // The other form's last column: NULL when the server has no
+    // `client_connection_check_interval`.
+    if !known && row.text(3).is_ok() {
+        check_interval_known.store(true, Ordering::Relaxed);
+    }
+    Ok(setup)
 }
 
 /// Sends `query` (statements joined by `;`) with the simple query

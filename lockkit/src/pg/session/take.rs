@@ -10,8 +10,9 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 
 use super::conn::Lease;
-use super::guard::{Holding, SessionGuard, Shared};
+use super::guard::{Hold, Holding, SessionGuard, Shared};
 use super::keeper::watch_connection;
+use super::mux::MuxTry;
 #[cfg(doc)]
 use super::simple::simple_round;
 use super::simple::take_xact_lock;
@@ -32,13 +33,38 @@ impl SessionLock {
         mode: Mode,
         wait: Wait,
     ) -> Result<Result<SessionGuard<K>, K>, Error> {
+        if self.form != SessionForm::Multiplexed {
+            return self.acquire_own(value, mode, wait, self.form).await;
+        }
+        // A free key is taken on a multiplexed connection, in one round
+        // trip. A wait never runs there (a connection waiting for one key
+        // would delay every other lock's statements on it): it takes a
+        // connection of its own, in the default form.
+        match self.try_multiplexed(value, mode).await? {
+            MuxTry::Held(guard) => Ok(Ok(guard)),
+            MuxTry::Busy(value) if matches!(wait, Wait::Try) => Ok(Err(value)),
+            MuxTry::Busy(value) | MuxTry::Elsewhere(value) => {
+                self.acquire_own(value, mode, wait, SessionForm::Transaction)
+                    .await
+            }
+        }
+    }
+
+    /// Takes a lock on a connection of its own, held in `form`.
+    async fn acquire_own<K: AdvisoryKey>(
+        &self,
+        value: K,
+        mode: Mode,
+        wait: Wait,
+        form: SessionForm,
+    ) -> Result<Result<SessionGuard<K>, K>, Error> {
         let key = value.lock_key();
         let hashtext = K::KEY_SPEC.form() == KeyForm::HashText;
         let name = AppName(K::KEY_SPEC.namespace(), key);
         let (lease, canceller) = self.lease(&name).await?;
         let mut cancel = CancelOnDrop::new(lease.client(), &canceller, || ());
-        let taken = match self.form {
-            SessionForm::Transaction => {
+        let taken = match form {
+            SessionForm::Transaction | SessionForm::Multiplexed => {
                 let request = Request::key_of::<K>(key, mode);
                 self.lock_in_transaction(&lease, request, wait, &name, hashtext)
                     .await
@@ -51,13 +77,15 @@ impl SessionLock {
         cancel.disarm();
         drop(cancel);
         match taken {
-            Ok((true, backend_pid)) => Ok(Ok(self.hold(value, key, mode, backend_pid, lease))),
+            Ok((true, backend_pid)) => {
+                Ok(Ok(self.hold(value, key, mode, form, backend_pid, lease)))
+            }
             Ok((false, _)) => {
-                self.discard(lease, true).await;
+                Self::discard(lease, form, true).await;
                 Ok(Err(value))
             }
             Err(e) => {
-                self.discard(lease, false).await;
+                Self::discard(lease, form, false).await;
                 Err(e)
             }
         }
@@ -173,12 +201,12 @@ impl SessionLock {
 
     /// Gives a connection back after a failed or busy acquisition: a pooled
     /// one only once nothing can be held on it.
-    async fn discard(&self, mut lease: Lease, busy: bool) {
+    async fn discard(mut lease: Lease, form: SessionForm, busy: bool) {
         if lease.is_owned() {
             return; // Dropping it closes the session.
         }
-        lease.clean = match self.form {
-            SessionForm::Transaction => lease
+        lease.clean = match form {
+            SessionForm::Transaction | SessionForm::Multiplexed => lease
                 .client()
                 .batch_execute(sql::SESSION_ROLLBACK)
                 .await
@@ -193,6 +221,7 @@ impl SessionLock {
         value: K,
         key: LockKey,
         mode: Mode,
+        form: SessionForm,
         backend_pid: i32,
         lease: Lease,
     ) -> SessionGuard<K> {
@@ -202,7 +231,7 @@ impl SessionLock {
             lost: watch::Sender::new(false),
             key,
             mode,
-            form: self.form,
+            form,
             cadence: self.keeper.cadence,
             backend_pid,
         });
@@ -217,9 +246,9 @@ impl SessionLock {
             value,
             key,
             mode,
-            form: self.form,
+            form,
             backend_pid,
-            shared: Holding(shared),
+            hold: Hold::Own(Holding(shared)),
         }
     }
 }

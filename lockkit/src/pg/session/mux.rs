@@ -1,0 +1,586 @@
+//! The multiplexed form ([`SessionForm::Multiplexed`]): any number of
+//! session-level locks over a few connections, each connection inside a
+//! transaction held open for as long as it lives.
+//!
+//! # Why it cannot leak
+//!
+//! Each connection opens a transaction first and never ends it: it is
+//! closed instead, once it holds nothing (or when anything fails on it).
+//! An open transaction pins its server connection in a transaction-mode
+//! pooler, so every `pg_advisory_lock` taken inside stays on a backend no
+//! other client can be handed; and when the client goes (a close, a
+//! crash, a `kill -9`, a lost network), the pooler cannot give a backend
+//! that is inside a transaction to anyone else: it closes it, and the
+//! server releases the session's locks. No statement that ends the
+//! transaction (`COMMIT`, `ROLLBACK`) is ever sent on such a connection.
+//!
+//! # Exactly one holder per key and connection
+//!
+//! Session-level locks are re-entrant: a session that takes a key twice
+//! holds it twice. So a [`SessionLock`] claims a key in its own table
+//! before it sends anything for it, and keeps the claim until the server
+//! has answered the statement that ends it: a key is claimed at most once
+//! on all of its connections. A try for a key this `SessionLock` holds
+//! answers busy without a round trip; a wait for it (and a shared lock of a
+//! key held shared here) takes a connection of its own, where the server
+//! orders it behind the holder.
+//!
+//! # A statement cut off
+//!
+//! A future dropped while its statement is in flight leaves the outcome
+//! unknown (the server may have granted the key). The claim is then kept,
+//! and a task sends the key's unlock after it on the same connection (the
+//! server answers in order): the key is released if it was granted, and
+//! the claim ends with the unlock's answer. With no runtime to run that
+//! task, or when the unlock fails, the connection is closed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, Weak};
+use std::time::Duration;
+
+use futures_util::future::join;
+use tokio::sync::{watch, OnceCell};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Statement;
+
+use super::conn::Lease;
+use super::guard::{holds_now, Hold, SessionGuard};
+use super::keeper::within_cadence;
+use super::simple::begin_held;
+use super::take::one_bool;
+use super::{SessionForm, SessionLock};
+use crate::engine::error::{Error, ErrorKind};
+use crate::engine::facts::ServerFacts;
+use crate::engine::plan::Mode;
+use crate::engine::sql;
+use crate::key::{AdvisoryKey, KeyForm, LockKey};
+use crate::pg::locker::server_facts;
+
+/// The `application_name` of a multiplexed connection (it holds many
+/// keys, of any namespace).
+pub const MULTIPLEXED_NAME: &str = "lockkit session locks";
+
+/// An open connection's users below which a lock is taken on it rather than
+/// on a connection not yet opened.
+const SHARE_BEFORE_OPENING: usize = 16;
+
+/// The multiplexed connections of a [`SessionLock`] (shared by its
+/// clones), and the keys claimed on them.
+pub(super) struct Mux {
+    max: usize,
+    state: std::sync::Mutex<State>,
+}
+
+impl std::fmt::Debug for Mux {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state();
+        f.debug_struct("Mux")
+            .field("max", &self.max)
+            .field("claimed", &state.keys.len())
+            .finish()
+    }
+}
+
+/// One connection slot: the connection (opened on first use) and the
+/// claims on it. A connection that ends leaves a new, empty cell.
+type Cell = Arc<OnceCell<Arc<MuxConn>>>;
+
+struct Slot {
+    cell: Cell,
+    users: usize,
+}
+
+struct State {
+    slots: Vec<Slot>,
+    /// Every key claimed: held, or with a statement for it in flight.
+    keys: HashMap<LockKey, (Mode, Cell)>,
+}
+
+/// What a multiplexed try found.
+pub(super) enum MuxTry<K> {
+    /// Granted on a multiplexed connection.
+    Held(SessionGuard<K>),
+    /// Another session holds the key, or this `SessionLock` holds it in a
+    /// mode that excludes the request.
+    Busy(K),
+    /// This `SessionLock` holds the key shared, and the request is shared:
+    /// the server admits it, on a connection of its own.
+    Elsewhere(K),
+}
+
+impl Mux {
+    pub(super) fn new(max: usize) -> Arc<Self> {
+        Arc::new(Mux {
+            max,
+            state: std::sync::Mutex::new(State {
+                slots: (0..max)
+                    .map(|_| Slot {
+                        cell: Cell::default(),
+                        users: 0,
+                    })
+                    .collect(),
+                keys: HashMap::new(),
+            }),
+        })
+    }
+
+    pub(super) fn max(&self) -> usize {
+        self.max
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // Nothing under this mutex can panic half-way.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Claims `key` on the connection slot with the fewest claims (one not
+    /// yet opened counts as [`SHARE_BEFORE_OPENING`]), or says why not.
+    fn claim(self: &Arc<Self>, key: LockKey, mode: Mode) -> Result<Claim, MuxTry<()>> {
+        let mut state = self.state();
+        if let Some((held, _)) = state.keys.get(&key) {
+            return Err(match (held, mode) {
+                (Mode::Shared, Mode::Shared) => MuxTry::Elsewhere(()),
+                _ => MuxTry::Busy(()),
+            });
+        }
+        let score = |slot: &Slot| {
+            slot.users
+                + if slot.cell.initialized() {
+                    0
+                } else {
+                    SHARE_BEFORE_OPENING
+                }
+        };
+        let (index, slot) = state
+            .slots
+            .iter_mut()
+            .enumerate()
+            .min_by_key(|(_, slot)| score(slot))
+            .expect("at least one connection");
+        slot.users += 1;
+        let cell = slot.cell.clone();
+        state.keys.insert(key, (mode, cell.clone()));
+        Ok(Claim {
+            mux: self.clone(),
+            key,
+            mode,
+            slot: index,
+            cell,
+        })
+    }
+
+    /// Forgets `conn`, which ended or is closing: its slot gets a new cell.
+    fn forget(&self, slot: usize, conn: &Arc<MuxConn>) {
+        let mut state = self.state();
+        let slot = &mut state.slots[slot];
+        if slot.cell.get().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            *slot = Slot {
+                cell: Cell::default(),
+                users: 0,
+            };
+        }
+    }
+}
+
+/// A key claimed on one connection slot; dropped, the claim ends.
+pub(super) struct Claim {
+    mux: Arc<Mux>,
+    key: LockKey,
+    mode: Mode,
+    slot: usize,
+    cell: Cell,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut state = self.mux.state();
+        if state
+            .keys
+            .get(&self.key)
+            .is_some_and(|(_, cell)| Arc::ptr_eq(cell, &self.cell))
+        {
+            state.keys.remove(&self.key);
+        }
+        let slot = &mut state.slots[self.slot];
+        if Arc::ptr_eq(&slot.cell, &self.cell) {
+            slot.users -= 1;
+        }
+    }
+}
+
+/// One multiplexed connection, inside its held transaction.
+pub(super) struct MuxConn {
+    lease: Lease,
+    slot: usize,
+    mux: Weak<Mux>,
+    backend_pid: i32,
+    in_recovery: bool,
+    facts: ServerFacts,
+    cadence: Duration,
+    /// Flipped once the connection is gone (closed, ended, or given up):
+    /// every lock on it is gone.
+    lost: watch::Sender<bool>,
+    /// Whether a key was claimed on it since the keeper last looked: an
+    /// idle connection is closed only after a cadence without claims.
+    used: AtomicBool,
+    /// The try and unlock statements, prepared on first use (see
+    /// [`statement`]).
+    statements: [OnceCell<Statement>; 8],
+}
+
+/// What a statement on a multiplexed connection does.
+#[derive(Clone, Copy)]
+enum Op {
+    Try,
+    Unlock,
+}
+
+fn statement(op: Op, key: LockKey, mode: Mode) -> (usize, &'static str) {
+    let index = match op {
+        Op::Try => 0,
+        Op::Unlock => 4,
+    } + match mode {
+        Mode::Exclusive => 0,
+        Mode::Shared => 2,
+    } + match key {
+        LockKey::BigInt(_) => 0,
+        LockKey::Pair(..) => 1,
+    };
+    let sql = match op {
+        Op::Try => sql::session_lock(key, mode, true),
+        Op::Unlock => sql::session_unlock(key, mode),
+    };
+    (index, sql)
+}
+
+impl MuxConn {
+    /// Opens a connection for `slot` and its held transaction, and starts
+    /// its keeper.
+    async fn open(lock: &SessionLock, slot: usize) -> Result<Arc<Self>, Error> {
+        let (lease, _canceller) = lock.lease(MULTIPLEXED_NAME).await?;
+        let client = lease.client();
+        // The facts first, outside the transaction (they are the server's).
+        let (facts, setup) = join(
+            server_facts(client),
+            begin_held(client, MULTIPLEXED_NAME, &lock.check_interval_known),
+        )
+        .await;
+        let (in_recovery, backend_pid) = setup?;
+        let facts = ServerFacts::from(&facts?);
+        let ended = lease.ended.clone();
+        let conn = Arc::new(MuxConn {
+            lease,
+            slot,
+            mux: Arc::downgrade(&lock.mux),
+            backend_pid,
+            in_recovery,
+            facts,
+            cadence: lock.keeper.cadence,
+            lost: watch::Sender::new(false),
+            used: AtomicBool::new(true),
+            statements: Default::default(),
+        });
+        tokio::spawn(keep(Arc::downgrade(&conn), ended));
+        Ok(conn)
+    }
+
+    fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Gives the connection up: every lock on it is gone (`lost()`
+    /// resolves), it is closed, and its slot forgets it.
+    fn give_up(self: &Arc<Self>, why: &dyn std::fmt::Display) {
+        let was = self.lost.send_replace(true);
+        if !was {
+            tracing::warn!(backend_pid = self.backend_pid, error = %why,
+                "lockkit: a multiplexed session lock connection is given up; its locks are gone");
+        }
+        self.lease.close();
+        if let Some(mux) = self.mux.upgrade() {
+            mux.forget(self.slot, self);
+        }
+    }
+
+    /// Runs `op` for `key`, bounded by one cadence: what the server
+    /// answered (`pg_try_advisory_lock`'s or `pg_advisory_unlock`'s
+    /// `bool`). A failure gives the connection up (the failed statement
+    /// aborted its transaction).
+    async fn run(self: &Arc<Self>, op: Op, key: LockKey, mode: Mode) -> Result<bool, Error> {
+        let answer = within_cadence(self.cadence, async {
+            let (index, sql) = statement(op, key, mode);
+            let client = self.lease.client();
+            let prepared = self.statements[index]
+                .get_or_try_init(|| async {
+                    let types: &[Type] = match key {
+                        LockKey::BigInt(_) => &[Type::INT8],
+                        LockKey::Pair(..) => &[Type::INT4, Type::INT4],
+                    };
+                    client.prepare_typed(sql, types).await
+                })
+                .await?;
+            let rows = match key {
+                LockKey::BigInt(v) => client.query(prepared, &[&v]).await?,
+                LockKey::Pair(class, object) => {
+                    let params: [&(dyn ToSql + Sync); 2] = [&class, &object];
+                    client.query(prepared, &params).await?
+                }
+            };
+            one_bool(&rows)
+        })
+        .await;
+        if let Err(e) = &answer {
+            self.give_up(e);
+        }
+        answer
+    }
+}
+
+/// A claim with a statement in flight for it: dropped before
+/// [`InFlight::done`], the statement's outcome is unknown, and the key is
+/// settled ([`settle`]).
+struct InFlight {
+    conn: Arc<MuxConn>,
+    claim: Option<Claim>,
+}
+
+impl InFlight {
+    fn done(mut self) -> Claim {
+        self.claim.take().expect("taken once")
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(claim) = self.claim.take() {
+            settle(self.conn.clone(), claim);
+        }
+    }
+}
+
+/// Releases `claim`'s key, whose last statement was cut off, by sending
+/// its unlock after it on the same connection, then ends the claim; closes
+/// the connection when that cannot be done (no runtime, the unlock failed
+/// or was itself cut off).
+fn settle(conn: Arc<MuxConn>, claim: Claim) {
+    if conn.is_lost() {
+        return; // the session's end released the key
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        conn.give_up(&"a lock call was cut off with no runtime to settle it");
+        return;
+    };
+    runtime.spawn(async move {
+        struct CloseUnlessDone(Option<Arc<MuxConn>>);
+        impl Drop for CloseUnlessDone {
+            fn drop(&mut self) {
+                if let Some(conn) = self.0.take() {
+                    conn.give_up(&"the unlock of a cut-off lock call was itself cut off");
+                }
+            }
+        }
+        let mut guard = CloseUnlessDone(Some(conn.clone()));
+        // Answered `false` when the cut-off statement left nothing held.
+        let _ = conn.run(Op::Unlock, claim.key, claim.mode).await;
+        guard.0 = None;
+        drop(claim);
+    });
+}
+
+impl SessionLock {
+    /// Tries `value`'s key on a multiplexed connection, in one round trip
+    /// on an open connection.
+    pub(super) async fn try_multiplexed<K: AdvisoryKey>(
+        &self,
+        value: K,
+        mode: Mode,
+    ) -> Result<MuxTry<K>, Error> {
+        let key = value.lock_key();
+        let claim = match self.mux.claim(key, mode) {
+            Ok(claim) => claim,
+            Err(MuxTry::Elsewhere(())) => return Ok(MuxTry::Elsewhere(value)),
+            Err(_) => return Ok(MuxTry::Busy(value)),
+        };
+        // Dropped here, the claim ends: nothing was sent for it yet.
+        let conn = claim
+            .cell
+            .get_or_try_init(|| MuxConn::open(self, claim.slot))
+            .await?
+            .clone();
+        if conn.in_recovery && !self.allow_standby {
+            return Err(Error::new(ErrorKind::HotStandby));
+        }
+        if K::KEY_SPEC.form() == KeyForm::HashText {
+            conn.facts.check_hashtext()?;
+        }
+        conn.used.store(true, Ordering::Relaxed);
+        let flight = InFlight {
+            conn: conn.clone(),
+            claim: Some(claim),
+        };
+        let granted = conn.run(Op::Try, key, mode).await;
+        let claim = flight.done();
+        if !granted? {
+            return Ok(MuxTry::Busy(value));
+        }
+        Ok(MuxTry::Held(SessionGuard {
+            value,
+            key,
+            mode,
+            form: SessionForm::Multiplexed,
+            backend_pid: conn.backend_pid,
+            hold: Hold::Mux(MuxHold(Some(Held { conn, claim }))),
+        }))
+    }
+}
+
+/// A multiplexed lock's share of its guard: the connection and the claim.
+/// Dropped without a release, the key is unlocked on a task.
+pub(super) struct MuxHold(Option<Held>);
+
+struct Held {
+    conn: Arc<MuxConn>,
+    claim: Claim,
+}
+
+impl MuxHold {
+    pub(super) fn is_held(&self) -> bool {
+        self.0.as_ref().is_some_and(|held| !held.conn.is_lost())
+    }
+
+    pub(super) fn lost(&self) -> watch::Receiver<bool> {
+        match &self.0 {
+            Some(held) => held.conn.lost.subscribe(),
+            None => watch::channel(true).1,
+        }
+    }
+
+    /// [`SessionGuard::check`]: whether the connection's backend holds the
+    /// key; any other answer gives the connection (and its other locks) up.
+    pub(super) async fn check(&self) -> Result<bool, Error> {
+        let Some(held) = &self.0 else {
+            return Ok(false);
+        };
+        let conn = held.conn.clone();
+        let key = held.claim.key;
+        // On a task of its own, as the one-connection form's check.
+        tokio::spawn(async move {
+            if conn.is_lost() {
+                return Ok(false);
+            }
+            let answer = holds_now(&conn.lease, key, conn.cadence).await;
+            if !matches!(answer, Ok(true)) {
+                conn.give_up(&"a check did not find the lock held");
+            }
+            answer
+        })
+        .await
+        .unwrap_or(Ok(false))
+    }
+
+    /// [`SessionGuard::release`]: `pg_advisory_unlock`'s answer.
+    pub(super) async fn release(mut self) -> Result<bool, Error> {
+        let held = self.0.take().expect("released once");
+        if held.conn.is_lost() {
+            return Err(Error::with_message(
+                ErrorKind::ConnectionLost,
+                "the multiplexed session lock's connection had already ended; its lock is released",
+            ));
+        }
+        let (key, mode) = (held.claim.key, held.claim.mode);
+        let flight = InFlight {
+            conn: held.conn.clone(),
+            claim: Some(held.claim),
+        };
+        let was_held = held.conn.run(Op::Unlock, key, mode).await;
+        drop(flight.done());
+        was_held
+    }
+}
+
+impl Drop for MuxHold {
+    fn drop(&mut self) {
+        if let Some(held) = self.0.take() {
+            // Unlocked on a task, the claim ending with its answer.
+            settle(held.conn, held.claim);
+        }
+    }
+}
+
+/// A multiplexed connection's keeper: the keepalive at the cadence (each
+/// bounded by one cadence), the end of the connection noticed at once, and
+/// the close of a connection that held nothing for a whole cadence.
+async fn keep(conn: Weak<MuxConn>, ended: Option<watch::Receiver<bool>>) {
+    let Some(cadence) = conn.upgrade().map(|c| c.cadence) else {
+        return;
+    };
+    let mut ticks = tokio::time::interval_at(Instant::now() + cadence, cadence);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let ended = async move {
+        match ended {
+            Some(mut ended) => {
+                let _ = ended.wait_for(|ended| *ended).await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let mut ended = std::pin::pin!(ended);
+    loop {
+        let gone = tokio::select! {
+            _ = ticks.tick() => false,
+            () = &mut ended => true,
+        };
+        let Some(conn) = conn.upgrade() else {
+            return;
+        };
+        if conn.is_lost() {
+            return;
+        }
+        if gone {
+            conn.give_up(&"the connection ended");
+            return;
+        }
+        if idle(&conn) {
+            // Nothing held and nothing claimed: closed, and the slot opens
+            // a new one when needed. (Closing ends the session, so the
+            // backend never goes back to a pooler's pool.)
+            conn.lease.close();
+            let _ = conn.lost.send_replace(true);
+            return;
+        }
+        if let Err(e) = within_cadence(cadence, async {
+            Ok(conn.lease.client().batch_execute(sql::KEEPALIVE).await?)
+        })
+        .await
+        {
+            conn.give_up(&e);
+            return;
+        }
+    }
+}
+
+/// Whether `conn` held nothing and had no claim for a whole cadence; if
+/// so, its slot forgets it (under the table's lock, so that no claim can
+/// reach it after).
+fn idle(conn: &Arc<MuxConn>) -> bool {
+    let used = conn.used.swap(false, Ordering::Relaxed);
+    let Some(mux) = conn.mux.upgrade() else {
+        return true;
+    };
+    let mut state = mux.state();
+    let slot = &mut state.slots[conn.slot];
+    let ours = slot.cell.get().is_some_and(|c| Arc::ptr_eq(c, conn));
+    if !ours {
+        return true;
+    }
+    if used || slot.users > 0 {
+        return false;
+    }
+    *slot = Slot {
+        cell: Cell::default(),
+        users: 0,
+    };
+    true
+}
