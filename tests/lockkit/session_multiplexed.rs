@@ -525,6 +525,17 @@ async fn a_lost_connection_is_reported_to_every_guard_on_it() {
         .collect()
         .await;
     let victim = guards[0].backend_pid();
+    // What an operator's `lockkit inspect` sees of them: session locks.
+    let registry = lockkit::inspect::KeyRegistry::new().register::<Feed>();
+    let rows = lockkit::inspect::advisory_locks(&observer, &registry)
+        .await
+        .expect("inspect");
+    let ours: Vec<_> = rows.iter().filter(|r| r.pid == Some(victim)).collect();
+    assert!(!ours.is_empty());
+    for row in ours {
+        assert_eq!(row.lockkit_call(), Some("session lock"), "{row:?}");
+        assert_eq!(row.application_name.as_deref(), Some(MULTIPLEXED_NAME));
+    }
     observer
         .execute("SELECT pg_terminate_backend($1)", &[&victim])
         .await

@@ -129,10 +129,14 @@ impl AdvisoryLockRow {
     /// `lock`, `lock_shared`, `try_lock`, `try_lock_shared`, `lock_batch`,
     /// `try_lock_batch`, `lock_timeout` (the steps of a timed call around
     /// its lock statement), or `session lock` for a [`SessionLock`](crate::SessionLock)'s
-    /// session. `None` for any other statement. Reading the marker costs the
-    /// lock calls nothing: their statements carry it already.
+    /// session (one lock's, or a multiplexed connection's, named
+    /// [`MULTIPLEXED_NAME`](crate::pg::MULTIPLEXED_NAME)). `None` for any
+    /// other statement. Reading the marker costs the lock calls nothing:
+    /// their statements carry it already.
     pub fn lockkit_call(&self) -> Option<&'static str> {
-        if self.session_lock_namespace().is_some() {
+        if self.session_lock_namespace().is_some()
+            || self.application_name.as_deref() == Some(crate::pg::MULTIPLEXED_NAME)
+        {
             return Some("session lock");
         }
         lockkit_call(self.query.as_deref()?)
