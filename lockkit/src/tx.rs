@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::num::NonZeroU8;
 use std::ops::{Deref, DerefMut};
 use std::panic::Location;
 use std::pin::Pin;
@@ -415,6 +416,105 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         out::<D, _>(async move { Grant::try_lock_batch(self.drive(request, Wait::Try).await) })
     }
 
+    /// Takes a permit of the semaphore of `permits` permits named by `key`,
+    /// waiting as long as it takes. The guard names the slot's key.
+    ///
+    #[doc = include_str!("semaphore.md")]
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    #[track_caller]
+    pub fn acquire_permit<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        permits: NonZeroU8,
+    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
+        let site = Location::caller();
+        out::<D, _>(self.permit(key, permits, Wait::Forever, site))
+    }
+
+    /// Takes a permit of the semaphore of `permits` permits named by `key`,
+    /// waiting at most `timeout` once every slot is found busy (see
+    /// [`LockTx::acquire_permit`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock_timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    #[track_caller]
+    pub fn acquire_permit_timeout<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        permits: NonZeroU8,
+        timeout: Duration,
+    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
+        let site = Location::caller();
+        out::<D, _>(self.permit(key, permits, Wait::Timeout(timeout), site))
+    }
+
+    /// Takes a permit of the semaphore of `permits` permits named by `key`
+    /// if a slot is free, in one round trip, without waiting (see
+    /// [`LockTx::acquire_permit`]). Gives the key back when every slot is
+    /// busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::try_lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::try_lock`].
+    #[track_caller]
+    pub fn try_acquire_permit<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        permits: NonZeroU8,
+    ) -> Out<D, impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D, M>>
+    {
+        let site = Location::caller();
+        out::<D, _>(async move { Grant::try_lock(self.try_permit(&key, permits, site).await, key) })
+    }
+
+    /// A permit's try, then, when every slot is busy, the wait for one.
+    async fn permit<K: AdvisoryKey>(
+        &mut self,
+        value: K,
+        permits: NonZeroU8,
+        wait: Wait,
+        site: &'static Location<'static>,
+    ) -> Result<Held<'t, K>, Error> {
+        match Grant::try_lock(self.try_permit(&value, permits, site).await, value)? {
+            Ok(held) => Ok(held),
+            Err(value) => {
+                let request = Request::permit_slot(&value, permits).at(site);
+                Grant::lock(self.drive(request, wait).await, value)
+            }
+        }
+    }
+
+    /// Checks that a transaction is open, then runs a permit's try.
+    async fn try_permit<K: AdvisoryKey>(
+        &mut self,
+        value: &K,
+        permits: NonZeroU8,
+        site: &'static Location<'static>,
+    ) -> Result<Result<Grant, Busy>, Error> {
+        self.check_in_transaction()?;
+        let policy = self.locker.as_ref();
+        let call = self
+            .state
+            .acquire_permit(policy, self.depth, (value, permits), Some(site))?;
+        driver::run_one(self.conn, &self.locker, call).await
+    }
+
     /// Takes a batch's keys, forever: [`LockTx::lock_batch`].
     async fn lock_request(&mut self, request: Request) -> Result<HeldBatch<'t>, Error> {
         Grant::lock_batch(self.drive(request, Wait::Forever).await)
@@ -458,13 +558,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         let call =
             self.state
                 .acquire_one(policy, self.depth, (value, mode), try_only, Some(site))?;
-        let (conn, locker) = (&mut *self.conn, &self.locker);
-        let mode = policy.config().statement_mode();
-        call.run(
-            move |statement| driver::send_one::<D>(conn, locker, mode, statement),
-            D::reply,
-        )
-        .await
+        driver::run_one(self.conn, &self.locker, call).await
     }
 
     /// Checks that a transaction is open, then lets the engine run the call.

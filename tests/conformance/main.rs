@@ -26,7 +26,7 @@ macro_rules! suite {
 suite!(tokio_postgres: crate::adapters::with_tokio_postgres::TokioPg;
     exclusion, exclusion_control, deadlock_freedom, deadlock_control,
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
-    release_on_terminate, budget, timeout, cancel, savepoints, drifting_key,
+    release_on_terminate, budget, timeout, cancel, savepoints, drifting_key, semaphore,
     commit_after_an_aborting_error,
     // No lock_outside_transaction_refused: it does not compile
     // (tests/ui-guards/lock_without_transaction.rs).
@@ -35,7 +35,7 @@ suite!(tokio_postgres: crate::adapters::with_tokio_postgres::TokioPg;
 suite!(sqlx: crate::adapters::with_sqlx::Sqlx;
     exclusion, exclusion_control, deadlock_freedom, deadlock_control,
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
-    release_on_terminate, budget, timeout, cancel, savepoints, drifting_key,
+    release_on_terminate, budget, timeout, cancel, savepoints, drifting_key, semaphore,
     lock_outside_transaction_refused,
     // Not commit_after_an_aborting_error but its control: this stack's
     // sessions commit through sqlx's own `Transaction::commit` (`lock_tx`),
@@ -47,7 +47,7 @@ suite!(sqlx: crate::adapters::with_sqlx::Sqlx;
 suite!(diesel_async: crate::adapters::with_diesel_async::DieselAsync;
     exclusion, exclusion_control, deadlock_freedom, deadlock_control,
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
-    release_on_terminate, budget, timeout, cancel, savepoints, drifting_key,
+    release_on_terminate, budget, timeout, cancel, savepoints, drifting_key, semaphore,
     lock_outside_transaction_refused,
     // Not commit_after_an_aborting_error but its control: this stack's
     // sessions commit through diesel-async's own `conn.transaction`
@@ -59,7 +59,7 @@ suite!(diesel_async: crate::adapters::with_diesel_async::DieselAsync;
 suite!(diesel: crate::adapters::with_diesel::Diesel;
     exclusion, exclusion_control, deadlock_freedom, deadlock_control,
     release_on_commit, release_on_rollback, release_on_panic,
-    release_on_terminate, budget, timeout, savepoints, drifting_key,
+    release_on_terminate, budget, timeout, savepoints, drifting_key, semaphore,
     commit_after_an_aborting_error,
     lock_outside_transaction_refused,
     // No release_on_drop: a blocking transaction closure cannot be

@@ -98,6 +98,12 @@ pub(crate) enum Op {
     TryLockDrifting(i64),
     /// `holds` (lockkit's bookkeeping).
     Holds(Key, Mode),
+    /// `try_acquire_permit` of the semaphore of this many permits named
+    /// by this `BigInt` key: the slot's key, or `Bool(false)`.
+    TryPermit(i64, u8),
+    /// `acquire_permit`, or `acquire_permit_timeout` with a timeout: the
+    /// slot's key.
+    Permit(i64, u8, Option<Duration>),
     /// Read-modify-write of row `id` of the counter table, through the
     /// stack's own query API: read `n`, then write `n + 1`.
     Increment(i64),
@@ -523,6 +529,9 @@ macro_rules! exec_op {
             Op::TryLockBatch(keys) => tx.try_lock_batch(&batch(&keys)) $($aw)* .map(|r| Out::Bool(r.is_ok())),
             Op::LockDrifting(from) => tx.lock($crate::session::Drifting(from.into())) $($aw)* .map(|held| Out::Guard(held.key())),
             Op::TryLockDrifting(from) => tx.try_lock($crate::session::Drifting(from.into())) $($aw)* .map(|r| r.map_or(Out::Bool(false), |held| Out::Guard(held.key()))),
+            Op::TryPermit(id, n) => tx.try_acquire_permit(Big { id }, n.try_into().expect("permits")) $($aw)* .map(|r| r.map_or(Out::Bool(false), |held| Out::Guard(held.key()))),
+            Op::Permit(id, n, None) => tx.acquire_permit(Big { id }, n.try_into().expect("permits")) $($aw)* .map(|held| Out::Guard(held.key())),
+            Op::Permit(id, n, Some(t)) => tx.acquire_permit_timeout(Big { id }, n.try_into().expect("permits"), t) $($aw)* .map(|held| Out::Guard(held.key())),
             Op::Holds(Key::Big(id), mode) => Ok(Out::Bool(tx.holds(&Big { id }, mode))),
             Op::Holds(Key::Pair(id), mode) => Ok(Out::Bool(tx.holds(&Pair { id }, mode))),
             Op::Increment(row) => $increment(tx, row) $($aw)* .map(|()| Out::Done),

@@ -862,3 +862,54 @@ pub(crate) async fn drifting_key<A: Adapter>() {
     s.rollback().await.unwrap();
     assert_eq!(advisory_rows(&observer, s.pid()).await, 0, "released");
 }
+
+// ---------------------------------------------------------------------------
+// The semaphore.
+
+/// A semaphore of 2 permits through the stack's face: two transactions
+/// take distinct slots (seen held by their backends), a third is refused
+/// by a try and times out waiting, asking again in one transaction answers
+/// its permit; once the holders commit, the third's wait is granted (it is
+/// seen waiting first).
+pub(crate) async fn semaphore<A: Adapter>() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let stack = A::open(db, Config::default(), 3).await;
+    let s = sessions(&stack, 3).await;
+    let name = id::<A>(42, 0);
+    let slot = |out: Out| match out {
+        Out::Guard(key) => key,
+        other => panic!("not a permit: {other:?}"),
+    };
+    let mut slots = Vec::new();
+    for holder in &s[..2] {
+        holder.begin().await;
+        let key = slot(holder.op(Op::TryPermit(name, 2)).await.unwrap());
+        assert!(lockkit::key::semaphore_of(key).is_some(), "{key}");
+        assert!(observe::held_by(&observer, holder.pid(), key).await);
+        let again = slot(holder.op(Op::Permit(name, 2, None)).await.unwrap());
+        assert_eq!(again, key, "one permit per transaction");
+        slots.push(key);
+    }
+    assert_ne!(slots[0], slots[1]);
+    let third = &s[2];
+    third.begin().await;
+    assert_eq!(
+        third.op(Op::TryPermit(name, 2)).await.unwrap(),
+        Out::Bool(false)
+    );
+    let err = third
+        .op(Op::Permit(name, 2, Some(Duration::from_millis(50))))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    let waiting = third.start(Op::Permit(name, 2, None));
+    observe::wait_until_waiting(&observer, third.pid()).await;
+    for holder in &s[..2] {
+        holder.commit().await.unwrap();
+    }
+    let granted = slot(waiting.await.expect("reply").expect("granted"));
+    assert!(slots.contains(&granted), "{granted} is not a slot");
+    third.commit().await.unwrap();
+}

@@ -20,6 +20,7 @@ mod poison;
 mod pool;
 mod publish;
 mod release;
+mod semaphore;
 mod session;
 mod session_forms;
 mod session_lost;

@@ -318,3 +318,18 @@ async fn poll_once<F: std::future::Future>(
 ) -> std::task::Poll<F::Output> {
     std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await
 }
+
+/// Advisory locks belong to the database session, not to a thread: guards
+/// and transactions must cross `.await` points on multi-threaded runtimes.
+#[test]
+fn guards_and_transactions_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<lockkit::Locker>();
+    send_sync::<lockkit::LockTx<'static>>();
+    send_sync::<lockkit::Held<'static, i64>>();
+    send_sync::<lockkit::HeldBatch<'static>>();
+    send::<lockkit::Held<'static, String>>();
+    send_sync::<lockkit::Busy>();
+    send_sync::<lockkit::Error>();
+}

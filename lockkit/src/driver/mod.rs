@@ -333,6 +333,23 @@ pub(crate) async fn send_one<'a, D: Driver>(
     answer
 }
 
+/// Runs a one-key call (a lock, a try, a permit's try) on `conn`, settling
+/// the connection if dropped in flight. Always inlined, as the engine's
+/// hot path is: the statement's future is built in the lock call's own
+/// state.
+#[inline(always)]
+pub(crate) fn run_one<'a, D: Driver>(
+    conn: &'a mut D::Conn,
+    locker: &'a D,
+    call: OneCall<'a>,
+) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 'a {
+    let mode = locker.as_ref().config().statement_mode();
+    call.run(
+        move |statement| send_one::<D>(conn, locker, mode, statement),
+        D::reply,
+    )
+}
+
 /// Drives an acquisition to its outcome on `conn`, round after round, one
 /// statement at a time, stopping a round at its first error. Dropped while a
 /// statement is in flight, the acquisition poisons the transaction and the

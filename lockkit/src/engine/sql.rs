@@ -75,6 +75,20 @@ pub const TRY_PAIR_SHARED: &str =
     "/* lockkit:try_pair_shared */ SELECT 7813573191525823496::int8 AS tag, \
      pg_try_advisory_xact_lock_shared($1, $2)::int::int8 AS n";
 
+/// `$1 int4` (the semaphore's slot-0 object), `$2 int4` (its permits),
+/// `$3 int4` (the slot to try first): try the semaphore's slots, from the
+/// first, in one statement, and stop at the first granted;
+/// `(tag, slot + 1 | 0)`. The slots are `Pair` keys of class
+/// [`SEMAPHORE_CLASS`](crate::key::SEMAPHORE_CLASS) (KEYS.md, "Semaphore
+/// slots"). `generate_series` is read row by row under the `LIMIT`, so no
+/// slot after the granted one is tried.
+pub const TRY_PERMIT: &str = "/* lockkit:try_permit */ SELECT 7813573191525823506::int8 AS tag, \
+     COALESCE((SELECT (i + p.first) % p.n + 1 \
+     FROM (SELECT $1::int4 AS base, $2::int4 AS n, $3::int4 AS first) AS p, \
+     generate_series(0, p.n - 1) AS i \
+     WHERE pg_try_advisory_xact_lock(-1439830384, p.base | ((i + p.first) % p.n)) \
+     LIMIT 1), 0)::int8 AS n";
+
 /// `$1 int8[], $2 bool[]` (shared?): lock every key in array order;
 /// `(tag, keys locked)`.
 pub const BATCH_BIGINT: &str = "/* lockkit:batch_bigint */ SELECT 7813573191525823497::int8 AS tag, \

@@ -47,6 +47,8 @@ pub enum Sql {
     ArmTimeouts,
     /// [`sql::RESTORE_TIMEOUTS`].
     RestoreTimeouts,
+    /// [`sql::TRY_PERMIT`].
+    TryPermit,
     /// [`sql::SAVEPOINT`] (simple protocol).
     Savepoint,
     /// [`sql::RELEASE`] (simple protocol).
@@ -95,7 +97,7 @@ impl Sql {
     /// Every statement with parameters or a row to answer: those an adapter
     /// may prepare once per connection. The simple-protocol ones
     /// ([`ReplyShape::Done`]) are not among them.
-    pub const PREPARABLE: [Sql; 17] = [
+    pub const PREPARABLE: [Sql; 18] = [
         Sql::LockBigint,
         Sql::LockBigintShared,
         Sql::LockPair,
@@ -113,6 +115,7 @@ impl Sql {
         Sql::SetTimeouts,
         Sql::ArmTimeouts,
         Sql::RestoreTimeouts,
+        Sql::TryPermit,
     ];
 
     /// The SQL text.
@@ -135,6 +138,7 @@ impl Sql {
             Sql::SetTimeouts => sql::SET_TIMEOUTS,
             Sql::ArmTimeouts => sql::ARM_TIMEOUTS,
             Sql::RestoreTimeouts => sql::RESTORE_TIMEOUTS,
+            Sql::TryPermit => sql::TRY_PERMIT,
             Sql::Savepoint => sql::SAVEPOINT,
             Sql::Release => sql::RELEASE,
             Sql::Rollback => sql::ROLLBACK,
@@ -156,6 +160,7 @@ impl Sql {
             Sql::BatchBigintExclusive => &[Int8Array],
             Sql::BatchPairExclusive => &[Int4Array, Int4Array],
             Sql::SetTimeouts => &[Int8],
+            Sql::TryPermit => &[Int4, Int4, Int4],
             Sql::ArmTimeouts
             | Sql::RestoreTimeouts
             | Sql::Savepoint
@@ -217,6 +222,7 @@ impl Sql {
             Sql::SetTimeouts => 15,
             Sql::ArmTimeouts => 16,
             Sql::RestoreTimeouts => 17,
+            Sql::TryPermit => 18,
             Sql::Savepoint | Sql::Release | Sql::Rollback => return None,
         };
         Some(LOCKKIT | number)
@@ -228,7 +234,7 @@ impl Sql {
     }
 
     /// How many statements there are ([`Sql::index`] is below this).
-    pub const COUNT: usize = 20;
+    pub const COUNT: usize = 21;
 
     /// How many commands the text holds: the number of `CommandComplete`
     /// messages it answers with the simple query protocol (2 for

@@ -5,12 +5,16 @@
 pub(crate) mod encoding;
 pub(crate) mod linked;
 pub(crate) mod namespace;
+pub(crate) mod semaphore;
 pub(crate) mod sip;
 pub(crate) mod text_hash;
 
 pub use encoding::{parts_bytes, KeyPart, Parts};
 pub use linked::{linked_key_types, LinkedKeyType};
 pub use namespace::{NamespaceError, MAX_NAMESPACE_LEN};
+pub use semaphore::{
+    semaphore_base, semaphore_of, semaphore_slot, MAX_PERMITS, SEMAPHORE_CLASS, SEMAPHORE_NAMESPACE,
+};
 pub use text_hash::{
     hash_bytes, hashtext, hashtext_key, hashtext_key_with, hashtext_with, ByteOrder, HashText,
 };

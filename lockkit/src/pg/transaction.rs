@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::num::NonZeroU8;
 use std::ops::Deref;
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +15,7 @@ use tokio_postgres::Transaction;
 use crate::engine::error::{Error, Refused};
 use crate::engine::guard::{Busy, Held, HeldBatch};
 use crate::engine::plan::{Batch, Mode};
-use crate::engine::{Grant, Request, SavepointEnd, TxSlot, TxState, Wait};
+use crate::engine::{Grant, OneCall, Request, SavepointEnd, TxSlot, TxState, Wait};
 use crate::key::AdvisoryKey;
 use crate::pg::exec::{self, StatementCache};
 use crate::pg::locker::Locker;
@@ -410,7 +411,8 @@ impl<'c> LockTx<'c> {
         key: K,
         timeout: Duration,
     ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
-        self.lock_timed(key, Mode::Exclusive, timeout, Location::caller())
+        let request = Request::one(&key, Mode::Exclusive).at(Location::caller());
+        self.lock_request(request, Wait::Timeout(timeout), key)
     }
 
     /// Takes `key` shared, waiting at most `timeout`.
@@ -428,7 +430,8 @@ impl<'c> LockTx<'c> {
         key: K,
         timeout: Duration,
     ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
-        self.lock_timed(key, Mode::Shared, timeout, Location::caller())
+        let request = Request::one(&key, Mode::Shared).at(Location::caller());
+        self.lock_request(request, Wait::Timeout(timeout), key)
     }
 
     /// Takes `key` exclusive if no other transaction holds it, without
@@ -466,6 +469,67 @@ impl<'c> LockTx<'c> {
         key: K,
     ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
         self.try_lock_one(key, Mode::Shared, Location::caller())
+    }
+
+    /// Takes a permit of the semaphore of `permits` permits named by `key`,
+    /// waiting as long as it takes. The guard names the slot's key.
+    ///
+    #[doc = include_str!("../semaphore.md")]
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    #[track_caller]
+    pub fn acquire_permit<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        self.permit(key, permits, Wait::Forever, Location::caller())
+    }
+
+    /// Takes a permit, waiting at most `timeout` once every slot is found
+    /// busy (see [`LockTx::acquire_permit`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::lock_timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    #[track_caller]
+    pub fn acquire_permit_timeout<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        self.permit(key, permits, Wait::Timeout(timeout), Location::caller())
+    }
+
+    /// Takes a permit if a slot is free, in one round trip, without waiting;
+    /// gives the key back when every slot is busy ([`LockTx::acquire_permit`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTx::try_lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockTx::lock`].
+    #[track_caller]
+    pub fn try_acquire_permit<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+    ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
+        let site = Location::caller();
+        async move { Grant::try_lock(self.try_permit(&key, permits, site).await, key) }
     }
 
     /// Takes every key of `batch` in the global lock order, in one round
@@ -598,19 +662,18 @@ impl<'c> LockTx<'c> {
         Grant::try_lock(self.send_one(&value, mode, true, site).await, value)
     }
 
-    async fn lock_timed<K: AdvisoryKey>(
+    /// Takes `request`, one key of `value`'s, through the general call.
+    async fn lock_request<K: AdvisoryKey>(
         &self,
+        request: Request,
+        wait: Wait,
         value: K,
-        mode: Mode,
-        timeout: Duration,
-        site: &'static Location<'static>,
     ) -> Result<Held<'_, K>, Error> {
-        let call = self.shared.state.acquire(
-            self.locker.policy(),
-            self.depth,
-            Request::one(&value, mode).at(site),
-            Wait::Timeout(timeout),
-        )?;
+        let policy = self.locker.policy();
+        let call = self
+            .shared
+            .state
+            .acquire(policy, self.depth, request, wait)?;
         Grant::lock(self.drive(call).await, value)
     }
 
@@ -636,11 +699,54 @@ impl<'c> LockTx<'c> {
                 try_only,
                 Some(site),
             )?;
-            let (client, cache) = (self.client(), self.cache);
-            let (canceller, cancelled) = (self.locker.inner.canceller(), &self.shared.cancelled);
-            let send = |statement| exec::send_one(client, cache, canceller, cancelled, statement);
-            call.run(send, exec::reply).await
+            self.run_one(call).await
         }
+    }
+
+    /// Runs a one-key call (a lock, a try, a permit's try) on this
+    /// transaction's connection. Always inlined, as [`LockTx::send_one`].
+    #[inline(always)]
+    fn run_one<'s>(
+        &'s self,
+        call: OneCall<'s>,
+    ) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 's {
+        let (client, cache) = (self.client(), self.cache);
+        let (canceller, cancelled) = (self.locker.inner.canceller(), &self.shared.cancelled);
+        let send = move |statement| exec::send_one(client, cache, canceller, cancelled, statement);
+        call.run(send, exec::reply)
+    }
+
+    /// A permit's try, then, when every slot is busy, the wait for one.
+    async fn permit<K: AdvisoryKey>(
+        &self,
+        value: K,
+        permits: NonZeroU8,
+        wait: Wait,
+        site: &'static Location<'static>,
+    ) -> Result<Held<'_, K>, Error> {
+        match Grant::try_lock(self.try_permit(&value, permits, site).await, value)? {
+            Ok(held) => Ok(held),
+            Err(value) => {
+                let request = Request::permit_slot(&value, permits).at(site);
+                self.lock_request(request, wait, value).await
+            }
+        }
+    }
+
+    /// A permit's try.
+    async fn try_permit<K: AdvisoryKey>(
+        &self,
+        value: &K,
+        permits: NonZeroU8,
+        site: &'static Location<'static>,
+    ) -> Result<Result<Grant, Busy>, Error> {
+        let call = self.shared.state.acquire_permit(
+            self.locker.policy(),
+            self.depth,
+            (value, permits),
+            Some(site),
+        )?;
+        self.run_one(call).await
     }
 
     async fn acquire_batch(
@@ -671,27 +777,5 @@ impl<'c> LockTx<'c> {
                 call,
             )
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn send_sync<T: Send + Sync>() {}
-    fn send<T: Send>() {}
-
-    /// Advisory locks belong to the database session, not to a thread:
-    /// guards and transactions must cross `.await` points on multi-threaded
-    /// runtimes.
-    #[test]
-    fn guards_and_transactions_are_send_and_sync() {
-        send_sync::<Locker>();
-        send_sync::<LockTx<'static>>();
-        send_sync::<Held<'static, i64>>();
-        send_sync::<HeldBatch<'static>>();
-        send::<Held<'static, String>>();
-        send_sync::<Busy>();
-        send_sync::<Error>();
     }
 }

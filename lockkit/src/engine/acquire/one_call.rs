@@ -2,18 +2,22 @@
 //! or not at all, one statement and one reply, with the general call's
 //! checks and bookkeeping; and the one-key statements both calls send.
 
+use std::num::NonZeroU8;
 use std::panic::Location;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::grant::Grant;
 use super::ledger::{Granted, Ledger};
+use super::request::Keys;
 #[cfg(doc)]
 use super::Acquisition;
 use super::{Policy, Request, TxState, Wait};
 use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::guard::Busy;
+use crate::engine::observe::key_type;
 use crate::engine::plan::Mode;
 use crate::engine::statement::{Param, Reply, ReplyShape, Sql, Statement};
-use crate::key::{AdvisoryKey, LockKey};
+use crate::key::{semaphore_base, AdvisoryKey, KeyForm, LockKey, SEMAPHORE_CLASS};
 
 impl TxState {
     /// Starts a one-key call of one statement: `value`'s key in `mode`,
@@ -65,7 +69,116 @@ impl TxState {
             held,
             try_only,
             outcome,
+            permit: None,
         })
+    }
+
+    /// Starts a try for a permit of the semaphore of `permits` permits named
+    /// by `value`'s key (KEYS.md, "Semaphore slots"): one statement that
+    /// tries its slots, from one chosen at random, and takes the first free
+    /// one. Run and granted as [`TxState::acquire_one`]'s call; the guard
+    /// names the slot's key. A transaction holds at most one permit of a
+    /// semaphore: holding one already, the call sends nothing and is
+    /// granted that one.
+    ///
+    /// # Errors
+    ///
+    /// As [`TxState::acquire_one`]'s try; nothing is to be sent.
+    pub fn acquire_permit<'a, K: AdvisoryKey + ?Sized>(
+        &'a self,
+        policy: &Policy,
+        depth: u32,
+        (value, permits): (&K, NonZeroU8),
+        site: Option<&'static Location<'static>>,
+    ) -> Result<OneCall<'a>, Error> {
+        let base = semaphore_base(value.lock_key());
+        let slot = |s: u8| LockKey::Pair(SEMAPHORE_CLASS, base | i32::from(s));
+        let offset = next_offset(permits);
+        let held = (0..permits.get()).find(|&s| self.holds(slot(s), Mode::Exclusive));
+        let request = Request {
+            keys: Keys::One(
+                [(slot(held.unwrap_or(offset)), Mode::Exclusive)],
+                [K::KEY_SPEC.namespace()],
+            ),
+            hashtext: K::KEY_SPEC.form() == KeyForm::HashText,
+            key_type: key_type!(K::KEY_SPEC.namespace()),
+            site,
+        };
+        let (locks, plan) = self.open(policy, &request, false)?;
+        let key = request.keys()[0].0;
+        let outcome = plan.is_empty().then_some(Ok(Granted::Now));
+        let ledger = Ledger::start(
+            self,
+            locks,
+            (depth, site),
+            request.key_type,
+            plan.len(),
+            Wait::Try,
+        );
+        Ok(OneCall {
+            ledger,
+            key,
+            mode: Mode::Exclusive,
+            held: Mode::Exclusive,
+            try_only: true,
+            outcome,
+            permit: Some(PermitTry {
+                base,
+                permits: permits.get(),
+                offset,
+            }),
+        })
+    }
+}
+
+impl Request {
+    /// One slot of the semaphore of `permits` permits named by `value`'s
+    /// key, chosen at random, exclusive: what a permit call that found
+    /// every slot busy waits for ([`TxState::acquire_permit`]).
+    pub fn permit_slot<K: AdvisoryKey + ?Sized>(value: &K, permits: NonZeroU8) -> Self {
+        let base = semaphore_base(value.lock_key());
+        let slot = LockKey::Pair(SEMAPHORE_CLASS, base | i32::from(next_offset(permits)));
+        Request::key_of::<K>(slot, Mode::Exclusive)
+    }
+}
+
+/// The slot a permit call tries first, or waits for: spread over the slots
+/// by a counter, and by the process, so that takers do not all start at
+/// slot 0.
+fn next_offset(permits: NonZeroU8) -> u8 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT
+        .fetch_add(1, Ordering::Relaxed)
+        .wrapping_add(std::process::id())
+        .wrapping_mul(0x9E37_79B9);
+    // The high bits of a multiplicative hash are its best mixed.
+    ((u64::from(n >> 16) * u64::from(permits.get())) >> 16) as u8
+}
+
+/// A permit try's semaphore: its slot-0 object, its permits, and the slot
+/// tried first.
+#[derive(Clone, Copy, Debug)]
+struct PermitTry {
+    base: i32,
+    permits: u8,
+    offset: u8,
+}
+
+impl PermitTry {
+    /// Checks the reply to [`sql::TRY_PERMIT`](crate::engine::sql::TRY_PERMIT):
+    /// the slot granted, or `None` when every slot is busy.
+    fn check(self, sql: Sql, reply: &Reply) -> Result<Option<u8>, Error> {
+        let what = match reply {
+            Reply::Tagged { tag, n } if Some(*tag) == sql.tag() => match u8::try_from(*n) {
+                Ok(0) => return Ok(None),
+                Ok(n) if n <= self.permits => return Ok(Some(n - 1)),
+                _ => format!("names slot {n} of {}", self.permits),
+            },
+            _ => "is not its reply".to_owned(),
+        };
+        Err(Error::unexpected(format!(
+            "the reply to lockkit's {sql:?} statement {what}: {reply:?}"
+        )))
     }
 }
 
@@ -92,6 +205,9 @@ pub struct OneCall<'a> {
     /// The outcome once known: from the start when the key is held
     /// already.
     outcome: Option<Result<Granted, Error>>,
+    /// A permit try: its statement tries the semaphore's slots, and the
+    /// key is the slot granted.
+    permit: Option<PermitTry>,
 }
 
 impl<'a> OneCall<'a> {
@@ -102,6 +218,15 @@ impl<'a> OneCall<'a> {
     pub fn statement(&self) -> Option<Statement<'static>> {
         if self.outcome.is_some() {
             return None;
+        }
+        if let Some(PermitTry {
+            base,
+            permits,
+            offset,
+        }) = self.permit
+        {
+            let params = [base, permits.into(), offset.into()].map(Param::Int4);
+            return Some(Statement::new(Sql::TryPermit, &params));
         }
         let shared = self.mode == Mode::Shared;
         Some(match self.key {
@@ -193,10 +318,10 @@ impl<'a> OneCall<'a> {
         read: impl FnOnce(&Statement<'_>, &A) -> Reply,
     ) {
         let key_type = self.ledger.key_type.name();
-        let taken = std::iter::once((self.key, self.mode, key_type));
         let outcome = match answer {
-            Ok(answer) => match check_one(statement.sql(), &read(&statement, &answer)) {
+            Ok(answer) => match self.check(statement.sql(), &read(&statement, &answer)) {
                 Ok(granted) => {
+                    let taken = std::iter::once((self.key, self.mode, key_type));
                     let outcome = Ok(match granted {
                         true => Granted::Now,
                         false => Granted::Busy(vec![self.key]),
@@ -211,6 +336,7 @@ impl<'a> OneCall<'a> {
                 Ok(error) => self.ledger.cut_off(error),
                 // The failed statement aborted the transaction.
                 Err(e) => {
+                    let taken = std::iter::once((self.key, self.mode, key_type));
                     let outcome = Err(e.into_error_in(None, 1).with_key_types(vec![key_type]));
                     self.ledger.settle(taken, &outcome, true);
                     outcome
@@ -218,6 +344,21 @@ impl<'a> OneCall<'a> {
             },
         };
         self.outcome = Some(outcome);
+    }
+
+    /// Checks the reply to the call's statement: whether it was granted
+    /// (a permit try's key becomes the slot granted).
+    fn check(&mut self, sql: Sql, reply: &Reply) -> Result<bool, Error> {
+        let Some(permit) = self.permit else {
+            return check_one(sql, reply);
+        };
+        Ok(match permit.check(sql, reply)? {
+            Some(slot) => {
+                self.key = LockKey::Pair(SEMAPHORE_CLASS, permit.base | i32::from(slot));
+                true
+            }
+            None => false,
+        })
     }
 
     /// The outcome, once [`OneCall::statement`] is `None`: the grant, or

@@ -1,0 +1,249 @@
+//! The semaphore, transaction scope: 4N concurrent takers for N slots over
+//! many rounds, never more than N inside (counted from `pg_locks` and from
+//! inside the critical section), every slot used; the control, a
+//! check-then-lock semaphore, admits more. Try, timeout, wait, a permit
+//! asked twice, and the slots' keys.
+
+use std::collections::HashSet;
+use std::num::NonZeroU8;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockkit::key::{semaphore_base, semaphore_of, SEMAPHORE_CLASS};
+use lockkit::{AdvisoryKey, Config, LockClient, LockKey, Locker};
+use lockkit_tests::TestServer;
+use tokio_postgres::Client;
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests/semaphore")]
+struct Exports {
+    region: i64,
+}
+
+const fn permits(n: u8) -> NonZeroU8 {
+    match NonZeroU8::new(n) {
+        Some(n) => n,
+        None => panic!("zero permits"),
+    }
+}
+
+/// Granted slots of the semaphore named by `key`, in any session.
+async fn slots_held(observer: &Client, key: LockKey) -> i64 {
+    let base = semaphore_base(key);
+    observer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND objsubid = 2 AND classid = $1::int4::oid AND (objid::int8 & ~255) = ($2::int4::int8 & 4294967295 & ~255)",
+            &[&SEMAPHORE_CLASS, &base],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0)
+}
+
+async fn lock_client(db: &TestServer, locker: &Locker) -> LockClient {
+    LockClient::new(locker, db.connect().await)
+}
+
+/// 4N takers for N permits, each taking a permit, counting itself inside,
+/// running a statement under it and committing, `ROUNDS` times; an
+/// observer samples `pg_locks` meanwhile. Never more than N inside by
+/// either count, and every slot used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_n_takers_never_more_than_n_inside() {
+    const N: u8 = 3;
+    const TAKERS: usize = 4 * N as usize;
+    const ROUNDS: usize = 40;
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let locker = Locker::new(&observer, Config::default()).await.unwrap();
+    let key = Exports { region: 1 };
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let slots = Arc::new(Mutex::new(HashSet::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampled = Arc::new(AtomicI64::new(0));
+    let sampler = {
+        let (stop, sampled) = (stop.clone(), sampled.clone());
+        let observer = db.connect().await;
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let held = slots_held(&observer, key.lock_key()).await;
+                assert!(held <= i64::from(N), "{held} slots held in pg_locks");
+                sampled.fetch_max(held, Ordering::Relaxed);
+            }
+        })
+    };
+    let mut takers = Vec::new();
+    for _ in 0..TAKERS {
+        let mut conn = lock_client(db, &locker).await;
+        let (inside, most, slots) = (inside.clone(), most.clone(), slots.clone());
+        takers.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let tx = conn.begin().await.expect("begin");
+                let held = tx.acquire_permit(key, permits(N)).await.expect("permit");
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                assert!(now <= usize::from(N), "{now} inside");
+                let (_, slot) = semaphore_of(held.key()).expect("a slot key");
+                slots.lock().unwrap().insert(slot);
+                tx.execute("SELECT pg_sleep(0.001)", &[])
+                    .await
+                    .expect("work");
+                inside.fetch_sub(1, Ordering::SeqCst);
+                drop(held);
+                tx.commit().await.expect("commit");
+            }
+        }));
+    }
+    for taker in takers {
+        taker.await.expect("taker");
+    }
+    stop.store(true, Ordering::Relaxed);
+    sampler.await.expect("sampler");
+    assert_eq!(most.load(Ordering::SeqCst), usize::from(N), "never full");
+    assert_eq!(
+        slots.lock().unwrap().len(),
+        usize::from(N),
+        "every slot used"
+    );
+    assert!(sampled.load(Ordering::Relaxed) >= 1);
+    assert_eq!(slots_held(&observer, key.lock_key()).await, 0);
+}
+
+/// The control: a semaphore that counts the holders in `pg_locks` and then
+/// takes a lock of its own when fewer than N hold one admits more than N
+/// when the takers check at the same moment (here: all of them, lined up
+/// by a barrier).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn control_a_check_then_lock_semaphore_admits_more_than_n() {
+    const N: i64 = 3;
+    const TAKERS: usize = 12;
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let class = 770_001_i32;
+    let barrier = Arc::new(tokio::sync::Barrier::new(TAKERS));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut takers = Vec::new();
+    for me in 0..TAKERS as i32 {
+        let mut client = db.connect().await;
+        let (barrier, inside, most) = (barrier.clone(), inside.clone(), most.clone());
+        takers.push(tokio::spawn(async move {
+            let tx = client.transaction().await.unwrap();
+            let holders: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                     AND classid = $1::int4::oid AND objsubid = 2",
+                    &[&class],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            barrier.wait().await;
+            if holders < N {
+                tx.execute("SELECT pg_advisory_xact_lock($1, $2)", &[&class, &me])
+                    .await
+                    .unwrap();
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+            }
+            barrier.wait().await;
+            tx.rollback().await.unwrap();
+        }));
+    }
+    for taker in takers {
+        taker.await.unwrap();
+    }
+    assert!(
+        most.load(Ordering::SeqCst) > N as usize,
+        "the naive semaphore admitted at most {}",
+        most.load(Ordering::SeqCst)
+    );
+}
+
+/// A try with every slot busy gives the key back; a timed wait times out
+/// and leaves the transaction usable; a wait is granted once the holders
+/// commit (seen waiting in `pg_locks` first); a permit asked twice in one
+/// transaction is the same one, with nothing sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn try_timeout_wait_and_a_permit_asked_twice() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let locker = Locker::new(&observer, Config::default()).await.unwrap();
+    let key = Exports { region: 2 };
+    let two = permits(2);
+    let mut a = lock_client(db, &locker).await;
+    let mut b = lock_client(db, &locker).await;
+    let mut c = lock_client(db, &locker).await;
+    let ta = a.begin().await.unwrap();
+    let tb = b.begin().await.unwrap();
+    let first = ta
+        .try_acquire_permit(key, two)
+        .await
+        .unwrap()
+        .expect("free");
+    let again = ta.acquire_permit(key, two).await.unwrap();
+    assert_eq!(first.key(), again.key(), "one permit per transaction");
+    assert_eq!(ta.held_count(), 1);
+    let second = tb
+        .try_acquire_permit(key, two)
+        .await
+        .unwrap()
+        .expect("free");
+    assert_ne!(first.key(), second.key());
+    assert_eq!(slots_held(&observer, key.lock_key()).await, 2);
+
+    let tc = c.begin().await.unwrap();
+    assert_eq!(
+        tc.try_acquire_permit(key, two).await.unwrap().unwrap_err(),
+        key
+    );
+    let err = tc
+        .acquire_permit_timeout(key, two, Duration::from_millis(50))
+        .await
+        .expect_err("every slot busy");
+    assert!(err.is_timeout(), "{err}");
+    tc.execute("SELECT 1", &[]).await.expect("still usable");
+    tc.commit().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let tc = c.begin().await.unwrap();
+        let held = tc.acquire_permit(key, two).await.map(|held| held.key());
+        tc.commit().await.unwrap();
+        held
+    });
+    semaphore_slot_any(&observer, key).await;
+    drop((first, again, second));
+    ta.commit().await.unwrap();
+    tb.commit().await.unwrap();
+    let granted = waiter.await.unwrap().expect("granted after the commits");
+    assert!(semaphore_of(granted).is_some());
+    assert_eq!(slots_held(&observer, key.lock_key()).await, 0);
+}
+
+/// The slot some session waits for, of the semaphore named by `key`,
+/// once one does (polled; up to 30 s, a guard against a hang).
+async fn semaphore_slot_any(observer: &Client, key: Exports) -> LockKey {
+    let base = semaphore_base(key.lock_key());
+    for _ in 0..3000 {
+        let rows = observer
+            .query(
+                "SELECT objid::int8 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND objsubid = 2 AND classid = $1::int4::oid",
+                &[&SEMAPHORE_CLASS],
+            )
+            .await
+            .unwrap();
+        for row in rows {
+            let object = row.get::<_, i64>(0) as u32 as i32;
+            if object & !0xFF == base {
+                return LockKey::Pair(SEMAPHORE_CLASS, object);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("nobody waited for a slot of {key:?}");
+}
