@@ -247,3 +247,93 @@ async fn semaphore_slot_any(observer: &Client, key: Exports) -> LockKey {
     }
     panic!("nobody waited for a slot of {key:?}");
 }
+
+/// Session permits: 4N takers for N permits, each holding its permit on a
+/// connection of its own for a statement's time, many rounds: never more
+/// than N inside (counted inside, and sampled from `pg_locks`), every slot
+/// used. Transaction permits of the same semaphore share its slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn session_permits_never_more_than_n_inside() {
+    const N: u8 = 2;
+    const TAKERS: usize = 4 * N as usize;
+    const ROUNDS: usize = 10;
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let key = Exports { region: 3 };
+    let sessions = lockkit::SessionLock::new(db.config());
+    let inside = Arc::new(AtomicUsize::new(0));
+    let slots = Arc::new(Mutex::new(HashSet::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        let observer = db.connect().await;
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let held = slots_held(&observer, key.lock_key()).await;
+                assert!(held <= i64::from(N), "{held} slots held in pg_locks");
+            }
+        })
+    };
+    let mut takers = Vec::new();
+    for _ in 0..TAKERS {
+        let (sessions, inside, slots) = (sessions.clone(), inside.clone(), slots.clone());
+        takers.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let guard = sessions
+                    .acquire_permit_timeout(key, permits(N), Duration::from_secs(60))
+                    .await
+                    .expect("permit");
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                assert!(now <= usize::from(N), "{now} inside");
+                slots
+                    .lock()
+                    .unwrap()
+                    .insert(semaphore_of(guard.key()).expect("a slot").1);
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                assert!(guard.release().await.expect("release"));
+            }
+        }));
+    }
+    for taker in takers {
+        taker.await.expect("taker");
+    }
+    stop.store(true, Ordering::Relaxed);
+    sampler.await.expect("sampler");
+    assert_eq!(
+        slots.lock().unwrap().len(),
+        usize::from(N),
+        "every slot used"
+    );
+
+    // One session permit and one transaction permit fill 2 slots.
+    let held = sessions
+        .try_acquire_permit(key, permits(N))
+        .await
+        .unwrap()
+        .expect("free");
+    let locker = Locker::new(&observer, Config::default()).await.unwrap();
+    let mut conn = lock_client(db, &locker).await;
+    let tx = conn.begin().await.unwrap();
+    let in_tx = tx
+        .try_acquire_permit(key, permits(N))
+        .await
+        .unwrap()
+        .expect("free");
+    assert_ne!(in_tx.key(), held.key());
+    assert!(sessions
+        .try_acquire_permit(key, permits(N))
+        .await
+        .unwrap()
+        .is_err());
+    let err = sessions
+        .acquire_permit_timeout(key, permits(N), Duration::from_millis(50))
+        .await
+        .expect_err("full");
+    assert!(err.is_timeout(), "{err}");
+    drop(in_tx);
+    tx.commit().await.unwrap();
+    assert!(held.release().await.unwrap());
+    assert_eq!(slots_held(&observer, key.lock_key()).await, 0);
+}

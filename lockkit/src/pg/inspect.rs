@@ -127,7 +127,8 @@ impl AdvisoryLockRow {
     /// from the marker every lockkit lock statement starts with
     /// (`/* lockkit:batch_bigint */`, see [`sql`](crate::driver::sql)):
     /// `lock`, `lock_shared`, `try_lock`, `try_lock_shared`, `lock_batch`,
-    /// `try_lock_batch`, `lock_timeout` (the steps of a timed call around
+    /// `try_lock_batch`, `try_acquire_permit` (a semaphore permit's try),
+    /// `lock_timeout` (the steps of a timed call around
     /// its lock statement), or `session lock` for a [`SessionLock`](crate::SessionLock)'s
     /// session (one lock's, or a multiplexed connection's, named
     /// [`MULTIPLEXED_NAME`](crate::pg::MULTIPLEXED_NAME)). `None` for any
@@ -170,6 +171,7 @@ pub fn lockkit_call(query: &str) -> Option<&'static str> {
         "try_bigint" | "try_pair" => "try_lock",
         "try_bigint_shared" | "try_pair_shared" => "try_lock_shared",
         "try_batch_bigint" | "try_batch_pair" => "try_lock_batch",
+        "try_permit" => "try_acquire_permit",
         n if n.starts_with("batch_") => "lock_batch",
         n if n.ends_with("_timeouts") => "lock_timeout",
         _ => return None,

@@ -17,6 +17,11 @@ pub struct Grant {
 }
 
 impl Grant {
+    /// The key of a one-key call's grant (a permit's: the slot granted).
+    pub(crate) fn key(&self) -> Option<LockKey> {
+        self.key.map(|(key, _)| key)
+    }
+
     /// The guard of a one-key call for `value`, the value the request was
     /// made of ([`Request::one`]). The guard names the key granted: the one
     /// the request computed from `value` and sent, not computed again (a

@@ -101,7 +101,12 @@
 //!   dropped without release is unlocked the same way.
 //!
 //! The connections' backends show `application_name` =
-//! [`MULTIPLEXED_NAME`] and `idle in transaction`, without `backend_xmin`.
+//! [`MULTIPLEXED_NAME`] and `idle in transaction`, with no `backend_xid`.
+//! A try or unlock is a prepared statement, whose snapshot the server keeps
+//! until the connection's next statement, so `backend_xmin` is that of the
+//! connection's last statement: at most one keepalive cadence old, since
+//! the keepalive (a simple query) drops it. It holds back VACUUM no
+//! further than that.
 //! On a pool (`from_pool`), each connection is leased for its life and
 //! never returned (a connection given up closes when its last guard
 //! drops).
@@ -114,6 +119,7 @@
 //! refused when [`probe_pooler`] sees a transaction-mode pooler.
 
 use std::fmt;
+use std::num::NonZeroU8;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -505,6 +511,84 @@ impl SessionLock {
         self.acquire(key, Mode::Shared, Wait::Timeout(timeout))
             .await
             .map(expect_granted)
+    }
+}
+
+/// A semaphore's permits, held for a session: see
+/// [`LockTx::acquire_permit`](crate::LockTx::acquire_permit) for the
+/// semaphore itself (slots, waiting, fairness). Each permit holds a
+/// connection of its own, in the default form (whatever
+/// [`form`](SessionLock::form) says), and its guard names the slot's key.
+impl SessionLock {
+    /// Takes a permit of the semaphore of `permits` permits named by `key`,
+    /// waiting as long as it takes. A free slot is taken in the one query
+    /// that opens the permit's transaction.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn acquire_permit<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+    ) -> Result<SessionGuard<K>, Error> {
+        self.permit(key, permits, Wait::Forever)
+            .await
+            .map(expect_granted)
+    }
+
+    /// Takes a permit, waiting at most `timeout` once every slot is found
+    /// busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_timeout`](Self::lock_timeout).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn acquire_permit_timeout<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+        timeout: Duration,
+    ) -> Result<SessionGuard<K>, Error> {
+        self.permit(key, permits, Wait::Timeout(timeout))
+            .await
+            .map(expect_granted)
+    }
+
+    /// Takes a permit if a slot is free, without waiting: the guard, or the
+    /// key back when every slot is busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn try_acquire_permit<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+    ) -> Result<Result<SessionGuard<K>, K>, Error> {
+        self.permit(key, permits, Wait::Try).await
+    }
+
+    async fn permit<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+        wait: Wait,
+    ) -> Result<Result<SessionGuard<K>, K>, Error> {
+        let take = take::Take::Permit(permits);
+        self.acquire_own(key, take, wait, SessionForm::Transaction)
+            .await
     }
 }
 

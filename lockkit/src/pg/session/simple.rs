@@ -4,6 +4,7 @@
 //! engine's reply checks.
 
 use std::fmt;
+use std::num::NonZeroU8;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::StreamExt;
@@ -14,17 +15,36 @@ use super::take::{one_row, AppName};
 use super::Wait;
 use crate::engine::error::{DriverError, Error};
 use crate::engine::facts::ServerFacts;
+use crate::engine::guard::Busy;
 use crate::engine::sql;
-use crate::engine::{self, read_reply, Policy, ReplyRow, ReplyShape, Request, TxState};
+use crate::engine::{
+    self, read_reply, Acquisition, Grant, OneCall, Policy, ReplyRow, ReplyShape, Request,
+    Statement, TxState,
+};
+use crate::key::{AdvisoryKey, LockKey};
+
+/// The policy of a session lock's calls: the standby and `hashtext` checks
+/// are the caller's, and the statements go unnamed (simple protocol).
+static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(|| {
+    Policy::new(
+        crate::Config::default()
+            .allow_standby(true)
+            .order_check(crate::OrderCheck::Off)
+            .statements(crate::StatementMode::Unnamed),
+        ServerFacts::assumed(1, 1, 0),
+    )
+});
+
+/// What a session lock's query answered: the set-up row (`in_recovery`,
+/// `backend_pid`) and the key granted (`None`: a try found it busy), or, as
+/// the inner error, what the engine made of a failed lock statement.
+pub(super) type Taken = ((bool, i32), Result<Option<LockKey>, Error>);
 
 /// Opens the lock's transaction on `client`, sets it up (named `name`) and
 /// takes the transaction-scoped lock inside it through the lock engine (its
 /// statements, reply checks and timeouts), all in one simple-protocol
 /// query; later rounds of the engine (a timeout's savepoint rollback) go
-/// the same way. Answers the set-up row (`in_recovery`, `backend_pid`) and
-/// whether the lock was granted (`false`: a try found it busy), or, as the
-/// inner error, what the engine made of a failed lock statement. The
-/// standby and `hashtext` checks are the caller's.
+/// the same way. The standby and `hashtext` checks are the caller's.
 ///
 /// # Errors
 ///
@@ -36,35 +56,136 @@ pub(super) async fn take_xact_lock(
     wait: Wait,
     name: &AppName,
     check_interval_known: &AtomicBool,
-) -> Result<((bool, i32), Result<bool, Error>), Error> {
-    static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(|| {
-        Policy::new(
-            crate::Config::default()
-                .allow_standby(true)
-                .order_check(crate::OrderCheck::Off)
-                .statements(crate::StatementMode::Unnamed),
-            ServerFacts::assumed(1, 1, 0),
-        )
-    });
-    let wait = match wait {
+) -> Result<Taken, Error> {
+    let state = TxState::new();
+    let call = Call::Many(Box::new(state.acquire(
+        &POLICY,
+        0,
+        request,
+        engine_wait(wait),
+    )?));
+    let (setup, outcome) = rounds(client, call, Some((name, check_interval_known))).await?;
+    let setup = setup.ok_or_else(|| Error::unexpected("the lock engine sent nothing".into()))?;
+    Ok((setup, granted(outcome)))
+}
+
+/// [`take_xact_lock`] for a permit of the semaphore of `permits` permits
+/// named by `value`'s key: its try behind `BEGIN` and the set-up, in one
+/// query; when every slot is busy and the call waits, the wait for one
+/// slot, in the same transaction.
+///
+/// # Errors
+///
+/// As [`take_xact_lock`].
+pub(super) async fn take_permit<K: AdvisoryKey>(
+    client: &Client,
+    (value, permits): (&K, NonZeroU8),
+    wait: Wait,
+    name: &AppName,
+    check_interval_known: &AtomicBool,
+) -> Result<Taken, Error> {
+    let state = TxState::new();
+    let call = Call::One(state.acquire_permit(&POLICY, 0, (value, permits), None)?);
+    let (setup, outcome) = rounds(client, call, Some((name, check_interval_known))).await?;
+    let setup = setup.ok_or_else(|| Error::unexpected("the lock engine sent nothing".into()))?;
+    let outcome = match (outcome, wait) {
+        (Ok(Err(_busy)), Wait::Forever | Wait::Timeout(_)) => {
+            let request = Request::permit_slot(value, permits);
+            let call = Call::Many(Box::new(state.acquire(
+                &POLICY,
+                0,
+                request,
+                engine_wait(wait),
+            )?));
+            rounds(client, call, None).await?.1
+        }
+        (outcome, _) => outcome,
+    };
+    Ok((setup, granted(outcome)))
+}
+
+fn engine_wait(wait: Wait) -> engine::Wait {
+    match wait {
         Wait::Forever => engine::Wait::Forever,
         Wait::Timeout(timeout) => engine::Wait::Timeout(timeout),
         Wait::Try => engine::Wait::Try,
-    };
-    let state = TxState::new();
-    let mut call = state.acquire(&POLICY, 0, request, wait)?;
+    }
+}
+
+/// The key a call's outcome grants, `None` when busy.
+fn granted(outcome: Result<Result<Grant, Busy>, Error>) -> Result<Option<LockKey>, Error> {
+    Ok(outcome?.ok().and_then(|grant| grant.key()))
+}
+
+/// A call [`rounds`] drives: the engine's general call, or a one-statement
+/// call (a permit's try).
+enum Call<'a> {
+    // Boxed: the general call is more than twice the one-statement one.
+    Many(Box<Acquisition<'a>>),
+    One(OneCall<'a>),
+}
+
+impl Call<'_> {
+    fn round(&self) -> Option<Vec<Statement<'_>>> {
+        match self {
+            Call::Many(call) => call.round().map(|round| round.iter().copied().collect()),
+            Call::One(call) => call.statement().map(|statement| vec![statement]),
+        }
+    }
+
+    fn fail(&mut self, e: tokio_postgres::Error) {
+        match self {
+            Call::Many(call) => call.receive(Err(DriverError::from(e))),
+            Call::One(call) => call.receive(Err::<(), _>(DriverError::from(e)), |_, ()| {
+                unreachable!("no answer")
+            }),
+        }
+    }
+
+    fn answer(&mut self, answers: Vec<&[SimpleRow]>) {
+        let read = |statement: &Statement<'_>, rows: &&[SimpleRow]| match statement.reply() {
+            ReplyShape::Done if rows.is_empty() => read_reply::<SimpleRow>(statement, None),
+            _ => read_reply(statement, Some(rows)),
+        };
+        match self {
+            Call::Many(call) => call.receive_answers(Ok(answers), read),
+            Call::One(call) => call.receive(Ok(answers[0]), read),
+        }
+    }
+
+    fn finish(self) -> Result<Result<Grant, Busy>, Error> {
+        match self {
+            Call::Many(call) => call.finish(),
+            Call::One(call) => call.finish(),
+        }
+    }
+}
+
+/// Drives `call` on `client`, each round one simple-protocol query; the
+/// first behind `BEGIN` and the session set-up (named `name`) when `begin`
+/// says so. Answers the set-up row, if one was read, and the outcome.
+///
+/// # Errors
+///
+/// As [`take_xact_lock`].
+async fn rounds(
+    client: &Client,
+    mut call: Call<'_>,
+    mut begin: Option<(&AppName, &AtomicBool)>,
+) -> Result<(Option<(bool, i32)>, Result<Result<Grant, Busy>, Error>), Error> {
     let mut query = String::with_capacity(512);
     let mut setup = None;
-    let mut first = true;
     while let Some(round) = call.round() {
         query.clear();
-        let known = check_interval_known.load(Ordering::Relaxed);
-        let prefix = if std::mem::take(&mut first) {
-            query.push_str(sql::SESSION_BEGIN);
-            query.push_str("; ");
-            1 + sql::write_session_setup(&mut query, name, known)
-        } else {
-            0
+        let first = begin.take();
+        let known = first.is_some_and(|(_, known)| known.load(Ordering::Relaxed));
+        let prefix = match first {
+            Some((name, _)) => {
+                query.push_str(sql::SESSION_BEGIN);
+                query.push_str("; ");
+                1 + sql::write_session_setup(&mut query, name, known)
+            }
+            None => 0,
         };
         for (i, statement) in round.iter().enumerate() {
             if i > 0 || prefix > 0 {
@@ -80,11 +201,11 @@ pub(super) async fn take_xact_lock(
                 .sum::<usize>();
         match &failed {
             Some(e) if completed.len() < prefix => {
-                if e.code() == Some(&SqlState::UNDEFINED_OBJECT) {
+                if let (Some((_, known)), Some(&SqlState::UNDEFINED_OBJECT)) = (first, e.code()) {
                     // No `client_connection_check_interval` (the server
                     // is older than the one seen before): the next set-up
                     // asks again.
-                    check_interval_known.store(false, Ordering::Relaxed);
+                    known.store(false, Ordering::Relaxed);
                 }
                 return Err(Error::from(failed.expect("matched Some")));
             }
@@ -96,11 +217,12 @@ pub(super) async fn take_xact_lock(
             }
             _ => {}
         }
-        if prefix > 0 {
+        if let Some((_, check_interval_known)) = first {
             setup = Some(read_setup(&completed, prefix, known, check_interval_known)?);
         }
         if let Some(e) = failed {
-            call.receive(Err(DriverError::from(e)));
+            drop(round);
+            call.fail(e);
             continue;
         }
         // Each statement's rows; a statement of several commands (a
@@ -112,13 +234,10 @@ pub(super) async fn take_xact_lock(
             answers.push(completed.rows(next, next + commands));
             next += commands;
         }
-        call.receive_answers(Ok(answers), |statement, rows| match statement.reply() {
-            ReplyShape::Done if rows.is_empty() => read_reply::<SimpleRow>(statement, None),
-            _ => read_reply(statement, Some(rows)),
-        });
+        drop(round);
+        call.answer(answers);
     }
-    let setup = setup.ok_or_else(|| Error::unexpected("the lock engine sent nothing".into()))?;
-    Ok((setup, call.finish().map(|outcome| outcome.is_ok())))
+    Ok((setup, call.finish()))
 }
 
 /// Opens a held transaction on `client` and sets it up (named `name`), in

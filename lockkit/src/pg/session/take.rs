@@ -2,6 +2,8 @@
 //! before it is handed out, the lock statement, and the guard made of it.
 
 use std::fmt;
+use std::future::Future;
+use std::num::NonZeroU8;
 use std::sync::Arc;
 
 use futures_util::future::join;
@@ -15,7 +17,7 @@ use super::keeper::watch_connection;
 use super::mux::MuxTry;
 #[cfg(doc)]
 use super::simple::simple_round;
-use super::simple::take_xact_lock;
+use super::simple::{take_permit, take_xact_lock, Taken};
 use super::{SessionForm, SessionLock, Wait};
 use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
@@ -34,7 +36,9 @@ impl SessionLock {
         wait: Wait,
     ) -> Result<Result<SessionGuard<K>, K>, Error> {
         if self.form != SessionForm::Multiplexed {
-            return self.acquire_own(value, mode, wait, self.form).await;
+            return self
+                .acquire_own(value, Take::Key(mode), wait, self.form)
+                .await;
         }
         // A free key is taken on a multiplexed connection, in one round
         // trip. A wait never runs there (a connection waiting for one key
@@ -44,17 +48,19 @@ impl SessionLock {
             MuxTry::Held(guard) => Ok(Ok(guard)),
             MuxTry::Busy(value) if matches!(wait, Wait::Try) => Ok(Err(value)),
             MuxTry::Busy(value) | MuxTry::Elsewhere(value) => {
-                self.acquire_own(value, mode, wait, SessionForm::Transaction)
+                let take = Take::Key(mode);
+                self.acquire_own(value, take, wait, SessionForm::Transaction)
                     .await
             }
         }
     }
 
-    /// Takes a lock on a connection of its own, held in `form`.
-    async fn acquire_own<K: AdvisoryKey>(
+    /// Takes `take` of `value` on a connection of its own, held in `form`
+    /// (a permit always in the default form).
+    pub(super) async fn acquire_own<K: AdvisoryKey>(
         &self,
         value: K,
-        mode: Mode,
+        take: Take,
         wait: Wait,
         form: SessionForm,
     ) -> Result<Result<SessionGuard<K>, K>, Error> {
@@ -62,25 +68,35 @@ impl SessionLock {
         let hashtext = K::KEY_SPEC.form() == KeyForm::HashText;
         let name = AppName(K::KEY_SPEC.namespace(), key);
         let (lease, canceller) = self.lease(&name).await?;
-        let mut cancel = CancelOnDrop::new(lease.client(), &canceller, || ());
-        let taken = match form {
-            SessionForm::Transaction | SessionForm::Multiplexed => {
+        let client = lease.client();
+        let known = &self.check_interval_known;
+        let mut cancel = CancelOnDrop::new(client, &canceller, || ());
+        let taken = match (form, take) {
+            (SessionForm::SessionLevel, Take::Key(mode)) => self
+                .lock_session_level(&lease, key, mode, wait, hashtext)
+                .await
+                .map(|(granted, pid)| (granted.then_some(key), pid)),
+            (_, Take::Key(mode)) => {
                 let request = Request::key_of::<K>(key, mode);
-                self.lock_in_transaction(&lease, request, wait, &name, hashtext)
-                    .await
+                let take = take_xact_lock(client, request, wait, &name, known);
+                self.lock_in_transaction(&lease, take, hashtext).await
             }
-            SessionForm::SessionLevel => {
-                self.lock_session_level(&lease, key, mode, wait, hashtext)
-                    .await
+            (_, Take::Permit(permits)) => {
+                let take = take_permit(client, (&value, permits), wait, &name, known);
+                self.lock_in_transaction(&lease, take, hashtext).await
             }
         };
         cancel.disarm();
         drop(cancel);
+        let mode = match take {
+            Take::Key(mode) => mode,
+            Take::Permit(_) => Mode::Exclusive,
+        };
         match taken {
-            Ok((true, backend_pid)) => {
+            Ok((Some(key), backend_pid)) => {
                 Ok(Ok(self.hold(value, key, mode, form, backend_pid, lease)))
             }
-            Ok((false, _)) => {
+            Ok((None, _)) => {
                 Self::discard(lease, form, true).await;
                 Ok(Err(value))
             }
@@ -91,18 +107,16 @@ impl SessionLock {
         }
     }
 
-    /// The default form: opens the transaction, sets it up and takes the
-    /// lock in one simple-protocol query (one message, one round trip; see
-    /// [`simple_round`]), then checks the server's facts. Answers whether
-    /// the lock was granted and the backend pid.
+    /// The default form: `take` opens the transaction, sets it up and
+    /// takes the lock in one simple-protocol query (one message, one round
+    /// trip; see [`simple_round`]); then the server's facts are checked.
+    /// Answers the key granted (`None`: busy) and the backend pid.
     async fn lock_in_transaction(
         &self,
         lease: &Lease,
-        request: Request,
-        wait: Wait,
-        name: &AppName,
+        take: impl Future<Output = Result<Taken, Error>>,
         hashtext: bool,
-    ) -> Result<(bool, i32), Error> {
+    ) -> Result<(Option<LockKey>, i32), Error> {
         let client = lease.client();
         // The facts (HashText keys only) go first, outside the transaction:
         // they are the server's, not the backend's. Then one query:
@@ -111,7 +125,6 @@ impl SessionLock {
         // sent, and the simple protocol leaves no portal open, so the held
         // transaction holds no snapshot (no `backend_xmin`), with no
         // statement after it.
-        let take = take_xact_lock(client, request, wait, name, &self.check_interval_known);
         let (facts, taken) = match hashtext {
             true => {
                 let (facts, taken) = join(server_facts(client), take).await;
@@ -251,6 +264,14 @@ impl SessionLock {
             hold: Hold::Own(Holding(shared)),
         }
     }
+}
+
+/// What a lock on a connection of its own takes: a key in a mode, or a
+/// permit of the semaphore of this many permits the key names.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Take {
+    Key(Mode),
+    Permit(NonZeroU8),
 }
 
 /// The `application_name` of a lock's connection,
