@@ -560,3 +560,40 @@ async fn a_lost_connection_is_reported_to_every_guard_on_it() {
         assert!(guard.release().await.expect("release"));
     }
 }
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(raw)]
+struct RawBig(i64);
+
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(raw)]
+struct RawPair((i32, i32));
+
+/// The extreme keys of both key spaces (written into the statement's text
+/// as literals) are taken and released, each held by its backend. (On a
+/// server of its own: other tests lock these raw keys too.)
+#[tokio::test(flavor = "multi_thread")]
+async fn extreme_keys_of_both_key_spaces() {
+    let db = &big_server();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let sessions = multiplexed(db.config(), 1);
+    for value in [i64::MIN, i64::MAX, -1] {
+        let guard = sessions
+            .try_lock(RawBig(value))
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(lockkit_tests::observe::held_by(&observer, guard.backend_pid(), guard.key()).await);
+        assert!(guard.release().await.unwrap(), "{value}");
+    }
+    for value in [(i32::MIN, i32::MIN), (i32::MAX, -1)] {
+        let guard = sessions
+            .try_lock_shared(RawPair(value))
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(lockkit_tests::observe::held_by(&observer, guard.backend_pid(), guard.key()).await);
+        assert!(guard.release().await.unwrap(), "{value:?}");
+    }
+}

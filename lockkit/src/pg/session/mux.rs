@@ -42,14 +42,11 @@ use std::time::Duration;
 use futures_util::future::join;
 use tokio::sync::{watch, OnceCell};
 use tokio::time::{Instant, MissedTickBehavior};
-use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Statement;
 
 use super::conn::Lease;
 use super::guard::{holds_now, Hold, SessionGuard};
 use super::keeper::within_cadence;
-use super::simple::begin_held;
-use super::take::one_bool;
+use super::simple::{begin_held, simple_bool};
 use super::{SessionForm, SessionLock};
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
@@ -225,9 +222,6 @@ pub(super) struct MuxConn {
     /// Whether a key was claimed on it since the keeper last looked: an
     /// idle connection is closed only after a cadence without claims.
     used: AtomicBool,
-    /// The try and unlock statements, prepared on first use (see
-    /// [`statement`]).
-    statements: [OnceCell<Statement>; 8],
 }
 
 /// What a statement on a multiplexed connection does.
@@ -237,22 +231,20 @@ enum Op {
     Unlock,
 }
 
-fn statement(op: Op, key: LockKey, mode: Mode) -> (usize, &'static str) {
-    let index = match op {
-        Op::Try => 0,
-        Op::Unlock => 4,
-    } + match mode {
-        Mode::Exclusive => 0,
-        Mode::Shared => 2,
-    } + match key {
-        LockKey::BigInt(_) => 0,
-        LockKey::Pair(..) => 1,
+/// The statement of `op` for `key`, with the key written in.
+fn statement(op: Op, key: LockKey, mode: Mode) -> String {
+    let function = match (op, mode) {
+        (Op::Try, Mode::Exclusive) => "pg_try_advisory_lock",
+        (Op::Try, Mode::Shared) => "pg_try_advisory_lock_shared",
+        (Op::Unlock, Mode::Exclusive) => "pg_advisory_unlock",
+        (Op::Unlock, Mode::Shared) => "pg_advisory_unlock_shared",
     };
-    let sql = match op {
-        Op::Try => sql::session_lock(key, mode, true),
-        Op::Unlock => sql::session_unlock(key, mode),
-    };
-    (index, sql)
+    match key {
+        // Quoted, so that `i64::MIN` is one literal, not the negation of
+        // one out of range.
+        LockKey::BigInt(k) => format!("SELECT {function}('{k}'::int8)"),
+        LockKey::Pair(c, o) => format!("SELECT {function}('{c}'::int4, '{o}'::int4)"),
+    }
 }
 
 impl MuxConn {
@@ -280,7 +272,6 @@ impl MuxConn {
             cadence: lock.keeper.cadence,
             lost: watch::Sender::new(false),
             used: AtomicBool::new(true),
-            statements: Default::default(),
         });
         tokio::spawn(keep(Arc::downgrade(&conn), ended));
         Ok(conn)
@@ -308,27 +299,15 @@ impl MuxConn {
     /// answered (`pg_try_advisory_lock`'s or `pg_advisory_unlock`'s
     /// `bool`). A failure gives the connection up (the failed statement
     /// aborted its transaction).
+    ///
+    /// The statement goes with the simple query protocol, its key written
+    /// in: a prepared statement's portal, and its snapshot, would stay
+    /// open in the held transaction until the connection's next statement,
+    /// and hold back VACUUM.
     async fn run(self: &Arc<Self>, op: Op, key: LockKey, mode: Mode) -> Result<bool, Error> {
         let answer = within_cadence(self.cadence, async {
-            let (index, sql) = statement(op, key, mode);
-            let client = self.lease.client();
-            let prepared = self.statements[index]
-                .get_or_try_init(|| async {
-                    let types: &[Type] = match key {
-                        LockKey::BigInt(_) => &[Type::INT8],
-                        LockKey::Pair(..) => &[Type::INT4, Type::INT4],
-                    };
-                    client.prepare_typed(sql, types).await
-                })
-                .await?;
-            let rows = match key {
-                LockKey::BigInt(v) => client.query(prepared, &[&v]).await?,
-                LockKey::Pair(class, object) => {
-                    let params: [&(dyn ToSql + Sync); 2] = [&class, &object];
-                    client.query(prepared, &params).await?
-                }
-            };
-            one_bool(&rows)
+            let query = statement(op, key, mode);
+            simple_bool(self.lease.client(), &query).await
         })
         .await;
         if let Err(e) = &answer {
