@@ -1,7 +1,8 @@
 //! `lockkit`: the operator's view of advisory locks.
 //!
-//! - `lockkit inspect`: advisory locks held and awaited, wait chains as a
-//!   tree, `--watch` to refresh, `--json` for scripts.
+//! - `lockkit inspect`: advisory locks held and awaited, each semaphore's
+//!   permits as one entry, wait chains as a tree, `--watch` to refresh,
+//!   `--json` for scripts.
 //! - `lockkit key NAMESPACE VALUE...`: the keys (and their `pg_locks`
 //!   columns) of a key type's typed field values (`i:42`, `s:acme`,
 //!   `variant:Account`, …), in every form of the key format,
@@ -79,6 +80,10 @@ enum Command {
     /// unregistered key shows its top 16 bits (BigInt), the namespace tag
     /// of a hashed lockkit key (`lockkit key` prints a namespace's tag; raw
     /// and hashtext keys carry none), or its class (Pair).
+    ///
+    /// A semaphore's slot keys are one entry per semaphore, named by its
+    /// base in hex (the object of its slot 0): its slots held and by whom,
+    /// and the sessions that wait for one ("semaphores" in JSON).
     ///
     /// SCOPE is `session` for a holder idle outside any transaction (a
     /// transaction lock cannot outlive its transaction), `transaction` for a

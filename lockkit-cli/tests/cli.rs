@@ -1004,6 +1004,176 @@ async fn inspect_names_published_types_calls_and_session_locks() {
     assert!(session.release().await.unwrap());
 }
 
+#[derive(lockkit::AdvisoryKey, Clone, Copy, Debug)]
+#[advisory_key(namespace = "cli.exports")]
+struct CliExports {
+    region: i64,
+}
+
+/// A semaphore's holders are one entry, text and JSON: three transactions
+/// hold a permit of a semaphore of 3 (one slot each, three slot keys in
+/// `pg_locks`) and a fourth waits for one; the entry names the semaphore by
+/// its base and lists the three holders and the waiter, and no slot key
+/// has a row of its own. The control: a permit of another semaphore, held
+/// by one of the three, is another entry.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_shows_a_semaphore_as_one_entry() {
+    use lockkit::key::{semaphore_base, semaphore_of, SEMAPHORE_CLASS};
+    use lockkit::{AdvisoryKey, Config, LockClient, Locker};
+    use std::num::NonZeroU8;
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let url = db.create_database("lockkit_cli_semaphore").await;
+    let observer = connect_url(&url, "cli-observer").await;
+    let locker = Locker::new(&observer, Config::default()).await.unwrap();
+    let three = NonZeroU8::new(3).unwrap();
+    let (exports, other) = (CliExports { region: 1 }, CliExports { region: 2 });
+    let base = semaphore_base(exports.lock_key());
+    let other_base = semaphore_base(other.lock_key());
+    assert_ne!(base, other_base);
+
+    let mut clients = Vec::new();
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        let client = connect_url(&url, "cli-permit-holder").await;
+        pids.push(pid(&client).await);
+        clients.push(LockClient::new(&locker, client));
+    }
+    let mut txs = Vec::new();
+    for c in &mut clients {
+        txs.push(c.begin().await.unwrap());
+    }
+    let mut permits = Vec::new();
+    let mut slots = Vec::new();
+    for tx in &txs {
+        let held = tx
+            .try_acquire_permit(exports, three)
+            .await
+            .unwrap()
+            .expect("a free slot");
+        let (of, slot) = semaphore_of(held.key()).expect("a slot key");
+        assert_eq!(of, base);
+        slots.push(slot);
+        permits.push(held);
+    }
+    let mut sorted = slots.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, [0, 1, 2], "three permits, three slots");
+    let other_permit = txs[0]
+        .try_acquire_permit(other, three)
+        .await
+        .unwrap()
+        .expect("a free slot");
+
+    let waiter = connect_url(&url, "cli-permit-waiter").await;
+    let waiter_pid = pid(&waiter).await;
+    let mut waiter = LockClient::new(&locker, waiter);
+    let waiting = tokio::spawn(async move {
+        let tx = waiter.begin().await.unwrap();
+        drop(tx.acquire_permit(exports, three).await.unwrap());
+        tx.rollback().await.unwrap();
+    });
+    wait_until_waiting(&observer, waiter_pid).await;
+
+    let hex = |base: i32| format!("0x{:08x}", base as u32);
+    let out = lockkit(&["--url", &url, "inspect"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let entry = text
+        .lines()
+        .find(|l| l.starts_with(&format!("semaphore {}: ", hex(base))))
+        .unwrap_or_else(|| panic!("no entry of semaphore {} in\n{text}", hex(base)));
+    assert!(entry.contains(": 3 slots held, by "), "{entry}");
+    for (pid, slot) in pids.iter().zip(&slots) {
+        assert!(
+            entry.contains(&format!("{pid} [cli-permit-holder] (slot {slot})")),
+            "{entry}"
+        );
+    }
+    assert!(
+        entry.contains(&format!(
+            "; 1 session waits: {waiter_pid} [cli-permit-waiter] (for slot "
+        )),
+        "{entry}"
+    );
+    assert_eq!(
+        text.matches(&format!("semaphore {}: ", hex(base))).count(),
+        1,
+        "one entry: {text}"
+    );
+    let other_entry = format!(
+        "semaphore {}: 1 slot held, by {} [cli-permit-holder] (slot ",
+        hex(other_base),
+        pids[0]
+    );
+    assert!(text.contains(&other_entry), "{text}");
+    // No slot key has a row in the lock table.
+    assert!(!text.contains(&SEMAPHORE_CLASS.to_string()), "{text}");
+    assert!(
+        text.contains(&format!("└── {waiter_pid} [cli-permit-waiter] waits"))
+            && text.contains(&format!("for a permit of semaphore {} (slot ", hex(base))),
+        "{text}"
+    );
+
+    let out = lockkit(&["--url", &url, "inspect", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        !doc["locks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["key"]["class"] == SEMAPHORE_CLASS),
+        "no slot key among the locks: {doc:#}"
+    );
+    let semaphores = doc["semaphores"].as_array().unwrap();
+    assert_eq!(semaphores.len(), 2, "{doc:#}");
+    let s = semaphores
+        .iter()
+        .find(|s| s["base"] == base)
+        .unwrap_or_else(|| panic!("no semaphore {base} in {doc:#}"));
+    assert_eq!(s["semaphore"], hex(base));
+    assert_eq!(s["class"], SEMAPHORE_CLASS);
+    assert_eq!(s["held"], 3, "{s:#}");
+    assert_eq!(s["waiting"], 1, "{s:#}");
+    let holders = s["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 3, "{s:#}");
+    for (pid, slot) in pids.iter().zip(&slots) {
+        let h = holders
+            .iter()
+            .find(|h| h["pid"] == *pid)
+            .unwrap_or_else(|| panic!("no holder {pid} in {s:#}"));
+        assert_eq!(h["slot"], *slot);
+        assert_eq!(h["granted"], true);
+        assert_eq!(h["key"]["object"], base | i32::from(*slot));
+        assert_eq!(h["application_name"], "cli-permit-holder");
+        assert!(
+            h["lockkit_call"]
+                .as_str()
+                .unwrap()
+                .starts_with("try_acquire_permit "),
+            "{h:#}"
+        );
+    }
+    let waiters = s["waiters"].as_array().unwrap();
+    assert_eq!(waiters.len(), 1, "{s:#}");
+    assert_eq!(waiters[0]["pid"], waiter_pid);
+    assert_eq!(waiters[0]["granted"], false);
+    assert_eq!(waiters[0]["blocked_by"].as_array().unwrap().len(), 1);
+    let o = semaphores.iter().find(|s| s["base"] == other_base).unwrap();
+    assert_eq!(o["held"], 1, "{o:#}");
+    assert_eq!(o["holders"][0]["pid"], pids[0]);
+    assert!(o["waiters"].as_array().unwrap().is_empty());
+
+    drop(other_permit);
+    drop(permits);
+    for tx in txs {
+        tx.rollback().await.unwrap();
+    }
+    waiting.await.unwrap();
+}
+
 /// Issue 29: the CLI reaches a server that takes TLS clients only, with
 /// libpq's `sslmode` and `sslrootcert`, from the URL, the key=value string
 /// or the options. The controls: plain text is refused by the server; a

@@ -243,6 +243,11 @@ pub(crate) fn namespace_problem(ns: &str) -> Option<String> {
     if ns.len() > MAX_NAMESPACE_LEN {
         return Some(format!("it is {} bytes long; {EXPECTED}", ns.len()));
     }
+    if ns == "lockkit.semaphore" {
+        return Some(
+            "it is reserved for the semaphores' slot keys (KEYS.md, \"Semaphore slots\")".into(),
+        );
+    }
     None
 }
 
@@ -343,6 +348,9 @@ mod tests {
         assert!(namespace_problem("Größe")
             .unwrap()
             .starts_with("'ö' is not allowed"));
+        assert!(namespace_problem("lockkit.semaphore")
+            .unwrap()
+            .contains("reserved"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! docs/KEYS.md cannot drift from the code: its golden vectors, its parts
-//! examples, its `ns_hash` and its `hashtext` figures are read out of the
-//! document and each is compared with what lockkit computes.
+//! examples, its `ns_hash` and its `hashtext` figures, its semaphore slot
+//! vectors and class are read out of the document and each is compared with
+//! what lockkit computes.
 
 use lockkit::key::{hashtext_key, parts_bytes};
 use lockkit::{KeySpec, LockKey};
@@ -131,4 +132,119 @@ fn ns_hash_and_hashtext_lines_equal_the_code() {
         .unwrap();
     assert_eq!(hashtext_key(text), LockKey::BigInt(value));
     assert!(doc.contains(&format!("`BigInt({value})`")));
+}
+
+/// A semaphore key cell, `` `BigInt(v)` `` or `` `Pair(c, o)` ``.
+fn parse_key(cell: &str) -> LockKey {
+    let cell = unquote(cell);
+    if let Some(v) = cell
+        .strip_prefix("BigInt(")
+        .and_then(|v| v.strip_suffix(')'))
+    {
+        return LockKey::BigInt(v.parse().unwrap());
+    }
+    let pair = cell
+        .strip_prefix("Pair")
+        .unwrap_or_else(|| panic!("semaphore key {cell:?} is neither BigInt(..) nor Pair(..)"));
+    parse_pair(pair)
+}
+
+/// "Semaphore slots" from its text alone, with the reference SipHash: the
+/// key of slot `slot` of the semaphore named by `k`.
+fn slot_from_the_text(k: LockKey, slot: u8) -> LockKey {
+    use std::hash::Hasher as _;
+    let sip = |bytes: &[u8]| {
+        let mut h = siphasher::sip::SipHasher24::new_with_key(b"lockkit-keys-v1!");
+        h.write(bytes);
+        h.finish()
+    };
+    let class = (sip(b"ns\0lockkit.semaphore") >> 32) as u32 as i32;
+    let mut bytes = b"semaphore\0".to_vec();
+    match k {
+        LockKey::BigInt(v) => {
+            bytes.push(0x01);
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        LockKey::Pair(c, o) => {
+            bytes.push(0x02);
+            bytes.extend_from_slice(&c.to_le_bytes());
+            bytes.extend_from_slice(&o.to_le_bytes());
+        }
+    }
+    let base = ((sip(&bytes) >> 40) << 8) as u32 as i32;
+    LockKey::Pair(class, base | i32::from(slot))
+}
+
+#[test]
+fn semaphore_slot_vectors_equal_the_code() {
+    use lockkit::key::{semaphore_base, semaphore_of, semaphore_slot};
+    let doc = doc();
+    let rows = tables(&doc, "Golden vectors")
+        .into_iter()
+        .find(|t| t.iter().all(|r| r.len() == 4))
+        .expect("the semaphore slot table of the golden vectors");
+    let mut spaces = (0, 0);
+    for row in &rows {
+        let [k, base, slot0, slot3] = &row[..] else {
+            unreachable!()
+        };
+        let k = parse_key(k);
+        match k {
+            LockKey::BigInt(_) => spaces.0 += 1,
+            LockKey::Pair(..) => spaces.1 += 1,
+        }
+        let base = unquote(base)
+            .strip_prefix("0x")
+            .unwrap_or_else(|| panic!("base {base:?} is not hex"));
+        let base = u32::from_str_radix(base, 16).unwrap() as i32;
+        assert_eq!(semaphore_base(k), base, "base of {row:?}");
+        for (slot, cell) in [(0, slot0), (3, slot3)] {
+            let want = parse_pair(cell);
+            assert_eq!(semaphore_slot(k, slot), want, "slot {slot} of {row:?}");
+            assert_eq!(slot_from_the_text(k, slot), want, "slot {slot} of {row:?}");
+            assert_eq!(semaphore_of(want), Some((base, slot)), "{row:?}");
+        }
+    }
+    assert!(
+        rows.len() >= 4 && spaces.0 >= 1 && spaces.1 >= 1,
+        "semaphore slot vectors of both key spaces: {rows:?}"
+    );
+    // The rows said to be the semaphores of the first golden vector are.
+    let keys: Vec<LockKey> = rows.iter().map(|r| parse_key(&r[0])).collect();
+    let order = KeySpec::new("Order");
+    assert!(keys.contains(&order.key_of(&42_i64)), "{keys:?}");
+    assert!(keys.contains(&order.pair().key_of(&42_i64)), "{keys:?}");
+}
+
+#[test]
+fn semaphore_class_equals_the_code() {
+    use lockkit::key::{NamespaceError, SEMAPHORE_CLASS, SEMAPHORE_NAMESPACE};
+    use std::hash::Hasher;
+    let doc = doc();
+    assert_eq!(SEMAPHORE_NAMESPACE, "lockkit.semaphore");
+    let mut sip = siphasher::sip::SipHasher24::new_with_key(b"lockkit-keys-v1!");
+    sip.write(b"ns\0lockkit.semaphore");
+    let ns_hash = format!("`ns_hash(\"lockkit.semaphore\") = {:#018x}`", sip.finish());
+    assert!(doc.contains(&ns_hash), "docs/KEYS.md should say {ns_hash}");
+    let class = format!(
+        "`SEMAPHORE_CLASS = {:#010x} = {SEMAPHORE_CLASS}`",
+        SEMAPHORE_CLASS as u32
+    );
+    assert!(doc.contains(&class), "docs/KEYS.md should say {class}");
+    // It is the class a Pair type of the namespace would get: the upper
+    // 32 bits of its ns_hash. The namespace is refused to key types, and
+    // so is the explicit class.
+    assert_eq!((sip.finish() >> 32) as u32 as i32, SEMAPHORE_CLASS);
+    assert_eq!(
+        KeySpec::try_new(SEMAPHORE_NAMESPACE).err(),
+        Some(NamespaceError::Reserved)
+    );
+    let explicit = std::panic::catch_unwind(|| KeySpec::new("Other").pair().class(SEMAPHORE_CLASS));
+    assert!(explicit.is_err(), "the class is refused");
+    // The class the section reserves is this one.
+    let section = doc
+        .split("\n## ")
+        .find(|s| s.starts_with("Semaphore slots"))
+        .expect("the section \"Semaphore slots\"");
+    assert!(section.contains(&format!("explicit class {SEMAPHORE_CLASS} ")));
 }

@@ -180,7 +180,8 @@ impl<'n> KeySpec<'n> {
     /// # Panics
     ///
     /// When `namespace` is not 1 to 64 bytes of ASCII letters, digits and
-    /// `_ . : / -`. In a `const` this is a compile error; use
+    /// `_ . : / -`, or is the reserved `lockkit.semaphore`. In a `const`
+    /// this is a compile error; use
     /// [`KeySpec::try_new`] for namespaces known only at run time.
     pub const fn new(namespace: &'n str) -> Self {
         if let Err(e) = namespace::validate(namespace) {
@@ -200,8 +201,9 @@ impl<'n> KeySpec<'n> {
     ///
     /// # Errors
     ///
-    /// [`NamespaceError`] when `namespace` is empty, longer than 64 bytes, or
-    /// holds a byte other than ASCII letters, digits and `_ . : / -`.
+    /// [`NamespaceError`] when `namespace` is empty, longer than 64 bytes,
+    /// holds a byte other than ASCII letters, digits and `_ . : / -`, or is
+    /// the reserved `lockkit.semaphore`.
     pub const fn try_new(namespace: &'n str) -> Result<Self, NamespaceError> {
         match namespace::validate(namespace) {
             Ok(()) => Ok(KeySpec {
@@ -224,7 +226,16 @@ impl<'n> KeySpec<'n> {
 
     /// Use the `Pair` key space with an explicit class instead of the one
     /// derived from the namespace.
+    ///
+    /// # Panics
+    ///
+    /// When `class` is [`SEMAPHORE_CLASS`], which belongs to the semaphores'
+    /// slot keys (KEYS.md, "Semaphore slots"). In a `const` (a derived
+    /// type's) this is a compile error.
     pub const fn class(mut self, class: i32) -> Self {
+        if class == SEMAPHORE_CLASS {
+            panic!("lockkit: class -1439830384 is reserved for semaphore slot keys");
+        }
         if matches!(self.form, KeyForm::BigInt) {
             self.form = KeyForm::Pair;
         }

@@ -23,6 +23,9 @@ pub enum NamespaceError {
     /// The namespace holds a byte outside ASCII letters, digits and
     /// `_ . : / -` (holds the byte offset).
     InvalidByte(usize),
+    /// The namespace is `lockkit.semaphore`, whose `Pair` class belongs to
+    /// the semaphores' slot keys (KEYS.md, "Semaphore slots").
+    Reserved,
 }
 
 impl fmt::Display for NamespaceError {
@@ -33,6 +36,9 @@ impl fmt::Display for NamespaceError {
             NamespaceError::InvalidByte(at) => write!(
                 f,
                 "namespace has an invalid character at byte {at}; expected ASCII letters, digits and `_ . : / -`"
+            ),
+            NamespaceError::Reserved => f.write_str(
+                "namespace `lockkit.semaphore` is reserved for the semaphores' slot keys",
             ),
         }
     }
@@ -47,6 +53,9 @@ impl NamespaceError {
             NamespaceError::TooLong(_) => panic!("lockkit: namespace is longer than 64 bytes"),
             NamespaceError::InvalidByte(_) => {
                 panic!("lockkit: namespace may hold only ASCII letters, digits and `_ . : / -`")
+            }
+            NamespaceError::Reserved => {
+                panic!("lockkit: namespace `lockkit.semaphore` is reserved for semaphore slot keys")
             }
         }
     }
@@ -69,7 +78,26 @@ pub(crate) const fn validate(ns: &str) -> Result<(), NamespaceError> {
         }
         i += 1;
     }
+    if is_reserved(bytes) {
+        return Err(NamespaceError::Reserved);
+    }
     Ok(())
+}
+
+/// Whether `ns` is `lockkit.semaphore` (a `const fn`, so compared by hand).
+const fn is_reserved(ns: &[u8]) -> bool {
+    let reserved = super::semaphore::SEMAPHORE_NAMESPACE.as_bytes();
+    if ns.len() != reserved.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < ns.len() {
+        if ns[i] != reserved[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 /// `ns_hash(ns) = sip(b"ns\0" ++ utf8(ns))`, through `siphasher`: the
