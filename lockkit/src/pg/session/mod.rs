@@ -66,9 +66,9 @@
 //! feed that holds thousands of long-lived locks: 10,000 held at once over
 //! 8 connections is tested, direct and through transaction-mode pgbouncer.
 //! Each lock is taken and released on its own, with `pg_try_advisory_lock`
-//! and `pg_advisory_unlock` (one round trip each, simple-protocol queries
-//! that leave no portal, nor its snapshot, open), inside a transaction each
-//! connection holds open for as long as it lives:
+//! and `pg_advisory_unlock` (one round trip each, on statements prepared
+//! once per connection), inside a transaction each connection holds open
+//! for as long as it lives:
 //! - **Behind any pooler.** The open transaction pins the connection's
 //!   backend, so no lock can be stranded on a pooled backend; the
 //!   transaction is never ended. A connection is closed instead, once it
@@ -101,8 +101,12 @@
 //!   dropped without release is unlocked the same way.
 //!
 //! The connections' backends show `application_name` =
-//! [`MULTIPLEXED_NAME`] and `idle in transaction`, with no `backend_xid`
-//! and no `backend_xmin` between statements: they do not hold back VACUUM.
+//! [`MULTIPLEXED_NAME`] and `idle in transaction`, with no `backend_xid`.
+//! A prepared statement's snapshot stays open in the transaction until the
+//! connection's next statement; once a connection has run none for 100 ms,
+//! a simple query drops it, so that `backend_xmin` is null: a connection
+//! holds back VACUUM only while it is busy, and then only by its last
+//! statement's snapshot.
 //! On a pool (`from_pool`), each connection is leased for its life and
 //! never returned (a connection given up closes when its last guard
 //! drops); size the pool for them and for the waits that take connections

@@ -35,18 +35,21 @@
 //! task, or when the unlock fails, the connection is closed.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
 use futures_util::future::join;
 use tokio::sync::{watch, OnceCell};
 use tokio::time::{Instant, MissedTickBehavior};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Statement;
 
 use super::conn::Lease;
 use super::guard::{holds_now, Hold, SessionGuard};
 use super::keeper::within_cadence;
-use super::simple::{begin_held, simple_bool};
+use super::simple::begin_held;
+use super::take::one_bool;
 use super::{SessionForm, SessionLock};
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
@@ -58,6 +61,10 @@ use crate::pg::locker::server_facts;
 /// The `application_name` of a multiplexed connection (it holds many
 /// keys, of any namespace).
 pub const MULTIPLEXED_NAME: &str = "lockkit session locks";
+
+/// How long a multiplexed connection runs no statement before the
+/// snapshot its last one left open is dropped ([`drop_snapshot`]).
+pub(super) const QUIET: Duration = Duration::from_millis(100);
 
 /// An open connection's users below which a lock is taken on it rather than
 /// on a connection not yet opened.
@@ -222,6 +229,15 @@ pub(super) struct MuxConn {
     /// Whether a key was claimed on it since the keeper last looked: an
     /// idle connection is closed only after a cadence without claims.
     used: AtomicBool,
+    /// The try and unlock statements, prepared on first use (see
+    /// [`statement`]).
+    statements: [OnceCell<Statement>; 8],
+    /// How many of them ran, for [`drop_snapshot`] to see the connection
+    /// quiet.
+    statements_run: AtomicU64,
+    /// Whether a statement's snapshot may be open, with a
+    /// [`drop_snapshot`] started for it.
+    snapshot: AtomicBool,
 }
 
 /// What a statement on a multiplexed connection does.
@@ -231,20 +247,24 @@ enum Op {
     Unlock,
 }
 
-/// The statement of `op` for `key`, with the key written in.
-fn statement(op: Op, key: LockKey, mode: Mode) -> String {
-    let function = match (op, mode) {
-        (Op::Try, Mode::Exclusive) => "pg_try_advisory_lock",
-        (Op::Try, Mode::Shared) => "pg_try_advisory_lock_shared",
-        (Op::Unlock, Mode::Exclusive) => "pg_advisory_unlock",
-        (Op::Unlock, Mode::Shared) => "pg_advisory_unlock_shared",
+/// The statement of `op` for `key`, and its index in
+/// [`MuxConn::statements`].
+fn statement(op: Op, key: LockKey, mode: Mode) -> (usize, &'static str) {
+    let index = match op {
+        Op::Try => 0,
+        Op::Unlock => 4,
+    } + match mode {
+        Mode::Exclusive => 0,
+        Mode::Shared => 2,
+    } + match key {
+        LockKey::BigInt(_) => 0,
+        LockKey::Pair(..) => 1,
     };
-    match key {
-        // Quoted, so that `i64::MIN` is one literal, not the negation of
-        // one out of range.
-        LockKey::BigInt(k) => format!("SELECT {function}('{k}'::int8)"),
-        LockKey::Pair(c, o) => format!("SELECT {function}('{c}'::int4, '{o}'::int4)"),
-    }
+    let sql = match op {
+        Op::Try => sql::session_lock(key, mode, true),
+        Op::Unlock => sql::session_unlock(key, mode),
+    };
+    (index, sql)
 }
 
 impl MuxConn {
@@ -272,6 +292,9 @@ impl MuxConn {
             cadence: lock.keeper.cadence,
             lost: watch::Sender::new(false),
             used: AtomicBool::new(true),
+            statements: Default::default(),
+            statements_run: AtomicU64::new(0),
+            snapshot: AtomicBool::new(false),
         });
         tokio::spawn(keep(Arc::downgrade(&conn), ended));
         Ok(conn)
@@ -300,20 +323,74 @@ impl MuxConn {
     /// `bool`). A failure gives the connection up (the failed statement
     /// aborted its transaction).
     ///
-    /// The statement goes with the simple query protocol, its key written
-    /// in: a prepared statement's portal, and its snapshot, would stay
-    /// open in the held transaction until the connection's next statement,
-    /// and hold back VACUUM.
+    /// The statement is prepared once per connection. Its portal, and the
+    /// snapshot the portal holds, stay open in the held transaction until
+    /// the connection's next statement: once the connection is quiet,
+    /// [`drop_snapshot`] runs a simple query that drops them, so that the
+    /// backend does not hold back VACUUM.
     async fn run(self: &Arc<Self>, op: Op, key: LockKey, mode: Mode) -> Result<bool, Error> {
         let answer = within_cadence(self.cadence, async {
-            let query = statement(op, key, mode);
-            simple_bool(self.lease.client(), &query).await
+            let (index, sql) = statement(op, key, mode);
+            let client = self.lease.client();
+            let prepared = self.statements[index]
+                .get_or_try_init(|| async {
+                    let types: &[Type] = match key {
+                        LockKey::BigInt(_) => &[Type::INT8],
+                        LockKey::Pair(..) => &[Type::INT4, Type::INT4],
+                    };
+                    client.prepare_typed(sql, types).await
+                })
+                .await?;
+            let run = self.statements_run.fetch_add(1, Ordering::Relaxed) + 1;
+            if !self.snapshot.swap(true, Ordering::AcqRel) {
+                tokio::spawn(drop_snapshot(Arc::downgrade(self), run));
+            }
+            let rows = match key {
+                LockKey::BigInt(v) => client.query(prepared, &[&v]).await?,
+                LockKey::Pair(class, object) => {
+                    let params: [&(dyn ToSql + Sync); 2] = [&class, &object];
+                    client.query(prepared, &params).await?
+                }
+            };
+            one_bool(&rows)
         })
         .await;
         if let Err(e) = &answer {
             self.give_up(e);
         }
         answer
+    }
+}
+
+/// Drops the snapshot a connection's prepared statements left open, once
+/// the connection has run none for [`QUIET`]: a simple query replaces the
+/// last statement's portal. Started by the first statement after the
+/// previous drop (the `seen`th the connection ran).
+async fn drop_snapshot(conn: Weak<MuxConn>, mut seen: u64) {
+    loop {
+        tokio::time::sleep(QUIET).await;
+        let Some(conn) = conn.upgrade() else {
+            return;
+        };
+        if conn.is_lost() {
+            return;
+        }
+        let now = conn.statements_run.load(Ordering::Relaxed);
+        if std::mem::replace(&mut seen, now) != now {
+            continue; // statements ran meanwhile: each replaced the portal
+        }
+        // Cleared first: a statement from now on starts another drop.
+        conn.snapshot.store(false, Ordering::Release);
+        let cadence = conn.cadence;
+        let client = conn.lease.client();
+        let dropped = within_cadence(cadence, async {
+            Ok(client.batch_execute(sql::KEEPALIVE).await?)
+        })
+        .await;
+        if let Err(e) = dropped {
+            conn.give_up(&e);
+        }
+        return;
     }
 }
 

@@ -306,31 +306,6 @@ fn read_setup(
     Ok(setup)
 }
 
-/// Runs `query`, one statement answering one `bool`, with the simple query
-/// protocol: one round trip, and no portal (nor its snapshot) left open in
-/// the transaction after it. The multiplexed form's try and unlock.
-///
-/// # Errors
-///
-/// The server's error, or an answer that is not one row of one `bool`.
-pub(super) async fn simple_bool(client: &Client, query: &str) -> Result<bool, Error> {
-    let (completed, failed) = simple_round(client, query).await;
-    if let Some(e) = failed {
-        return Err(Error::from(e));
-    }
-    let rows = completed.rows(0, 1);
-    if completed.len() != 1 || rows.len() != 1 {
-        return Err(Error::unexpected(format!(
-            "{query:?} answered {} commands and {} rows, not one of each",
-            completed.len(),
-            rows.len()
-        )));
-    }
-    rows[0]
-        .bool(0)
-        .map_err(|e| Error::unexpected(format!("{query:?}: {e}")))
-}
-
 /// Sends `query` (statements joined by `;`) with the simple query
 /// protocol: one `Query` message, sent at the first poll. Answers the rows
 /// of each command that completed, in order, and the error that stopped
