@@ -49,6 +49,20 @@
 //! Every benchmark runs on one connection, so no key is ever contended, and
 //! every iteration ends its transaction.
 //!
+//! And, in the paired report only, a multiplexed session lock
+//! (`SessionLock` in `SessionForm::Multiplexed`, `connections(8)`): one
+//! `try_lock` of a free `Feed` key then its `release` (two round trips on
+//! one of its connections, each inside the transaction it holds open)
+//! against the same two statements by hand, `pg_try_advisory_lock($1)` and
+//! `pg_advisory_unlock($1)` prepared once on an open tokio-postgres
+//! connection inside a transaction held open too (so the held transaction
+//! is not what differs); and the same try and release on a
+//! `SessionLock` that already holds 1,000 other keys on its connections
+//! against one that holds nothing else. One task takes every lock, so the
+//! multiplexed side runs on one connection, as the raw side does (a free
+//! key goes to the open connection with the fewest keys); every side locks
+//! keys of its own, each free when taken.
+//!
 //! # The paired report
 //!
 //! criterion measures one benchmark after another, and on a shared 2-core
@@ -78,12 +92,14 @@ use criterion::Criterion;
 use diesel::sql_types::{Array, BigInt};
 use diesel::{sql_query, Connection, PgConnection, RunQueryDsl};
 use lockkit::driver::sql;
-use lockkit::{AdvisoryKey, Batch, Config, Error, LockClient, LockKey, Locker};
+use lockkit::pg::{SessionForm, SessionGuard};
+use lockkit::{AdvisoryKey, Batch, Config, Error, LockClient, LockKey, Locker, SessionLock};
+use lockkit_tests::fixtures::Feed;
 use lockkit_tests::TestServer;
 use tokio::runtime::Runtime;
 use tokio::sync::Mutex;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::Statement;
+use tokio_postgres::{Client, Statement};
 
 /// The key type locked in every benchmark.
 #[derive(AdvisoryKey, Clone, Copy, Debug)]
@@ -97,6 +113,18 @@ const RING: usize = 4096;
 const BATCHES: usize = 64;
 /// The baseline's lock statement, as a user would write it.
 const RAW_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
+
+/// The connections of each multiplexed `SessionLock` (at most; one task
+/// taking one lock at a time uses one of them, unless keys are held).
+const MUX_CONNECTIONS: usize = 8;
+/// The other keys the loaded multiplexed `SessionLock` holds.
+const MUX_HELD: i64 = 1_000;
+/// The first `Feed` id of each side's keys (`RING` each, `MUX_HELD` for
+/// the held ones): disjoint ranges, checked disjoint as keys.
+const FEED_MUX: i64 = 70_000_000;
+const FEED_LOADED: i64 = 71_000_000;
+const FEED_HELD: i64 = 72_000_000;
+const FEED_RAW: i64 = 73_000_000;
 
 /// lockkit's exclusive batch statement as it was before 2026-12-01, with
 /// `unnest` in `FROM` (a function scan, which materializes every row before
@@ -152,6 +180,24 @@ struct Bench {
     /// A diesel-async connection to the same server.
     diesel_async: Mutex<diesel_async::AsyncPgConnection>,
     diesel_async_locker: lockkit_diesel_async::Locker,
+    /// A multiplexed `SessionLock` that holds nothing but the key of the
+    /// iteration.
+    sessions: SessionLock,
+    /// A multiplexed `SessionLock` that holds [`MUX_HELD`] other keys
+    /// (`_held`, kept for the whole run), spread over all its connections.
+    sessions_loaded: SessionLock,
+    _held: Vec<SessionGuard<Feed>>,
+    /// The raw session-level side's connection, inside a transaction held
+    /// open (as each multiplexed connection is).
+    session_client: Client,
+    /// `SELECT pg_try_advisory_lock($1)`, prepared once on `session_client`.
+    try_lock: Statement,
+    /// `SELECT pg_advisory_unlock($1)`, prepared once on `session_client`.
+    unlock: Statement,
+    /// The raw `BigInt` key of `Feed { id: FEED_RAW + i }` at index `i`.
+    feed_raw: Vec<i64>,
+    /// The next index into each side's `Feed` ids (mod `RING`).
+    next_feed: Cell<i64>,
 }
 
 fn bigint(key: LockKey) -> i64 {
@@ -233,6 +279,53 @@ impl Bench {
             lockkit_diesel_async::Locker::new(&mut diesel_async, Config::default())
                 .await
                 .expect("diesel-async locker");
+        let multiplexed = || {
+            SessionLock::new(server.config())
+                .form(SessionForm::Multiplexed)
+                .connections(MUX_CONNECTIONS)
+        };
+        let (sessions, sessions_loaded) = (multiplexed(), multiplexed());
+        // Taken one at a time: each goes to the open connection with the
+        // fewest keys (or opens one), so they end up spread over all
+        // `MUX_CONNECTIONS`, where the measured keys go too.
+        let mut held = Vec::with_capacity(MUX_HELD as usize);
+        for id in FEED_HELD..FEED_HELD + MUX_HELD {
+            let guard = sessions_loaded
+                .try_lock(Feed { id })
+                .await
+                .expect("try_lock")
+                .expect("a free key");
+            held.push(guard);
+        }
+        let session_client = server.connect().await;
+        // The raw side runs inside a transaction held open, as the
+        // multiplexed connections do (`pg_try_advisory_lock` takes a
+        // session-level lock all the same), so that the held transaction
+        // is not what differs.
+        session_client
+            .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            .await
+            .expect("begin");
+        let try_lock = session_client
+            .prepare("SELECT pg_try_advisory_lock($1)")
+            .await
+            .expect("prepare");
+        let unlock = session_client
+            .prepare("SELECT pg_advisory_unlock($1)")
+            .await
+            .expect("prepare");
+        let feed = |id| bigint(Feed { id }.lock_key());
+        let feed_raw: Vec<i64> = (FEED_RAW..FEED_RAW + RING as i64).map(feed).collect();
+        let mut every: Vec<i64> = [FEED_MUX, FEED_LOADED]
+            .into_iter()
+            .flat_map(|first| (first..first + RING as i64).map(feed))
+            .chain((FEED_HELD..FEED_HELD + MUX_HELD).map(feed))
+            .chain(feed_raw.iter().copied())
+            .collect();
+        let all = every.len();
+        every.sort_unstable();
+        every.dedup();
+        assert_eq!(every.len(), all, "the sides' Feed keys overlap");
         Bench {
             client: Mutex::new(LockClient::new(&locker, client)),
             locker,
@@ -257,6 +350,14 @@ impl Bench {
             sqlx_locker,
             diesel_async: Mutex::new(diesel_async),
             diesel_async_locker,
+            sessions,
+            sessions_loaded,
+            _held: held,
+            session_client,
+            try_lock,
+            unlock,
+            feed_raw,
+            next_feed: Cell::new(0),
         }
     }
 
@@ -268,6 +369,13 @@ impl Bench {
         let id = self.next_row.get();
         self.next_row.set(id + 1);
         id
+    }
+
+    /// The index of the next iteration's `Feed` key in each side's range.
+    fn feed_index(&self) -> i64 {
+        let i = self.next_feed.get();
+        self.next_feed.set((i + 1) % RING as i64);
+        i
     }
 
     async fn drop_table(&self) {
@@ -460,6 +568,50 @@ async fn diesel_async_single_raw(b: &Bench, iters: u64) -> Duration {
         })
         .await
         .expect("raw diesel-async transaction");
+    }
+    start.elapsed()
+}
+
+// ---- multiplexed session locks -------------------------------------------
+
+/// One `try_lock` of a free key then its `release`, through `sessions`.
+async fn mux_try_release(b: &Bench, sessions: &SessionLock, first: i64, iters: u64) -> Duration {
+    let start = Instant::now();
+    for _ in 0..iters {
+        let id = first + b.feed_index();
+        let guard = sessions
+            .try_lock(Feed { id })
+            .await
+            .expect("try_lock")
+            .expect("a free key");
+        let was_held = guard.release().await.expect("release");
+        assert!(was_held);
+    }
+    start.elapsed()
+}
+
+/// Through the `SessionLock` that holds nothing else.
+async fn mux_try_release_alone(b: &Bench, iters: u64) -> Duration {
+    mux_try_release(b, &b.sessions, FEED_MUX, iters).await
+}
+
+/// Through the `SessionLock` that holds [`MUX_HELD`] other keys.
+async fn mux_try_release_loaded(b: &Bench, iters: u64) -> Duration {
+    mux_try_release(b, &b.sessions_loaded, FEED_LOADED, iters).await
+}
+
+/// The same by hand: `pg_try_advisory_lock($1)` then
+/// `pg_advisory_unlock($1)`, prepared once, on an open connection (inside
+/// its held transaction).
+async fn raw_session_try_release(b: &Bench, iters: u64) -> Duration {
+    let client = &b.session_client;
+    let start = Instant::now();
+    for _ in 0..iters {
+        let key = b.feed_raw[b.feed_index() as usize];
+        let row = client.query_one(&b.try_lock, &[&key]).await.expect("try");
+        assert!(row.get::<_, bool>(0), "a free key");
+        let row = client.query_one(&b.unlock, &[&key]).await.expect("unlock");
+        assert!(row.get::<_, bool>(0));
     }
     start.elapsed()
 }
@@ -1002,6 +1154,24 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
             Async(routine!(diesel_async_single_raw)),
             false,
             Some(1.05),
+        ),
+        // A multiplexed session lock's try and release, against the two
+        // statements by hand (prepared, on an open connection inside a
+        // held transaction); then with 1,000 other keys held on the same
+        // connections, against none held.
+        pair(
+            "multiplexed try+release",
+            Async(routine!(mux_try_release_alone)),
+            Async(routine!(raw_session_try_release)),
+            false,
+            Some(1.10),
+        ),
+        pair(
+            "multiplexed try+release with 1,000 held",
+            Async(routine!(mux_try_release_loaded)),
+            Async(routine!(mux_try_release_alone)),
+            false,
+            Some(1.20),
         ),
         // The same two INSERT comparisons on a server with PostgreSQL's
         // default durability, where each COMMIT waits for its WAL flush
