@@ -597,3 +597,38 @@ async fn extreme_keys_of_both_key_spaces() {
         assert!(guard.release().await.unwrap(), "{value:?}");
     }
 }
+
+/// A waiting acquire never delays another lock's acquire or release: while
+/// a wait for a held key is seen waiting on the server, 200 other keys are
+/// taken and released, every one, through the same `SessionLock`, and the
+/// multiplexed connections' backends are never the waiting one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wait_never_delays_the_other_locks() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let sessions = multiplexed(db.config(), 2);
+    let rival = multiplexed(db.config(), 1);
+    let key = Feed { id: 940_000 };
+    let held = rival.try_lock(key).await.unwrap().expect("free");
+    let waiter = {
+        let sessions = sessions.clone();
+        tokio::spawn(async move { sessions.lock(key).await })
+    };
+    lockkit_tests::observe::wait_until_key_waited(&observer, key.lock_key()).await;
+    for id in 940_001..940_201 {
+        let guard = sessions.try_lock(Feed { id }).await.unwrap().expect("free");
+        assert!(
+            !lockkit_tests::observe::waiting(&observer, guard.backend_pid()).await,
+            "a multiplexed connection waits"
+        );
+        assert!(guard.release().await.unwrap());
+    }
+    assert!(
+        !waiter.is_finished(),
+        "the wait ended before the holder let go"
+    );
+    assert!(held.release().await.unwrap());
+    let granted = waiter.await.unwrap().expect("granted");
+    assert!(granted.release().await.unwrap());
+}
