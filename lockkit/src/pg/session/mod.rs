@@ -87,7 +87,9 @@
 //! - **One holder per key.** Session-level locks are re-entrant on their
 //!   session, so the `SessionLock` (and its clones) keeps a table of the
 //!   keys it holds or has a statement in flight for: a try for a key it
-//!   holds answers busy at once, with no second grant.
+//!   holds answers busy at once, with no second grant. A key stays in the
+//!   table until its guard is released or dropped, even once `lost()` has
+//!   resolved: drop a lost guard to take its key again.
 //! - **Losses are per connection.** Each connection has a keepalive at the
 //!   cadence, as in the default form. When a connection ends (terminated
 //!   backend, restart, lost network) or a statement on it fails or gets no
