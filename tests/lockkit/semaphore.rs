@@ -46,6 +46,81 @@ async fn lock_client(db: &TestServer, locker: &Locker) -> LockClient {
     LockClient::new(locker, db.connect().await)
 }
 
+/// Who is inside a semaphore's critical section, counted from inside:
+/// how many now (asserted at most `n`), the most at once, and the slots
+/// used.
+#[derive(Clone)]
+struct Inside {
+    n: u8,
+    now: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+    slots: Arc<Mutex<HashSet<u8>>>,
+}
+
+impl Inside {
+    fn new(n: u8) -> Self {
+        Inside {
+            n,
+            now: Arc::default(),
+            most: Arc::default(),
+            slots: Arc::default(),
+        }
+    }
+
+    /// A holder of slot key `key` comes in.
+    fn enter(&self, key: LockKey) {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        assert!(now <= usize::from(self.n), "{now} inside");
+        let (_, slot) = semaphore_of(key).expect("a slot key");
+        self.slots.lock().unwrap().insert(slot);
+    }
+
+    fn leave(&self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn slots_used(&self) -> usize {
+        self.slots.lock().unwrap().len()
+    }
+}
+
+/// Samples `pg_locks` until finished: never more than `n` slots of the
+/// semaphore named by `key` held at once.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    most: Arc<AtomicI64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Sampler {
+    async fn start(db: &TestServer, key: Exports, n: u8) -> Self {
+        let (stop, most) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicI64::new(0)),
+        );
+        let observer = db.connect().await;
+        let task = tokio::spawn({
+            let (stop, most) = (stop.clone(), most.clone());
+            async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let held = slots_held(&observer, key.lock_key()).await;
+                    assert!(held <= i64::from(n), "{held} slots held in pg_locks");
+                    most.fetch_max(held, Ordering::Relaxed);
+                }
+            }
+        });
+        Sampler { stop, most, task }
+    }
+
+    /// Stops; answers the most slots seen held at once.
+    async fn finish(self) -> i64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("sampler");
+        self.most.load(Ordering::Relaxed)
+    }
+}
+
 /// 4N takers for N permits, each taking a permit, counting itself inside,
 /// running a statement under it and committing, `ROUNDS` times; an
 /// observer samples `pg_locks` meanwhile. Never more than N inside by
@@ -60,39 +135,21 @@ async fn four_n_takers_never_more_than_n_inside() {
     let observer = db.connect().await;
     let locker = Locker::new(&observer, Config::default()).await.unwrap();
     let key = Exports { region: 1 };
-    let inside = Arc::new(AtomicUsize::new(0));
-    let most = Arc::new(AtomicUsize::new(0));
-    let slots = Arc::new(Mutex::new(HashSet::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampled = Arc::new(AtomicI64::new(0));
-    let sampler = {
-        let (stop, sampled) = (stop.clone(), sampled.clone());
-        let observer = db.connect().await;
-        tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let held = slots_held(&observer, key.lock_key()).await;
-                assert!(held <= i64::from(N), "{held} slots held in pg_locks");
-                sampled.fetch_max(held, Ordering::Relaxed);
-            }
-        })
-    };
+    let inside = Inside::new(N);
+    let sampler = Sampler::start(db, key, N).await;
     let mut takers = Vec::new();
     for _ in 0..TAKERS {
         let mut conn = lock_client(db, &locker).await;
-        let (inside, most, slots) = (inside.clone(), most.clone(), slots.clone());
+        let inside = inside.clone();
         takers.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
                 let tx = conn.begin().await.expect("begin");
                 let held = tx.acquire_permit(key, permits(N)).await.expect("permit");
-                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
-                most.fetch_max(now, Ordering::SeqCst);
-                assert!(now <= usize::from(N), "{now} inside");
-                let (_, slot) = semaphore_of(held.key()).expect("a slot key");
-                slots.lock().unwrap().insert(slot);
+                inside.enter(held.key());
                 tx.execute("SELECT pg_sleep(0.001)", &[])
                     .await
                     .expect("work");
-                inside.fetch_sub(1, Ordering::SeqCst);
+                inside.leave();
                 drop(held);
                 tx.commit().await.expect("commit");
             }
@@ -101,15 +158,14 @@ async fn four_n_takers_never_more_than_n_inside() {
     for taker in takers {
         taker.await.expect("taker");
     }
-    stop.store(true, Ordering::Relaxed);
-    sampler.await.expect("sampler");
-    assert_eq!(most.load(Ordering::SeqCst), usize::from(N), "never full");
+    let sampled = sampler.finish().await;
     assert_eq!(
-        slots.lock().unwrap().len(),
+        inside.most.load(Ordering::SeqCst),
         usize::from(N),
-        "every slot used"
+        "never full"
     );
-    assert!(sampled.load(Ordering::Relaxed) >= 1);
+    assert_eq!(inside.slots_used(), usize::from(N), "every slot used");
+    assert!(sampled >= 1);
     assert_eq!(slots_held(&observer, key.lock_key()).await, 0);
 }
 
@@ -262,36 +318,20 @@ async fn session_permits_never_more_than_n_inside() {
     let observer = db.connect().await;
     let key = Exports { region: 3 };
     let sessions = lockkit::SessionLock::new(db.config());
-    let inside = Arc::new(AtomicUsize::new(0));
-    let slots = Arc::new(Mutex::new(HashSet::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let stop = stop.clone();
-        let observer = db.connect().await;
-        tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let held = slots_held(&observer, key.lock_key()).await;
-                assert!(held <= i64::from(N), "{held} slots held in pg_locks");
-            }
-        })
-    };
+    let inside = Inside::new(N);
+    let sampler = Sampler::start(db, key, N).await;
     let mut takers = Vec::new();
     for _ in 0..TAKERS {
-        let (sessions, inside, slots) = (sessions.clone(), inside.clone(), slots.clone());
+        let (sessions, inside) = (sessions.clone(), inside.clone());
         takers.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
                 let guard = sessions
                     .acquire_permit_timeout(key, permits(N), Duration::from_secs(60))
                     .await
                     .expect("permit");
-                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
-                assert!(now <= usize::from(N), "{now} inside");
-                slots
-                    .lock()
-                    .unwrap()
-                    .insert(semaphore_of(guard.key()).expect("a slot").1);
+                inside.enter(guard.key());
                 tokio::task::yield_now().await;
-                inside.fetch_sub(1, Ordering::SeqCst);
+                inside.leave();
                 assert!(guard.release().await.expect("release"));
             }
         }));
@@ -299,13 +339,8 @@ async fn session_permits_never_more_than_n_inside() {
     for taker in takers {
         taker.await.expect("taker");
     }
-    stop.store(true, Ordering::Relaxed);
-    sampler.await.expect("sampler");
-    assert_eq!(
-        slots.lock().unwrap().len(),
-        usize::from(N),
-        "every slot used"
-    );
+    sampler.finish().await;
+    assert_eq!(inside.slots_used(), usize::from(N), "every slot used");
 
     // One session permit and one transaction permit fill 2 slots.
     let held = sessions

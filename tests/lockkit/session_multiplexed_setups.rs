@@ -3,12 +3,10 @@
 //! multiplexed backend on SSL in `pg_stat_ssl`), on connections leased from
 //! a deadpool pool (none goes back to it, in a transaction or at all), on a
 //! hot standby (refused unless allowed), what an operator sees of its
-//! backends (`idle in transaction`, `MULTIPLEXED_NAME`, no `backend_xmin`),
-//! `HashText` keys (the server's `hashtext`), and the keepalive against the
-//! server's `idle_in_transaction_session_timeout`.
-//!
-//! `multiplexed_backends_hold_no_snapshot` fails: the backends do show a
-//! `backend_xmin` (a bug of the form; its comment has the cause).
+//! backends (`idle in transaction`, `MULTIPLEXED_NAME`, no `backend_xid`,
+//! no `backend_xmin` once quiet), `HashText` keys (the server's
+//! `hashtext`), and the keepalive against the server's
+//! `idle_in_transaction_session_timeout`.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
@@ -17,16 +15,16 @@ use deadpool_postgres::Pool;
 use futures_util::{FutureExt, StreamExt};
 use lockkit::key::HashText;
 use lockkit::pg::{SessionForm, SessionGuard, MULTIPLEXED_NAME};
-use lockkit::{AdvisoryKey, Error, ErrorKind, LockKey, Mode, SessionLock};
-use lockkit_tests::observe::{held_by, wait_until_idle_in_transaction};
+use lockkit::{AdvisoryKey, LockKey, Mode, SessionLock};
+use lockkit_tests::observe::{held_by, key_waited, wait_until_idle_in_transaction};
 use lockkit_tests::waits::wait_until_awaited;
 use lockkit_tests::TestServer;
-use openssl::ssl::{SslConnector, SslMethod};
-use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::config::SslMode;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use tokio_postgres::{Client, SimpleQueryMessage};
 
-use crate::session_pooler::pool_of;
+use crate::session_pooler::{activity, pool_of};
+use crate::session_tls::{observer, tls_server};
+use crate::standby::assert_standby;
 
 /// This module's keys, in a namespace of their own.
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -161,55 +159,9 @@ async fn multiplexed_backends(observer: &Client) -> BTreeSet<i32> {
         .collect()
 }
 
-/// Whether a session other than `observer`'s waits for `key`.
-async fn key_awaited(observer: &Client, key: LockKey) -> bool {
-    let id = key.to_pg_locks();
-    observer
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
-             AND classid = $1 AND objid = $2 AND objsubid = $3)",
-            &[&id.classid, &id.objid, &id.objsubid],
-        )
-        .await
-        .expect("pg_locks")
-        .get(0)
-}
-
 // ---------------------------------------------------------------------------
 // TLS
 // ---------------------------------------------------------------------------
-
-/// A server that takes TCP clients over TLS only (Unix-socket clients, such
-/// as `pg_ctl` and the observer, in plain text), and a connector that
-/// trusts its certificate only (as in session_tls.rs).
-fn tls_server() -> (TestServer, MakeTlsConnector) {
-    let (cert, key) = lockkit_tests::tls::certificate();
-    let db = TestServer::builder()
-        .setting("ssl", "on")
-        .data_file("server.crt", cert.to_pem().unwrap())
-        .data_file("server.key", key.private_key_to_pem_pkcs8().unwrap())
-        .data_file(
-            "pg_hba.conf",
-            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
-        )
-        .start();
-    let mut connector = SslConnector::builder(SslMethod::tls()).unwrap();
-    connector.cert_store_mut().add_cert(cert).unwrap();
-    (db, MakeTlsConnector::new(connector.build()))
-}
-
-/// A plain-text connection over the server's Unix socket.
-async fn socket_observer(db: &TestServer) -> Client {
-    let mut config = tokio_postgres::Config::new();
-    config
-        .host_path(db.socket_dir().expect("a throwaway server"))
-        .port(db.config().get_ports()[0])
-        .user("postgres")
-        .dbname("postgres");
-    let (client, connection) = config.connect(NoTls).await.expect("observer");
-    tokio::spawn(connection);
-    client
-}
 
 /// Multiplexed locks through `SessionLock::with_tls` on a TLS-only server,
 /// three rounds on one `SessionLock`: 300 keys at once over at most 2
@@ -225,7 +177,7 @@ async fn multiplexed_locks_over_tls() {
     const CONNECTIONS: usize = 2;
     let (db, tls) = tls_server();
     let _log = db.guard();
-    let observer = socket_observer(&db).await;
+    let observer = observer(&db).await;
     let mut config = db.config();
     config.ssl_mode(SslMode::Require);
     let sessions = multiplexed(
@@ -289,7 +241,7 @@ async fn multiplexed_locks_over_tls() {
         }
         // Cut off: nobody waits for the key any more, and its holder holds it.
         let started = Instant::now();
-        while key_awaited(&observer, key.lock_key()).await {
+        while key_waited(&observer, key.lock_key()).await {
             assert!(started.elapsed() < HANG, "{label}: the cut-off wait stayed");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -480,14 +432,6 @@ async fn multiplexed_locks_on_a_pool_never_go_back_to_it() {
 // Hot standby
 // ---------------------------------------------------------------------------
 
-fn assert_standby<T>(result: Result<T, Error>, what: &str) {
-    match result {
-        Err(e) if e.kind() == ErrorKind::HotStandby => {}
-        Err(other) => panic!("{what}: expected HotStandby, got {other}"),
-        Ok(_) => panic!("{what}: expected HotStandby, got Ok"),
-    }
-}
-
 /// On a hot standby, every call of the multiplexed form (try, wait,
 /// timeout, shared), opened and pooled, three times (the first opens the
 /// multiplexed connection, the next ones find it open), is refused with
@@ -593,20 +537,6 @@ async fn multiplexed_locks_are_refused_on_a_hot_standby_unless_allowed() {
 // What an operator sees
 // ---------------------------------------------------------------------------
 
-/// `pg_stat_activity` of backend `pid`: state, application_name, whether
-/// `backend_xmin` and `backend_xid` are null.
-async fn activity(observer: &Client, pid: i32) -> (String, String, bool, bool) {
-    let row = observer
-        .query_one(
-            "SELECT state, application_name, backend_xmin IS NULL, backend_xid IS NULL \
-             FROM pg_stat_activity WHERE pid = $1",
-            &[&pid],
-        )
-        .await
-        .unwrap();
-    (row.get(0), row.get(1), row.get(2), row.get(3))
-}
-
 /// The modes of the advisory locks of backend `pid` in `pg_locks`.
 async fn modes_on(observer: &Client, pid: i32) -> Vec<String> {
     observer
@@ -706,6 +636,21 @@ async fn look_at_backends(
     }
 }
 
+/// [`look_at_backends`] on connections opened from `config` (keys from
+/// `base`), then leased from a pool of 2 (keys from `base + 1000`).
+async fn look_opened_and_pooled(
+    observer: &Client,
+    config: tokio_postgres::Config,
+    base: i64,
+    look: Look,
+) {
+    let pool = pool_of(config.clone(), 2);
+    let opened = SessionLock::new(config);
+    look_at_backends("opened", observer, opened, base, look).await;
+    let pooled = SessionLock::from_pool(pool);
+    look_at_backends("pooled", observer, pooled, base + 1000, look).await;
+}
+
 /// While multiplexed locks are held, opened and pooled, each backend that
 /// holds them is `idle in transaction`, named [`MULTIPLEXED_NAME`], with no
 /// `backend_xid`, and `pg_locks` shows the guards' keys on it,
@@ -715,38 +660,17 @@ async fn what_an_operator_sees_of_multiplexed_backends() {
     let db = TestServer::shared();
     let _log = db.guard();
     let observer = db.connect().await;
-    let pool = pool_of(db.config(), 2);
-    look_at_backends(
-        "opened",
-        &observer,
-        SessionLock::new(db.config()),
-        20_000,
-        Look::Operator,
-    )
-    .await;
-    look_at_backends(
-        "pooled",
-        &observer,
-        SessionLock::from_pool(pool),
-        21_000,
-        Look::Operator,
-    )
-    .await;
+    look_opened_and_pooled(&observer, db.config(), 20_000, Look::Operator).await;
 }
 
-/// FAILS, a bug of lockkit/src/pg/session/mux.rs: the module docs say the
-/// multiplexed backends show no `backend_xmin`, so that a worker holding
-/// locks for hours does not hold back VACUUM (as the default form's
-/// `a_held_lock_does_not_hold_back_vacuum` checks, with the role's default
-/// isolation serializable, as here). They do show one after every lock and
-/// unlock, until the connection's next keepalive (up to one cadence: here
-/// 600 s; under steady lock traffic, always). The cause: `MuxConn::run`
-/// sends `pg_try_advisory_lock` / `pg_advisory_unlock` as prepared
-/// statements (extended protocol, `client.query`); inside the held
-/// transaction the unnamed portal of such a statement, and the snapshot
-/// its executor registered, stay open until the next statement replaces
-/// it (see the control below). A simple-protocol statement closes it: sent
-/// after each statement (`SELECT 1`), this test passes.
+/// Multiplexed backends, opened and pooled, hold back no VACUUM: with the
+/// role's default isolation serializable (as the default form's
+/// `a_held_lock_does_not_hold_back_vacuum` has it), each shows no
+/// `backend_xmin` once its connection is quiet, after the takes and after
+/// some releases. A prepared statement's portal keeps its snapshot in the
+/// held transaction until the next statement (the control below); the
+/// form drops it with a simple query once the connection has run none for
+/// 100 ms.
 #[tokio::test(flavor = "multi_thread")]
 async fn multiplexed_backends_hold_no_snapshot() {
     let db = TestServer::shared();
@@ -754,23 +678,7 @@ async fn multiplexed_backends_hold_no_snapshot() {
     let observer = db.connect().await;
     let mut config = db.config();
     config.options("-c default_transaction_isolation=serializable");
-    let pool = pool_of(config.clone(), 2);
-    look_at_backends(
-        "opened",
-        &observer,
-        SessionLock::new(config),
-        23_000,
-        Look::Snapshot,
-    )
-    .await;
-    look_at_backends(
-        "pooled",
-        &observer,
-        SessionLock::from_pool(pool),
-        24_000,
-        Look::Snapshot,
-    )
-    .await;
+    look_opened_and_pooled(&observer, config, 23_000, Look::Snapshot).await;
 }
 
 /// The controls of the `backend_xmin` check: `pg_stat_activity` shows one

@@ -426,6 +426,20 @@ async fn a_pool_of_one_never_gets_a_locked_connection_back() {
     conn.batch_execute("ROLLBACK").await.unwrap();
 }
 
+/// Backend `pid`'s `pg_stat_activity` state and `application_name`, and
+/// whether it has no `backend_xmin` and no `backend_xid`.
+pub(crate) async fn activity(observer: &Client, pid: i32) -> (String, String, bool, bool) {
+    let row = observer
+        .query_one(
+            "SELECT state, application_name, backend_xmin IS NULL, backend_xid IS NULL \
+             FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2), row.get(3))
+}
+
 /// What `pg_stat_activity` shows for a held lock: idle in transaction,
 /// lockkit's `application_name`, and no `backend_xmin` or `backend_xid`,
 /// so VACUUM is not held back, even when the role's default isolation is
@@ -439,18 +453,6 @@ async fn a_held_lock_does_not_hold_back_vacuum() {
     let mut config = db.config();
     config.options("-c default_transaction_isolation=serializable");
     let key = Leader { id: 5 };
-
-    async fn activity(observer: &Client, pid: i32) -> (String, String, bool, bool) {
-        let row = observer
-            .query_one(
-                "SELECT state, application_name, backend_xmin IS NULL, backend_xid IS NULL \
-                 FROM pg_stat_activity WHERE pid = $1",
-                &[&pid],
-            )
-            .await
-            .unwrap();
-        (row.get(0), row.get(1), row.get(2), row.get(3))
-    }
 
     for sessions in [
         SessionLock::new(config.clone()),

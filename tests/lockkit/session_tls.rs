@@ -27,7 +27,7 @@ struct Secret {
 /// A server that takes TCP clients over TLS only (Unix-socket clients,
 /// such as `pg_ctl` and the observer, in plain text), and a connector that
 /// trusts its certificate.
-fn tls_server() -> (TestServer, MakeTlsConnector) {
+pub(crate) fn tls_server() -> (TestServer, MakeTlsConnector) {
     let (cert, key) = lockkit_tests::tls::certificate();
     let db = TestServer::builder()
         .setting("ssl", "on")
@@ -44,7 +44,7 @@ fn tls_server() -> (TestServer, MakeTlsConnector) {
 }
 
 /// A plain-text connection over the server's Unix socket.
-async fn observer(db: &TestServer) -> Client {
+pub(crate) async fn observer(db: &TestServer) -> Client {
     let mut config = tokio_postgres::Config::new();
     config
         .host_path(db.socket_dir().expect("a throwaway server"))

@@ -16,7 +16,7 @@ struct Key {
     id: i64,
 }
 
-fn assert_standby<T>(result: Result<T, Error>, what: &str) {
+pub(crate) fn assert_standby<T>(result: Result<T, Error>, what: &str) {
     match result {
         Err(e) if e.kind() == ErrorKind::HotStandby => {}
         Err(other) => panic!("{what}: expected HotStandby, got {other}"),

@@ -161,25 +161,26 @@ pub async fn wait_until_idle_in_transaction(observer: &Client, pid: i32) {
     }
 }
 
+/// Whether some session waits for advisory lock `key`.
+pub async fn key_waited(observer: &Client, key: LockKey) -> bool {
+    let id = key.to_pg_locks();
+    observer
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+             AND NOT granted AND classid = $1 AND objid = $2 AND objsubid = $3)",
+            &[&id.classid, &id.objid, &id.objsubid],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0)
+}
+
 /// Waits (up to 30 s, else panics) until some backend waits for advisory
 /// lock `key` (a waiter whose backend the test does not know). The
 /// deadline guards a hang and is no timing claim.
 pub async fn wait_until_key_waited(observer: &Client, key: LockKey) {
-    let id = key.to_pg_locks();
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let waited: bool = observer
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
-                 AND NOT granted AND classid = $1 AND objid = $2 AND objsubid = $3)",
-                &[&id.classid, &id.objid, &id.objsubid],
-            )
-            .await
-            .expect("pg_locks")
-            .get(0);
-        if waited {
-            return;
-        }
+    while !key_waited(observer, key).await {
         assert!(Instant::now() < deadline, "nobody ever waited for {key}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -44,33 +44,7 @@ impl TxState {
             site,
             ..Request::one(value, mode)
         };
-        let (locks, plan) = self.open(policy, &request, !try_only)?;
-        let key = request.keys()[0].0;
-        // Held already in a mode that covers `mode`: granted, nothing to
-        // send, and the guard names the mode held. Sent and granted, the
-        // key is held in `mode` (an upgrade is to `mode`).
-        let (outcome, held) = match plan.is_empty() {
-            true => (Some(Ok(Granted::Now)), locks.mode(key).unwrap_or(mode)),
-            false => (None, mode),
-        };
-        let wait = if try_only { Wait::Try } else { Wait::Forever };
-        let ledger = Ledger::start(
-            self,
-            locks,
-            (depth, site),
-            request.key_type,
-            plan.len(),
-            wait,
-        );
-        Ok(OneCall {
-            ledger,
-            key,
-            mode,
-            held,
-            try_only,
-            outcome,
-            permit: None,
-        })
+        self.start_one(policy, depth, request, try_only, None)
     }
 
     /// Starts a try for a permit of the semaphore of `permits` permits named
@@ -94,7 +68,14 @@ impl TxState {
         let base = semaphore_base(value.lock_key());
         let slot = |s: u8| LockKey::Pair(SEMAPHORE_CLASS, base | i32::from(s));
         let offset = next_offset(permits);
-        let held = (0..permits.get()).find(|&s| self.holds(slot(s), Mode::Exclusive));
+        let held = {
+            let locks = self.locks();
+            (0..permits.get()).find(|&s| {
+                locks
+                    .mode(slot(s))
+                    .is_some_and(|m| m.covers(Mode::Exclusive))
+            })
+        };
         let request = Request {
             keys: Keys::One(
                 [(slot(held.unwrap_or(offset)), Mode::Exclusive)],
@@ -104,29 +85,53 @@ impl TxState {
             key_type: key_type!(K::KEY_SPEC.namespace()),
             site,
         };
-        let (locks, plan) = self.open(policy, &request, false)?;
-        let key = request.keys()[0].0;
-        let outcome = plan.is_empty().then_some(Ok(Granted::Now));
+        let permit = PermitTry {
+            base,
+            permits: permits.get(),
+            offset,
+        };
+        self.start_one(policy, depth, request, true, Some(permit))
+    }
+
+    /// The checks of a one-key call of `request` (a permit's try when
+    /// `permit` says so), then the call, with its ledger started: granted
+    /// at once when the key is held already in a mode that covers the one
+    /// asked.
+    #[inline]
+    fn start_one(
+        &self,
+        policy: &Policy,
+        depth: u32,
+        request: Request,
+        try_only: bool,
+        permit: Option<PermitTry>,
+    ) -> Result<OneCall<'_>, Error> {
+        let (locks, plan) = self.open(policy, &request, !try_only)?;
+        let (key, mode) = request.keys()[0];
+        // Held already in a mode that covers `mode`: granted, nothing to
+        // send, and the guard names the mode held. Sent and granted, the
+        // key is held in `mode` (an upgrade is to `mode`).
+        let (outcome, held) = match plan.is_empty() {
+            true => (Some(Ok(Granted::Now)), locks.mode(key).unwrap_or(mode)),
+            false => (None, mode),
+        };
+        let wait = if try_only { Wait::Try } else { Wait::Forever };
         let ledger = Ledger::start(
             self,
             locks,
-            (depth, site),
+            (depth, request.site),
             request.key_type,
             plan.len(),
-            Wait::Try,
+            wait,
         );
         Ok(OneCall {
             ledger,
             key,
-            mode: Mode::Exclusive,
-            held: Mode::Exclusive,
-            try_only: true,
+            mode,
+            held,
+            try_only,
             outcome,
-            permit: Some(PermitTry {
-                base,
-                permits: permits.get(),
-                offset,
-            }),
+            permit,
         })
     }
 }
