@@ -3,9 +3,9 @@
 
 use diesel_async::AsyncPgConnection;
 use lockkit::driver::diesel::learned_policy;
-use lockkit::driver::{CancelTls, CancellingPolicy, Policy};
+use lockkit::driver::CancellingPolicy;
 use lockkit::tx::BoxFuture;
-use lockkit::{Config, Error, ServerFacts};
+use lockkit::{Config, Error};
 
 use crate::driver;
 use crate::LockTx;
@@ -13,7 +13,7 @@ use crate::LockTx;
 /// Takes transaction-scoped advisory locks over diesel-async's
 /// `AsyncPgConnection`.
 ///
-/// A locker holds the [`Config`] and the [`ServerFacts`] it learned when
+/// A locker holds the [`Config`] and the [`ServerFacts`](lockkit::ServerFacts) it learned when
 /// created, so taking a lock costs no extra round trip. It is cheap to clone
 /// (an `Arc`) and `Send + Sync`: make one at startup and share it among
 /// tasks and pooled connections (deadpool, bb8) of the same server.
@@ -24,12 +24,7 @@ pub struct Locker {
     pub(crate) inner: CancellingPolicy,
 }
 
-/// The configuration and facts, as the engine sees them.
-impl AsRef<Policy> for Locker {
-    fn as_ref(&self) -> &Policy {
-        self.inner.policy()
-    }
-}
+lockkit::locker_basics!(Locker, cancel_tls);
 
 impl Locker {
     /// Learns the server's facts through `conn` (two queries) and builds a
@@ -40,7 +35,7 @@ impl Locker {
     /// full lock table are recognised by the server's English message. When
     /// the messages are in another language a `tracing` warning says so, and
     /// such errors become [`ErrorKind::Database`](lockkit::ErrorKind::Database)
-    /// (see [`Policy::recognizes_errors`]).
+    /// (see [`Policy::recognizes_errors`](lockkit::driver::Policy::recognizes_errors)).
     ///
     /// # Errors
     ///
@@ -62,31 +57,6 @@ impl Locker {
                 "lockkit-diesel-async",
             )),
         })
-    }
-
-    /// A locker with facts known in advance (no query). It assumes the
-    /// server's messages are English.
-    pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
-        Locker {
-            inner: CancellingPolicy::new(Policy::new(config, facts)),
-        }
-    }
-
-    /// Sends the cancel request of a dropped lock call through `tls`, the
-    /// TLS connector the connections were made with (diesel-async connects
-    /// over TLS through a tokio-postgres client, e.g. in
-    /// `ManagerConfig::custom_setup`). Needed under `sslmode=require` and
-    /// the `verify-*` modes, where a request in plain text fails and the
-    /// server goes on waiting for the key: see [`lockkit::driver::Canceller`].
-    pub fn cancel_tls(self, tls: impl CancelTls) -> Locker {
-        Locker {
-            inner: self.inner.tls(tls),
-        }
-    }
-
-    /// The configuration, the server's facts and the lock budget.
-    pub fn policy(&self) -> &Policy {
-        self.inner.policy()
     }
 
     /// A [`LockTx`] over the transaction open on `conn`, inside

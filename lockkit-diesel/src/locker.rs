@@ -6,14 +6,14 @@ use std::sync::Arc;
 use diesel::PgConnection;
 use lockkit::driver::diesel::learned_policy;
 use lockkit::driver::Policy;
-use lockkit::{Config, Error, ServerFacts};
+use lockkit::{Config, Error};
 
 use crate::driver as pg;
 use crate::LockTx;
 
 /// Takes transaction-scoped advisory locks over Diesel's `PgConnection`.
 ///
-/// A locker holds the [`Config`] and the [`ServerFacts`] it learned in one
+/// A locker holds the [`Config`] and the [`ServerFacts`](lockkit::ServerFacts) it learned in one
 /// query when created, so taking a lock costs no extra round trip. It is
 /// cheap to clone (an `Arc`) and `Send + Sync`: make one at startup and share
 /// it among threads and pooled connections of the same server.
@@ -24,12 +24,7 @@ pub struct Locker {
     inner: Arc<Policy>,
 }
 
-/// The configuration and facts, as the engine sees them.
-impl AsRef<Policy> for Locker {
-    fn as_ref(&self) -> &Policy {
-        &self.inner
-    }
-}
+lockkit::locker_basics!(Locker);
 
 impl Locker {
     /// Learns the server's facts through `conn` (two queries) and builds a
@@ -50,19 +45,6 @@ impl Locker {
         Ok(Locker {
             inner: Arc::new(learned_policy(config, &facts, &messages, "lockkit-diesel")),
         })
-    }
-
-    /// A locker with facts known in advance (no query). It assumes the
-    /// server's messages are English.
-    pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
-        Locker {
-            inner: Arc::new(Policy::new(config, facts)),
-        }
-    }
-
-    /// The configuration, the server's facts and the lock budget.
-    pub fn policy(&self) -> &Policy {
-        &self.inner
     }
 
     /// A [`LockTx`] over the transaction open on `conn`, inside Diesel's own

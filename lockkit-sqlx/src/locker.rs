@@ -22,15 +22,10 @@ use lockkit::tx::BoxFuture;
 /// See the [crate docs](crate) for an example.
 #[derive(Clone, Debug)]
 pub struct Locker {
-    policy: Arc<Policy>,
+    inner: Arc<Policy>,
 }
 
-/// The configuration and facts, as the engine sees them.
-impl AsRef<Policy> for Locker {
-    fn as_ref(&self) -> &Policy {
-        &self.policy
-    }
-}
+lockkit::locker_basics!(Locker);
 
 impl Locker {
     /// Learns the server's facts in one query
@@ -59,18 +54,6 @@ impl Locker {
         let row = FactsRow::read(&crate::driver::SqlxRow(row)).map_err(lock_error)?;
         let facts = ServerFacts::from(&row);
         Ok(Locker::with_facts(config, facts))
-    }
-
-    /// A locker with facts known in advance (no query).
-    pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
-        Locker {
-            policy: Arc::new(Policy::new(config, facts)),
-        }
-    }
-
-    /// The configuration, the server's facts and the lock budget.
-    pub fn policy(&self) -> &Policy {
-        &self.policy
     }
 
     /// A [`LockTx`] over the transaction open on `conn`: pass `&mut tx` for

@@ -85,6 +85,20 @@ impl CancellingPolicy {
     }
 }
 
+/// `policy`, with cancel requests in plain text.
+impl From<Policy> for CancellingPolicy {
+    fn from(policy: Policy) -> Self {
+        CancellingPolicy::new(policy)
+    }
+}
+
+/// The policy.
+impl AsRef<Policy> for CancellingPolicy {
+    fn as_ref(&self) -> &Policy {
+        &self.policy
+    }
+}
+
 /// How a cancel request reaches the server: in plain text, or through the
 /// TLS connector the connection was made with.
 ///

@@ -80,6 +80,7 @@
 mod cancel;
 #[cfg(feature = "diesel")]
 pub mod diesel;
+mod locker;
 
 pub use crate::engine::Policy;
 pub use crate::engine::{

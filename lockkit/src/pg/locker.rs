@@ -7,11 +7,11 @@ use std::ops::{Deref, DerefMut};
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Transaction};
 
-use crate::driver::{CancelTls, CancellingPolicy};
+use crate::driver::CancellingPolicy;
 use crate::engine::config::{Config, StatementMode};
 use crate::engine::error::Error;
 use crate::engine::facts::{FactsRow, ServerFacts, HASHTEXT_PROBES};
-use crate::engine::{sql, Policy};
+use crate::engine::sql;
 use crate::pg::exec::StatementCache;
 use crate::pg::transaction::LockTx;
 
@@ -49,6 +49,8 @@ pub struct Locker {
     pub(crate) inner: CancellingPolicy,
 }
 
+crate::locker_basics!(Locker, cancel_tls);
+
 impl Locker {
     /// Learns the server's facts through `client` (one round trip) and
     /// builds a locker with `config`.
@@ -65,49 +67,6 @@ impl Locker {
     pub async fn new(client: &Client, config: Config) -> Result<Locker, Error> {
         let row = server_facts(client).await?;
         Ok(Locker::with_facts(config, ServerFacts::from(&row)))
-    }
-
-    /// A locker with facts known in advance (no query).
-    pub fn with_facts(config: Config, facts: ServerFacts) -> Locker {
-        Locker {
-            inner: CancellingPolicy::new(Policy::new(config, facts)),
-        }
-    }
-
-    /// Sends the cancel request of a dropped lock call through `tls`, the
-    /// TLS connector the connections were made with.
-    ///
-    /// A lock call whose future is dropped while the server waits for the
-    /// key sends a cancel request, so that the connection is usable again
-    /// within about a round trip. By default the request goes in plain
-    /// text, which PostgreSQL accepts before any TLS negotiation; that
-    /// works with `sslmode` `disable` and `prefer`. With `sslmode=require`
-    /// (or `verify-ca`, `verify-full`), tokio-postgres negotiates TLS for
-    /// the request too, and fails without the connector: the server would
-    /// go on waiting for the key, and the transaction's rollback with it.
-    ///
-    /// # Example
-    ///
-    /// ```no_run
-    /// # use lockkit::driver::CancelTls;
-    /// # async fn run(client: tokio_postgres::Client, tls: impl CancelTls) -> Result<(), lockkit::Error> {
-    /// use lockkit::{Config, Locker};
-    ///
-    /// // `client` was connected with `tls` (e.g. postgres-openssl's
-    /// // `MakeTlsConnector`), under `sslmode=require`.
-    /// let locker = Locker::new(&client, Config::default()).await?.cancel_tls(tls);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn cancel_tls(self, tls: impl CancelTls) -> Locker {
-        Locker {
-            inner: self.inner.tls(tls),
-        }
-    }
-
-    /// The configuration, the server's facts and the lock budget.
-    pub fn policy(&self) -> &Policy {
-        self.inner.policy()
     }
 
     /// Starts a transaction on a plain `client` that can take advisory

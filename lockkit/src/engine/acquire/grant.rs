@@ -17,7 +17,9 @@ pub struct Grant {
 }
 
 impl Grant {
-    /// The key of a one-key call's grant (a permit's: the slot granted).
+    /// The key of a one-key call's grant (a permit's: the slot granted):
+    /// what a session permit keeps.
+    #[cfg(feature = "tokio-postgres")]
     pub(crate) fn key(&self) -> Option<LockKey> {
         self.key.map(|(key, _)| key)
     }
