@@ -174,78 +174,32 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         self.conn
     }
 
-    /// The locker this transaction belongs to.
+    #[doc = include_str!("lock_tx/locker.md")]
     pub fn locker(&self) -> &D {
         &self.locker
     }
 
-    /// Savepoint depth below this `LockTx`'s transaction: 0 for the
-    /// transaction itself, 1 inside one [`LockTx::savepoint`], ….
+    #[doc = include_str!("lock_tx/depth.md")]
     pub fn depth(&self) -> u32 {
         self.depth
     }
 
-    /// Distinct keys this transaction holds through lockkit.
+    #[doc = include_str!("lock_tx/held_count.md")]
     pub fn held_count(&self) -> usize {
         self.state.held_count()
     }
 
-    /// Whether this transaction holds `key` in at least `mode`, as far as
-    /// lockkit took it.
+    #[doc = include_str!("lock_tx/holds.md")]
     pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
         self.state.holds(key.lock_key(), mode)
     }
 
-    /// Whether an earlier lock call was cut off (its future dropped, or its
-    /// reply not lockkit's), so that what this transaction holds is unknown
-    /// and every lock call fails: roll it back.
+    #[doc = include_str!("lock_tx/is_poisoned.md")]
     pub fn is_poisoned(&self) -> bool {
         self.state.is_poisoned()
     }
 
-    /// Takes `key` exclusive, waiting as long as it takes.
-    ///
-    /// # Errors
-    ///
-    /// Before anything is sent: [`ErrorKind::NotInTransaction`],
-    /// [`ErrorKind::BudgetExceeded`], [`ErrorKind::LockOrder`] (when
-    /// configured), [`ErrorKind::HotStandby`], [`ErrorKind::Poisoned`],
-    /// [`ErrorKind::TransactionAborted`], [`ErrorKind::HashtextMismatch`].
-    /// After, with the transaction aborted: [`ErrorKind::Deadlock`],
-    /// [`ErrorKind::LockTableFull`], [`ErrorKind::Timeout`] (the session's
-    /// own `lock_timeout`/`statement_timeout`), [`ErrorKind::Cancelled`]
-    /// (`pg_cancel_backend`), [`ErrorKind::ConnectionLost`] and other server
-    /// errors; [`ErrorKind::UnexpectedReply`] (the transaction is poisoned)
-    /// when the server's answer is not the reply of lockkit's statement.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future after its statement was sent (a
-    /// `tokio::time::timeout` around it, a `select!`) cuts the call off: the
-    /// transaction is poisoned (the server may have granted the lock), and
-    /// every later lock call fails with [`ErrorKind::Poisoned`]; roll it
-    /// back. Then, by stack:
-    ///
-    /// - **sqlx** has no cancel request, so the server keeps waiting for the
-    ///   lock: the connection answers nothing else (sqlx's next use of it,
-    ///   the `ROLLBACK` of a dropped `Transaction` included, first waits for
-    ///   the lock statement's reply) until the lock is granted, the
-    ///   session's own `lock_timeout`/`statement_timeout` fires, or the
-    ///   statement is cancelled from another session (`pg_cancel_backend`).
-    ///   To bound the wait, use [`LockTx::lock_timeout`], which the server
-    ///   enforces, rather than dropping the future.
-    /// - **diesel-async**: lockkit queues behind the cut-off statement a
-    ///   rollback of the transaction, which releases its locks at once, and
-    ///   sends a cancel request (diesel-async's `cancel_token`), so the
-    ///   server stops waiting and the connection is free again within about
-    ///   a round trip; the closure's later statements fail (`25P02`: the
-    ///   session is left in a failed transaction, not outside one).
-    ///   diesel-async's transaction manager is put in error, so that
-    ///   `conn.transaction` fails rather than send a `COMMIT` and report the
-    ///   rollback as a commit. It fails even when the closure returns `Ok`,
-    ///   and pools (deadpool, bb8) discard the connection; a connection of
-    ///   your own must be replaced. Under `sslmode=require` the cancel
-    ///   request needs the TLS connector (the locker's `cancel_tls`).
+    #[doc = include_str!("lock_tx/lock.md")]
     #[track_caller]
     pub fn lock<K: AdvisoryKey>(
         &mut self,
@@ -254,16 +208,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         out::<D, _>(self.lock_one(key, Mode::Exclusive, Wait::Forever, Location::caller()))
     }
 
-    /// Takes `key` shared: other shared holders are admitted, exclusive ones
-    /// excluded.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("lock_tx/lock_shared.md")]
     #[track_caller]
     pub fn lock_shared<K: AdvisoryKey>(
         &mut self,
@@ -272,20 +217,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         out::<D, _>(self.lock_one(key, Mode::Shared, Wait::Forever, Location::caller()))
     }
 
-    /// Takes `key` exclusive, waiting at most `timeout` (measured by the
-    /// server). On timeout nothing is held and the transaction is still
-    /// usable.
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::Timeout`] (with [`Error::timeout`] set), and as
-    /// [`LockTx::lock`]; after a deadlock or a cancel the savepoint rollback
-    /// leaves the transaction usable too.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`]; on sqlx the server still ends the wait within
-    /// `timeout`.
+    #[doc = include_str!("lock_tx/lock_timeout.md")]
     #[track_caller]
     pub fn lock_timeout<K: AdvisoryKey>(
         &mut self,
@@ -296,15 +228,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         out::<D, _>(self.lock_one(key, Mode::Exclusive, Wait::Timeout(timeout), site))
     }
 
-    /// Takes `key` shared, waiting at most `timeout`.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock_timeout`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock_timeout`].
+    #[doc = include_str!("lock_tx/lock_shared_timeout.md")]
     #[track_caller]
     pub fn lock_shared_timeout<K: AdvisoryKey>(
         &mut self,
@@ -315,19 +239,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         out::<D, _>(self.lock_one(key, Mode::Shared, Wait::Timeout(timeout), site))
     }
 
-    /// Takes `key` exclusive if no other transaction holds it, without
-    /// waiting. Gives the key back when it is busy.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock`] (a full lock table raises `53200` even here),
-    /// but never `LockOrder`: a try does not wait, so it cannot deadlock.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future cuts the call off, as [`LockTx::lock`]; the
-    /// statement does not wait, so the connection is free within a round
-    /// trip.
+    #[doc = include_str!("lock_tx/try_lock.md")]
     #[track_caller]
     pub fn try_lock<K: AdvisoryKey>(
         &mut self,
@@ -337,16 +249,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         out::<D, _>(self.try_lock_one(key, Mode::Exclusive, Location::caller()))
     }
 
-    /// Takes `key` shared if no transaction holds it exclusive, without
-    /// waiting. Gives the key back when it is busy.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::try_lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::try_lock`].
+    #[doc = include_str!("lock_tx/try_lock_shared.md")]
     #[track_caller]
     pub fn try_lock_shared<K: AdvisoryKey>(
         &mut self,
@@ -356,16 +259,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         out::<D, _>(self.try_lock_one(key, Mode::Shared, Location::caller()))
     }
 
-    /// Takes every key of `batch` in the global lock order: one statement,
-    /// or two (`BigInt` keys, then `Pair` keys) when the batch mixes both.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("lock_tx/lock_batch.md")]
     #[track_caller]
     pub fn lock_batch(
         &mut self,
@@ -374,17 +268,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         out::<D, _>(self.lock_request(Request::batch(batch).at(Location::caller())))
     }
 
-    /// Takes every key of `batch`, waiting at most `timeout` for the whole
-    /// batch (both key spaces together). On timeout nothing of the batch is
-    /// held and the transaction is still usable.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock_timeout`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock_timeout`].
+    #[doc = include_str!("lock_tx/lock_batch_timeout.md")]
     #[track_caller]
     pub fn lock_batch_timeout(
         &mut self,
@@ -396,16 +280,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         out::<D, _>(async move { Grant::lock_batch(self.drive(request, wait).await) })
     }
 
-    /// Takes every key of `batch` or none: when any key is busy, nothing of
-    /// the batch is held and the busy keys are returned.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::try_lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::try_lock`].
+    #[doc = include_str!("lock_tx/try_lock_batch.md")]
     #[track_caller]
     pub fn try_lock_batch(
         &mut self,
@@ -416,18 +291,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         out::<D, _>(async move { Grant::try_lock_batch(self.drive(request, Wait::Try).await) })
     }
 
-    /// Takes a permit of the semaphore of `permits` permits named by `key`,
-    /// waiting as long as it takes. The guard names the slot's key.
-    ///
-    #[doc = include_str!("semaphore.md")]
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("lock_tx/acquire_permit.md")]
     #[track_caller]
     pub fn acquire_permit<K: AdvisoryKey>(
         &mut self,
@@ -438,17 +302,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         out::<D, _>(self.permit(key, permits, Wait::Forever, site))
     }
 
-    /// Takes a permit of the semaphore of `permits` permits named by `key`,
-    /// waiting at most `timeout` once every slot is found busy (see
-    /// [`LockTx::acquire_permit`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock_timeout`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("lock_tx/acquire_permit_timeout.md")]
     #[track_caller]
     pub fn acquire_permit_timeout<K: AdvisoryKey>(
         &mut self,
@@ -460,18 +314,7 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         out::<D, _>(self.permit(key, permits, Wait::Timeout(timeout), site))
     }
 
-    /// Takes a permit of the semaphore of `permits` permits named by `key`
-    /// if a slot is free, in one round trip, without waiting (see
-    /// [`LockTx::acquire_permit`]). Gives the key back when every slot is
-    /// busy.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::try_lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::try_lock`].
+    #[doc = include_str!("lock_tx/try_acquire_permit.md")]
     #[track_caller]
     pub fn try_acquire_permit<K: AdvisoryKey>(
         &mut self,

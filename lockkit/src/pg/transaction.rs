@@ -145,12 +145,12 @@ impl<'c> LockTx<'c> {
             .expect("lockkit: transaction used after commit or rollback")
     }
 
-    /// The locker this transaction belongs to.
+    #[doc = include_str!("../lock_tx/locker.md")]
     pub fn locker(&self) -> &Locker {
         &self.locker
     }
 
-    /// Savepoint depth: 0 for the transaction itself.
+    #[doc = include_str!("../lock_tx/depth.md")]
     pub fn depth(&self) -> u32 {
         self.depth
     }
@@ -162,20 +162,17 @@ impl<'c> LockTx<'c> {
         self.cache.is_some()
     }
 
-    /// Distinct keys this transaction holds through lockkit.
+    #[doc = include_str!("../lock_tx/held_count.md")]
     pub fn held_count(&self) -> usize {
         self.shared.state.held_count()
     }
 
-    /// Whether this transaction holds `key` in at least `mode`, as far as
-    /// lockkit took it.
+    #[doc = include_str!("../lock_tx/holds.md")]
     pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
         self.shared.state.holds(key.lock_key(), mode)
     }
 
-    /// Whether an earlier lock call was cut off (its future dropped, or its
-    /// reply not lockkit's), so that what this transaction holds is unknown
-    /// and every lock call fails: roll it back.
+    #[doc = include_str!("../lock_tx/is_poisoned.md")]
     pub fn is_poisoned(&self) -> bool {
         self.shared.state.is_poisoned()
     }
@@ -329,43 +326,7 @@ impl<'c> LockTx<'c> {
         })
     }
 
-    /// Takes `key` exclusive, waiting as long as it takes.
-    ///
-    /// # Errors
-    ///
-    /// Before anything is sent: [`ErrorKind::BudgetExceeded`],
-    /// [`ErrorKind::LockOrder`], [`ErrorKind::HotStandby`],
-    /// [`ErrorKind::Poisoned`], [`ErrorKind::LockInFlight`],
-    /// [`ErrorKind::TransactionAborted`], [`ErrorKind::HashtextMismatch`].
-    /// After, with the transaction aborted: [`ErrorKind::Deadlock`],
-    /// [`ErrorKind::LockTableFull`], [`ErrorKind::Timeout`] (the session's
-    /// own `lock_timeout`/`statement_timeout`), [`ErrorKind::Cancelled`],
-    /// [`ErrorKind::ConnectionLost`] and other server errors;
-    /// [`ErrorKind::UnexpectedReply`] (the transaction is poisoned) when the
-    /// server's answer is not the reply of lockkit's statement.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future after its statement was sent sends a cancel
-    /// request for it, so the connection is free again within about a round
-    /// trip, and poisons the transaction (the server may have granted the
-    /// lock): every later lock call fails with [`ErrorKind::Poisoned`]; roll
-    /// it back. Under `sslmode=require` the request needs the TLS connector:
-    /// see [`Locker::cancel_tls`](crate::Locker::cancel_tls).
-    ///
-    /// [`ErrorKind::BudgetExceeded`]: crate::ErrorKind::BudgetExceeded
-    /// [`ErrorKind::LockOrder`]: crate::ErrorKind::LockOrder
-    /// [`ErrorKind::HotStandby`]: crate::ErrorKind::HotStandby
-    /// [`ErrorKind::Poisoned`]: crate::ErrorKind::Poisoned
-    /// [`ErrorKind::LockInFlight`]: crate::ErrorKind::LockInFlight
-    /// [`ErrorKind::TransactionAborted`]: crate::ErrorKind::TransactionAborted
-    /// [`ErrorKind::HashtextMismatch`]: crate::ErrorKind::HashtextMismatch
-    /// [`ErrorKind::Deadlock`]: crate::ErrorKind::Deadlock
-    /// [`ErrorKind::LockTableFull`]: crate::ErrorKind::LockTableFull
-    /// [`ErrorKind::Timeout`]: crate::ErrorKind::Timeout
-    /// [`ErrorKind::Cancelled`]: crate::ErrorKind::Cancelled
-    /// [`ErrorKind::ConnectionLost`]: crate::ErrorKind::ConnectionLost
-    /// [`ErrorKind::UnexpectedReply`]: crate::ErrorKind::UnexpectedReply
+    #[doc = include_str!("../lock_tx/lock.md")]
     #[track_caller]
     pub fn lock<K: AdvisoryKey>(
         &self,
@@ -374,16 +335,7 @@ impl<'c> LockTx<'c> {
         self.lock_one(key, Mode::Exclusive, Location::caller())
     }
 
-    /// Takes `key` shared: other shared holders are admitted, exclusive ones
-    /// excluded.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("../lock_tx/lock_shared.md")]
     #[track_caller]
     pub fn lock_shared<K: AdvisoryKey>(
         &self,
@@ -392,19 +344,7 @@ impl<'c> LockTx<'c> {
         self.lock_one(key, Mode::Shared, Location::caller())
     }
 
-    /// Takes `key` exclusive, waiting at most `timeout` (measured by the
-    /// server). On timeout nothing is held and the transaction is still
-    /// usable.
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) (with
-    /// [`Error::timeout`] set), and as [`LockTx::lock`]; after a deadlock or
-    /// a cancel the savepoint rollback leaves the transaction usable too.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("../lock_tx/lock_timeout.md")]
     #[track_caller]
     pub fn lock_timeout<K: AdvisoryKey>(
         &self,
@@ -415,15 +355,7 @@ impl<'c> LockTx<'c> {
         self.lock_request(request, Wait::Timeout(timeout), key)
     }
 
-    /// Takes `key` shared, waiting at most `timeout`.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock_timeout`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("../lock_tx/lock_shared_timeout.md")]
     #[track_caller]
     pub fn lock_shared_timeout<K: AdvisoryKey>(
         &self,
@@ -434,17 +366,7 @@ impl<'c> LockTx<'c> {
         self.lock_request(request, Wait::Timeout(timeout), key)
     }
 
-    /// Takes `key` exclusive if no other transaction holds it, without
-    /// waiting. Gives the key back when it is busy.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock`] (a full lock table raises `53200` even here),
-    /// but never `LockOrder`: a try does not wait, so it cannot deadlock.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("../lock_tx/try_lock.md")]
     #[track_caller]
     pub fn try_lock<K: AdvisoryKey>(
         &self,
@@ -453,16 +375,7 @@ impl<'c> LockTx<'c> {
         self.try_lock_one(key, Mode::Exclusive, Location::caller())
     }
 
-    /// Takes `key` shared if no transaction holds it exclusive, without
-    /// waiting. Gives the key back when it is busy.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::try_lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("../lock_tx/try_lock_shared.md")]
     #[track_caller]
     pub fn try_lock_shared<K: AdvisoryKey>(
         &self,
@@ -471,18 +384,7 @@ impl<'c> LockTx<'c> {
         self.try_lock_one(key, Mode::Shared, Location::caller())
     }
 
-    /// Takes a permit of the semaphore of `permits` permits named by `key`,
-    /// waiting as long as it takes. The guard names the slot's key.
-    ///
-    #[doc = include_str!("../semaphore.md")]
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("../lock_tx/acquire_permit.md")]
     #[track_caller]
     pub fn acquire_permit<K: AdvisoryKey>(
         &self,
@@ -492,16 +394,7 @@ impl<'c> LockTx<'c> {
         self.permit(key, permits, Wait::Forever, Location::caller())
     }
 
-    /// Takes a permit, waiting at most `timeout` once every slot is found
-    /// busy (see [`LockTx::acquire_permit`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock_timeout`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("../lock_tx/acquire_permit_timeout.md")]
     #[track_caller]
     pub fn acquire_permit_timeout<K: AdvisoryKey>(
         &self,
@@ -512,16 +405,7 @@ impl<'c> LockTx<'c> {
         self.permit(key, permits, Wait::Timeout(timeout), Location::caller())
     }
 
-    /// Takes a permit if a slot is free, in one round trip, without waiting;
-    /// gives the key back when every slot is busy ([`LockTx::acquire_permit`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::try_lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("../lock_tx/try_acquire_permit.md")]
     #[track_caller]
     pub fn try_acquire_permit<K: AdvisoryKey>(
         &self,
@@ -532,11 +416,12 @@ impl<'c> LockTx<'c> {
         async move { Grant::try_lock(self.try_permit(&key, permits, site).await, key) }
     }
 
-    /// Takes every key of `batch` in the global lock order, in one round
-    /// trip (two statements pipelined when the batch mixes `BigInt` and
-    /// `Pair` keys).
+    #[doc = include_str!("../lock_tx/lock_batch.md")]
     ///
     /// # Pipelining the batch with the next statement
+    ///
+    /// The two statements of a mixed batch go out together, in one round
+    /// trip.
     ///
     /// The future sends its statements when first polled. Polled together
     /// with the transaction's next statement, both go out before either
@@ -579,14 +464,6 @@ impl<'c> LockTx<'c> {
     /// [`LockClient`](crate::LockClient) too: its first lock call sends the
     /// `Parse` messages of lockkit's statements and then its own statements
     /// unnamed, so nothing pipelined behind it can overtake the locks.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
     #[track_caller]
     pub fn lock_batch<'s>(
         &'s self,
@@ -595,17 +472,7 @@ impl<'c> LockTx<'c> {
         self.acquire_batch(Request::batch(batch), Wait::Forever, Location::caller())
     }
 
-    /// Takes every key of `batch`, the whole batch waiting at most `timeout`
-    /// (across both key spaces, not per key or per statement). On timeout
-    /// nothing of the batch is held and the transaction is still usable.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::lock_timeout`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("../lock_tx/lock_batch_timeout.md")]
     #[track_caller]
     pub fn lock_batch_timeout<'s>(
         &'s self,
@@ -619,16 +486,7 @@ impl<'c> LockTx<'c> {
         )
     }
 
-    /// Takes every key of `batch` or none: when any key is busy, nothing of
-    /// the batch is held and the busy keys are returned.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockTx::try_lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockTx::lock`].
+    #[doc = include_str!("../lock_tx/try_lock_batch.md")]
     #[track_caller]
     pub fn try_lock_batch<'s>(
         &'s self,
