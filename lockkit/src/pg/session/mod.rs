@@ -136,6 +136,7 @@ use crate::engine::error::ErrorKind;
 use crate::engine::plan::Mode;
 #[cfg(doc)]
 use crate::engine::sql;
+use crate::engine::Wait;
 use crate::key::AdvisoryKey;
 use crate::pg::locker::Locker;
 
@@ -165,14 +166,6 @@ pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
 /// How long [`probe_pooler`] (and a session-level lock's probe) may take
 /// unless [`SessionLock::probe_timeout`] says otherwise.
 pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Whether a lock waits, and how long.
-#[derive(Clone, Copy, Debug)]
-enum Wait {
-    Forever,
-    Try,
-    Timeout(Duration),
-}
 
 /// How a [`SessionLock`] holds its locks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

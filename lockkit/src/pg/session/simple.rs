@@ -12,14 +12,13 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 use super::take::{one_row, AppName};
-use super::Wait;
 use crate::engine::error::{DriverError, Error};
 use crate::engine::facts::ServerFacts;
 use crate::engine::guard::Busy;
 use crate::engine::sql;
 use crate::engine::{
-    self, read_reply, Acquisition, Grant, OneCall, Policy, ReplyRow, ReplyShape, Request,
-    Statement, TxState,
+    read_reply, Acquisition, Grant, OneCall, Policy, ReplyRow, ReplyShape, Request, Statement,
+    TxState, Wait,
 };
 use crate::key::{AdvisoryKey, LockKey};
 
@@ -58,12 +57,7 @@ pub(super) async fn take_xact_lock(
     check_interval_known: &AtomicBool,
 ) -> Result<Taken, Error> {
     let state = TxState::new();
-    let call = Call::Many(Box::new(state.acquire(
-        &POLICY,
-        0,
-        request,
-        engine_wait(wait),
-    )?));
+    let call = Call::Many(Box::new(state.acquire(&POLICY, 0, request, wait)?));
     let (setup, outcome) = rounds(client, call, Some((name, check_interval_known))).await?;
     let setup = setup.ok_or_else(|| Error::unexpected("the lock engine sent nothing".into()))?;
     Ok((setup, granted(outcome)))
@@ -91,25 +85,12 @@ pub(super) async fn take_permit<K: AdvisoryKey>(
     let outcome = match (outcome, wait) {
         (Ok(Err(_busy)), Wait::Forever | Wait::Timeout(_)) => {
             let request = Request::permit_slot(value, permits);
-            let call = Call::Many(Box::new(state.acquire(
-                &POLICY,
-                0,
-                request,
-                engine_wait(wait),
-            )?));
+            let call = Call::Many(Box::new(state.acquire(&POLICY, 0, request, wait)?));
             rounds(client, call, None).await?.1
         }
         (outcome, _) => outcome,
     };
     Ok((setup, granted(outcome)))
-}
-
-fn engine_wait(wait: Wait) -> engine::Wait {
-    match wait {
-        Wait::Forever => engine::Wait::Forever,
-        Wait::Timeout(timeout) => engine::Wait::Timeout(timeout),
-        Wait::Try => engine::Wait::Try,
-    }
 }
 
 /// The key a call's outcome grants, `None` when busy.

@@ -18,12 +18,13 @@ use super::mux::MuxTry;
 #[cfg(doc)]
 use super::simple::simple_round;
 use super::simple::{take_permit, take_xact_lock, Taken};
-use super::{SessionForm, SessionLock, Wait};
+use super::{SessionForm, SessionLock};
 use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::plan::Mode;
 use crate::engine::sql::{self, timeout_setting, CHECK_CLIENT};
 use crate::engine::Request;
+use crate::engine::Wait;
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
 use crate::pg::exec::CancelOnDrop;
 use crate::pg::locker::server_facts;
