@@ -5,17 +5,22 @@
 //! `AsyncPgConnection::transaction`; sqlx's `begin` and `Locker::lock_tx`.
 //! The command loops (`serve`) are the same loop over each stack's
 //! `LockTx`: the operations every stack has are one macro
-//! ([`exec_op!`](crate::session::exec_op)).
+//! ([`exec_op!`](crate::session::exec_op)), and sqlx and diesel-async,
+//! whose `LockTx` is lockkit's one [`LockTx`] over their `Locker`, share
+//! one generic loop ([`serve_in_closure_savepoints`]).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockkit::driver::{Async, Driver};
+use lockkit::tx::LockTx;
 use lockkit::{Config, Error};
 use lockkit_tests::TestServer;
 
 use crate::session::{
-    exec_op, lock_dropped, park, unpark, Adapter, Cancel, Cmd, Ctx, End, Fin, Op, Pending, Session,
-    Worker,
+    exec_op, lock_dropped, park, unpark, Adapter, BoxFuture, Cancel, Cmd, Ctx, End, Fin, Op,
+    Pending, Session, Worker,
 };
 
 /// The table the exclusion workload increments.
@@ -24,8 +29,7 @@ pub(crate) const COUNTERS: &str = "conformance_counters";
 /// Replies to a command that needs an open transaction (or needs none)
 /// sent at the wrong time: a bug in a test body.
 fn misplaced(cmd: Cmd) {
-    let err = || Error::other(format!("conformance: command out of place: {cmd:?}"));
-    let e = err();
+    let e = Error::other(format!("conformance: command out of place: {cmd:?}"));
     match cmd {
         Cmd::Begin(r) | Cmd::Savepoint(r) | Cmd::End(_, r) => drop(r.send(Err(e))),
         Cmd::Ping(r) => drop(r.send(Err(e))),
@@ -35,55 +39,88 @@ fn misplaced(cmd: Cmd) {
 
 const PANIC: &str = "deliberate panic inside the transaction (expected by the conformance test)";
 
+/// An async stack whose `LockTx` is lockkit's one [`LockTx`] over its
+/// `Locker` (sqlx, diesel-async), implemented by that `Locker`: what the
+/// shared command loop needs beyond the `LockTx`.
+pub(crate) trait AsyncStack: Driver<Io = Async> {
+    /// `Op::Increment` through the stack's own query API: reads row
+    /// `row`'s `n`, then writes `n + 1`.
+    fn increment(
+        tx: &mut LockTx<'_, Self>,
+        row: i64,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
 /// The command loop of the stacks whose savepoints run a closure
-/// (`LockTx::savepoint(|sp| …)`: sqlx and diesel-async): `serve`, over the
-/// `LockTx`, `BoxFuture` and `increment` of the module it is expanded in.
-macro_rules! serve_in_closure_savepoints {
-    () => {
-        fn serve<'a>(tx: &'a mut LockTx<'_>, ctx: &'a Ctx) -> BoxFuture<'a, Fin> {
-            Box::pin(async move {
-                while let Some(cmd) = ctx.next().await {
-                    match cmd {
-                        Cmd::Op(Op::LockDropped(key, mode, cancel), reply) => {
-                            let _ = reply.send(lock_dropped!(&mut *tx, key, mode, cancel, increment));
-                        }
-                        Cmd::Op(op, reply) => {
-                            let _ = reply.send(exec_op!(&mut *tx, op, increment, .await));
-                        }
-                        Cmd::Savepoint(reply) => {
-                            let pending = Pending::default();
-                            let (ctx2, pending2) = (ctx.clone(), Arc::clone(&pending));
-                            let result = tx
-                                .savepoint(move |sp| {
-                                    Box::pin(async move {
-                                        let _ = reply.send(Ok(()));
-                                        let fin = serve(sp, &ctx2).await;
-                                        park(fin, &pending2)
-                                    })
-                                })
-                                .await;
-                            unpark(result, &pending);
-                        }
-                        Cmd::End(End::Commit, r) => return Fin::Commit(r),
-                        Cmd::End(End::Rollback, r) => return Fin::Rollback(r),
-                        Cmd::End(End::Drop, r) => return ctx.drop_transaction(r).await,
-                        Cmd::End(End::Panic, _) => panic!("{PANIC}"),
-                        other => misplaced(other),
-                    }
+/// (`LockTx::savepoint(|sp| …)`: sqlx and diesel-async), over lockkit's one
+/// `LockTx`.
+fn serve_in_closure_savepoints<'a, D: AsyncStack>(
+    tx: &'a mut LockTx<'_, D>,
+    ctx: &'a Ctx,
+) -> BoxFuture<'a, Fin> {
+    Box::pin(async move {
+        while let Some(cmd) = ctx.next().await {
+            match cmd {
+                Cmd::Op(Op::LockDropped(key, mode, cancel), reply) => {
+                    let lock =
+                        async { exec_op!(&mut *tx, Op::Lock(key, mode), D::increment, .await) };
+                    let _ = reply.send(lock_dropped(lock, cancel).await);
                 }
-                Fin::Closed
-            })
+                Cmd::Op(op, reply) => {
+                    let _ = reply.send(exec_op!(&mut *tx, op, D::increment, .await));
+                }
+                Cmd::Savepoint(reply) => {
+                    let pending = Pending::default();
+                    let (ctx2, pending2) = (ctx.clone(), Arc::clone(&pending));
+                    let result = tx
+                        .savepoint(move |sp| {
+                            Box::pin(async move {
+                                let _ = reply.send(Ok(()));
+                                let fin = serve_in_closure_savepoints(sp, &ctx2).await;
+                                park(fin, &pending2)
+                            })
+                        })
+                        .await;
+                    unpark(result, &pending);
+                }
+                Cmd::End(End::Commit, r) => return Fin::Commit(r),
+                Cmd::End(End::Rollback, r) => return Fin::Rollback(r),
+                Cmd::End(End::Drop, r) => return ctx.drop_transaction(r).await,
+                Cmd::End(End::Panic, _) => panic!("{PANIC}"),
+                other => misplaced(other),
+            }
         }
-    };
+        Fin::Closed
+    })
+}
+
+/// The rows both Diesel stacks read, each through its own `RunQueryDsl`.
+mod diesel_rows {
+    use ::diesel::sql_types::{BigInt, Integer};
+
+    /// The SQL of [`Pid`].
+    pub(super) const PID: &str = "SELECT pg_backend_pid() AS pid";
+
+    /// The row of [`PID`]: the session's backend pid.
+    #[derive(::diesel::QueryableByName)]
+    pub(super) struct Pid {
+        #[diesel(sql_type = Integer)]
+        pub(super) pid: i32,
+    }
+
+    /// A row of the counter table: its `n`.
+    #[derive(::diesel::QueryableByName)]
+    pub(super) struct N {
+        #[diesel(sql_type = BigInt)]
+        pub(super) n: i64,
+    }
 }
 
 /// tokio-postgres: `lockkit::LockClient` and its `LockTx`.
 pub(crate) mod with_tokio_postgres {
     use super::*;
     use lockkit::{LockClient, LockTx, Locker};
-    use tokio_postgres::NoTls;
-
-    use crate::session::BoxFuture;
+    use tokio_postgres::{Client, NoTls};
 
     pub(crate) struct TokioPg {
         config: tokio_postgres::Config,
@@ -109,11 +146,7 @@ pub(crate) mod with_tokio_postgres {
             tokio::spawn(async move {
                 let _ = connection.await;
             });
-            let pid: i32 = client
-                .query_one("SELECT pg_backend_pid()", &[])
-                .await
-                .expect("pid")
-                .get(0);
+            let pid = pid(&client).await.expect("pid");
             let (tx, ctx) = Session::channel();
             let client = LockClient::new(&self.locker, client);
             let task = tokio::spawn(worker(client, ctx));
@@ -126,6 +159,13 @@ pub(crate) mod with_tokio_postgres {
         async fn lock_outside_transaction(&self) -> Option<Error> {
             None
         }
+    }
+
+    async fn pid(client: &Client) -> Result<i32, Error> {
+        Ok(client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0))
     }
 
     async fn increment(tx: &LockTx<'_>, row: i64) -> Result<(), Error> {
@@ -156,14 +196,7 @@ pub(crate) mod with_tokio_postgres {
                     };
                     ctx.run_droppable(transaction).await;
                 }
-                Cmd::Ping(reply) => {
-                    let pid = client
-                        .query_one("SELECT pg_backend_pid()", &[])
-                        .await
-                        .map(|row| row.get(0))
-                        .map_err(Error::from);
-                    let _ = reply.send(pid);
-                }
+                Cmd::Ping(reply) => drop(reply.send(pid(&client).await)),
                 other => misplaced(other),
             }
         }
@@ -174,7 +207,8 @@ pub(crate) mod with_tokio_postgres {
             while let Some(cmd) = ctx.next().await {
                 match cmd {
                     Cmd::Op(Op::LockDropped(key, mode, cancel), reply) => {
-                        let _ = reply.send(lock_dropped!(&*tx, key, mode, cancel, increment));
+                        let lock = async { exec_op!(&*tx, Op::Lock(key, mode), increment, .await) };
+                        let _ = reply.send(lock_dropped(lock, cancel).await);
                     }
                     Cmd::Op(op, reply) => {
                         let _ = reply.send(exec_op!(&*tx, op, increment, .await));
@@ -214,8 +248,6 @@ pub(crate) mod with_sqlx {
     use ::sqlx::postgres::PgPoolOptions;
     use ::sqlx::{PgPool, Postgres};
     use lockkit_sqlx::{lock_error, LockTx, Locker};
-
-    use crate::session::BoxFuture;
 
     pub(crate) struct Sqlx {
         pool: PgPool,
@@ -259,19 +291,21 @@ pub(crate) mod with_sqlx {
             .map_err(lock_error)
     }
 
-    async fn increment(tx: &mut LockTx<'_>, row: i64) -> Result<(), Error> {
-        let n: i64 = ::sqlx::query_scalar(&format!("SELECT n FROM {COUNTERS} WHERE id = $1"))
-            .bind(row)
-            .fetch_one(tx.conn())
-            .await
-            .map_err(lock_error)?;
-        ::sqlx::query(&format!("UPDATE {COUNTERS} SET n = $2 WHERE id = $1"))
-            .bind(row)
-            .bind(n + 1)
-            .execute(tx.conn())
-            .await
-            .map_err(lock_error)?;
-        Ok(())
+    impl AsyncStack for Locker {
+        async fn increment(tx: &mut LockTx<'_>, row: i64) -> Result<(), Error> {
+            let n: i64 = ::sqlx::query_scalar(&format!("SELECT n FROM {COUNTERS} WHERE id = $1"))
+                .bind(row)
+                .fetch_one(tx.conn())
+                .await
+                .map_err(lock_error)?;
+            ::sqlx::query(&format!("UPDATE {COUNTERS} SET n = $2 WHERE id = $1"))
+                .bind(row)
+                .bind(n + 1)
+                .execute(tx.conn())
+                .await
+                .map_err(lock_error)?;
+            Ok(())
+        }
     }
 
     async fn worker(mut conn: PoolConnection<Postgres>, locker: Locker, ctx: Ctx) {
@@ -287,7 +321,7 @@ pub(crate) mod with_sqlx {
                         let _ = reply.send(Ok(()));
                         let fin = {
                             let mut ltx = locker.lock_tx(&mut tx).expect("in a transaction");
-                            serve(&mut ltx, ctx2).await
+                            serve_in_closure_savepoints(&mut ltx, ctx2).await
                         };
                         match fin {
                             Fin::Commit(r) => drop(r.send(tx.commit().await.map_err(lock_error))),
@@ -306,8 +340,6 @@ pub(crate) mod with_sqlx {
             }
         }
     }
-
-    serve_in_closure_savepoints!();
 }
 
 /// diesel-async: a deadpool pool per session (of one connection, so the
@@ -315,13 +347,13 @@ pub(crate) mod with_sqlx {
 /// `AsyncPgConnection::transaction` with `lock_tx` inside.
 pub(crate) mod with_diesel_async {
     use super::*;
-    use ::diesel::sql_types::{BigInt, Integer};
+    use ::diesel::sql_types::BigInt;
     use ::diesel_async::pooled_connection::deadpool::{Object, Pool};
     use ::diesel_async::pooled_connection::AsyncDieselConnectionManager;
     use ::diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
     use lockkit_diesel_async::{LockTx, Locker};
 
-    use crate::session::BoxFuture;
+    use super::diesel_rows::{Pid, N, PID};
 
     type PgPool = Pool<AsyncPgConnection>;
 
@@ -369,36 +401,24 @@ pub(crate) mod with_diesel_async {
         }
     }
 
-    #[derive(::diesel::QueryableByName)]
-    struct Pid {
-        #[diesel(sql_type = Integer)]
-        pid: i32,
-    }
-
-    #[derive(::diesel::QueryableByName)]
-    struct N {
-        #[diesel(sql_type = BigInt)]
-        n: i64,
-    }
-
     async fn pid(conn: &mut AsyncPgConnection) -> Result<i32, Error> {
-        let row: Pid = ::diesel::sql_query("SELECT pg_backend_pid() AS pid")
-            .get_result(conn)
-            .await?;
+        let row: Pid = ::diesel::sql_query(PID).get_result(conn).await?;
         Ok(row.pid)
     }
 
-    async fn increment(tx: &mut LockTx<'_>, row: i64) -> Result<(), Error> {
-        let got: N = ::diesel::sql_query(format!("SELECT n FROM {COUNTERS} WHERE id = $1"))
-            .bind::<BigInt, _>(row)
-            .get_result(tx.conn())
-            .await?;
-        ::diesel::sql_query(format!("UPDATE {COUNTERS} SET n = $2 WHERE id = $1"))
-            .bind::<BigInt, _>(row)
-            .bind::<BigInt, _>(got.n + 1)
-            .execute(tx.conn())
-            .await?;
-        Ok(())
+    impl AsyncStack for Locker {
+        async fn increment(tx: &mut LockTx<'_>, row: i64) -> Result<(), Error> {
+            let got: N = ::diesel::sql_query(format!("SELECT n FROM {COUNTERS} WHERE id = $1"))
+                .bind::<BigInt, _>(row)
+                .get_result(tx.conn())
+                .await?;
+            ::diesel::sql_query(format!("UPDATE {COUNTERS} SET n = $2 WHERE id = $1"))
+                .bind::<BigInt, _>(row)
+                .bind::<BigInt, _>(got.n + 1)
+                .execute(tx.conn())
+                .await?;
+            Ok(())
+        }
     }
 
     async fn worker(pool: PgPool, mut conn: Object<AsyncPgConnection>, locker: Locker, ctx: Ctx) {
@@ -408,17 +428,16 @@ pub(crate) mod with_diesel_async {
                     let pending = Pending::default();
                     let (locker, ctx2, pending2) = (&locker, ctx.clone(), Arc::clone(&pending));
                     let conn = &mut *conn;
-                    let pending3 = Arc::clone(&pending);
                     let transaction = async move {
                         let result = conn
                             .transaction::<(), Error, _>(async move |c| {
                                 let mut tx = locker.lock_tx(c)?;
                                 let _ = reply.send(Ok(()));
-                                let fin = serve(&mut tx, &ctx2).await;
+                                let fin = serve_in_closure_savepoints(&mut tx, &ctx2).await;
                                 park(fin, &pending2)
                             })
                             .await;
-                        unpark(result, &pending3);
+                        unpark(result, &pending);
                     };
                     ctx.run_droppable(transaction).await;
                 }
@@ -434,8 +453,6 @@ pub(crate) mod with_diesel_async {
             }
         }
     }
-
-    serve_in_closure_savepoints!();
 }
 
 /// Blocking Diesel: a `PgConnection` owned by a thread of its own, which
@@ -444,9 +461,11 @@ pub(crate) mod with_diesel_async {
 /// while the transaction stays open.
 pub(crate) mod with_diesel {
     use super::*;
-    use ::diesel::sql_types::{BigInt, Integer};
+    use ::diesel::sql_types::BigInt;
     use ::diesel::{sql_query, Connection, PgConnection, RunQueryDsl};
     use lockkit_diesel::{LockTx, Locker};
+
+    use super::diesel_rows::{Pid, N, PID};
 
     pub(crate) struct Diesel {
         url: String,
@@ -493,20 +512,8 @@ pub(crate) mod with_diesel {
         }
     }
 
-    #[derive(::diesel::QueryableByName)]
-    struct Pid {
-        #[diesel(sql_type = Integer)]
-        pid: i32,
-    }
-
-    #[derive(::diesel::QueryableByName)]
-    struct N {
-        #[diesel(sql_type = BigInt)]
-        n: i64,
-    }
-
     fn pid(conn: &mut PgConnection) -> Result<i32, Error> {
-        let row: Pid = sql_query("SELECT pg_backend_pid() AS pid").get_result(conn)?;
+        let row: Pid = sql_query(PID).get_result(conn)?;
         Ok(row.pid)
     }
 

@@ -272,9 +272,8 @@ pub(crate) enum Worker {
 /// connection whose worker panicked inside a transaction.
 pub(crate) type Reclaim = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send + Sync>;
 
-/// A boxed future.
-pub(crate) type BoxFuture<'a, T> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+/// A boxed future: lockkit's own, which its savepoint closures return.
+pub(crate) use lockkit::tx::BoxFuture;
 
 /// A session: one connection of one stack and the worker that drives it.
 /// Dropping it ends the worker (an open transaction is dropped).
@@ -541,22 +540,14 @@ macro_rules! exec_op {
 }
 pub(crate) use exec_op;
 
-/// Runs `Op::LockDropped` on an async stack: the lock future, dropped if
-/// `cancel` fires first.
-macro_rules! lock_dropped {
-    ($tx:expr, $key:expr, $mode:expr, $cancel:expr, $increment:path) => {{
-        let lock = async {
-            $crate::session::exec_op!(
-                $tx,
-                $crate::session::Op::Lock($key, $mode),
-                $increment,
-                .await
-            )
-        };
-        tokio::select! {
-            out = lock => out,
-            _ = $cancel => Ok($crate::session::Out::Dropped),
-        }
-    }};
+/// Runs `Op::LockDropped` on an async stack: `lock`, the future of its
+/// `Op::Lock`, dropped if `cancel` fires first.
+pub(crate) async fn lock_dropped(
+    lock: impl std::future::Future<Output = Result<Out, Error>>,
+    cancel: oneshot::Receiver<()>,
+) -> Result<Out, Error> {
+    tokio::select! {
+        out = lock => out,
+        _ = cancel => Ok(Out::Dropped),
+    }
 }
-pub(crate) use lock_dropped;
