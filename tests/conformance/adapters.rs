@@ -83,15 +83,30 @@ fn serve_in_closure_savepoints<'a, D: AsyncStack>(
                         .await;
                     unpark(result, &pending);
                 }
-                Cmd::End(End::Commit, r) => return Fin::Commit(r),
-                Cmd::End(End::Rollback, r) => return Fin::Rollback(r),
-                Cmd::End(End::Drop, r) => return ctx.drop_transaction(r).await,
-                Cmd::End(End::Panic, _) => panic!("{PANIC}"),
-                other => misplaced(other),
+                other => {
+                    if let Some(fin) = end_async(other, ctx).await {
+                        return fin;
+                    }
+                }
             }
         }
         Fin::Closed
     })
+}
+
+/// The commands both async loops answer alike: an end of the transaction
+/// (`Some`, what the loop returns), or a misplaced command (`None`).
+async fn end_async(cmd: Cmd, ctx: &Ctx) -> Option<Fin> {
+    match cmd {
+        Cmd::End(End::Commit, r) => Some(Fin::Commit(r)),
+        Cmd::End(End::Rollback, r) => Some(Fin::Rollback(r)),
+        Cmd::End(End::Drop, r) => Some(ctx.drop_transaction(r).await),
+        Cmd::End(End::Panic, _) => panic!("{PANIC}"),
+        other => {
+            misplaced(other);
+            None
+        }
+    }
 }
 
 /// The rows both Diesel stacks read, each through its own `RunQueryDsl`.
@@ -228,11 +243,11 @@ pub(crate) mod with_tokio_postgres {
                             Fin::Closed => return Fin::Closed,
                         }
                     }
-                    Cmd::End(End::Commit, r) => return Fin::Commit(r),
-                    Cmd::End(End::Rollback, r) => return Fin::Rollback(r),
-                    Cmd::End(End::Drop, r) => return ctx.drop_transaction(r).await,
-                    Cmd::End(End::Panic, _) => panic!("{PANIC}"),
-                    other => misplaced(other),
+                    other => {
+                        if let Some(fin) = end_async(other, ctx).await {
+                            return fin;
+                        }
+                    }
                 }
             }
             Fin::Closed
