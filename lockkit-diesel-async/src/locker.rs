@@ -13,10 +13,11 @@ use crate::LockTx;
 /// Takes transaction-scoped advisory locks over diesel-async's
 /// `AsyncPgConnection`.
 ///
-/// A locker holds the [`Config`] and the [`ServerFacts`](lockkit::ServerFacts) it learned when
-/// created, so taking a lock costs no extra round trip. It is cheap to clone
-/// (an `Arc`) and `Send + Sync`: make one at startup and share it among
-/// tasks and pooled connections (deadpool, bb8) of the same server.
+/// A locker holds the [`Config`] and the
+/// [`ServerFacts`](lockkit::ServerFacts) it learned when created, so taking
+/// a lock costs no extra round trip. It is cheap to clone (an `Arc`) and
+/// `Send + Sync`: make one at startup and share it among tasks and pooled
+/// connections (deadpool, bb8) of the same server.
 ///
 /// See the [crate docs](crate) for an example.
 #[derive(Clone, Debug)]
@@ -35,7 +36,8 @@ impl Locker {
     /// full lock table are recognised by the server's English message. When
     /// the messages are in another language a `tracing` warning says so, and
     /// such errors become [`ErrorKind::Database`](lockkit::ErrorKind::Database)
-    /// (see [`Policy::recognizes_errors`](lockkit::driver::Policy::recognizes_errors)).
+    /// (see
+    /// [`Policy::recognizes_errors`](lockkit::driver::Policy::recognizes_errors)).
     ///
     /// # Errors
     ///

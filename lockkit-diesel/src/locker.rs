@@ -13,10 +13,11 @@ use crate::LockTx;
 
 /// Takes transaction-scoped advisory locks over Diesel's `PgConnection`.
 ///
-/// A locker holds the [`Config`] and the [`ServerFacts`](lockkit::ServerFacts) it learned in one
-/// query when created, so taking a lock costs no extra round trip. It is
-/// cheap to clone (an `Arc`) and `Send + Sync`: make one at startup and share
-/// it among threads and pooled connections of the same server.
+/// A locker holds the [`Config`] and the
+/// [`ServerFacts`](lockkit::ServerFacts) it learned in one query when
+/// created, so taking a lock costs no extra round trip. It is cheap to
+/// clone (an `Arc`) and `Send + Sync`: make one at startup and share it
+/// among threads and pooled connections of the same server.
 ///
 /// See the [crate docs](crate) for an example.
 #[derive(Clone, Debug)]
