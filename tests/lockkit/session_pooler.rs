@@ -567,3 +567,63 @@ async fn the_probe_is_bounded_on_a_saturated_pool() {
         .unwrap();
     assert!(!probe.is_transaction_pooled(), "{probe:?}");
 }
+
+/// The `application_name` a fresh client through `bouncer` finds on the
+/// pooler's one server connection, in one simple-protocol query (the
+/// client sets none of its own).
+async fn name_on_the_pooled_backend(bouncer: &PgBouncer) -> String {
+    let (client, connection) = bouncer.config().connect(NoTls).await.expect("connect");
+    let task = tokio::spawn(connection);
+    let name = client
+        .simple_query("SELECT current_setting('application_name')")
+        .await
+        .expect("application_name")
+        .into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .expect("a row");
+    drop(client);
+    let _ = task.await;
+    name
+}
+
+/// Reported: behind a transaction-mode pgbouncer, the backends of other
+/// applications came to show lockkit's session-lock names in
+/// `pg_stat_activity` (and `lockkit inspect`) long after lockkit's locks
+/// were gone. pgbouncer applies a client's startup `application_name` to
+/// every server connection it links to that client, with a session-level
+/// `SET`, and a server connection that goes back to the pool keeps it for
+/// the next client that names itself nothing. A session lock names its
+/// backend inside its own transaction only (`SET LOCAL`), so nothing of it
+/// outlives the lock there. With a pool of one server connection, each
+/// form's lock is taken, released and its `SessionLock` dropped; the next
+/// client of the pool must find the server's own name.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_lock_leaves_no_name_on_a_pooled_backend() {
+    let db = TestServer::builder().start();
+    let observer = db.connect().await;
+    let bouncer = PgBouncer::builder(&db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .start();
+    assert_eq!(name_on_the_pooled_backend(&bouncer).await, "", "before");
+    for form in [SessionForm::Transaction, SessionForm::Multiplexed] {
+        let sessions = SessionLock::new(bouncer.config()).form(form);
+        let guard = sessions.lock(Leader { id: 7 }).await.expect("lock");
+        assert!(
+            held_by(&observer, guard.backend_pid(), Leader { id: 7 }.lock_key()).await,
+            "{form:?}: not held"
+        );
+        assert!(guard.release().await.expect("release"), "{form:?}");
+        drop(sessions);
+        until_free(&observer, Leader { id: 7 }.lock_key()).await;
+        assert_eq!(
+            name_on_the_pooled_backend(&bouncer).await,
+            "",
+            "{form:?}: the pooled backend kept lockkit's name; {}",
+            bouncer.log()
+        );
+    }
+}

@@ -17,13 +17,18 @@ use crate::engine::error::Error;
 impl SessionLock {
     /// A connection for a lock (or the probe), and how to cancel a
     /// statement on it.
-    pub(super) async fn lease(
-        &self,
-        application_name: impl fmt::Display,
-    ) -> Result<(Lease, Canceller), Error> {
+    ///
+    /// It is opened with the configuration's own `application_name`, never
+    /// a lock's: a transaction-mode pooler applies a client's startup name
+    /// to every server connection it links to that client, with a
+    /// session-level `SET`, and a server connection that goes back to the
+    /// pool keeps it for the next client that names itself nothing. A lock
+    /// names its backend transaction-locally instead
+    /// ([`sql::write_session_setup`](crate::engine::sql::write_session_setup)).
+    pub(super) async fn lease(&self) -> Result<(Lease, Canceller), Error> {
         match &self.source {
             Source::Connect(connect) => {
-                let (client, ended, close) = connect.connect(application_name.to_string()).await?;
+                let (client, ended, close) = connect.connect().await?;
                 Ok((Lease::owned(client, ended, close), connect.canceller()))
             }
             #[cfg(feature = "deadpool")]
@@ -149,7 +154,7 @@ pub(super) type Opened = (Client, watch::Receiver<bool>, Arc<Notify>);
 
 /// Opens connections, whatever the TLS connector's type.
 pub(super) trait Connect: Send + Sync {
-    fn connect(&self, application_name: String) -> BoxFuture<'_, Result<Opened, Error>>;
+    fn connect(&self) -> BoxFuture<'_, Result<Opened, Error>>;
     fn canceller(&self) -> Canceller;
     fn config(&self) -> &tokio_postgres::Config;
 }
@@ -166,14 +171,12 @@ where
     T::TlsConnect: Send + Sync,
     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
 {
-    /// Connects, named `application_name`, and runs the connection on a
-    /// task that flips the returned watch to `true` when it ends, and that
-    /// the returned `Notify` ends (closing the socket).
-    fn connect(&self, application_name: String) -> BoxFuture<'_, Result<Opened, Error>> {
+    /// Connects, and runs the connection on a task that flips the returned
+    /// watch to `true` when it ends, and that the returned `Notify` ends
+    /// (closing the socket).
+    fn connect(&self) -> BoxFuture<'_, Result<Opened, Error>> {
         Box::pin(async move {
-            let mut config = self.config.clone();
-            config.application_name(&application_name);
-            let (client, connection) = config.connect(self.tls.clone()).await?;
+            let (client, connection) = self.config.connect(self.tls.clone()).await?;
             let (ended, lost) = watch::channel(false);
             let close = Arc::new(Notify::new());
             let closing = close.clone();

@@ -22,11 +22,13 @@
 //! `application_name = 'lockkit session lock <namespace> <key>'` (e.g.
 //! `lockkit session lock Payroll -3553327097295050730`, the key type's
 //! namespace and the key as `pg_locks` has it; `lockkit inspect` shows
-//! `session lock Payroll`; set on every connection lockkit opens,
-//! and transaction-locally on a leased pool connection, which gets its own
-//! name back at the rollback), `backend_xid` and `backend_xmin` null: the
-//! transaction is `READ COMMITTED` and writes nothing, so between
-//! statements it holds no snapshot and does not hold back VACUUM. Its
+//! `session lock Payroll`; set transaction-locally, never on the
+//! connection itself, so the connection has its own name back at the
+//! rollback: a transaction-mode pooler would carry a connection's name to
+//! the backends it later hands to other clients), `backend_xid` and
+//! `backend_xmin` null: the transaction is `READ COMMITTED` and writes
+//! nothing, so between statements it holds no snapshot and does not hold
+//! back VACUUM. Its
 //! `pg_locks` row is the `advisory` lock of the key, `ExclusiveLock` or
 //! `ShareLock`.
 //!
@@ -304,8 +306,9 @@ impl SessionLock {
     /// from the pool and closed, which ends the transaction on the server.
     /// A connection is never returned with a lock on it.
     ///
-    /// A pooled connection is not lockkit's to rename: its
-    /// `application_name` is set transaction-locally for the lock.
+    /// A pooled connection keeps its own name: a lock's
+    /// `application_name` is set transaction-locally, as on every
+    /// connection.
     #[cfg(feature = "deadpool")]
     pub fn from_pool(pool: deadpool_postgres::Pool) -> Self {
         Self::from_source(Source::Pool(pool))

@@ -271,7 +271,7 @@ impl MuxConn {
     /// Opens a connection for `slot` and its held transaction, and starts
     /// its keeper.
     async fn open(lock: &SessionLock, slot: usize) -> Result<Arc<Self>, Error> {
-        let (lease, _canceller) = lock.lease(MULTIPLEXED_NAME).await?;
+        let (lease, _canceller) = lock.lease().await?;
         let client = lease.client();
         // The facts first, outside the transaction (they are the server's).
         let (facts, setup) = join(

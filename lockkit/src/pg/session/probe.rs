@@ -14,9 +14,6 @@ use super::{SessionForm, DEFAULT_PROBE_TIMEOUT};
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::sql;
 
-/// `application_name` of the pooler probe's connections.
-const PROBE_NAME: &str = "lockkit pooler probe";
-
 /// The pooler probe did not finish within its timeout
 /// ([`SessionLock::probe_timeout`]): typically a pool or pooler with no
 /// second connection free. Nothing was locked, and the probe's connections
@@ -110,7 +107,7 @@ impl SessionLock {
     /// only after their transaction ended, when the future drops.
     pub async fn probe_pooler(&self) -> Result<PoolerProbe, Error> {
         self.bounded(async {
-            let (mut lease, _) = self.lease(PROBE_NAME).await?;
+            let (mut lease, _) = self.lease().await?;
             let first = backend_pid(lease.client()).await?;
             let probe = self.probe_backends(&lease, first).await?;
             // Only statements in autocommit ran on it: a pooled connection
@@ -170,7 +167,7 @@ impl SessionLock {
                 "backend {again} carries another client's pooler probe mark {found}"
             )));
         }
-        let (mut other, _) = self.lease(PROBE_NAME).await?;
+        let (mut other, _) = self.lease().await?;
         other.client().batch_execute("BEGIN").await?;
         let (other_pid, other_found) = read_mark(other.client(), None).await?;
         let after = if other_pid == first {

@@ -68,7 +68,7 @@ impl SessionLock {
         let key = value.lock_key();
         let hashtext = K::KEY_SPEC.form() == KeyForm::HashText;
         let name = AppName(K::KEY_SPEC.namespace(), key);
-        let (lease, canceller) = self.lease(&name).await?;
+        let (lease, canceller) = self.lease().await?;
         let client = lease.client();
         let known = &self.check_interval_known;
         let mut cancel = CancelOnDrop::new(client, &canceller, || ());
