@@ -468,3 +468,38 @@ async fn extreme_keys_lock_exactly_their_key() {
         until_gone(&observer, key).await;
     }
 }
+
+/// A session-level lock names its backend after the lock, as the default
+/// form does: `pg_stat_activity` shows `lockkit session lock <namespace>
+/// <key>` while it is held on a connection of lockkit's own. The name is
+/// session-wide there (the lock is not in a transaction), on a connection
+/// that is direct or behind a session-mode pooler, and closed at release.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_level_lock_names_its_backend() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let key = Job { id: 11 };
+    for wait in ["lock", "try_lock"] {
+        let sessions = SessionLock::new(db.config()).form(SessionForm::SessionLevel);
+        let guard = match wait {
+            "lock" => sessions.lock(key).await.unwrap(),
+            _ => sessions.try_lock(key).await.unwrap().expect("free"),
+        };
+        let name: String = observer
+            .query_one(
+                "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
+                &[&guard.backend_pid()],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let full = format!(
+            "lockkit session lock {} {}",
+            Job::KEY_SPEC.namespace(),
+            key.lock_key()
+        );
+        assert_eq!(name, full[..full.len().min(63)], "{wait}");
+        assert!(guard.release().await.unwrap(), "{wait}");
+    }
+}

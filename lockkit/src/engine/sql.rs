@@ -282,6 +282,16 @@ pub fn write_session_setup(
     }
 }
 
+/// `SET application_name = E'…'`, session-wide, appended to `out`: how a
+/// session-level lock (not in a transaction) names its backend, on a
+/// connection of lockkit's own. Never on a connection a pool or a
+/// transaction-mode pooler shares, where the name would outlive the lock.
+/// Quoted as [`write_session_setup`] quotes it.
+pub(crate) fn write_session_name(out: &mut String, application_name: impl fmt::Display) {
+    out.push_str("SET application_name = ");
+    write_escaped(out, application_name);
+}
+
 /// `text` as an escape string literal, `E'…'`.
 fn write_escaped(out: &mut String, text: impl fmt::Display) {
     out.push_str("E'");

@@ -121,7 +121,10 @@
 //! [`SessionForm::SessionLevel`] takes `pg_advisory_lock` instead: no
 //! transaction stays open, but the lock is bound to the server session, so
 //! it is safe only on a direct connection (or a session-mode pool). It is
-//! refused when [`probe_pooler`] sees a transaction-mode pooler.
+//! refused when [`probe_pooler`] sees a transaction-mode pooler. Its
+//! backend shows the same `application_name` as the default form's, set
+//! session-wide once the probe has passed, on connections lockkit opens
+//! (a leased pool connection keeps its own).
 
 use std::fmt;
 use std::num::NonZeroU8;

@@ -74,7 +74,7 @@ impl SessionLock {
         let mut cancel = CancelOnDrop::new(client, &canceller, || ());
         let taken = match (form, take) {
             (SessionForm::SessionLevel, Take::Key(mode)) => self
-                .lock_session_level(&lease, key, mode, wait, hashtext)
+                .lock_session_level(&lease, (key, &name), mode, wait, hashtext)
                 .await
                 .map(|(granted, pid)| (granted.then_some(key), pid)),
             (_, Take::Key(mode)) => {
@@ -144,12 +144,12 @@ impl SessionLock {
         Ok((granted?, backend_pid))
     }
 
-    /// The plain session-level form: facts, the pooler probe, then
-    /// `pg_advisory_lock`.
+    /// The plain session-level form: facts, the pooler probe, the lock's
+    /// name, then `pg_advisory_lock`.
     async fn lock_session_level(
         &self,
         lease: &Lease,
-        key: LockKey,
+        (key, name): (LockKey, &AppName),
         mode: Mode,
         wait: Wait,
         hashtext: bool,
@@ -166,9 +166,18 @@ impl SessionLock {
                 return Err(Error::pooled(backend_pid, evidence));
             }
         }
-        // Session-wide: only on a connection of lockkit's own.
-        if lease.is_owned() && facts.server_version_num() >= 140000 {
-            client.batch_execute(CHECK_CLIENT).await?;
+        // Session-wide, so only on a connection of lockkit's own (a pooled
+        // lease keeps its own name and settings), which no transaction-mode
+        // pooler shares once the probe has passed: the lock's name and, on
+        // PostgreSQL 14+, the client check, in one round trip.
+        if lease.is_owned() {
+            let mut setup = String::with_capacity(128);
+            sql::write_session_name(&mut setup, name);
+            if facts.server_version_num() >= 140000 {
+                setup.push_str("; ");
+                setup.push_str(CHECK_CLIENT);
+            }
+            client.batch_execute(&setup).await?;
         }
         let context = match wait {
             Wait::Timeout(timeout) => {
