@@ -943,33 +943,31 @@ async fn keepalive_against_idle_in_transaction_session_timeout() {
     let _log = db.guard();
     let observer = db.connect().await;
 
-    for (name, id, sessions) in [
-        ("opened", 30_000, SessionLock::new(db.config())),
-        (
-            "pooled",
-            30_001,
-            SessionLock::from_pool(pool_of(db.config(), 2)),
-        ),
-    ] {
-        let sessions = sessions
-            .form(SessionForm::Multiplexed)
-            .connections(1)
-            .keepalive(Duration::from_millis(200));
+    // One multiplexed connection, opened and pooled, with `keepalive`; the
+    // keys `first` and `first + 1`.
+    let both = |first: i64, keepalive: Duration| {
+        [
+            ("opened", first, SessionLock::new(db.config())),
+            (
+                "pooled",
+                first + 1,
+                SessionLock::from_pool(pool_of(db.config(), 2)),
+            ),
+        ]
+        .map(|(name, id, sessions)| {
+            let sessions = sessions
+                .form(SessionForm::Multiplexed)
+                .connections(1)
+                .keepalive(keepalive);
+            (name, id, sessions)
+        })
+    };
+
+    for (name, id, sessions) in both(30_000, Duration::from_millis(200)) {
         kept_through_several_timeouts(name, &observer, &sessions, id).await;
     }
 
-    for (name, id, sessions) in [
-        ("opened", 30_010, SessionLock::new(db.config())),
-        (
-            "pooled",
-            30_011,
-            SessionLock::from_pool(pool_of(db.config(), 2)),
-        ),
-    ] {
-        let sessions = sessions
-            .form(SessionForm::Multiplexed)
-            .connections(1)
-            .keepalive(Duration::from_secs(3));
+    for (name, id, sessions) in both(30_010, Duration::from_secs(3)) {
         let guard = sessions
             .try_lock(Setup { id })
             .await

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use lockkit::pg::{ProbeTimeout, SessionForm};
 use lockkit::{AdvisoryKey, LockKey, SessionLock};
+use lockkit_tests::observe::simple_value;
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls};
@@ -237,22 +238,15 @@ async fn two_hundred_locks_behind_transaction_pgbouncer_under_load() {
     assert!(ran > 0, "the background clients ran no transaction");
     assert_eq!(granted(&observer, key.lock_key()).await, 0, "leaked");
     until_zero(&observer).await;
-    // The pool's connections came back without a transaction or a lock. In
-    // one simple-protocol query: a prepared one is two round trips, which
-    // the pooler may send to two backends ("prepared statement does not
-    // exist").
+    // The pool's connections came back without a transaction or a lock (in
+    // one simple-protocol query, which the pooler runs on one backend).
     let conn = pool.get().await.unwrap();
-    let count = conn
-        .simple_query(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
-        )
-        .await
-        .unwrap()
-        .into_iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-            _ => None,
-        });
+    let count = simple_value(
+        &conn,
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+    )
+    .await
+    .unwrap();
     assert_eq!(count.as_deref(), Some("0"));
 }
 
@@ -574,15 +568,9 @@ async fn the_probe_is_bounded_on_a_saturated_pool() {
 async fn name_on_the_pooled_backend(bouncer: &PgBouncer) -> String {
     let (client, connection) = bouncer.config().connect(NoTls).await.expect("connect");
     let task = tokio::spawn(connection);
-    let name = client
-        .simple_query("SELECT current_setting('application_name')")
+    let name = simple_value(&client, "SELECT current_setting('application_name')")
         .await
         .expect("application_name")
-        .into_iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-            _ => None,
-        })
         .expect("a row");
     drop(client);
     let _ = task.await;

@@ -5,7 +5,29 @@
 use std::time::{Duration, Instant};
 
 use lockkit::LockKey;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+/// The first column of the first row `sql` answers, sent in one
+/// simple-protocol query: one round trip, which a transaction-mode pooler
+/// runs on one backend (a prepared statement is two, which it may send to
+/// two backends).
+///
+/// # Errors
+///
+/// The query's error.
+pub async fn simple_value(
+    client: &Client,
+    sql: &str,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    Ok(client
+        .simple_query(sql)
+        .await?
+        .iter()
+        .find_map(|message| match message {
+            SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        }))
+}
 
 /// How many sessions other than `observer`'s hold `key` granted.
 pub async fn holders_elsewhere(observer: &Client, key: LockKey) -> i64 {

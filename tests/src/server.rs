@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use std::{env, fmt, io, thread};
 
-use tokio_postgres::{Client, Config, NoTls, SimpleQueryMessage};
+use tokio_postgres::{Client, Config, NoTls};
 
 use crate::instance::Instance;
 
@@ -489,13 +489,10 @@ fn query_blocking(config: &Config, sql: &str) -> Result<Option<String>, tokio_po
                 runtime.block_on(async {
                     let (client, connection) = config.connect(NoTls).await?;
                     let connection = tokio::spawn(connection);
-                    let messages = client.simple_query(sql).await?;
+                    let value = crate::observe::simple_value(&client, sql).await;
                     drop(client);
                     let _ = connection.await;
-                    Ok(messages.iter().find_map(|message| match message {
-                        SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-                        _ => None,
-                    }))
+                    value
                 })
             })
             .join()
