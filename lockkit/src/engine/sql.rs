@@ -287,6 +287,7 @@ pub fn write_session_setup(
 /// connection of lockkit's own. Never on a connection a pool or a
 /// transaction-mode pooler shares, where the name would outlive the lock.
 /// Quoted as [`write_session_setup`] quotes it.
+#[cfg(feature = "tokio-postgres")]
 pub(crate) fn write_session_name(out: &mut String, application_name: impl fmt::Display) {
     out.push_str("SET application_name = ");
     write_escaped(out, application_name);
