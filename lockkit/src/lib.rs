@@ -141,6 +141,7 @@
 pub mod driver;
 pub(crate) mod engine;
 pub mod key;
+mod lock_tx;
 #[cfg(feature = "tokio-postgres")]
 pub mod pg;
 mod retry;

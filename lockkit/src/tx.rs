@@ -8,12 +8,11 @@ use std::num::NonZeroU8;
 use std::ops::{Deref, DerefMut};
 use std::panic::Location;
 use std::pin::Pin;
-use std::time::Duration;
 
 use crate::driver::{self, Async, Blocking, Driver, DriverError, Io, SavepointStep};
 use crate::engine::error::Refused;
 use crate::engine::{Grant, Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait};
-use crate::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
+use crate::{AdvisoryKey, Busy, Error, ErrorKind, Mode};
 
 /// The future a closure of [`LockTx::savepoint`] (or of an adapter's
 /// `transaction`) returns: boxed, as with sqlx's own
@@ -26,10 +25,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// it), its output on a blocking one (Diesel).
 pub type Out<D, F> = <<D as Driver>::Io as Io>::Out<F>;
 
-/// [`Out`] from `future`.
-#[inline(always)]
-fn out<D: Driver, F: Future>(future: F) -> Out<D, F> {
-    <D::Io as Io>::finish(future)
+/// The return type of a generic [`LockTx`] call whose future outputs `$t`
+/// (and captures the key type `$k`, if any).
+macro_rules! ret {
+    ([$($k:ident)?] $t:ty) => {
+        Out<D, impl Future<Output = $t> + use<'_, 't, $($k,)? D, M>>
+    };
 }
 
 /// A connection inside a transaction, taking transaction-scoped advisory
@@ -174,173 +175,23 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
         self.conn
     }
 
-    #[doc = include_str!("lock_tx/locker.md")]
-    pub fn locker(&self) -> &D {
-        &self.locker
+    /// What a call returns, made from its future: [`Out`].
+    #[inline(always)]
+    fn out<F: Future>(future: F) -> Out<D, F> {
+        <D::Io as Io>::finish(future)
     }
 
-    #[doc = include_str!("lock_tx/depth.md")]
-    pub fn depth(&self) -> u32 {
-        self.depth
+    /// What this transaction holds.
+    fn tx_state(&self) -> &TxState {
+        &self.state
     }
 
-    #[doc = include_str!("lock_tx/held_count.md")]
-    pub fn held_count(&self) -> usize {
-        self.state.held_count()
-    }
-
-    #[doc = include_str!("lock_tx/holds.md")]
-    pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
-        self.state.holds(key.lock_key(), mode)
-    }
-
-    #[doc = include_str!("lock_tx/is_poisoned.md")]
-    pub fn is_poisoned(&self) -> bool {
-        self.state.is_poisoned()
-    }
-
-    #[doc = include_str!("lock_tx/lock.md")]
-    #[track_caller]
-    pub fn lock<K: AdvisoryKey>(
-        &mut self,
-        key: K,
-    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
-        out::<D, _>(self.lock_one(key, Mode::Exclusive, Wait::Forever, Location::caller()))
-    }
-
-    #[doc = include_str!("lock_tx/lock_shared.md")]
-    #[track_caller]
-    pub fn lock_shared<K: AdvisoryKey>(
-        &mut self,
-        key: K,
-    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
-        out::<D, _>(self.lock_one(key, Mode::Shared, Wait::Forever, Location::caller()))
-    }
-
-    #[doc = include_str!("lock_tx/lock_timeout.md")]
-    #[track_caller]
-    pub fn lock_timeout<K: AdvisoryKey>(
-        &mut self,
-        key: K,
-        timeout: Duration,
-    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
-        let site = Location::caller();
-        out::<D, _>(self.lock_one(key, Mode::Exclusive, Wait::Timeout(timeout), site))
-    }
-
-    #[doc = include_str!("lock_tx/lock_shared_timeout.md")]
-    #[track_caller]
-    pub fn lock_shared_timeout<K: AdvisoryKey>(
-        &mut self,
-        key: K,
-        timeout: Duration,
-    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
-        let site = Location::caller();
-        out::<D, _>(self.lock_one(key, Mode::Shared, Wait::Timeout(timeout), site))
-    }
-
-    #[doc = include_str!("lock_tx/try_lock.md")]
-    #[track_caller]
-    pub fn try_lock<K: AdvisoryKey>(
-        &mut self,
-        key: K,
-    ) -> Out<D, impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D, M>>
-    {
-        out::<D, _>(self.try_lock_one(key, Mode::Exclusive, Location::caller()))
-    }
-
-    #[doc = include_str!("lock_tx/try_lock_shared.md")]
-    #[track_caller]
-    pub fn try_lock_shared<K: AdvisoryKey>(
-        &mut self,
-        key: K,
-    ) -> Out<D, impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D, M>>
-    {
-        out::<D, _>(self.try_lock_one(key, Mode::Shared, Location::caller()))
-    }
-
-    #[doc = include_str!("lock_tx/lock_batch.md")]
-    #[track_caller]
-    pub fn lock_batch(
-        &mut self,
-        batch: &Batch,
-    ) -> Out<D, impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D, M>> {
-        out::<D, _>(self.lock_request(Request::batch(batch).at(Location::caller())))
-    }
-
-    #[doc = include_str!("lock_tx/lock_batch_timeout.md")]
-    #[track_caller]
-    pub fn lock_batch_timeout(
-        &mut self,
-        batch: &Batch,
-        timeout: Duration,
-    ) -> Out<D, impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D, M>> {
-        let request = Request::batch(batch).at(Location::caller());
-        let wait = Wait::Timeout(timeout);
-        out::<D, _>(async move { Grant::lock_batch(self.drive(request, wait).await) })
-    }
-
-    #[doc = include_str!("lock_tx/try_lock_batch.md")]
-    #[track_caller]
-    pub fn try_lock_batch(
-        &mut self,
-        batch: &Batch,
-    ) -> Out<D, impl Future<Output = Result<Result<HeldBatch<'t>, Busy>, Error>> + use<'_, 't, D, M>>
-    {
-        let request = Request::batch(batch).at(Location::caller());
-        out::<D, _>(async move { Grant::try_lock_batch(self.drive(request, Wait::Try).await) })
-    }
-
-    #[doc = include_str!("lock_tx/acquire_permit.md")]
-    #[track_caller]
-    pub fn acquire_permit<K: AdvisoryKey>(
-        &mut self,
-        key: K,
-        permits: NonZeroU8,
-    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
-        let site = Location::caller();
-        out::<D, _>(self.permit(key, permits, Wait::Forever, site))
-    }
-
-    #[doc = include_str!("lock_tx/acquire_permit_timeout.md")]
-    #[track_caller]
-    pub fn acquire_permit_timeout<K: AdvisoryKey>(
-        &mut self,
-        key: K,
-        permits: NonZeroU8,
-        timeout: Duration,
-    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
-        let site = Location::caller();
-        out::<D, _>(self.permit(key, permits, Wait::Timeout(timeout), site))
-    }
-
-    #[doc = include_str!("lock_tx/try_acquire_permit.md")]
-    #[track_caller]
-    pub fn try_acquire_permit<K: AdvisoryKey>(
-        &mut self,
-        key: K,
-        permits: NonZeroU8,
-    ) -> Out<D, impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D, M>>
-    {
-        let site = Location::caller();
-        out::<D, _>(async move { Grant::try_lock(self.try_permit(&key, permits, site).await, key) })
-    }
-
-    /// A permit's try, then, when every slot is busy, the wait for one.
-    async fn permit<K: AdvisoryKey>(
-        &mut self,
-        value: K,
-        permits: NonZeroU8,
-        wait: Wait,
-        site: &'static Location<'static>,
-    ) -> Result<Held<'t, K>, Error> {
-        match Grant::try_lock(self.try_permit(&value, permits, site).await, value)? {
-            Ok(held) => Ok(held),
-            Err(value) => {
-                let request = Request::permit_slot(&value, permits).at(site);
-                Grant::lock(self.drive(request, wait).await, value)
-            }
-        }
+    crate::lock_tx::lock_tx_calls! {
+        recv: [&mut],
+        locker: D,
+        guard: 't,
+        ret: ret,
+        batch_docs: [],
     }
 
     /// Checks that a transaction is open, then runs a permit's try.
@@ -356,34 +207,6 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
             .state
             .acquire_permit(policy, self.depth, (value, permits), Some(site))?;
         driver::run_one(self.conn, &self.locker, call).await
-    }
-
-    /// Takes a batch's keys, forever: [`LockTx::lock_batch`].
-    async fn lock_request(&mut self, request: Request) -> Result<HeldBatch<'t>, Error> {
-        Grant::lock_batch(self.drive(request, Wait::Forever).await)
-    }
-
-    async fn lock_one<K: AdvisoryKey>(
-        &mut self,
-        value: K,
-        mode: Mode,
-        wait: Wait,
-        site: &'static Location<'static>,
-    ) -> Result<Held<'t, K>, Error> {
-        let outcome = match wait {
-            Wait::Forever => self.send_one(&value, mode, false, site).await,
-            wait => self.drive(Request::one(&value, mode).at(site), wait).await,
-        };
-        Grant::lock(outcome, value)
-    }
-
-    async fn try_lock_one<K: AdvisoryKey>(
-        &mut self,
-        value: K,
-        mode: Mode,
-        site: &'static Location<'static>,
-    ) -> Result<Result<Held<'t, K>, K>, Error> {
-        Grant::try_lock(self.send_one(&value, mode, true, site).await, value)
     }
 
     /// Checks that a transaction is open, then runs a one-key call of one

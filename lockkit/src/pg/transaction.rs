@@ -6,19 +6,26 @@ use std::num::NonZeroU8;
 use std::ops::Deref;
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use futures_util::FutureExt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Transaction;
 
 use crate::engine::error::{Error, Refused};
-use crate::engine::guard::{Busy, Held, HeldBatch};
-use crate::engine::plan::{Batch, Mode};
+use crate::engine::guard::Busy;
+use crate::engine::plan::Mode;
 use crate::engine::{Grant, OneCall, Request, SavepointEnd, TxSlot, TxState, Wait};
 use crate::key::AdvisoryKey;
 use crate::pg::exec::{self, StatementCache};
 use crate::pg::locker::Locker;
+
+/// The return type of a tokio-postgres [`LockTx`] call whose future
+/// outputs `$t` (and captures the key type `$k`, if any).
+macro_rules! ret {
+    ([$($k:ident)?] $t:ty) => {
+        impl Future<Output = $t> + use<'_ $(, $k)?>
+    };
+}
 
 /// A tokio-postgres transaction that takes transaction-scoped advisory
 /// locks.
@@ -145,36 +152,11 @@ impl<'c> LockTx<'c> {
             .expect("lockkit: transaction used after commit or rollback")
     }
 
-    #[doc = include_str!("../lock_tx/locker.md")]
-    pub fn locker(&self) -> &Locker {
-        &self.locker
-    }
-
-    #[doc = include_str!("../lock_tx/depth.md")]
-    pub fn depth(&self) -> u32 {
-        self.depth
-    }
-
     /// Whether lockkit's statements are prepared on this connection (made
     /// by a [`LockClient`](crate::LockClient) whose statements are not
     /// [unnamed](crate::StatementMode::Unnamed)).
     pub fn is_prepared(&self) -> bool {
         self.cache.is_some()
-    }
-
-    #[doc = include_str!("../lock_tx/held_count.md")]
-    pub fn held_count(&self) -> usize {
-        self.shared.state.held_count()
-    }
-
-    #[doc = include_str!("../lock_tx/holds.md")]
-    pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
-        self.shared.state.holds(key.lock_key(), mode)
-    }
-
-    #[doc = include_str!("../lock_tx/is_poisoned.md")]
-    pub fn is_poisoned(&self) -> bool {
-        self.shared.state.is_poisoned()
     }
 
     /// Commits, releasing every lock (and, for a savepoint, handing its
@@ -326,213 +308,71 @@ impl<'c> LockTx<'c> {
         })
     }
 
-    #[doc = include_str!("../lock_tx/lock.md")]
-    #[track_caller]
-    pub fn lock<K: AdvisoryKey>(
-        &self,
-        key: K,
-    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
-        self.lock_one(key, Mode::Exclusive, Location::caller())
+    /// What a call returns, made from its future: the future.
+    #[inline(always)]
+    fn out<F>(future: F) -> F {
+        future
     }
 
-    #[doc = include_str!("../lock_tx/lock_shared.md")]
-    #[track_caller]
-    pub fn lock_shared<K: AdvisoryKey>(
-        &self,
-        key: K,
-    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
-        self.lock_one(key, Mode::Shared, Location::caller())
+    /// What this transaction holds.
+    fn tx_state(&self) -> &TxState {
+        &self.shared.state
     }
 
-    #[doc = include_str!("../lock_tx/lock_timeout.md")]
-    #[track_caller]
-    pub fn lock_timeout<K: AdvisoryKey>(
-        &self,
-        key: K,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
-        let request = Request::one(&key, Mode::Exclusive).at(Location::caller());
-        self.lock_request(request, Wait::Timeout(timeout), key)
-    }
-
-    #[doc = include_str!("../lock_tx/lock_shared_timeout.md")]
-    #[track_caller]
-    pub fn lock_shared_timeout<K: AdvisoryKey>(
-        &self,
-        key: K,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
-        let request = Request::one(&key, Mode::Shared).at(Location::caller());
-        self.lock_request(request, Wait::Timeout(timeout), key)
-    }
-
-    #[doc = include_str!("../lock_tx/try_lock.md")]
-    #[track_caller]
-    pub fn try_lock<K: AdvisoryKey>(
-        &self,
-        key: K,
-    ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
-        self.try_lock_one(key, Mode::Exclusive, Location::caller())
-    }
-
-    #[doc = include_str!("../lock_tx/try_lock_shared.md")]
-    #[track_caller]
-    pub fn try_lock_shared<K: AdvisoryKey>(
-        &self,
-        key: K,
-    ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
-        self.try_lock_one(key, Mode::Shared, Location::caller())
-    }
-
-    #[doc = include_str!("../lock_tx/acquire_permit.md")]
-    #[track_caller]
-    pub fn acquire_permit<K: AdvisoryKey>(
-        &self,
-        key: K,
-        permits: NonZeroU8,
-    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
-        self.permit(key, permits, Wait::Forever, Location::caller())
-    }
-
-    #[doc = include_str!("../lock_tx/acquire_permit_timeout.md")]
-    #[track_caller]
-    pub fn acquire_permit_timeout<K: AdvisoryKey>(
-        &self,
-        key: K,
-        permits: NonZeroU8,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
-        self.permit(key, permits, Wait::Timeout(timeout), Location::caller())
-    }
-
-    #[doc = include_str!("../lock_tx/try_acquire_permit.md")]
-    #[track_caller]
-    pub fn try_acquire_permit<K: AdvisoryKey>(
-        &self,
-        key: K,
-        permits: NonZeroU8,
-    ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
-        let site = Location::caller();
-        async move { Grant::try_lock(self.try_permit(&key, permits, site).await, key) }
-    }
-
-    #[doc = include_str!("../lock_tx/lock_batch.md")]
-    ///
-    /// # Pipelining the batch with the next statement
-    ///
-    /// The two statements of a mixed batch go out together, in one round
-    /// trip.
-    ///
-    /// The future sends its statements when first polled. Polled together
-    /// with the transaction's next statement, both go out before either
-    /// answer comes back: the server runs the locks first and the statement
-    /// after them, in order, and the locks cost no round trip of their own
-    /// (the `pipelined` comparison of `cargo bench -p lockkit-tests --bench
-    /// locks`). Poll the lock future *first* (`try_join!` polls left to
-    /// right) and pipeline only a statement that may run under the locks: it
-    /// runs before the locks are known to be granted. If the locks fail
-    /// (deadlock, lock table full), the server aborts the transaction, the
-    /// statement fails too, and `try_join!` returns the lock's error.
-    ///
-    /// ```no_run
-    /// use lockkit::{AdvisoryKey, Batch, Error, LockClient};
-    /// use tokio_postgres::types::Type;
-    ///
-    /// #[derive(AdvisoryKey)]
-    /// struct Event {
-    ///     id: i64,
-    /// }
-    ///
-    /// async fn ingest(conn: &mut LockClient, ids: &[i64]) -> Result<u64, Error> {
-    ///     let batch: Batch = ids.iter().map(|&id| Event { id }).collect();
-    ///     let tx = conn.begin().await?;
-    ///     // One round trip for both: the locks, then the insert under them.
-    ///     let insert = "INSERT INTO events (id) SELECT unnest($1::int8[]) ON CONFLICT DO NOTHING";
-    ///     let (held, inserted) = tokio::try_join!(tx.lock_batch(&batch), async {
-    ///         Ok::<_, Error>(tx.execute_typed(insert, &[(&ids, Type::INT8_ARRAY)]).await?)
-    ///     })?;
-    ///     drop(held); // proof only: the locks stay held until the transaction ends
-    ///     tx.commit().await?; // releases every lock of the batch
-    ///     Ok(inserted)
-    /// }
-    /// ```
-    ///
-    /// The second future must send its statement on its first poll, as
-    /// `execute_typed`, `query_typed`, and `execute`/`query` with a prepared
-    /// `Statement` do; `execute` with a `&str` first waits for a prepare.
-    /// The lock future sends everything on its first poll, on a new
-    /// [`LockClient`](crate::LockClient) too: its first lock call sends the
-    /// `Parse` messages of lockkit's statements and then its own statements
-    /// unnamed, so nothing pipelined behind it can overtake the locks.
-    #[track_caller]
-    pub fn lock_batch<'s>(
-        &'s self,
-        batch: &Batch,
-    ) -> impl Future<Output = Result<HeldBatch<'s>, Error>> + 's {
-        self.acquire_batch(Request::batch(batch), Wait::Forever, Location::caller())
-    }
-
-    #[doc = include_str!("../lock_tx/lock_batch_timeout.md")]
-    #[track_caller]
-    pub fn lock_batch_timeout<'s>(
-        &'s self,
-        batch: &Batch,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<HeldBatch<'s>, Error>> + 's {
-        self.acquire_batch(
-            Request::batch(batch),
-            Wait::Timeout(timeout),
-            Location::caller(),
-        )
-    }
-
-    #[doc = include_str!("../lock_tx/try_lock_batch.md")]
-    #[track_caller]
-    pub fn try_lock_batch<'s>(
-        &'s self,
-        batch: &Batch,
-    ) -> impl Future<Output = Result<Result<HeldBatch<'s>, Busy>, Error>> + 's {
-        let request = Request::batch(batch).at(Location::caller());
-        async move {
-            let call =
-                self.shared
-                    .state
-                    .acquire(self.locker.policy(), self.depth, request, Wait::Try)?;
-            Grant::try_lock_batch(self.drive(call).await)
-        }
-    }
-
-    async fn lock_one<K: AdvisoryKey>(
-        &self,
-        value: K,
-        mode: Mode,
-        site: &'static Location<'static>,
-    ) -> Result<Held<'_, K>, Error> {
-        Grant::lock(self.send_one(&value, mode, false, site).await, value)
-    }
-
-    async fn try_lock_one<K: AdvisoryKey>(
-        &self,
-        value: K,
-        mode: Mode,
-        site: &'static Location<'static>,
-    ) -> Result<Result<Held<'_, K>, K>, Error> {
-        Grant::try_lock(self.send_one(&value, mode, true, site).await, value)
-    }
-
-    /// Takes `request`, one key of `value`'s, through the general call.
-    async fn lock_request<K: AdvisoryKey>(
-        &self,
-        request: Request,
-        wait: Wait,
-        value: K,
-    ) -> Result<Held<'_, K>, Error> {
-        let policy = self.locker.policy();
-        let call = self
-            .shared
-            .state
-            .acquire(policy, self.depth, request, wait)?;
-        Grant::lock(self.drive(call).await, value)
+    crate::lock_tx::lock_tx_calls! {
+        recv: [&],
+        locker: Locker,
+        guard: '_,
+        ret: ret,
+        batch_docs: [
+        ///
+        /// # Pipelining the batch with the next statement
+        ///
+        /// The two statements of a mixed batch go out together, in one round
+        /// trip.
+        ///
+        /// The future sends its statements when first polled. Polled together
+        /// with the transaction's next statement, both go out before either
+        /// answer comes back: the server runs the locks first and the statement
+        /// after them, in order, and the locks cost no round trip of their own
+        /// (the `pipelined` comparison of `cargo bench -p lockkit-tests --bench
+        /// locks`). Poll the lock future *first* (`try_join!` polls left to
+        /// right) and pipeline only a statement that may run under the locks: it
+        /// runs before the locks are known to be granted. If the locks fail
+        /// (deadlock, lock table full), the server aborts the transaction, the
+        /// statement fails too, and `try_join!` returns the lock's error.
+        ///
+        /// ```no_run
+        /// use lockkit::{AdvisoryKey, Batch, Error, LockClient};
+        /// use tokio_postgres::types::Type;
+        ///
+        /// #[derive(AdvisoryKey)]
+        /// struct Event {
+        ///     id: i64,
+        /// }
+        ///
+        /// async fn ingest(conn: &mut LockClient, ids: &[i64]) -> Result<u64, Error> {
+        ///     let batch: Batch = ids.iter().map(|&id| Event { id }).collect();
+        ///     let tx = conn.begin().await?;
+        ///     // One round trip for both: the locks, then the insert under them.
+        ///     let insert = "INSERT INTO events (id) SELECT unnest($1::int8[]) ON CONFLICT DO NOTHING";
+        ///     let (held, inserted) = tokio::try_join!(tx.lock_batch(&batch), async {
+        ///         Ok::<_, Error>(tx.execute_typed(insert, &[(&ids, Type::INT8_ARRAY)]).await?)
+        ///     })?;
+        ///     drop(held); // proof only: the locks stay held until the transaction ends
+        ///     tx.commit().await?; // releases every lock of the batch
+        ///     Ok(inserted)
+        /// }
+        /// ```
+        ///
+        /// The second future must send its statement on its first poll, as
+        /// `execute_typed`, `query_typed`, and `execute`/`query` with a prepared
+        /// `Statement` do; `execute` with a `&str` first waits for a prepare.
+        /// The lock future sends everything on its first poll, on a new
+        /// [`LockClient`](crate::LockClient) too: its first lock call sends the
+        /// `Parse` messages of lockkit's statements and then its own statements
+        /// unnamed, so nothing pipelined behind it can overtake the locks.
+        ],
     }
 
     /// A one-key call of one statement (a lock that waits, or a try): its
@@ -574,23 +414,6 @@ impl<'c> LockTx<'c> {
         call.run(send, exec::reply)
     }
 
-    /// A permit's try, then, when every slot is busy, the wait for one.
-    async fn permit<K: AdvisoryKey>(
-        &self,
-        value: K,
-        permits: NonZeroU8,
-        wait: Wait,
-        site: &'static Location<'static>,
-    ) -> Result<Held<'_, K>, Error> {
-        match Grant::try_lock(self.try_permit(&value, permits, site).await, value)? {
-            Ok(held) => Ok(held),
-            Err(value) => {
-                let request = Request::permit_slot(&value, permits).at(site);
-                self.lock_request(request, wait, value).await
-            }
-        }
-    }
-
     /// A permit's try.
     async fn try_permit<K: AdvisoryKey>(
         &self,
@@ -607,24 +430,14 @@ impl<'c> LockTx<'c> {
         self.run_one(call).await
     }
 
-    async fn acquire_batch(
-        &self,
-        request: Request,
-        wait: Wait,
-        site: &'static Location<'static>,
-    ) -> Result<HeldBatch<'_>, Error> {
-        let call =
-            self.shared
-                .state
-                .acquire(self.locker.policy(), self.depth, request.at(site), wait)?;
-        Grant::lock_batch(self.drive(call).await)
-    }
-
-    /// Runs `call` on this transaction's connection, in its span.
-    fn drive<'s>(
-        &'s self,
-        call: crate::engine::Acquisition<'s>,
-    ) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 's {
+    /// Lets the engine run the general call for `request` on this
+    /// transaction's connection, in the call's span.
+    async fn drive(&self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
+        let policy = self.locker.policy();
+        let call = self
+            .shared
+            .state
+            .acquire(policy, self.depth, request, wait)?;
         let canceller = self.locker.inner.canceller();
         call.run(|call| {
             exec::drive(
@@ -635,5 +448,6 @@ impl<'c> LockTx<'c> {
                 call,
             )
         })
+        .await
     }
 }
