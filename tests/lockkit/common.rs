@@ -135,16 +135,53 @@ pub(crate) mod capture {
             if *event.metadata().level() != tracing::Level::WARN {
                 return;
             }
-            if let Some(sink) = current() {
-                let mut fields = Fields::new();
-                event.record(&mut Collect(&mut fields));
-                let text = fields
-                    .into_iter()
-                    .map(|(n, v)| format!("{n}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(" ");
+            let sink = current();
+            // Cloned out, so that a hook runs with no lock held.
+            let hooks: Vec<Hook> = hooks().lock().unwrap().values().cloned().collect();
+            if sink.is_none() && hooks.is_empty() {
+                return;
+            }
+            let mut fields = Fields::new();
+            event.record(&mut Collect(&mut fields));
+            let text = fields
+                .into_iter()
+                .map(|(n, v)| format!("{n}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            for hook in hooks {
+                hook(&text);
+            }
+            if let Some(sink) = sink {
                 sink.warnings.lock().unwrap().push(text);
             }
+        }
+    }
+
+    /// A hook run on every WARN event, of any thread, with its text.
+    type Hook = Arc<dyn Fn(&str) + Send + Sync>;
+
+    fn hooks() -> &'static Mutex<HashMap<u64, Hook>> {
+        static HOOKS: OnceLock<Mutex<HashMap<u64, Hook>>> = OnceLock::new();
+        HOOKS.get_or_init(Mutex::default)
+    }
+
+    /// Runs `hook` on every WARN event of any thread, as it is emitted (in
+    /// the emitting code's own steps), until the guard drops: for a test
+    /// that must act at the very moment lockkit warns.
+    pub(crate) fn on_warning(hook: impl Fn(&str) + Send + Sync + 'static) -> HookGuard {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let _ = sinks(); // the subscriber, installed
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        hooks().lock().unwrap().insert(id, Arc::new(hook));
+        HookGuard(id)
+    }
+
+    /// Removes its hook when dropped.
+    pub(crate) struct HookGuard(u64);
+
+    impl Drop for HookGuard {
+        fn drop(&mut self) {
+            hooks().lock().unwrap().remove(&self.0);
         }
     }
 

@@ -3,7 +3,7 @@
 //! load, each released on its own, never two holders and none left; a
 //! `kill -9`d holder process releases everything, through the pooler too;
 //! cut-off calls leave nothing behind; a lost connection is reported to
-//! every guard on it. The controls: plain session-level locks through the
+//! every guard on it, and forgotten before any of them sees it lost. The controls: plain session-level locks through the
 //! pooler leak, and two holders of one connection both get the same key.
 
 use std::collections::{BTreeSet, HashSet};
@@ -562,6 +562,62 @@ async fn a_lost_connection_is_reported_to_every_guard_on_it() {
     for guard in others {
         assert!(guard.release().await.expect("release"));
     }
+}
+
+/// A lock taken again the moment its connection is lost goes to a new
+/// connection: the connection's slot forgets it before anything can see it
+/// lost, so no lock call reaches the dead connection (there it fails with
+/// `ConnectionLost` at its first poll). The reaction runs inside the
+/// keeper's own steps: at its warning that the connection is given up, a
+/// hook polls a try of the next key once. That poll must not have failed;
+/// the try then completes on a new backend. 30 connections are ended, one
+/// after another.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_taken_again_the_moment_one_is_lost_gets_a_new_connection() {
+    use std::sync::Mutex;
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let sessions = multiplexed(db.config(), 1);
+    let first = Feed { id: 931_000 };
+    let mut guard = sessions.try_lock(first).await.expect("try").expect("free");
+    for round in 1..=30 {
+        let victim = guard.backend_pid();
+        let next = Feed {
+            id: 931_000 + round,
+        };
+        let (polled_tx, polled) = tokio::sync::oneshot::channel();
+        let _hook = {
+            let (sessions, polled_tx) = (sessions.clone(), Mutex::new(Some(polled_tx)));
+            let ours = format!("backend_pid={victim} ");
+            crate::common::capture::on_warning(move |text| {
+                if text.contains(&ours) && text.contains("given up") {
+                    let first_poll = sessions.try_lock(next).now_or_never();
+                    if let Some(tx) = polled_tx.lock().unwrap().take() {
+                        let _ = tx.send(first_poll.map(|taken| taken.map(|_| ())));
+                    }
+                }
+            })
+        };
+        observer
+            .execute("SELECT pg_terminate_backend($1)", &[&victim])
+            .await
+            .expect("terminate");
+        let first_poll = tokio::time::timeout(PATIENT, polled)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: no warning that the connection is given up"))
+            .expect("the hook answers");
+        if let Some(Err(e)) = first_poll {
+            panic!("round {round}: tried on the dead connection: {e}");
+        }
+        assert!(!guard.is_held(), "round {round}");
+        let err = guard.release().await.expect_err("gone");
+        assert!(err.is_connection_lost(), "{err}");
+        guard = sessions.try_lock(next).await.expect("try").expect("free");
+        assert_ne!(guard.backend_pid(), victim, "round {round}");
+    }
+    assert!(guard.release().await.expect("release"));
 }
 
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
