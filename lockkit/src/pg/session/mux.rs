@@ -304,17 +304,21 @@ impl MuxConn {
         *self.lost.borrow()
     }
 
-    /// Gives the connection up: every lock on it is gone (`lost()`
-    /// resolves), it is closed, and its slot forgets it.
+    /// Gives the connection up: its slot forgets it, it is closed, and
+    /// every lock on it is gone (`lost()` resolves).
+    ///
+    /// In that order: whoever sees a lock lost (and takes it again at once)
+    /// must find the slot already without this connection, or the new lock
+    /// call would be claimed on it and fail.
     fn give_up(self: &Arc<Self>, why: &dyn std::fmt::Display) {
+        if let Some(mux) = self.mux.upgrade() {
+            mux.forget(self.slot, self);
+        }
+        self.lease.close();
         let was = self.lost.send_replace(true);
         if !was {
             tracing::warn!(backend_pid = self.backend_pid, error = %why,
                 "lockkit: a multiplexed session lock connection is given up; its locks are gone");
-        }
-        self.lease.close();
-        if let Some(mux) = self.mux.upgrade() {
-            mux.forget(self.slot, self);
         }
     }
 
