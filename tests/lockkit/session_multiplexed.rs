@@ -620,6 +620,72 @@ async fn a_lock_taken_again_the_moment_one_is_lost_gets_a_new_connection() {
     assert!(guard.release().await.expect("release"));
 }
 
+/// A try on a multiplexed connection that ended unseen (its backend
+/// terminated; a leased connection learns it only at its next keepalive,
+/// a minute away here) is made again on a new connection and granted,
+/// rather than failing with `ConnectionLost`; the guards on the dead
+/// connection learn at once that they are lost. Both sources, opened and
+/// leased, 10 times each.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_try_on_a_connection_that_ended_unseen_goes_to_a_new_one() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let sources = [
+        ("opened", SessionLock::new(db.config())),
+        (
+            "leased",
+            SessionLock::from_pool(crate::session_pooler::pool_of(db.config(), 4)),
+        ),
+    ];
+    for (n, (source, sessions)) in sources.into_iter().enumerate() {
+        let sessions = sessions
+            .form(SessionForm::Multiplexed)
+            .connections(1)
+            .keepalive(PATIENT);
+        let base = 932_000 + 1_000 * n as i64;
+        let mut held = sessions
+            .try_lock(Feed { id: base })
+            .await
+            .expect("try")
+            .expect("free");
+        for round in 1..=10 {
+            let victim = held.backend_pid();
+            observer
+                .execute("SELECT pg_terminate_backend($1)", &[&victim])
+                .await
+                .expect("terminate");
+            // The backend has ended (its locks with it).
+            let deadline = Instant::now() + PATIENT;
+            while observer
+                .query_opt("SELECT 1 FROM pg_stat_activity WHERE pid = $1", &[&victim])
+                .await
+                .expect("pg_stat_activity")
+                .is_some()
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "{source}: backend {victim} lingers"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let next = sessions
+                .try_lock(Feed { id: base + round })
+                .await
+                .unwrap_or_else(|e| panic!("{source}, round {round}: {e}"))
+                .expect("free");
+            assert_ne!(next.backend_pid(), victim, "{source}, round {round}");
+            tokio::time::timeout(PATIENT, held.lost())
+                .await
+                .expect("the guard on the dead connection is lost");
+            let err = held.release().await.expect_err("gone");
+            assert!(err.is_connection_lost(), "{source}: {err}");
+            held = next;
+        }
+        assert!(held.release().await.expect("release"), "{source}");
+    }
+}
+
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
 #[advisory_key(raw)]
 struct RawBig(i64);
