@@ -96,8 +96,12 @@
 //!   cadence, as in the default form. When a connection ends (terminated
 //!   backend, restart, lost network) or a statement on it fails or gets no
 //!   answer within a cadence, it is closed and [`SessionGuard::lost`]
-//!   resolves for every lock it held. [`SessionGuard::check`] answering
-//!   anything but `true` gives the whole connection up.
+//!   resolves for every lock it held, once its connection slot has
+//!   forgotten it: a lock taken again from then on goes to a new
+//!   connection. A try that finds its connection ended before the keeper
+//!   saw it ([`ErrorKind::ConnectionLost`]) is made once more, on a new
+//!   connection. [`SessionGuard::check`] answering anything but `true`
+//!   gives the whole connection up.
 //! - **Cut-off calls.** A try or release whose future is dropped while its
 //!   statement is in flight leaves its key claimed until a task has sent
 //!   the key's unlock after it and read the answer; should that fail, or

@@ -452,47 +452,68 @@ fn settle(conn: Arc<MuxConn>, claim: Claim) {
 impl SessionLock {
     /// Tries `value`'s key on a multiplexed connection, in one round trip
     /// on an open connection.
+    ///
+    /// A connection opened earlier may have ended unseen (a restart, a
+    /// terminated backend, before its keeper noticed): a try that finds it
+    /// so ([`ErrorKind::ConnectionLost`]) is made once more, on a new
+    /// connection. Safe whatever the dead connection did with the first
+    /// try: a lock it was granted ended with its session, and the second
+    /// try reports only what the new connection's server answers (busy,
+    /// while the old backend has not ended yet).
     pub(super) async fn try_multiplexed<K: AdvisoryKey>(
         &self,
         value: K,
         mode: Mode,
     ) -> Result<MuxTry<K>, Error> {
         let key = value.lock_key();
-        let claim = match self.mux.claim(key, mode) {
-            Ok(claim) => claim,
-            Err(MuxTry::Elsewhere(())) => return Ok(MuxTry::Elsewhere(value)),
-            Err(_) => return Ok(MuxTry::Busy(value)),
-        };
-        // Dropped here, the claim ends: nothing was sent for it yet.
-        let conn = claim
-            .cell
-            .get_or_try_init(|| MuxConn::open(self, claim.slot))
-            .await?
-            .clone();
-        if conn.in_recovery && !self.allow_standby {
-            return Err(Error::new(ErrorKind::HotStandby));
+        let mut again = true;
+        loop {
+            let claim = match self.mux.claim(key, mode) {
+                Ok(claim) => claim,
+                Err(MuxTry::Elsewhere(())) => return Ok(MuxTry::Elsewhere(value)),
+                Err(_) => return Ok(MuxTry::Busy(value)),
+            };
+            let opened_before = claim.cell.initialized();
+            // Dropped here, the claim ends: nothing was sent for it yet.
+            let conn = claim
+                .cell
+                .get_or_try_init(|| MuxConn::open(self, claim.slot))
+                .await?
+                .clone();
+            if conn.in_recovery && !self.allow_standby {
+                return Err(Error::new(ErrorKind::HotStandby));
+            }
+            if K::KEY_SPEC.form() == KeyForm::HashText {
+                conn.facts.check_hashtext()?;
+            }
+            conn.used.store(true, Ordering::Relaxed);
+            let flight = InFlight {
+                conn: conn.clone(),
+                claim: Some(claim),
+            };
+            let granted = conn.run(Op::Try, key, mode).await;
+            let claim = flight.done();
+            let granted = match granted {
+                // `run` gave the connection up: its slot opens a new one.
+                Err(e) if again && opened_before && e.is_connection_lost() => {
+                    drop(claim);
+                    again = false;
+                    continue;
+                }
+                granted => granted?,
+            };
+            if !granted {
+                return Ok(MuxTry::Busy(value));
+            }
+            return Ok(MuxTry::Held(SessionGuard {
+                value,
+                key,
+                mode,
+                form: SessionForm::Multiplexed,
+                backend_pid: conn.backend_pid,
+                hold: Hold::Mux(MuxHold(Some(Held { conn, claim }))),
+            }));
         }
-        if K::KEY_SPEC.form() == KeyForm::HashText {
-            conn.facts.check_hashtext()?;
-        }
-        conn.used.store(true, Ordering::Relaxed);
-        let flight = InFlight {
-            conn: conn.clone(),
-            claim: Some(claim),
-        };
-        let granted = conn.run(Op::Try, key, mode).await;
-        let claim = flight.done();
-        if !granted? {
-            return Ok(MuxTry::Busy(value));
-        }
-        Ok(MuxTry::Held(SessionGuard {
-            value,
-            key,
-            mode,
-            form: SessionForm::Multiplexed,
-            backend_pid: conn.backend_pid,
-            hold: Hold::Mux(MuxHold(Some(Held { conn, claim }))),
-        }))
     }
 }
 
