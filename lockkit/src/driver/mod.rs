@@ -9,8 +9,10 @@
 //! reply checks, the bookkeeping, the guards, the savepoint's bookkeeping)
 //! is [`LockTx`]'s and the engine's, written once.
 //!
-//! The driver runs one statement at a time, in the engine's order, and a
-//! round stops at its first error (what a pipeline would answer too).
+//! The driver runs each round's statements in the engine's order (one at a
+//! time unless it overrides [`Driver::run_round`]), and a round stops at
+//! its first error (what a pipeline would answer too). Session locks' own
+//! runner is a driver too: each of its rounds is one simple-protocol query.
 //!
 //! # The engine
 //!
@@ -94,8 +96,6 @@ pub use cancel::{CancelTls, Canceller, CancellingPolicy};
 use std::fmt;
 use std::future::Future;
 
-use smallvec::SmallVec;
-
 use crate::tx::{BoxFuture, LockTx, Scope};
 use crate::{Busy, Error, StatementMode};
 
@@ -167,7 +167,7 @@ mod sealed {
 /// its future is first polled, and returns it ready
 /// ([`std::future::ready`]): [`LockTx`] polls that future once, and
 /// panics if it is not ready (a bug of the driver).
-pub trait Driver: AsRef<Policy> + Clone + fmt::Debug + Sized + Send + Sync + 'static {
+pub trait Driver: AsRef<Policy> + Clone + fmt::Debug + Sized + Send + Sync {
     /// [`Async`] or [`Blocking`].
     type Io: Io;
     /// The connection a [`LockTx`] borrows for its
@@ -199,6 +199,32 @@ pub trait Driver: AsRef<Policy> + Clone + fmt::Debug + Sized + Send + Sync + 'st
         statement: Statement<'a>,
         mode: StatementMode,
     ) -> impl Future<Output = Result<Self::Answer, DriverError>> + Send + 'a;
+
+    /// Runs a round of statements on `conn`, in order, and answers those
+    /// that ran, with the error that stopped the round, if any (the next
+    /// statement's): what a pipeline answers too. By default one statement
+    /// at a time, through [`Driver::run`]; a driver that sends a round at
+    /// once (one message, or pipelined) overrides it.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Driver::run`].
+    fn run_round<'a>(
+        conn: &'a mut Self::Conn,
+        round: &'a [Statement<'a>],
+        mode: StatementMode,
+    ) -> impl Future<Output = (Vec<Self::Answer>, Option<DriverError>)> + Send + 'a {
+        async move {
+            let mut answers = Vec::with_capacity(round.len());
+            for &statement in round {
+                match Self::run(&mut *conn, statement, mode).await {
+                    Ok(answer) => answers.push(answer),
+                    Err(e) => return (answers, Some(e)),
+                }
+            }
+            (answers, None)
+        }
+    }
 
     /// The engine's reply in `answer`, the answer to `statement`
     /// ([`read_reply`] over the driver's rows).
@@ -351,10 +377,10 @@ pub(crate) fn run_one<'a, D: Driver>(
     )
 }
 
-/// Drives an acquisition to its outcome on `conn`, round after round, one
-/// statement at a time, stopping a round at its first error. Dropped while a
-/// statement is in flight, the acquisition poisons the transaction and the
-/// connection is settled ([`Driver::cut_off`]).
+/// Drives an acquisition to its outcome on `conn`, round after round
+/// ([`Driver::run_round`]). Dropped while a statement is in flight, the
+/// acquisition poisons the transaction and the connection is settled
+/// ([`Driver::cut_off`]).
 pub(crate) async fn drive<D: Driver>(
     conn: &mut D::Conn,
     locker: &D,
@@ -366,16 +392,7 @@ pub(crate) async fn drive<D: Driver>(
             conn: &mut *conn,
             armed: Some(locker),
         };
-        let (mut answers, mut failed) = (SmallVec::<[D::Answer; 1]>::new(), None);
-        for statement in round.iter().copied() {
-            match D::run(&mut *guard.conn, statement, mode).await {
-                Ok(answer) => answers.push(answer),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
+        let (answers, failed) = D::run_round(&mut *guard.conn, &round, mode).await;
         guard.armed = None;
         call.receive_answers(failed.map_or(Ok(answers), Err), D::reply);
     }

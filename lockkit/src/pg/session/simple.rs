@@ -1,9 +1,13 @@
 //! The default form's lock in one simple-protocol query: the lock
 //! engine's statements behind `BEGIN` and the session set-up, sent as one
 //! `Query` message, and the text rows they answer read back for the
-//! engine's reply checks.
+//! engine's reply checks. The runner is a [`Driver`] ([`Simple`]), so the
+//! engine's calls run on it as on every adapter's connection
+//! ([`drive`], [`run_one`]).
 
 use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
 use std::num::NonZeroU8;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -12,15 +16,17 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 use super::take::{one_row, AppName};
+use crate::driver::{drive, run_one, Async, Driver, SavepointStep};
 use crate::engine::error::{DriverError, Error};
 use crate::engine::facts::ServerFacts;
 use crate::engine::guard::Busy;
 use crate::engine::sql;
 use crate::engine::{
-    read_reply, Acquisition, Grant, OneCall, Policy, ReplyRow, ReplyShape, Request, Statement,
+    read_reply, Grant, Policy, Reply, ReplyRow, ReplyShape, Request, SavepointEnd, Statement,
     TxState, Wait,
 };
 use crate::key::{AdvisoryKey, LockKey};
+use crate::StatementMode::{self, Unnamed};
 
 /// The policy of a session lock's calls: the standby and `hashtext` checks
 /// are the caller's, and the statements go unnamed (simple protocol).
@@ -57,10 +63,10 @@ pub(super) async fn take_xact_lock(
     check_interval_known: &AtomicBool,
 ) -> Result<Taken, Error> {
     let state = TxState::new();
-    let call = Call::Many(Box::new(state.acquire(&POLICY, 0, request, wait)?));
-    let (setup, outcome) = rounds(client, call, Some((name, check_interval_known))).await?;
-    let setup = setup.ok_or_else(|| Error::unexpected("the lock engine sent nothing".into()))?;
-    Ok((setup, granted(outcome)))
+    let call = state.acquire(&POLICY, 0, request, wait)?;
+    let mut conn = SimpleConn::new(client, Some((name, check_interval_known)));
+    let outcome = drive::<Simple<'_>>(&mut conn, &Simple::default(), Unnamed, call).await;
+    Ok((conn.set_up()?, granted(outcome)))
 }
 
 /// [`take_xact_lock`] for a permit of the semaphore of `permits` permits
@@ -79,14 +85,15 @@ pub(super) async fn take_permit<K: AdvisoryKey>(
     check_interval_known: &AtomicBool,
 ) -> Result<Taken, Error> {
     let state = TxState::new();
-    let call = Call::One(state.acquire_permit(&POLICY, 0, (value, permits), None)?);
-    let (setup, outcome) = rounds(client, call, Some((name, check_interval_known))).await?;
-    let setup = setup.ok_or_else(|| Error::unexpected("the lock engine sent nothing".into()))?;
+    let call = state.acquire_permit(&POLICY, 0, (value, permits), None)?;
+    let mut conn = SimpleConn::new(client, Some((name, check_interval_known)));
+    let outcome = run_one::<Simple<'_>>(&mut conn, &Simple::default(), call).await;
+    let setup = conn.set_up()?;
     let outcome = match (outcome, wait) {
         (Ok(Err(_busy)), Wait::Forever | Wait::Timeout(_)) => {
             let request = Request::permit_slot(value, permits);
-            let call = Call::Many(Box::new(state.acquire(&POLICY, 0, request, wait)?));
-            rounds(client, call, None).await?.1
+            let call = state.acquire(&POLICY, 0, request, wait)?;
+            drive::<Simple<'_>>(&mut conn, &Simple::default(), Unnamed, call).await
         }
         (outcome, _) => outcome,
     };
@@ -98,127 +105,179 @@ fn granted(outcome: Result<Result<Grant, Busy>, Error>) -> Result<Option<LockKey
     Ok(outcome?.ok().and_then(|grant| grant.key()))
 }
 
-/// A call [`rounds`] drives: the engine's general call, or a one-statement
-/// call (a permit's try).
-enum Call<'a> {
-    // Boxed: the general call is more than twice the one-statement one.
-    Many(Box<Acquisition<'a>>),
-    One(OneCall<'a>),
+/// Session locks' runner, as a [`Driver`]: each round of the engine is one
+/// simple-protocol query (one `Query` message, one round trip), the first
+/// behind `BEGIN` and the session set-up. Its connection is a
+/// [`SimpleConn`].
+#[derive(Clone, Copy, Debug, Default)]
+struct Simple<'c>(PhantomData<&'c Client>);
+
+impl AsRef<Policy> for Simple<'_> {
+    fn as_ref(&self) -> &Policy {
+        &POLICY
+    }
 }
 
-impl Call<'_> {
-    fn round(&self) -> Option<Vec<Statement<'_>>> {
-        match self {
-            Call::Many(call) => call.round().map(|round| round.iter().copied().collect()),
-            Call::One(call) => call.statement().map(|statement| vec![statement]),
+/// A session lock's connection as [`Simple`] runs it: the client, the
+/// set-up its first round sends before the engine's statements, and what
+/// that set-up answered.
+struct SimpleConn<'c> {
+    client: &'c Client,
+    /// The lock's name, and whether the server is known to have
+    /// `client_connection_check_interval`: taken by the first round.
+    begin: Option<(&'c AppName, &'c AtomicBool)>,
+    /// The set-up's row, or why there is none: `BEGIN` or the set-up
+    /// failed, or a query did not answer its commands. Then the engine saw
+    /// an error in place of its replies, and the lock call answers this one.
+    setup: Option<Result<(bool, i32), Error>>,
+}
+
+impl<'c> SimpleConn<'c> {
+    fn new(client: &'c Client, begin: Option<(&'c AppName, &'c AtomicBool)>) -> Self {
+        SimpleConn {
+            client,
+            begin,
+            setup: None,
         }
     }
 
-    fn fail(&mut self, e: tokio_postgres::Error) {
-        match self {
-            Call::Many(call) => call.receive(Err(DriverError::from(e))),
-            Call::One(call) => call.receive(Err::<(), _>(DriverError::from(e)), |_, ()| {
-                unreachable!("no answer")
-            }),
+    /// The set-up's row, once the first round ran.
+    ///
+    /// # Errors
+    ///
+    /// As [`take_xact_lock`]'s outer error.
+    fn set_up(&mut self) -> Result<(bool, i32), Error> {
+        match self.setup.take() {
+            Some(setup) => setup,
+            None => Err(Error::unexpected("the lock engine sent nothing".into())),
         }
     }
 
-    fn answer(&mut self, answers: Vec<&[SimpleRow]>) {
-        let read = |statement: &Statement<'_>, rows: &&[SimpleRow]| match statement.reply() {
+    /// Records `e` as the lock call's answer, and gives the engine an error
+    /// in place of its replies.
+    fn failed(&mut self, e: Error) -> (Vec<Vec<SimpleRow>>, Option<DriverError>) {
+        let engine = DriverError::new(e.to_string());
+        self.setup = Some(Err(e));
+        (Vec::new(), Some(engine))
+    }
+}
+
+impl<'c> Driver for Simple<'c> {
+    type Io = Async;
+    type Conn = SimpleConn<'c>;
+    /// The rows of one statement (of none, for a statement of several
+    /// commands: a savepoint rollback).
+    type Answer = Vec<SimpleRow>;
+
+    /// The first round opens the transaction; the engine asks nothing else.
+    fn in_transaction(_: &mut SimpleConn<'c>) -> Result<bool, DriverError> {
+        Ok(true)
+    }
+
+    async fn run<'a>(
+        conn: &'a mut SimpleConn<'c>,
+        statement: Statement<'a>,
+        _: StatementMode,
+    ) -> Result<Vec<SimpleRow>, DriverError> {
+        match query_round(conn, std::slice::from_ref(&statement)).await {
+            (_, Some(e)) => Err(e),
+            (mut answers, None) => Ok(answers.pop().unwrap_or_default()),
+        }
+    }
+
+    fn run_round<'a>(
+        conn: &'a mut SimpleConn<'c>,
+        round: &'a [Statement<'a>],
+        _: StatementMode,
+    ) -> impl Future<Output = (Vec<Vec<SimpleRow>>, Option<DriverError>)> + Send + 'a {
+        query_round(conn, round)
+    }
+
+    fn reply(statement: &Statement<'_>, rows: &Vec<SimpleRow>) -> Reply {
+        match statement.reply() {
             ReplyShape::Done if rows.is_empty() => read_reply::<SimpleRow>(statement, None),
             _ => read_reply(statement, Some(rows)),
-        };
-        match self {
-            Call::Many(call) => call.receive_answers(Ok(answers), read),
-            Call::One(call) => call.receive(Ok(answers[0]), read),
         }
     }
 
-    fn finish(self) -> Result<Result<Grant, Busy>, Error> {
-        match self {
-            Call::Many(call) => call.finish(),
-            Call::One(call) => call.finish(),
-        }
+    /// Nothing: the lock call's own guard cancels the query and closes the
+    /// connection (`acquire_own`).
+    fn cut_off(&self, _: &mut SimpleConn<'c>) {}
+
+    /// A session lock takes no savepoints of its own: the engine's timed
+    /// calls write theirs into their rounds.
+    fn savepoint<'a>(
+        _: &'a mut SimpleConn<'c>,
+        _: SavepointStep,
+    ) -> impl Future<Output = Result<(), DriverError>> + Send + 'a {
+        std::future::ready(Err(DriverError::new("session locks take no savepoints")))
+    }
+
+    fn savepoint_dropped(_: &mut SimpleConn<'c>) -> SavepointEnd {
+        SavepointEnd::Unknown
     }
 }
 
-/// Drives `call` on `client`, each round one simple-protocol query; the
-/// first behind `BEGIN` and the session set-up (named `name`) when `begin`
-/// says so. Answers the set-up row, if one was read, and the outcome.
-///
-/// # Errors
-///
-/// As [`take_xact_lock`].
-async fn rounds(
-    client: &Client,
-    mut call: Call<'_>,
-    mut begin: Option<(&AppName, &AtomicBool)>,
-) -> Result<(Option<(bool, i32)>, Result<Result<Grant, Busy>, Error>), Error> {
+/// Sends `round` on `conn` as one simple-protocol query, behind `BEGIN`
+/// and the session set-up when it is the first round, and answers each
+/// statement's rows, with the error that stopped the query, if any.
+async fn query_round(
+    conn: &mut SimpleConn<'_>,
+    round: &[Statement<'_>],
+) -> (Vec<Vec<SimpleRow>>, Option<DriverError>) {
     let mut query = String::with_capacity(512);
-    let mut setup = None;
-    while let Some(round) = call.round() {
-        query.clear();
-        let first = begin.take();
-        let known = first.is_some_and(|(_, known)| known.load(Ordering::Relaxed));
-        let prefix = match first {
-            Some((name, _)) => {
-                query.push_str(sql::SESSION_BEGIN);
-                query.push_str("; ");
-                1 + sql::write_session_setup(&mut query, name, known)
-            }
-            None => 0,
-        };
-        for (i, statement) in round.iter().enumerate() {
-            if i > 0 || prefix > 0 {
-                query.push_str("; ");
-            }
-            statement.write_simple(&mut query);
+    let first = conn.begin.take();
+    let known = first.is_some_and(|(_, known)| known.load(Ordering::Relaxed));
+    let prefix = match first {
+        Some((name, _)) => {
+            query.push_str(sql::SESSION_BEGIN);
+            query.push_str("; ");
+            1 + sql::write_session_setup(&mut query, name, known)
         }
-        let (completed, failed) = simple_round(client, &query).await;
-        let expected = prefix
-            + round
-                .iter()
-                .map(|s| s.sql().simple_commands())
-                .sum::<usize>();
-        match &failed {
-            Some(e) if completed.len() < prefix => {
-                if let (Some((_, known)), Some(&SqlState::UNDEFINED_OBJECT)) = (first, e.code()) {
-                    // No `client_connection_check_interval` (the server
-                    // is older than the one seen before): the next set-up
-                    // asks again.
-                    known.store(false, Ordering::Relaxed);
-                }
-                return Err(Error::from(failed.expect("matched Some")));
-            }
-            None if completed.len() != expected => {
-                return Err(Error::unexpected(format!(
-                    "the session lock's query answered {} commands, not {expected}",
-                    completed.len()
-                )));
-            }
-            _ => {}
+        None => 0,
+    };
+    for (i, statement) in round.iter().enumerate() {
+        if i > 0 || prefix > 0 {
+            query.push_str("; ");
         }
-        if let Some((_, check_interval_known)) = first {
-            setup = Some(read_setup(&completed, prefix, known, check_interval_known)?);
-        }
-        if let Some(e) = failed {
-            drop(round);
-            call.fail(e);
-            continue;
-        }
-        // Each statement's rows; a statement of several commands (a
-        // savepoint rollback) answers rows of none of them.
-        let mut answers: Vec<&[SimpleRow]> = Vec::with_capacity(round.len());
-        let mut next = prefix;
-        for statement in &round {
-            let commands = statement.sql().simple_commands();
-            answers.push(completed.rows(next, next + commands));
-            next += commands;
-        }
-        drop(round);
-        call.answer(answers);
+        statement.write_simple(&mut query);
     }
-    Ok((setup, call.finish()))
+    let (completed, failed) = simple_round(conn.client, &query).await;
+    let expected = prefix
+        + round
+            .iter()
+            .map(|s| s.sql().simple_commands())
+            .sum::<usize>();
+    match failed {
+        Some(e) if completed.len() < prefix => {
+            if let (Some((_, known)), Some(&SqlState::UNDEFINED_OBJECT)) = (first, e.code()) {
+                // No `client_connection_check_interval` (the server is
+                // older than the one seen before): the next set-up asks
+                // again.
+                known.store(false, Ordering::Relaxed);
+            }
+            return conn.failed(Error::from(e));
+        }
+        None if completed.len() != expected => {
+            return conn.failed(Error::unexpected(format!(
+                "the session lock's query answered {} commands, not {expected}",
+                completed.len()
+            )));
+        }
+        failed => {
+            if let Some((_, check_interval_known)) = first {
+                match read_setup(&completed, prefix, known, check_interval_known) {
+                    Ok(setup) => conn.setup = Some(Ok(setup)),
+                    Err(e) => return conn.failed(e),
+                }
+            }
+            if let Some(e) = failed {
+                return (Vec::new(), Some(DriverError::from(e)));
+            }
+        }
+    }
+    let commands = round.iter().map(|s| s.sql().simple_commands());
+    (completed.into_answers(prefix, commands), None)
 }
 
 /// Opens a held transaction on `client` and sets it up (named `name`), in
@@ -331,15 +390,45 @@ impl Completed {
         self.ends.len()
     }
 
+    /// Where the rows of the first `i` commands end.
+    fn end(&self, i: usize) -> usize {
+        match i.min(self.ends.len()) {
+            0 => 0,
+            i => self.ends[i - 1],
+        }
+    }
+
     /// The rows of commands `from..to` (none for commands that did not
     /// complete).
     fn rows(&self, from: usize, to: usize) -> &[SimpleRow] {
-        // Where the rows of the first `i` commands end.
-        let end = |i: usize| match i.min(self.ends.len()) {
-            0 => 0,
-            i => self.ends[i - 1],
-        };
-        self.rows.get(end(from)..end(to)).unwrap_or_default()
+        self.rows
+            .get(self.end(from)..self.end(to))
+            .unwrap_or_default()
+    }
+
+    /// The rows of each statement after the first `prefix` commands, given
+    /// how many commands each statement is: a statement of several
+    /// commands (a savepoint rollback) answers the rows of all of them.
+    fn into_answers(
+        self,
+        prefix: usize,
+        commands: impl Iterator<Item = usize>,
+    ) -> Vec<Vec<SimpleRow>> {
+        let (mut next, mut taken) = (prefix, self.end(prefix));
+        let ends: Vec<usize> = commands
+            .map(|n| {
+                next += n;
+                self.end(next)
+            })
+            .collect();
+        let mut rows = self.rows.into_iter().skip(taken);
+        ends.into_iter()
+            .map(|end| {
+                let statement = rows.by_ref().take(end - taken).collect();
+                taken = end;
+                statement
+            })
+            .collect()
     }
 }
 
