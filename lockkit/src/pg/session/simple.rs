@@ -93,7 +93,13 @@ pub(super) async fn take_permit<K: AdvisoryKey>(
         (Ok(Err(_busy)), Wait::Forever | Wait::Timeout(_)) => {
             let request = Request::permit_slot(value, permits);
             let call = state.acquire(&POLICY, 0, request, wait)?;
-            drive::<Simple<'_>>(&mut conn, &Simple::default(), Unnamed, call).await
+            let outcome = drive::<Simple<'_>>(&mut conn, &Simple::default(), Unnamed, call).await;
+            // A query that did not answer its commands: the call's own
+            // error, as in the first round.
+            if let Some(Err(e)) = conn.setup.take() {
+                return Err(e);
+            }
+            outcome
         }
         (outcome, _) => outcome,
     };
@@ -126,9 +132,10 @@ struct SimpleConn<'c> {
     /// The lock's name, and whether the server is known to have
     /// `client_connection_check_interval`: taken by the first round.
     begin: Option<(&'c AppName, &'c AtomicBool)>,
-    /// The set-up's row, or why there is none: `BEGIN` or the set-up
-    /// failed, or a query did not answer its commands. Then the engine saw
-    /// an error in place of its replies, and the lock call answers this one.
+    /// The set-up's row; or the call's own error, when `BEGIN` or the
+    /// set-up failed or a query did not answer its commands: then the
+    /// engine saw an error in place of its replies, and the lock call
+    /// answers this one.
     setup: Option<Result<(bool, i32), Error>>,
 }
 
