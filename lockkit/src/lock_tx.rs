@@ -16,12 +16,13 @@
 //!
 //! [`lock_tx_calls!`] writes every public lock call, its docs (the
 //! `lock_tx/*.md` files, by their path in the crate: a macro's
-//! `include_str!` reads relative to the file that invokes it), the bookkeeping reads, and the steps the calls
-//! share (the permit's try-then-wait, the general call for one key or a
-//! batch, the guards), over three methods each face writes for its
-//! connection: `send_one` (the engine's one-statement call), `try_permit`
-//! and `drive` (the engine's general call); and `out`, what a call returns
-//! made from its future.
+//! `include_str!` reads relative to the file that invokes it), the
+//! bookkeeping reads, and the steps the calls share (the permit's
+//! try-then-wait, the general call for one key or a batch, the guards).
+//! Each face writes what the macro calls: `send_one` (the engine's
+//! one-statement call), `try_permit` and `drive` (the engine's general
+//! call) on its connection; `tx_state`, what the transaction holds; and
+//! `out`, what a call returns made from its future.
 
 /// Writes the lock calls of a `LockTx` face (see the module docs).
 ///

@@ -16,6 +16,7 @@ use futures_util::{FutureExt, StreamExt};
 use lockkit::pg::{SessionForm, SessionGuard, MULTIPLEXED_NAME};
 use lockkit::{AdvisoryKey, SessionLock};
 use lockkit_tests::fixtures::Feed;
+use lockkit_tests::observe::wait_until_gone;
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio_postgres::{Client, NoTls};
 
@@ -656,19 +657,7 @@ async fn a_try_on_a_connection_that_ended_unseen_goes_to_a_new_one() {
                 .await
                 .expect("terminate");
             // The backend has ended (its locks with it).
-            let deadline = Instant::now() + PATIENT;
-            while observer
-                .query_opt("SELECT 1 FROM pg_stat_activity WHERE pid = $1", &[&victim])
-                .await
-                .expect("pg_stat_activity")
-                .is_some()
-            {
-                assert!(
-                    Instant::now() < deadline,
-                    "{source}: backend {victim} lingers"
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            wait_until_gone(&observer, &[victim], source).await;
             let next = sessions
                 .try_lock(Feed { id: base + round })
                 .await

@@ -16,7 +16,9 @@ use futures_util::{FutureExt, StreamExt};
 use lockkit::key::HashText;
 use lockkit::pg::{SessionForm, SessionGuard, MULTIPLEXED_NAME};
 use lockkit::{AdvisoryKey, LockKey, Mode, SessionLock};
-use lockkit_tests::observe::{held_by, key_waited, wait_until_idle_in_transaction};
+use lockkit_tests::observe::{
+    held_by, key_waited, wait_until_gone, wait_until_idle_in_transaction,
+};
 use lockkit_tests::waits::wait_until_awaited;
 use lockkit_tests::TestServer;
 use tokio_postgres::config::SslMode;
@@ -113,33 +115,6 @@ async fn until_no_advisory_lock(observer: &Client, label: &str) {
         assert!(
             started.elapsed() < HANG,
             "{label}: {left} advisory locks left"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Polls until none of backends `pids` is in `pg_stat_activity` (a closed
-/// session ends asynchronously).
-async fn until_gone(observer: &Client, pids: &BTreeSet<i32>, label: &str) {
-    let list: Vec<i32> = pids.iter().copied().collect();
-    let started = Instant::now();
-    loop {
-        let alive: Vec<i32> = observer
-            .query(
-                "SELECT pid FROM pg_stat_activity WHERE pid = ANY($1)",
-                &[&list],
-            )
-            .await
-            .expect("pg_stat_activity")
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
-        if alive.is_empty() {
-            return;
-        }
-        assert!(
-            started.elapsed() < HANG,
-            "{label}: backends {alive:?} still open"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -424,7 +399,8 @@ async fn multiplexed_locks_on_a_pool_never_go_back_to_it() {
         after.is_disjoint(&multiplexed_pids),
         "a multiplexed lease came back: {after:?} and {multiplexed_pids:?}"
     );
-    until_gone(&observer, &multiplexed_pids, "the multiplexed leases").await;
+    let leases: Vec<i32> = multiplexed_pids.iter().copied().collect();
+    wait_until_gone(&observer, &leases, "the multiplexed leases").await;
     assert_eq!(advisory_locks(&observer).await, 0);
 }
 
@@ -978,7 +954,7 @@ async fn keepalive_against_idle_in_transaction_session_timeout() {
             .await
             .unwrap_or_else(|_| panic!("{name}: lost() did not resolve"));
         assert!(!guard.is_held(), "{name}");
-        until_gone(&observer, &BTreeSet::from([pid]), name).await;
+        wait_until_gone(&observer, &[pid], name).await;
         let other = SessionLock::new(db.config())
             .lock_timeout(Setup { id }, HANG)
             .await

@@ -158,6 +158,34 @@ pub async fn wait_until_not_waiting(observer: &Client, pid: i32) {
     }
 }
 
+/// Waits (up to 60 s, else panics, naming `label`) until none of backends
+/// `pids` is in `pg_stat_activity`: a session that ends (closed,
+/// terminated) does so asynchronously to the test. The deadline guards a
+/// hang and is no timing claim.
+pub async fn wait_until_gone(observer: &Client, pids: &[i32], label: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let alive: Vec<i32> = observer
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE pid = ANY($1)",
+                &[&pids],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        if alive.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{label}: backends {alive:?} still open"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Waits (up to 30 s, else panics) until backend `pid` has finished its
 /// statement and waits for the next one inside its transaction
 /// (`pg_stat_activity.state` is `idle in transaction`, which the backend
