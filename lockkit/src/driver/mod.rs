@@ -13,6 +13,8 @@
 //! time unless it overrides [`Driver::run_round`]), and a round stops at
 //! its first error (what a pipeline would answer too). Session locks' own
 //! runner is a driver too: each of its rounds is one simple-protocol query.
+//! So is tokio-postgres's (in `lockkit` itself), whose rounds are
+//! pipelined.
 //!
 //! # The engine
 //!

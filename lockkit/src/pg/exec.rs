@@ -1,5 +1,8 @@
-//! Runs the engine's statements on a tokio-postgres connection: the only
-//! thing this adapter does for a lock call.
+//! tokio-postgres's [`Driver`]: runs the engine's statements on a
+//! tokio-postgres connection, each round pipelined, with lockkit's
+//! statements prepared once per connection (or unnamed). The only thing
+//! this adapter does for a lock call: the engine and the driver module's
+//! `run_one` and `drive` do the rest, as on every stack.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,12 +14,10 @@ use tokio::sync::OnceCell;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, RowStream};
 
-use crate::driver::Canceller;
-
-use crate::engine::error::Error;
-use crate::engine::guard::Busy;
+use crate::driver::{Async, CancellingPolicy, Driver, SavepointStep};
+use crate::engine::config::StatementMode;
 use crate::engine::{
-    read_reply, Acquisition, DriverError, Grant, Param, ParamType, Reply, ReplyRow, ReplyShape,
+    read_reply, DriverError, Param, ParamType, Policy, Reply, ReplyRow, ReplyShape, SavepointEnd,
     Sql, Statement,
 };
 
@@ -211,57 +212,6 @@ pub(crate) fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
     }
 }
 
-/// Cancels the statements in flight on a connection if dropped armed: a
-/// dropped lock call must not leave the server waiting for its lock. The
-/// one owner of that step, for transaction and session locks alike; each
-/// says what else a drop records (`on_cancel`), and the cancelling itself
-/// is [`Canceller::cancel_until_answered`].
-pub(crate) struct CancelOnDrop<'a, C: FnOnce()> {
-    armed: Option<(&'a Client, &'a Canceller, C)>,
-}
-
-impl<'a, C: FnOnce()> CancelOnDrop<'a, C> {
-    /// Armed: dropped before [`disarm`](Self::disarm), it calls
-    /// `on_cancel` and cancels what is in flight on `client` through
-    /// `canceller`.
-    pub(crate) fn new(client: &'a Client, canceller: &'a Canceller, on_cancel: C) -> Self {
-        CancelOnDrop {
-            armed: Some((client, canceller, on_cancel)),
-        }
-    }
-
-    /// The statements completed: nothing to cancel.
-    pub(crate) fn disarm(&mut self) {
-        self.armed = None;
-    }
-}
-
-impl<C: FnOnce()> Drop for CancelOnDrop<'_, C> {
-    fn drop(&mut self) {
-        if let Some((client, canceller, on_cancel)) = self.armed.take() {
-            on_cancel();
-            canceller.cancel_until_answered(client);
-        }
-    }
-}
-
-/// The guard of statements in flight on `client`: dropped armed (the lock
-/// call's future dropped before they completed), it records that in
-/// `cancelled` and cancels them through `canceller`.
-///
-/// A local of the caller's `async` block, armed before it awaits the
-/// statements and disarmed after: the driver's future (about 1 KB) is then
-/// built in the block's state once, not moved into a wrapper future first.
-fn cancel_guard<'a>(
-    client: &'a Client,
-    canceller: &'a Canceller,
-    cancelled: &'a AtomicBool,
-) -> CancelOnDrop<'a, impl FnOnce() + 'a> {
-    CancelOnDrop::new(client, canceller, move || {
-        cancelled.store(true, Ordering::SeqCst)
-    })
-}
-
 /// Whether tokio-postgres could not read a row as the prepared statement's:
 /// the statement of that name on the server is not the one prepared (a
 /// foreign statement behind a pooler), so the reply is not lockkit's.
@@ -278,51 +228,106 @@ fn foreign_row(e: &tokio_postgres::Error) -> bool {
             })
 }
 
-/// Sends a one-key call's statement on `client` (see
-/// [`OneCall`](crate::driver::OneCall)) and returns its answer.
+/// tokio-postgres as a [`Driver`]: the engine's statements on the
+/// connection of a tokio-postgres [`LockTx`](crate::LockTx), through the
+/// same [`driver::run_one`] and [`driver::drive`] as every adapter's.
 ///
-/// If the future is dropped while the statement is in flight, a cancel
-/// request goes to the server through `canceller`, and `cancelled` records
-/// that, for the transaction's rollback (the dropped call poisons the
-/// transaction).
-pub(crate) async fn send_one(
-    client: &Client,
-    cache: Option<&StatementCache>,
-    canceller: &Canceller,
-    cancelled: &AtomicBool,
-    statement: Statement<'_>,
-) -> Result<Answer, DriverError> {
-    let mut guard = cancel_guard(client, canceller, cancelled);
-    let answer = match cache.filter(|c| c.ready().is_none()) {
-        None => send(client, cache.and_then(StatementCache::ready), &statement).await,
-        // The connection's first lock call: boxed, so that every later
-        // call's future stays small.
-        Some(cache) => Box::pin(preparing(client, cache, send(client, None, &statement))).await,
-    };
-    guard.disarm();
-    answer.map_err(driver_error)
+/// Made per call from the transaction's parts, by value: the tokio-postgres
+/// face takes `&self` (its calls pipeline with the transaction's next
+/// statement), and a [`Client`] runs statements through `&self`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pg<'c>(&'c CancellingPolicy);
+
+impl<'c> Pg<'c> {
+    pub(crate) fn new(locker: &'c CancellingPolicy) -> Self {
+        Pg(locker)
+    }
 }
 
-/// Drives an acquisition to its outcome on `client`, round after round,
-/// each pipelined.
-///
-/// If the future is dropped while a round is in flight, the acquisition
-/// poisons the transaction and a cancel request goes to the server through
-/// `canceller`; `cancelled` records that, for the transaction's rollback.
-pub(crate) async fn drive(
-    client: &Client,
-    cache: Option<&StatementCache>,
-    canceller: &Canceller,
-    cancelled: &AtomicBool,
-    mut call: Acquisition<'_>,
-) -> Result<Result<Grant, Busy>, Error> {
-    while let Some(round) = call.round() {
-        let mut guard = cancel_guard(client, canceller, cancelled);
-        let result = send_round(client, cache, &round).await;
-        guard.disarm();
-        call.receive_answers(result.map_err(driver_error), reply);
+impl AsRef<Policy> for Pg<'_> {
+    fn as_ref(&self) -> &Policy {
+        self.0.policy()
     }
-    call.finish()
+}
+
+/// A tokio-postgres transaction's connection, as its lock calls use it.
+#[derive(Debug)]
+pub(crate) struct PgConn<'c> {
+    pub(crate) client: &'c Client,
+    /// lockkit's statements prepared on the connection, unless its
+    /// statements are unnamed.
+    pub(crate) cache: Option<&'c StatementCache>,
+    /// Set when a call cut off in flight sent a cancel request: the
+    /// transaction's rollback keeps cancelling until it is answered.
+    pub(crate) cancelled: &'c AtomicBool,
+}
+
+impl<'c> Driver for Pg<'c> {
+    type Io = Async;
+    type Conn = PgConn<'c>;
+    type Answer = Answer;
+
+    /// A `PgConn` is made only from an open [`LockTx`](crate::LockTx),
+    /// which owns its transaction.
+    fn in_transaction(_: &mut PgConn<'c>) -> Result<bool, DriverError> {
+        Ok(true)
+    }
+
+    /// The statement, prepared when lockkit's statements are (the
+    /// connection's first lock call prepares them, boxed, so that every
+    /// later call's future stays small), else unnamed.
+    async fn run<'a>(
+        conn: &'a mut PgConn<'c>,
+        statement: Statement<'a>,
+        _: StatementMode,
+    ) -> Result<Answer, DriverError> {
+        let (client, cache) = (conn.client, conn.cache);
+        let answer = match cache.filter(|c| c.ready().is_none()) {
+            None => send(client, cache.and_then(StatementCache::ready), &statement).await,
+            Some(cache) => Box::pin(preparing(client, cache, send(client, None, &statement))).await,
+        };
+        answer.map_err(driver_error)
+    }
+
+    /// Every statement of the round pipelined, sent on the first poll.
+    async fn run_round<'a>(
+        conn: &'a mut PgConn<'c>,
+        round: &'a [Statement<'a>],
+        _: StatementMode,
+    ) -> (Vec<Answer>, Option<DriverError>) {
+        match send_round(conn.client, conn.cache, round).await {
+            Ok(answers) => (answers.into_vec(), None),
+            Err(e) => (Vec::new(), Some(driver_error(e))),
+        }
+    }
+
+    fn reply(statement: &Statement<'_>, answer: &Answer) -> Reply {
+        reply(statement, answer)
+    }
+
+    /// Records the cut-off for the transaction's rollback and cancels what
+    /// is in flight until the server answers
+    /// ([`Canceller::cancel_until_answered`](crate::driver::Canceller)): a dropped lock call must not
+    /// leave the server waiting for its lock.
+    fn cut_off(&self, conn: &mut PgConn<'c>) {
+        conn.cancelled.store(true, Ordering::SeqCst);
+        self.0.canceller().cancel_until_answered(conn.client);
+    }
+
+    /// Never called: a tokio-postgres `LockTx` takes its savepoints through
+    /// tokio-postgres's `Transaction`.
+    fn savepoint<'a>(
+        _: &'a mut PgConn<'c>,
+        _: SavepointStep,
+    ) -> impl Future<Output = Result<(), DriverError>> + Send + 'a {
+        std::future::ready(Err(DriverError::new(
+            "a tokio-postgres LockTx takes its savepoints through its Transaction",
+        )))
+    }
+
+    fn savepoint_dropped(_: &mut PgConn<'c>) -> SavepointEnd {
+        SavepointEnd::Unknown
+    }
 }
 
 /// The engine's error for one of tokio-postgres's.

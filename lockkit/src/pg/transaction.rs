@@ -11,12 +11,13 @@ use futures_util::FutureExt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Transaction;
 
+use crate::driver;
 use crate::engine::error::{Error, Refused};
 use crate::engine::guard::Busy;
 use crate::engine::plan::Mode;
-use crate::engine::{Grant, OneCall, Request, SavepointEnd, TxSlot, TxState, Wait};
+use crate::engine::{Grant, Request, SavepointEnd, TxSlot, TxState, Wait};
 use crate::key::AdvisoryKey;
-use crate::pg::exec::{self, StatementCache};
+use crate::pg::exec::{Pg, PgConn, StatementCache};
 use crate::pg::locker::Locker;
 
 /// The return type of a tokio-postgres [`LockTx`] call whose future
@@ -375,6 +376,16 @@ impl<'c> LockTx<'c> {
         ],
     }
 
+    /// This transaction's connection, as the [`Pg`] driver runs the
+    /// engine's calls on it.
+    fn conn(&self) -> PgConn<'_> {
+        PgConn {
+            client: self.client(),
+            cache: self.cache,
+            cancelled: &self.shared.cancelled,
+        }
+    }
+
     /// A one-key call of one statement (a lock that waits, or a try): its
     /// outcome.
     ///
@@ -390,28 +401,16 @@ impl<'c> LockTx<'c> {
         site: &'static Location<'static>,
     ) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 's {
         async move {
+            let driver = Pg::new(&self.locker.inner);
             let call = self.shared.state.acquire_one(
-                self.locker.policy(),
+                driver.as_ref(),
                 self.depth,
                 (value, mode),
                 try_only,
                 Some(site),
             )?;
-            self.run_one(call).await
+            driver::run_one(&mut self.conn(), &driver, call).await
         }
-    }
-
-    /// Runs a one-key call (a lock, a try, a permit's try) on this
-    /// transaction's connection. Always inlined, as [`LockTx::send_one`].
-    #[inline(always)]
-    fn run_one<'s>(
-        &'s self,
-        call: OneCall<'s>,
-    ) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 's {
-        let (client, cache) = (self.client(), self.cache);
-        let (canceller, cancelled) = (self.locker.inner.canceller(), &self.shared.cancelled);
-        let send = move |statement| exec::send_one(client, cache, canceller, cancelled, statement);
-        call.run(send, exec::reply)
     }
 
     /// A permit's try.
@@ -421,33 +420,28 @@ impl<'c> LockTx<'c> {
         permits: NonZeroU8,
         site: &'static Location<'static>,
     ) -> Result<Result<Grant, Busy>, Error> {
+        let driver = Pg::new(&self.locker.inner);
         let call = self.shared.state.acquire_permit(
-            self.locker.policy(),
+            driver.as_ref(),
             self.depth,
             (value, permits),
             Some(site),
         )?;
-        self.run_one(call).await
+        driver::run_one(&mut self.conn(), &driver, call).await
     }
 
     /// Lets the engine run the general call for `request` on this
-    /// transaction's connection, in the call's span.
+    /// transaction's connection, each round pipelined.
     async fn drive(&self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
-        let policy = self.locker.policy();
+        let driver = Pg::new(&self.locker.inner);
+        let policy = driver.as_ref();
         let call = self
             .shared
             .state
             .acquire(policy, self.depth, request, wait)?;
-        let canceller = self.locker.inner.canceller();
-        call.run(|call| {
-            exec::drive(
-                self.client(),
-                self.cache,
-                canceller,
-                &self.shared.cancelled,
-                call,
-            )
-        })
-        .await
+        let mode = policy.config().statement_mode();
+        let driver = &driver;
+        call.run(|call| async move { driver::drive(&mut self.conn(), driver, mode, call).await })
+            .await
     }
 }

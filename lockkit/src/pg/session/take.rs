@@ -19,6 +19,7 @@ use super::mux::MuxTry;
 use super::simple::simple_round;
 use super::simple::{take_permit, take_xact_lock, Taken};
 use super::{SessionForm, SessionLock};
+use crate::driver::Canceller;
 use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::plan::Mode;
@@ -26,7 +27,6 @@ use crate::engine::sql::{self, timeout_setting, CHECK_CLIENT};
 use crate::engine::Request;
 use crate::engine::Wait;
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
-use crate::pg::exec::CancelOnDrop;
 use crate::pg::locker::server_facts;
 
 impl SessionLock {
@@ -71,7 +71,7 @@ impl SessionLock {
         let (lease, canceller) = self.lease().await?;
         let client = lease.client();
         let known = &self.check_interval_known;
-        let mut cancel = CancelOnDrop::new(client, &canceller, || ());
+        let mut cancel = CancelOnDrop::new(client, &canceller);
         let taken = match (form, take) {
             (SessionForm::SessionLevel, Take::Key(mode)) => self
                 .lock_session_level(&lease, (key, &name), mode, wait, hashtext)
@@ -335,5 +335,36 @@ pub(super) fn one_bool(rows: &[Row]) -> Result<bool, Error> {
         None => Err(Error::unexpected(
             "the lock statement returned NULL, not a bool".into(),
         )),
+    }
+}
+
+/// Cancels what is in flight on a session lock's connection if dropped
+/// armed: a dropped lock call must not leave the server waiting for its
+/// lock. The cancelling is [`Canceller::cancel_until_answered`], as for a
+/// transaction's call cut off in flight.
+struct CancelOnDrop<'a> {
+    armed: Option<(&'a Client, &'a Canceller)>,
+}
+
+impl<'a> CancelOnDrop<'a> {
+    /// Armed: dropped before [`disarm`](Self::disarm), it cancels what is in
+    /// flight on `client` through `canceller`.
+    fn new(client: &'a Client, canceller: &'a Canceller) -> Self {
+        CancelOnDrop {
+            armed: Some((client, canceller)),
+        }
+    }
+
+    /// The statements completed: nothing to cancel.
+    fn disarm(&mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some((client, canceller)) = self.armed.take() {
+            canceller.cancel_until_answered(client);
+        }
     }
 }
