@@ -19,15 +19,20 @@
 //! `include_str!` reads relative to the file that invokes it), the
 //! bookkeeping reads, and the steps the calls share (the permit's
 //! try-then-wait, the general call for one key or a batch, the guards).
-//! Each face writes what the macro calls: `send_one` (the engine's
-//! one-statement call), `try_permit` and `drive` (the engine's general
-//! call) on its connection; `tx_state`, what the transaction holds; and
-//! `out`, what a call returns made from its future.
+//! The calls reach the connection through the face's
+//! [`Driver`](crate::driver::Driver) (tokio-postgres's is `pg::exec::Pg`),
+//! by the same `driver::run_one` and `driver::drive` on every stack. Each
+//! face writes only what the macro calls: `parts`, what a lock call needs
+//! of it (what the transaction holds, the connection, the driver, the
+//! savepoint depth; the generic face first checks that a transaction is
+//! open); `tx_state`, what the transaction holds; and `out`, what a call
+//! returns made from its future.
 
 /// Writes the lock calls of a `LockTx` face (see the module docs).
 ///
 /// - `recv`: the calls' receiver, `&` (`&self`) or `&mut` (`&mut self`);
 /// - `locker`: the locker's type;
+/// - `driver`: the [`Driver`](crate::driver::Driver) that runs the calls;
 /// - `guard`: the guards' lifetime (`'_`: the receiver's);
 /// - `ret`: a macro that writes a call's return type from `[K]` (the key
 ///   type, or nothing) and the call's output;
@@ -36,6 +41,7 @@ macro_rules! lock_tx_calls {
     (
         recv: [$($recv:tt)*],
         locker: $locker:ty,
+        driver: $d:ty,
         guard: $g:lifetime,
         ret: $ret:ident,
         batch_docs: [$(#[$batch_doc:meta])*] $(,)?
@@ -259,6 +265,58 @@ macro_rules! lock_tx_calls {
                     $crate::engine::Grant::lock(self.drive(request, wait).await, value)
                 }
             }
+        }
+
+        /// A one-key call of one statement (a lock that waits, or a try),
+        /// run by the driver: the engine's fast path.
+        ///
+        /// Always inlined, as the engine's hot path is: the statement's
+        /// future is then built in the lock call's own state, not returned
+        /// from here and copied there.
+        #[inline(always)]
+        async fn send_one<K: $crate::AdvisoryKey>(
+            $($recv)* self,
+            value: &K,
+            mode: $crate::Mode,
+            try_only: bool,
+            site: &'static ::std::panic::Location<'static>,
+        ) -> Result<Result<$crate::engine::Grant, $crate::Busy>, $crate::Error> {
+            let (state, mut conn, driver, depth) = self.parts()?;
+            let policy = AsRef::<$crate::engine::Policy>::as_ref(&driver);
+            let call = state.acquire_one(policy, depth, (value, mode), try_only, Some(site))?;
+            let conn = ::std::borrow::BorrowMut::borrow_mut(&mut conn);
+            $crate::driver::run_one::<$d>(conn, ::std::borrow::Borrow::borrow(&driver), call).await
+        }
+
+        /// A permit's try, run by the driver.
+        async fn try_permit<K: $crate::AdvisoryKey>(
+            $($recv)* self,
+            value: &K,
+            permits: ::std::num::NonZeroU8,
+            site: &'static ::std::panic::Location<'static>,
+        ) -> Result<Result<$crate::engine::Grant, $crate::Busy>, $crate::Error> {
+            let (state, mut conn, driver, depth) = self.parts()?;
+            let policy = AsRef::<$crate::engine::Policy>::as_ref(&driver);
+            let call = state.acquire_permit(policy, depth, (value, permits), Some(site))?;
+            let conn = ::std::borrow::BorrowMut::borrow_mut(&mut conn);
+            $crate::driver::run_one::<$d>(conn, ::std::borrow::Borrow::borrow(&driver), call).await
+        }
+
+        /// The engine's general call for `request`, run by the driver round
+        /// after round, in the call's span.
+        async fn drive(
+            $($recv)* self,
+            request: $crate::engine::Request,
+            wait: $crate::engine::Wait,
+        ) -> Result<Result<$crate::engine::Grant, $crate::Busy>, $crate::Error> {
+            let (state, mut conn, driver, depth) = self.parts()?;
+            let policy = AsRef::<$crate::engine::Policy>::as_ref(&driver);
+            let call = state.acquire(policy, depth, request, wait)?;
+            let mode = policy.config().statement_mode();
+            let conn = ::std::borrow::BorrowMut::borrow_mut(&mut conn);
+            let driver = ::std::borrow::Borrow::borrow(&driver);
+            call.run(|call| $crate::driver::drive::<$d>(conn, driver, mode, call))
+                .await
         }
     };
 }

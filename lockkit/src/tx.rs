@@ -4,15 +4,13 @@
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::num::NonZeroU8;
 use std::ops::{Deref, DerefMut};
-use std::panic::Location;
 use std::pin::Pin;
 
-use crate::driver::{self, Async, Blocking, Driver, DriverError, Io, SavepointStep};
+use crate::driver::{Async, Blocking, Driver, DriverError, Io, SavepointStep};
 use crate::engine::error::Refused;
-use crate::engine::{Grant, Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait};
-use crate::{AdvisoryKey, Busy, Error, ErrorKind, Mode};
+use crate::engine::{SavepointEnd, SavepointEnding, TxSlot, TxState};
+use crate::{Error, ErrorKind};
 
 /// The future a closure of [`LockTx::savepoint`] (or of an adapter's
 /// `transaction`) returns: boxed, as with sqlx's own
@@ -189,52 +187,18 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
     crate::lock_tx::lock_tx_calls! {
         recv: [&mut],
         locker: D,
+        driver: D,
         guard: 't,
         ret: ret,
         batch_docs: [],
     }
 
-    /// Checks that a transaction is open, then runs a permit's try.
-    async fn try_permit<K: AdvisoryKey>(
-        &mut self,
-        value: &K,
-        permits: NonZeroU8,
-        site: &'static Location<'static>,
-    ) -> Result<Result<Grant, Busy>, Error> {
+    /// What a lock call needs, once a transaction is known to be open:
+    /// what it holds, the connection, the driver, the depth.
+    #[allow(clippy::type_complexity)]
+    fn parts(&mut self) -> Result<(&TxState, &mut D::Conn, &D, u32), Error> {
         self.check_in_transaction()?;
-        let policy = self.locker.as_ref();
-        let call = self
-            .state
-            .acquire_permit(policy, self.depth, (value, permits), Some(site))?;
-        driver::run_one(self.conn, &self.locker, call).await
-    }
-
-    /// Checks that a transaction is open, then runs a one-key call of one
-    /// statement (a lock that waits, or a try) asked for at `site`: the
-    /// engine's fast path.
-    async fn send_one<K: AdvisoryKey>(
-        &mut self,
-        value: &K,
-        mode: Mode,
-        try_only: bool,
-        site: &'static Location<'static>,
-    ) -> Result<Result<Grant, Busy>, Error> {
-        self.check_in_transaction()?;
-        let policy = self.locker.as_ref();
-        let call =
-            self.state
-                .acquire_one(policy, self.depth, (value, mode), try_only, Some(site))?;
-        driver::run_one(self.conn, &self.locker, call).await
-    }
-
-    /// Checks that a transaction is open, then lets the engine run the call.
-    async fn drive(&mut self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
-        self.check_in_transaction()?;
-        let policy = self.locker.as_ref();
-        let call = self.state.acquire(policy, self.depth, request, wait)?;
-        let mode = policy.config().statement_mode();
-        call.run(|call| driver::drive::<D>(self.conn, &self.locker, mode, call))
-            .await
+        Ok((&self.state, &mut *self.conn, &self.locker, self.depth))
     }
 
     /// A lock call outside a transaction (the driver's transaction already

@@ -2,21 +2,15 @@
 
 use std::fmt;
 use std::future::Future;
-use std::num::NonZeroU8;
 use std::ops::Deref;
-use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::FutureExt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Transaction;
 
-use crate::driver;
 use crate::engine::error::{Error, Refused};
-use crate::engine::guard::Busy;
-use crate::engine::plan::Mode;
-use crate::engine::{Grant, Request, SavepointEnd, TxSlot, TxState, Wait};
-use crate::key::AdvisoryKey;
+use crate::engine::{SavepointEnd, TxSlot, TxState};
 use crate::pg::exec::{Pg, PgConn, StatementCache};
 use crate::pg::locker::Locker;
 
@@ -323,6 +317,7 @@ impl<'c> LockTx<'c> {
     crate::lock_tx::lock_tx_calls! {
         recv: [&],
         locker: Locker,
+        driver: Pg<'_>,
         guard: '_,
         ret: ret,
         batch_docs: [
@@ -376,72 +371,22 @@ impl<'c> LockTx<'c> {
         ],
     }
 
-    /// This transaction's connection, as the [`Pg`] driver runs the
-    /// engine's calls on it.
-    fn conn(&self) -> PgConn<'_> {
-        PgConn {
+    /// What a lock call needs: what the transaction holds, its connection
+    /// and the [`Pg`] driver that runs the engine's statements on it, the
+    /// depth. It owns its transaction, so one is open.
+    #[inline(always)]
+    #[allow(clippy::type_complexity)]
+    fn parts(&self) -> Result<(&TxState, PgConn<'_>, Pg<'_>, u32), Error> {
+        let conn = PgConn {
             client: self.client(),
             cache: self.cache,
             cancelled: &self.shared.cancelled,
-        }
-    }
-
-    /// A one-key call of one statement (a lock that waits, or a try): its
-    /// outcome.
-    ///
-    /// Always inlined, as the engine's hot path is: the statement's future
-    /// is then built in the lock call's own state, not returned from here
-    /// and copied there.
-    #[inline(always)]
-    fn send_one<'s, K: AdvisoryKey>(
-        &'s self,
-        value: &'s K,
-        mode: Mode,
-        try_only: bool,
-        site: &'static Location<'static>,
-    ) -> impl Future<Output = Result<Result<Grant, Busy>, Error>> + 's {
-        async move {
-            let driver = Pg::new(&self.locker.inner);
-            let call = self.shared.state.acquire_one(
-                driver.as_ref(),
-                self.depth,
-                (value, mode),
-                try_only,
-                Some(site),
-            )?;
-            driver::run_one(&mut self.conn(), &driver, call).await
-        }
-    }
-
-    /// A permit's try.
-    async fn try_permit<K: AdvisoryKey>(
-        &self,
-        value: &K,
-        permits: NonZeroU8,
-        site: &'static Location<'static>,
-    ) -> Result<Result<Grant, Busy>, Error> {
-        let driver = Pg::new(&self.locker.inner);
-        let call = self.shared.state.acquire_permit(
-            driver.as_ref(),
+        };
+        Ok((
+            &self.shared.state,
+            conn,
+            Pg::new(&self.locker.inner),
             self.depth,
-            (value, permits),
-            Some(site),
-        )?;
-        driver::run_one(&mut self.conn(), &driver, call).await
-    }
-
-    /// Lets the engine run the general call for `request` on this
-    /// transaction's connection, each round pipelined.
-    async fn drive(&self, request: Request, wait: Wait) -> Result<Result<Grant, Busy>, Error> {
-        let driver = Pg::new(&self.locker.inner);
-        let policy = driver.as_ref();
-        let call = self
-            .shared
-            .state
-            .acquire(policy, self.depth, request, wait)?;
-        let mode = policy.config().statement_mode();
-        let driver = &driver;
-        call.run(|call| async move { driver::drive(&mut self.conn(), driver, mode, call).await })
-            .await
+        ))
     }
 }
