@@ -154,7 +154,7 @@ impl<D: Driver> Drop for SavepointGuard<'_, '_, D> {
 
 impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
     /// A top-level `LockTx` over the transaction open on `conn`
-    /// ([`driver::lock_tx`]).
+    /// ([`driver::lock_tx`](crate::driver::lock_tx)).
     pub(crate) fn attach(locker: &D, conn: &'t mut D::Conn) -> Result<Self, Error> {
         if !D::in_transaction(conn).map_err(|e| e.into_error())? {
             return Err(Error::from(ErrorKind::NotInTransaction));

@@ -230,7 +230,8 @@ fn foreign_row(e: &tokio_postgres::Error) -> bool {
 
 /// tokio-postgres as a [`Driver`]: the engine's statements on the
 /// connection of a tokio-postgres [`LockTx`](crate::LockTx), through the
-/// same [`driver::run_one`] and [`driver::drive`] as every adapter's.
+/// same [`run_one`](crate::driver::run_one) and
+/// [`drive`](crate::driver::drive) as every adapter's.
 ///
 /// Made per call from the transaction's parts, by value: the tokio-postgres
 /// face takes `&self` (its calls pipeline with the transaction's next
@@ -289,7 +290,9 @@ impl<'c> Driver for Pg<'c> {
         answer.map_err(driver_error)
     }
 
-    /// Every statement of the round pipelined, sent on the first poll.
+    /// Every statement of the round pipelined, sent on the first poll. A
+    /// round that fails answers its error alone, without the answers of
+    /// the statements before it: `drive` reads a failed round by its error.
     async fn run_round<'a>(
         conn: &'a mut PgConn<'c>,
         round: &'a [Statement<'a>],
@@ -307,8 +310,8 @@ impl<'c> Driver for Pg<'c> {
 
     /// Records the cut-off for the transaction's rollback and cancels what
     /// is in flight until the server answers
-    /// ([`Canceller::cancel_until_answered`](crate::driver::Canceller)): a dropped lock call must not
-    /// leave the server waiting for its lock.
+    /// ([`Canceller`](crate::driver::Canceller)'s `cancel_until_answered`):
+    /// a dropped lock call must not leave the server waiting for its lock.
     fn cut_off(&self, conn: &mut PgConn<'c>) {
         conn.cancelled.store(true, Ordering::SeqCst);
         self.0.canceller().cancel_until_answered(conn.client);
