@@ -24,7 +24,7 @@ use diesel_async::{
 use lockkit::driver::diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
 use lockkit::driver::{
     sql, Async, Driver, DriverError, FactsRow, Reply, ReplyShape, SavepointEnd, SavepointStep,
-    Statement, HASHTEXT_PROBES,
+    Statement, Transactions, HASHTEXT_PROBES,
 };
 use lockkit::tx::BoxFuture;
 use lockkit::{Error, StatementMode};
@@ -128,13 +128,6 @@ impl Driver for Locker {
     type Conn = AsyncPgConnection;
     type Answer = Answer;
 
-    /// Fails when a cut-off call put the transaction manager in error.
-    fn in_transaction(conn: &mut AsyncPgConnection) -> Result<bool, DriverError> {
-        transaction_depth(conn)
-            .map(|depth| depth > 0)
-            .map_err(driver_error)
-    }
-
     fn run<'a>(
         conn: &'a mut AsyncPgConnection,
         stmt: Statement<'a>,
@@ -174,6 +167,15 @@ impl Driver for Locker {
     fn cut_off(&self, conn: &mut AsyncPgConnection) {
         abandon_transaction(conn);
         self.inner.canceller().cancel(conn.cancel_token());
+    }
+}
+
+impl Transactions for Locker {
+    /// Fails when a cut-off call put the transaction manager in error.
+    fn in_transaction(conn: &mut AsyncPgConnection) -> Result<bool, DriverError> {
+        transaction_depth(conn)
+            .map(|depth| depth > 0)
+            .map_err(driver_error)
     }
 
     fn savepoint(

@@ -11,7 +11,7 @@ use diesel::{sql_query, PgConnection, QueryResult, RunQueryDsl};
 use lockkit::driver::diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
 use lockkit::driver::{
     sql, Blocking, Driver, DriverError, FactsRow, Reply, ReplyShape, SavepointEnd, SavepointStep,
-    Statement, HASHTEXT_PROBES,
+    Statement, Transactions, HASHTEXT_PROBES,
 };
 use lockkit::StatementMode;
 
@@ -59,10 +59,6 @@ impl Driver for Locker {
     type Conn = PgConnection;
     type Answer = Answer;
 
-    fn in_transaction(conn: &mut PgConnection) -> Result<bool, DriverError> {
-        Ok(transaction_depth(conn)? > 0)
-    }
-
     fn run<'a>(
         conn: &'a mut PgConnection,
         stmt: Statement<'a>,
@@ -77,6 +73,12 @@ impl Driver for Locker {
 
     /// A blocking call is never cut off in flight.
     fn cut_off(&self, _: &mut PgConnection) {}
+}
+
+impl Transactions for Locker {
+    fn in_transaction(conn: &mut PgConnection) -> Result<bool, DriverError> {
+        Ok(transaction_depth(conn)? > 0)
+    }
 
     fn savepoint(
         conn: &mut PgConnection,

@@ -14,7 +14,7 @@ use std::future::Future;
 use futures_util::{TryFutureExt, TryStreamExt};
 use lockkit::driver::{
     read_reply, Async, Driver, DriverError, Param, Reply, ReplyRow, ReplyShape, SavepointEnd,
-    SavepointStep, Statement,
+    SavepointStep, Statement, Transactions,
 };
 use lockkit::StatementMode;
 use smallvec::SmallVec;
@@ -114,10 +114,6 @@ impl Driver for Locker {
     type Conn = PgConnection;
     type Answer = Answer;
 
-    fn in_transaction(conn: &mut PgConnection) -> Result<bool, DriverError> {
-        Ok(conn.is_in_transaction())
-    }
-
     async fn run<'a>(
         conn: &'a mut PgConnection,
         stmt: Statement<'a>,
@@ -154,6 +150,12 @@ impl Driver for Locker {
     /// sqlx has no cancel request: the server keeps waiting for the lock,
     /// and sqlx's next use of the connection first waits for its reply.
     fn cut_off(&self, _: &mut PgConnection) {}
+}
+
+impl Transactions for Locker {
+    fn in_transaction(conn: &mut PgConnection) -> Result<bool, DriverError> {
+        Ok(conn.is_in_transaction())
+    }
 
     fn savepoint(
         conn: &mut PgConnection,

@@ -284,8 +284,7 @@ macro_rules! lock_tx_calls {
             let (state, mut conn, driver, depth) = self.parts()?;
             let policy = AsRef::<$crate::engine::Policy>::as_ref(&driver);
             let call = state.acquire_one(policy, depth, (value, mode), try_only, Some(site))?;
-            let conn = ::std::borrow::BorrowMut::borrow_mut(&mut conn);
-            $crate::driver::run_one::<$d>(conn, ::std::borrow::Borrow::borrow(&driver), call).await
+            $crate::driver::run_one::<$d>(&mut conn, &driver, call).await
         }
 
         /// A permit's try, run by the driver.
@@ -298,8 +297,7 @@ macro_rules! lock_tx_calls {
             let (state, mut conn, driver, depth) = self.parts()?;
             let policy = AsRef::<$crate::engine::Policy>::as_ref(&driver);
             let call = state.acquire_permit(policy, depth, (value, permits), Some(site))?;
-            let conn = ::std::borrow::BorrowMut::borrow_mut(&mut conn);
-            $crate::driver::run_one::<$d>(conn, ::std::borrow::Borrow::borrow(&driver), call).await
+            $crate::driver::run_one::<$d>(&mut conn, &driver, call).await
         }
 
         /// The engine's general call for `request`, run by the driver round
@@ -313,8 +311,8 @@ macro_rules! lock_tx_calls {
             let policy = AsRef::<$crate::engine::Policy>::as_ref(&driver);
             let call = state.acquire(policy, depth, request, wait)?;
             let mode = policy.config().statement_mode();
-            let conn = ::std::borrow::BorrowMut::borrow_mut(&mut conn);
-            let driver = ::std::borrow::Borrow::borrow(&driver);
+            let conn: &mut <$d as $crate::driver::Driver>::Conn = &mut conn;
+            let driver: &$d = &driver;
             call.run(|call| $crate::driver::drive::<$d>(conn, driver, mode, call))
                 .await
         }

@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
 
-use crate::driver::{Async, Blocking, Driver, DriverError, Io, SavepointStep};
+use crate::driver::{Async, Blocking, Driver, DriverError, Io, SavepointStep, Transactions};
 use crate::engine::error::Refused;
 use crate::engine::{SavepointEnd, SavepointEnding, TxSlot, TxState};
 use crate::{Error, ErrorKind};
@@ -73,7 +73,7 @@ macro_rules! ret {
 /// three.
 ///
 /// ```
-/// use lockkit::driver::{Async, Driver};
+/// use lockkit::driver::{Async, Transactions};
 /// use lockkit::tx::LockTx;
 /// use lockkit::{AdvisoryKey, Batch, Mode};
 ///
@@ -83,7 +83,7 @@ macro_rules! ret {
 /// }
 ///
 /// // The same code over every async stack's `LockTx`.
-/// async fn transfer<D: Driver<Io = Async>>(tx: &mut LockTx<'_, D>) -> Result<(), lockkit::Error> {
+/// async fn transfer<D: Transactions<Io = Async>>(tx: &mut LockTx<'_, D>) -> Result<(), lockkit::Error> {
 ///     let batch = Batch::new().with(&Account { id: 7 }).with(&Account { id: 3 });
 ///     let _held = tx.lock_batch(&batch).await?; // until COMMIT or ROLLBACK
 ///     assert!(tx.holds(&Account { id: 3 }, Mode::Exclusive));
@@ -125,13 +125,13 @@ impl<D: Driver, M: Io> DerefMut for LockTx<'_, D, M> {
 
 /// Records how a savepoint ended; dropped before that (its closure
 /// panicked, or its future was dropped), it lets the driver settle the
-/// connection ([`Driver::savepoint_dropped`]).
-struct SavepointGuard<'s, 'c, D: Driver> {
+/// connection ([`Transactions::savepoint_dropped`]).
+struct SavepointGuard<'s, 'c, D: Transactions> {
     ending: SavepointEnding<'s>,
     conn: &'c mut D::Conn,
 }
 
-impl<D: Driver> SavepointGuard<'_, '_, D> {
+impl<D: Transactions> SavepointGuard<'_, '_, D> {
     /// Rolls the savepoint (or the transaction) back, and records how it
     /// ended: rolled back, or unknown when the rollback failed.
     async fn roll_back(&mut self) -> Result<(), DriverError> {
@@ -144,7 +144,7 @@ impl<D: Driver> SavepointGuard<'_, '_, D> {
     }
 }
 
-impl<D: Driver> Drop for SavepointGuard<'_, '_, D> {
+impl<D: Transactions> Drop for SavepointGuard<'_, '_, D> {
     fn drop(&mut self) {
         if self.ending.is_pending() && D::savepoint_dropped(self.conn) == SavepointEnd::Unknown {
             self.ending.record(SavepointEnd::Unknown);
@@ -152,7 +152,7 @@ impl<D: Driver> Drop for SavepointGuard<'_, '_, D> {
     }
 }
 
-impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
+impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
     /// A top-level `LockTx` over the transaction open on `conn`
     /// ([`driver::lock_tx`](crate::driver::lock_tx)).
     pub(crate) fn attach(locker: &D, conn: &'t mut D::Conn) -> Result<Self, Error> {
@@ -218,13 +218,13 @@ impl<'t, M: Io, D: Driver<Io = M>> LockTx<'t, D, M> {
 /// connection through the driver: the steps every closure form shares
 /// (savepoints, and an adapter's `transaction`), around the application's
 /// closure, which each form calls as its stack does.
-pub(crate) struct Scope<'s, 'c, D: Driver> {
+pub(crate) struct Scope<'s, 'c, D: Transactions> {
     guard: SavepointGuard<'s, 'c, D>,
     state: &'s TxState,
     depth: u32,
 }
 
-impl<'s, 'c, D: Driver> Scope<'s, 'c, D> {
+impl<'s, 'c, D: Transactions> Scope<'s, 'c, D> {
     /// Opens the savepoint at `depth` (`SAVEPOINT`, or `BEGIN` when no
     /// transaction is open) for `state`'s bookkeeping.
     pub(crate) async fn begin(
@@ -299,7 +299,7 @@ impl<'s, 'c, D: Driver> Scope<'s, 'c, D> {
     }
 }
 
-impl<'t, D: Driver<Io = Async>> LockTx<'t, D, Async> {
+impl<'t, D: Transactions<Io = Async>> LockTx<'t, D, Async> {
     /// Runs `f` in a savepoint (the driver's nested transaction): released
     /// when `f` returns `Ok`, rolled back when it returns `Err`. Locks taken
     /// in a rolled-back savepoint are released by the server and forgotten
@@ -320,11 +320,11 @@ impl<'t, D: Driver<Io = Async>> LockTx<'t, D, Async> {
     ///   rather than report a commit, and a pool discards the connection.
     ///
     /// ```
-    /// # use lockkit::driver::{Async, Driver};
+    /// # use lockkit::driver::{Async, Transactions};
     /// # use lockkit::tx::LockTx;
     /// # use lockkit::{AdvisoryKey, Mode};
     /// # #[derive(AdvisoryKey)] struct Job { id: i64 }
-    /// # async fn run<D: Driver<Io = Async>>(tx: &mut LockTx<'_, D>) -> Result<(), lockkit::Error> {
+    /// # async fn run<D: Transactions<Io = Async>>(tx: &mut LockTx<'_, D>) -> Result<(), lockkit::Error> {
     /// let outcome = tx
     ///     .savepoint(|sp| {
     ///         Box::pin(async move {
@@ -365,7 +365,7 @@ impl<'t, D: Driver<Io = Async>> LockTx<'t, D, Async> {
     }
 }
 
-impl<'t, D: Driver<Io = Blocking>> LockTx<'t, D, Blocking> {
+impl<'t, D: Transactions<Io = Blocking>> LockTx<'t, D, Blocking> {
     /// Runs `f` in a savepoint (the driver's nested transaction): released
     /// when `f` returns `Ok`, rolled back when it returns `Err` or panics.
     /// Locks taken in a rolled-back savepoint are released by the server

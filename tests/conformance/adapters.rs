@@ -13,7 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit::driver::{Async, Driver};
+use lockkit::driver::{Async, Transactions};
 use lockkit::tx::LockTx;
 use lockkit::{Config, Error};
 use lockkit_tests::TestServer;
@@ -42,7 +42,7 @@ const PANIC: &str = "deliberate panic inside the transaction (expected by the co
 /// An async stack whose `LockTx` is lockkit's one [`LockTx`] over its
 /// `Locker` (sqlx, diesel-async), implemented by that `Locker`: what the
 /// shared command loop needs beyond the `LockTx`.
-pub(crate) trait AsyncStack: Driver<Io = Async> {
+pub(crate) trait AsyncStack: Transactions<Io = Async> {
     /// `Op::Increment` through the stack's own query API: reads row
     /// `row`'s `n`, then writes `n + 1`.
     fn increment(

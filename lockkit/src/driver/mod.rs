@@ -2,9 +2,10 @@
 //! connection.
 //!
 //! An adapter is a [`Driver`] (it runs the engine's statements on its
-//! connection, reads the answers into the engine's replies, reports the
-//! transaction depth, ends savepoints, and settles a call cut off in
-//! flight), its entry points, its error conversion and its re-exports.
+//! connection, reads the answers into the engine's replies, and settles a
+//! call cut off in flight) with its stack's [`Transactions`] (whether a
+//! transaction is open, savepoint steps), its entry points, its error
+//! conversion and its re-exports.
 //! Everything else of a lock call (the checks, the plan, the rounds, the
 //! reply checks, the bookkeeping, the guards, the savepoint's bookkeeping)
 //! is [`LockTx`]'s and the engine's, written once.
@@ -178,13 +179,6 @@ pub trait Driver: AsRef<Policy> + Clone + fmt::Debug + Sized + Send + Sync {
     /// What the server answered one statement, before the engine reads it.
     type Answer: Send;
 
-    /// Whether a transaction is open on `conn`.
-    ///
-    /// # Errors
-    ///
-    /// When the driver cannot tell (a transaction manager in error).
-    fn in_transaction(conn: &mut Self::Conn) -> Result<bool, DriverError>;
-
     /// Runs one statement on `conn` (prepared as `mode` says, where the
     /// statement has parameters).
     ///
@@ -238,6 +232,22 @@ pub trait Driver: AsRef<Policy> + Clone + fmt::Debug + Sized + Send + Sync {
     /// committed. The engine has already poisoned the transaction's
     /// bookkeeping.
     fn cut_off(&self, conn: &mut Self::Conn);
+}
+
+/// A stack's transaction manager, as the generic [`LockTx`] uses it: the
+/// `LockTx` borrows a connection whose transaction the stack opens and
+/// ends, so it asks the driver whether one is open and takes its
+/// savepoints (and its closure forms' transactions) through it. Every
+/// adapter's driver implements it; tokio-postgres's `LockTx` owns its
+/// `Transaction`, and session locks run their own, so their drivers do
+/// not.
+pub trait Transactions: Driver {
+    /// Whether a transaction is open on `conn`.
+    ///
+    /// # Errors
+    ///
+    /// When the driver cannot tell (a transaction manager in error).
+    fn in_transaction(conn: &mut Self::Conn) -> Result<bool, DriverError>;
 
     /// Takes one step of a savepoint through the driver's transaction
     /// manager, on the innermost savepoint (at depth 0, `BEGIN` opens the
@@ -260,7 +270,7 @@ pub trait Driver: AsRef<Policy> + Clone + fmt::Debug + Sized + Send + Sync {
 }
 
 /// A step of a savepoint, or of a transaction the driver's transaction
-/// manager begins ([`Driver::savepoint`]).
+/// manager begins ([`Transactions::savepoint`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SavepointStep {
     /// `SAVEPOINT`, or `BEGIN` outside a transaction.
@@ -279,14 +289,17 @@ pub enum SavepointStep {
 /// [`ErrorKind::NotInTransaction`](crate::ErrorKind::NotInTransaction) when
 /// no transaction is open on `conn`, or the driver's error when it cannot
 /// tell.
-pub fn lock_tx<'t, D: Driver>(locker: &D, conn: &'t mut D::Conn) -> Result<LockTx<'t, D>, Error> {
+pub fn lock_tx<'t, D: Transactions>(
+    locker: &D,
+    conn: &'t mut D::Conn,
+) -> Result<LockTx<'t, D>, Error> {
     LockTx::attach(locker, conn)
 }
 
 /// Runs `f` in a new transaction begun on `conn` (a savepoint, when one is
 /// open there) with a [`LockTx`]: commits when `f` returns `Ok`, rolls back
 /// when it returns `Err`; dropped, the transaction ends as
-/// [`Driver::savepoint_dropped`] says. An async adapter's `transaction`.
+/// [`Transactions::savepoint_dropped`] says. An async adapter's `transaction`.
 ///
 /// # Errors
 ///
@@ -299,10 +312,10 @@ pub fn lock_tx<'t, D: Driver>(locker: &D, conn: &'t mut D::Conn) -> Result<LockT
 ///
 /// # Cancel safety
 ///
-/// Dropped, the transaction ends as [`Driver::savepoint_dropped`] says.
+/// Dropped, the transaction ends as [`Transactions::savepoint_dropped`] says.
 pub async fn transaction<D, R, E, F>(locker: &D, conn: &mut D::Conn, f: F) -> Result<R, E>
 where
-    D: Driver<Io = Async>,
+    D: Transactions<Io = Async>,
     F: for<'a, 's> FnOnce(&'a mut LockTx<'s, D>) -> BoxFuture<'a, Result<R, E>>,
     E: From<Error>,
 {
@@ -320,7 +333,7 @@ where
 /// As [`transaction`].
 pub fn transaction_blocking<D, R, E, F>(locker: &D, conn: &mut D::Conn, f: F) -> Result<R, E>
 where
-    D: Driver<Io = Blocking>,
+    D: Transactions<Io = Blocking>,
     F: FnOnce(&mut LockTx<'_, D>) -> Result<R, E>,
     E: From<Error>,
 {

@@ -14,11 +14,10 @@ use tokio::sync::OnceCell;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, RowStream};
 
-use crate::driver::{Async, CancellingPolicy, Driver, SavepointStep};
+use crate::driver::{Async, CancellingPolicy, Driver};
 use crate::engine::config::StatementMode;
 use crate::engine::{
-    read_reply, DriverError, Param, ParamType, Policy, Reply, ReplyRow, ReplyShape, SavepointEnd,
-    Sql, Statement,
+    read_reply, DriverError, Param, ParamType, Policy, Reply, ReplyRow, ReplyShape, Sql, Statement,
 };
 
 /// lockkit's statements prepared on one connection, prepared all at once
@@ -268,12 +267,6 @@ impl<'c> Driver for Pg<'c> {
     type Conn = PgConn<'c>;
     type Answer = Answer;
 
-    /// A `PgConn` is made only from an open [`LockTx`](crate::LockTx),
-    /// which owns its transaction.
-    fn in_transaction(_: &mut PgConn<'c>) -> Result<bool, DriverError> {
-        Ok(true)
-    }
-
     /// The statement, prepared when lockkit's statements are (the
     /// connection's first lock call prepares them, boxed, so that every
     /// later call's future stays small), else unnamed.
@@ -315,21 +308,6 @@ impl<'c> Driver for Pg<'c> {
     fn cut_off(&self, conn: &mut PgConn<'c>) {
         conn.cancelled.store(true, Ordering::SeqCst);
         self.0.canceller().cancel_until_answered(conn.client);
-    }
-
-    /// Never called: a tokio-postgres `LockTx` takes its savepoints through
-    /// tokio-postgres's `Transaction`.
-    fn savepoint<'a>(
-        _: &'a mut PgConn<'c>,
-        _: SavepointStep,
-    ) -> impl Future<Output = Result<(), DriverError>> + Send + 'a {
-        std::future::ready(Err(DriverError::new(
-            "a tokio-postgres LockTx takes its savepoints through its Transaction",
-        )))
-    }
-
-    fn savepoint_dropped(_: &mut PgConn<'c>) -> SavepointEnd {
-        SavepointEnd::Unknown
     }
 }
 

@@ -16,14 +16,13 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 use super::take::{one_row, AppName};
-use crate::driver::{drive, run_one, Async, Driver, SavepointStep};
+use crate::driver::{drive, run_one, Async, Driver};
 use crate::engine::error::{DriverError, Error};
 use crate::engine::facts::ServerFacts;
 use crate::engine::guard::Busy;
 use crate::engine::sql;
 use crate::engine::{
-    read_reply, Grant, Policy, Reply, ReplyRow, ReplyShape, Request, SavepointEnd, Statement,
-    TxState, Wait,
+    read_reply, Grant, Policy, Reply, ReplyRow, ReplyShape, Request, Statement, TxState, Wait,
 };
 use crate::key::{AdvisoryKey, LockKey};
 use crate::StatementMode::{self, Unnamed};
@@ -176,11 +175,6 @@ impl<'c> Driver for Simple<'c> {
     /// commands: a savepoint rollback).
     type Answer = Vec<SimpleRow>;
 
-    /// The first round opens the transaction; the engine asks nothing else.
-    fn in_transaction(_: &mut SimpleConn<'c>) -> Result<bool, DriverError> {
-        Ok(true)
-    }
-
     async fn run<'a>(
         conn: &'a mut SimpleConn<'c>,
         statement: Statement<'a>,
@@ -210,19 +204,6 @@ impl<'c> Driver for Simple<'c> {
     /// Nothing: the lock call's own guard cancels the query and closes the
     /// connection (`acquire_own`).
     fn cut_off(&self, _: &mut SimpleConn<'c>) {}
-
-    /// A session lock takes no savepoints of its own: the engine's timed
-    /// calls write theirs into their rounds.
-    fn savepoint<'a>(
-        _: &'a mut SimpleConn<'c>,
-        _: SavepointStep,
-    ) -> impl Future<Output = Result<(), DriverError>> + Send + 'a {
-        std::future::ready(Err(DriverError::new("session locks take no savepoints")))
-    }
-
-    fn savepoint_dropped(_: &mut SimpleConn<'c>) -> SavepointEnd {
-        SavepointEnd::Unknown
-    }
 }
 
 /// Sends `round` on `conn` as one simple-protocol query, behind `BEGIN`
