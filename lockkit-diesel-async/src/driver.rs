@@ -121,8 +121,10 @@ pub(crate) fn lock_error(e: diesel::result::Error) -> Error {
     driver_error(e).into_error()
 }
 
-/// The locker is the stack's [`Driver`]: the one
-/// [`LockTx`](crate::LockTx) runs its statements through it.
+/// The locker is diesel-async's [`Driver`]: the one
+/// [`LockTx`](crate::LockTx) runs its statements through it, each a
+/// Diesel query on the `AsyncPgConnection` (a cut-off call's transaction
+/// given up and its statement cancelled).
 impl Driver for Locker {
     type Io = Async;
     type Conn = AsyncPgConnection;

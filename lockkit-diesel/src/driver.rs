@@ -52,12 +52,15 @@ pub(crate) fn transaction_depth(conn: &mut PgConnection) -> QueryResult<u32> {
 /// Diesel's transaction manager.
 type Manager = AnsiTransactionManager;
 
-/// The locker is the stack's [`Driver`]: the one
-/// [`LockTx`](crate::LockTx) runs its statements through it.
+/// The locker is Diesel's [`Driver`]: the one [`LockTx`](crate::LockTx)
+/// runs its statements through it, blocking, each future ready when made.
 impl Driver for Locker {
     type Io = Blocking;
     type Conn = PgConnection;
     type Answer = Answer;
+
+    /// A blocking call is never cut off in flight.
+    fn cut_off(&self, _: &mut PgConnection) {}
 
     fn run<'a>(
         conn: &'a mut PgConnection,
@@ -70,9 +73,6 @@ impl Driver for Locker {
     fn reply(_: &Statement<'_>, answer: &Answer) -> Reply {
         answer.reply()
     }
-
-    /// A blocking call is never cut off in flight.
-    fn cut_off(&self, _: &mut PgConnection) {}
 }
 
 impl Transactions for Locker {

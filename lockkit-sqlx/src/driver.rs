@@ -107,8 +107,8 @@ fn bind<'q>(
     })
 }
 
-/// The locker is the stack's [`Driver`]: the one
-/// [`LockTx`](crate::LockTx) runs its statements through it.
+/// The locker is sqlx's [`Driver`]: the one [`LockTx`](crate::LockTx)
+/// runs its statements through it, through sqlx's statement cache.
 impl Driver for Locker {
     type Io = Async;
     type Conn = PgConnection;
