@@ -108,7 +108,8 @@ fn bind<'q>(
 }
 
 /// The locker is sqlx's [`Driver`]: the one [`LockTx`](crate::LockTx)
-/// runs its statements through it, through sqlx's statement cache.
+/// runs its statements through it, kept in sqlx's statement cache (or sent
+/// unnamed, as the [`StatementMode`] says).
 impl Driver for Locker {
     type Io = Async;
     type Conn = PgConnection;
