@@ -9,14 +9,23 @@
 //! the holder must stop believing it holds it), and a blackhole where both
 //! sides stay open.
 //!
+//! Taking a lock over a silent path is bounded too (a user's report: a
+//! `try_lock` hung for good during a partition): opening the connection
+//! (tokio-postgres bounds only the TCP connect, and the proxy accepts), and
+//! the statements of a try or a timed call on a connection taken from a
+//! pool, in every form; it fails with `ConnectionLost` and holds nothing.
+//!
 //! The bound is asserted with a margin on top, for a loaded machine: what
 //! the tests catch is an unbounded wait, which never ends.
 
 use std::time::Duration;
 
-use lockkit::pg::SessionForm;
+use lockkit::pg::{SessionForm, DEFAULT_CONNECT_TIMEOUT};
 use lockkit::{AdvisoryKey, ErrorKind, SessionLock};
 use lockkit_tests::{Cut, Proxy, TestServer};
+use tokio_postgres::Client;
+
+use crate::session_pooler::pool_of;
 
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
 #[advisory_key(namespace = "lockkit-tests/session-silent")]
@@ -146,4 +155,179 @@ async fn control_a_statement_over_the_silent_path_gets_no_answer() {
             "{cut:?}: the silent path answered: {answer:?}"
         );
     }
+}
+
+/// The `connect_timeout` of the take tests' connections.
+const CONNECT: Duration = Duration::from_secs(1);
+
+/// How a take waits for the key.
+#[derive(Clone, Copy, Debug)]
+enum Call {
+    Try,
+    Timeout,
+    Forever,
+}
+
+/// Where the take's connection comes from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum From {
+    /// Opened by lockkit from a config with [`CONNECT`] as its
+    /// `connect_timeout`, after the cut.
+    Opened,
+    /// A pool whose one connection was opened before the cut.
+    Pool,
+}
+
+/// Whether any session holds or awaits `key`.
+async fn in_pg_locks(observer: &Client, key: Feed) -> bool {
+    let lockkit::LockKey::BigInt(k) = key.lock_key() else {
+        unreachable!("a BigInt key")
+    };
+    let row = observer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+             AND ((classid::int8 << 32) | objid::int8) = $1",
+            &[&k],
+        )
+        .await
+        .unwrap();
+    row.get::<_, i64>(0) > 0
+}
+
+/// One take through a proxy whose path is cut first: it answers
+/// `ConnectionLost` within its bound, and nothing holds the key.
+async fn take_case(
+    db: &TestServer,
+    observer: &Client,
+    form: SessionForm,
+    call: Call,
+    from: From,
+    cut: Cut,
+    id: i64,
+) {
+    let what = format!("{form:?}, {call:?}, {from:?}, {cut:?}, key {id}");
+    let proxy = Proxy::in_front_of(db);
+    let mut config = proxy.config();
+    config.connect_timeout(CONNECT);
+    let sessions = match from {
+        From::Opened => SessionLock::new(config),
+        From::Pool => {
+            let pool = pool_of(config, 1);
+            // The pool's one connection, opened and back in the pool.
+            pool.get()
+                .await
+                .unwrap()
+                .simple_query("SELECT 1")
+                .await
+                .unwrap();
+            SessionLock::from_pool(pool)
+        }
+    }
+    .form(form)
+    .keepalive(CADENCE);
+    proxy.cut(cut).await;
+
+    let key = Feed { id };
+    let timed = Duration::from_secs(1);
+    let started = tokio::time::Instant::now();
+    let take = async {
+        match call {
+            Call::Try => sessions.try_lock(key).await.map(|r| r.is_ok()),
+            Call::Timeout => sessions.lock_timeout(key, timed).await.map(|_| true),
+            Call::Forever => sessions.lock(key).await.map(|_| true),
+        }
+    };
+    // Opening (one host) and the statements (two cadences for a
+    // multiplexed try, which gives its connection up and tries again),
+    // plus slack that only absorbs a loaded machine.
+    let bound = CONNECT + timed + 2 * CADENCE + Duration::from_secs(5);
+    let answer = tokio::time::timeout(bound, take)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer within {bound:?}"));
+    assert_eq!(
+        answer.map_err(|e| e.kind()),
+        Err(ErrorKind::ConnectionLost),
+        "{what}, after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        !in_pg_locks(observer, key).await,
+        "{what}: the key is in pg_locks"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_take_over_a_silent_path_fails_within_its_bound() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer: &'static Client = Box::leak(Box::new(db.connect().await));
+    let mut cases = tokio::task::JoinSet::new();
+    let mut id = 50_000;
+    for form in [
+        SessionForm::Transaction,
+        SessionForm::SessionLevel,
+        SessionForm::Multiplexed,
+    ] {
+        for call in [Call::Try, Call::Timeout, Call::Forever] {
+            for from in [From::Opened, From::Pool] {
+                // A pool's connection is taken at once, and a wait as long
+                // as it takes is not bounded past the opening; the
+                // session-level form is for direct connections.
+                let forever = matches!(call, Call::Forever);
+                if from == From::Pool && (forever || form == SessionForm::SessionLevel) {
+                    continue;
+                }
+                for cut in [Cut::ServerGone, Cut::Blackhole] {
+                    id += 1;
+                    cases.spawn(take_case(db, observer, form, call, from, cut, id));
+                }
+            }
+        }
+    }
+    while let Some(done) = cases.join_next().await {
+        done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    }
+}
+
+/// Without a `connect_timeout` in the configuration, opening a connection
+/// over a silent path gives up after [`DEFAULT_CONNECT_TIMEOUT`].
+#[tokio::test(flavor = "multi_thread")]
+async fn opening_over_a_silent_path_gives_up_after_the_default_bound() {
+    let db = TestServer::shared();
+    let proxy = Proxy::in_front_of(db);
+    proxy.cut(Cut::Blackhole).await;
+    let sessions = SessionLock::new(proxy.config());
+    let started = tokio::time::Instant::now();
+    let bound = DEFAULT_CONNECT_TIMEOUT + Duration::from_secs(10);
+    let answer = tokio::time::timeout(bound, sessions.try_lock(Feed { id: 59_999 }))
+        .await
+        .unwrap_or_else(|_| panic!("no answer within {bound:?}"));
+    assert_eq!(
+        answer.map(|r| r.is_ok()).map_err(|e| e.kind()),
+        Err(ErrorKind::ConnectionLost)
+    );
+    // Not before the bound: the default is what gave up.
+    assert!(
+        started.elapsed() >= DEFAULT_CONNECT_TIMEOUT,
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// The control: tokio-postgres's own `connect_timeout` bounds only the TCP
+/// connect, which the proxy accepts: the startup over the silent path gets
+/// no answer, so the tests above see lockkit's bound.
+#[tokio::test(flavor = "multi_thread")]
+async fn control_connect_timeout_alone_does_not_bound_the_startup() {
+    let db = TestServer::shared();
+    let proxy = Proxy::in_front_of(db);
+    proxy.cut(Cut::Blackhole).await;
+    let mut config = proxy.config();
+    config.connect_timeout(CONNECT);
+    let connect = tokio::time::timeout(3 * CONNECT, config.connect(tokio_postgres::NoTls)).await;
+    assert!(
+        connect.is_err(),
+        "the silent path answered the startup: {:?}",
+        connect.map(|r| r.map(|_| ()))
+    );
 }

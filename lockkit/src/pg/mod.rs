@@ -21,6 +21,7 @@ pub use migrate::{Migration, MigrationError, MigrationGuard, WhenBusy};
 pub use publish::{published_key_types, PublishedKeyType};
 pub use session::{
     probe_pooler, PoolerProbe, ProbeTimeout, SessionForm, SessionGuard, SessionLock,
-    DEFAULT_CONNECTIONS, DEFAULT_KEEPALIVE, DEFAULT_PROBE_TIMEOUT, MULTIPLEXED_NAME,
+    DEFAULT_CONNECTIONS, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_PROBE_TIMEOUT,
+    MULTIPLEXED_NAME,
 };
 pub use transaction::LockTx;

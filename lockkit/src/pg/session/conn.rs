@@ -4,15 +4,16 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use tokio::sync::{watch, Notify};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Socket};
 
-use super::SessionLock;
+use super::{SessionLock, DEFAULT_CONNECT_TIMEOUT};
 use crate::driver::Canceller;
-use crate::engine::error::Error;
+use crate::engine::error::{Error, ErrorKind};
 
 impl SessionLock {
     /// A connection for a lock (or the probe), and how to cancel a
@@ -25,10 +26,26 @@ impl SessionLock {
     /// pool keeps it for the next client that names itself nothing. A lock
     /// names its backend transaction-locally instead
     /// ([`sql::write_session_setup`](crate::engine::sql::write_session_setup)).
+    ///
+    /// Opening one waits at most [`connect_bound`] (a pool's lease, as the
+    /// pool's timeouts say): tokio-postgres bounds only the TCP connect,
+    /// and a path gone silent after it (a half-open connection, a pooler
+    /// or proxy that accepts and says nothing) would hold the startup
+    /// forever.
     pub(super) async fn lease(&self) -> Result<(Lease, Canceller), Error> {
         match &self.source {
             Source::Connect(connect) => {
-                let (client, ended, close) = connect.connect().await?;
+                let bound = connect_bound(connect.config());
+                let opened = tokio::time::timeout(bound, connect.connect()).await;
+                let (client, ended, close) = opened.map_err(|_| {
+                    Error::with_message(
+                        ErrorKind::ConnectionLost,
+                        format!(
+                            "no connection to the server within {bound:?} (TCP connect, TLS \
+                             and startup); nothing is held"
+                        ),
+                    )
+                })??;
                 Ok((Lease::owned(client, ended, close), connect.canceller()))
             }
             #[cfg(feature = "deadpool")]
@@ -41,6 +58,18 @@ impl SessionLock {
             }
         }
     }
+}
+
+/// How long opening a connection of `config` may take: its
+/// `connect_timeout` (or [`DEFAULT_CONNECT_TIMEOUT`]) for each of its hosts,
+/// which tokio-postgres tries in turn.
+fn connect_bound(config: &tokio_postgres::Config) -> Duration {
+    let per_host = config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+    let hosts = u32::try_from(config.get_hosts().len()).unwrap_or(u32::MAX);
+    per_host.saturating_mul(hosts.max(1))
 }
 
 /// The connection of a lock: opened by lockkit, or leased from a pool.

@@ -174,14 +174,31 @@ pub(super) async fn within_cadence<T>(
     cadence: Duration,
     work: impl Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
-    match tokio::time::timeout(cadence, work).await {
+    within(cadence, GIVEN_UP, work).await
+}
+
+/// What [`within_cadence`]'s error says became of the lock.
+const GIVEN_UP: &str =
+    "one keepalive cadence: the session lock is given up and its connection closed";
+
+/// What the error of a take's [`within`] says: its caller closes the
+/// connection (a pooled one is detached), so nothing taken on it stays held.
+pub(super) const NOTHING_HELD: &str = "its bound: the connection is closed and nothing is held";
+
+/// Runs `work`, statements on a session lock's connection, for at most
+/// `bound`: past it the path is taken for silent, and the call fails with
+/// [`ErrorKind::ConnectionLost`], its message saying `then`, what becomes
+/// of the lock and the connection (which the caller does).
+pub(super) async fn within<T>(
+    bound: Duration,
+    then: &str,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(bound, work).await {
         Ok(result) => result,
         Err(_) => Err(Error::with_message(
             ErrorKind::ConnectionLost,
-            format!(
-                "the server did not answer within one keepalive cadence ({cadence:?}); \
-                 the session lock is given up and its connection closed"
-            ),
+            format!("the server did not answer within {bound:?}, {then}"),
         )),
     }
 }

@@ -60,6 +60,26 @@
 //! one for their own). Once `lost()`
 //! resolves the holder must stop acting as the lock's owner.
 //!
+//! # Bounded waits
+//!
+//! A network path gone silent never holds a call forever; where a call
+//! gives up, it fails with [`ErrorKind::ConnectionLost`], closes the
+//! connection, and holds nothing:
+//! - **Opening a connection** (the TCP connect, TLS and the startup, for
+//!   each host of the configuration in turn) waits at most the
+//!   configuration's `connect_timeout` per host, or
+//!   [`DEFAULT_CONNECT_TIMEOUT`] per host when it sets none. (tokio-postgres
+//!   itself bounds only the TCP connect.) A pool's lease (`from_pool`) waits
+//!   as the pool's own timeouts say.
+//! - **Taking a lock**, once connected: a try waits at most one keepalive
+//!   cadence for the server's answers, a `_timeout` call its timeout plus
+//!   one cadence (plus the [`probe_timeout`](SessionLock::probe_timeout)
+//!   when the session-level form probes for a pooler). A call that waits
+//!   for the key as long as it takes is not bounded: a silent path cannot
+//!   be told apart from a key held for long; bound it with
+//!   `tokio::time::timeout` (it is cancel safe) or a `_timeout` call.
+//! - **Holding a lock**: see the keepalive above.
+//!
 //! # Multiplexed locks
 //!
 //! A [`SessionLock`] in the [`SessionForm::Multiplexed`] form holds any
@@ -175,6 +195,11 @@ pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
 /// How long [`probe_pooler`] (and a session-level lock's probe) may take
 /// unless [`SessionLock::probe_timeout`] says otherwise.
 pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long opening a lock's connection may take, per host of the
+/// configuration, when its `connect_timeout` is not set: see
+/// [Bounded waits](self#bounded-waits).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a [`SessionLock`] holds its locks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -382,7 +407,9 @@ impl SessionLock {
     /// on the runtime of the lock that started it: should that runtime
     /// shut down while locks taken on another runtime are held, they are
     /// given up (`lost()` resolves, their connections close), so use one
-    /// `SessionLock` per runtime.
+    /// `SessionLock` per runtime. The cadence is also how long a try waits
+    /// for the server's answers once connected (see
+    /// [Bounded waits](self#bounded-waits)).
     pub fn keepalive(mut self, cadence: Duration) -> Self {
         // A keeper of its own: the clones made before keep their cadence.
         self.keeper = Keeper::new(cadence.max(Duration::from_millis(1)));

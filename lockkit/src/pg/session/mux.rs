@@ -47,7 +47,7 @@ use tokio_postgres::Statement;
 
 use super::conn::Lease;
 use super::guard::{holds_now, Hold, SessionGuard};
-use super::keeper::within_cadence;
+use super::keeper::{within, within_cadence, NOTHING_HELD};
 use super::simple::begin_held;
 use super::take::one_bool;
 use super::{SessionForm, SessionLock};
@@ -274,13 +274,19 @@ impl MuxConn {
         let (lease, _canceller) = lock.lease().await?;
         let client = lease.client();
         // The facts first, outside the transaction (they are the server's).
-        let (facts, setup) = join(
-            server_facts(client),
-            begin_held(client, MULTIPLEXED_NAME, &lock.check_interval_known),
-        )
-        .await;
-        let (in_recovery, backend_pid) = setup?;
-        let facts = ServerFacts::from(&facts?);
+        // Bounded as every statement on the connection is; on a silent
+        // path the lease drops here, closing the connection.
+        let ((in_recovery, backend_pid), facts) =
+            within(lock.keeper.cadence, NOTHING_HELD, async {
+                let (facts, setup) = join(
+                    server_facts(client),
+                    begin_held(client, MULTIPLEXED_NAME, &lock.check_interval_known),
+                )
+                .await;
+                Ok((setup?, facts?))
+            })
+            .await?;
+        let facts = ServerFacts::from(&facts);
         let ended = lease.ended.clone();
         let conn = Arc::new(MuxConn {
             lease,

@@ -5,6 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::num::NonZeroU8;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::join;
 use tokio::sync::watch;
@@ -13,7 +14,7 @@ use tokio_postgres::{Client, Row};
 
 use super::conn::Lease;
 use super::guard::{Hold, Holding, SessionGuard, Shared};
-use super::keeper::watch_connection;
+use super::keeper::{watch_connection, within, NOTHING_HELD};
 use super::mux::MuxTry;
 #[cfg(doc)]
 use super::simple::simple_round;
@@ -72,20 +73,28 @@ impl SessionLock {
         let client = lease.client();
         let known = &self.check_interval_known;
         let mut cancel = CancelOnDrop::new(client, &canceller);
-        let taken = match (form, take) {
-            (SessionForm::SessionLevel, Take::Key(mode)) => self
-                .lock_session_level(&lease, (key, &name), mode, wait, hashtext)
-                .await
-                .map(|(granted, pid)| (granted.then_some(key), pid)),
-            (_, Take::Key(mode)) => {
-                let request = Request::key_of::<K>(key, mode);
-                let take = take_xact_lock(client, request, wait, &name, known);
-                self.lock_in_transaction(&lease, take, hashtext).await
+        let taking = async {
+            match (form, take) {
+                (SessionForm::SessionLevel, Take::Key(mode)) => self
+                    .lock_session_level(&lease, (key, &name), mode, wait, hashtext)
+                    .await
+                    .map(|(granted, pid)| (granted.then_some(key), pid)),
+                (_, Take::Key(mode)) => {
+                    let request = Request::key_of::<K>(key, mode);
+                    let take = take_xact_lock(client, request, wait, &name, known);
+                    self.lock_in_transaction(&lease, take, hashtext).await
+                }
+                (_, Take::Permit(permits)) => {
+                    let take = take_permit(client, (&value, permits), wait, &name, known);
+                    self.lock_in_transaction(&lease, take, hashtext).await
+                }
             }
-            (_, Take::Permit(permits)) => {
-                let take = take_permit(client, (&value, permits), wait, &name, known);
-                self.lock_in_transaction(&lease, take, hashtext).await
-            }
+        };
+        // A silent path fails the take (the connection is then closed
+        // below): only a wait for the key as long as it takes is unbounded.
+        let taken = match self.take_bound(wait, form) {
+            Some(bound) => within(bound, NOTHING_HELD, taking).await,
+            None => taking.await,
         };
         cancel.disarm();
         drop(cancel);
@@ -98,14 +107,34 @@ impl SessionLock {
                 Ok(Ok(self.hold(value, key, mode, form, backend_pid, lease)))
             }
             Ok((None, _)) => {
-                Self::discard(lease, form, true).await;
+                self.discard(lease, form, true).await;
                 Ok(Err(value))
             }
             Err(e) => {
-                Self::discard(lease, form, false).await;
+                self.discard(lease, form, false).await;
                 Err(e)
             }
         }
+    }
+
+    /// How long a take may wait for the server once its connection is
+    /// open: a try one keepalive cadence, a timed call its timeout and one
+    /// cadence, and the pooler probe's own bound on top when the
+    /// session-level form runs it; `None` for a wait as long as it takes
+    /// (a silent path cannot be told apart from a key held for long).
+    fn take_bound(&self, wait: Wait, form: SessionForm) -> Option<Duration> {
+        let cadence = self.keeper.cadence;
+        let bound = match wait {
+            Wait::Try => cadence,
+            Wait::Timeout(timeout) => timeout.saturating_add(cadence),
+            Wait::Forever => return None,
+        };
+        Some(
+            match form == SessionForm::SessionLevel && self.pooler_check {
+                true => bound.saturating_add(self.probe_timeout),
+                false => bound,
+            },
+        )
     }
 
     /// The default form: `take` opens the transaction, sets it up and
@@ -224,16 +253,23 @@ impl SessionLock {
 
     /// Gives a connection back after a failed or busy acquisition: a pooled
     /// one only once nothing can be held on it.
-    async fn discard(mut lease: Lease, form: SessionForm, busy: bool) {
+    ///
+    /// The rollback waits at most one cadence: on a path gone silent the
+    /// lease is dropped unclean instead (detached from its pool and closed).
+    async fn discard(&self, mut lease: Lease, form: SessionForm, busy: bool) {
         if lease.is_owned() {
             return; // Dropping it closes the session.
         }
         lease.clean = match form {
-            SessionForm::Transaction | SessionForm::Multiplexed => lease
-                .client()
-                .batch_execute(sql::SESSION_ROLLBACK)
-                .await
-                .is_ok(),
+            SessionForm::Transaction | SessionForm::Multiplexed => {
+                let rollback = async {
+                    let client = lease.client();
+                    Ok(client.batch_execute(sql::SESSION_ROLLBACK).await?)
+                };
+                within(self.keeper.cadence, NOTHING_HELD, rollback)
+                    .await
+                    .is_ok()
+            }
             // A busy try took nothing; after an error, who knows.
             SessionForm::SessionLevel => busy,
         };
