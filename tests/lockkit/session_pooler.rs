@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use lockkit::pg::{ProbeTimeout, SessionForm};
-use lockkit::{AdvisoryKey, LockKey, SessionLock};
+use lockkit::{AdvisoryKey, ErrorKind, LockKey, SessionLock};
 use lockkit_tests::observe::simple_value;
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio::task::JoinHandle;
@@ -520,6 +520,11 @@ async fn the_probe_is_bounded_on_a_saturated_pool() {
         Some(ProbeTimeout { timeout: bound }),
         "{err:?}"
     );
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Timeout,
+        "the documented kind: {err:?}"
+    );
     // Generous: the claim is "does not wait for the second connection".
     assert!(started.elapsed() < Duration::from_secs(10));
     // The session-level form reports the same, and nothing is locked.
@@ -530,6 +535,7 @@ async fn the_probe_is_bounded_on_a_saturated_pool() {
         .await
         .unwrap_err();
     assert!(probe_timeout_of(&err).is_some(), "{err:?}");
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err:?}");
     // The probe's connections are gone: the free one serves a new client.
     let (client, connection) = bouncer.config().connect(NoTls).await.unwrap();
     tokio::spawn(connection);

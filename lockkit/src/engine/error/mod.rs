@@ -60,7 +60,9 @@ pub enum ErrorKind {
     /// A lock was not granted in time: a lockkit timeout, or the session's own
     /// `lock_timeout` (`55P03`) or `statement_timeout` (`57014`). After a
     /// lockkit timeout the transaction is still usable and holds none of the
-    /// keys requested; after the session's own timeout it is aborted.
+    /// keys requested; after the session's own timeout it is aborted. Also a
+    /// session lock's pooler probe that did not finish in time (its source
+    /// is a `lockkit::pg::ProbeTimeout`): nothing was locked.
     Timeout,
     /// The statement was cancelled by a cancel request (`57014`, "user
     /// request"): an administrator's `pg_cancel_backend`, or lockkit's own

@@ -18,7 +18,7 @@ use crate::engine::sql;
 /// ([`SessionLock::probe_timeout`]): typically a pool or pooler with no
 /// second connection free. Nothing was locked, and the probe's connections
 /// were closed (or returned to the pool), so it holds none of them longer
-/// than the timeout. The source of an [`ErrorKind::Database`] without a
+/// than the timeout. The source of an [`ErrorKind::Timeout`] without a
 /// SQLSTATE; find it with `std::error::Error::source` and `downcast_ref`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("the pooler probe did not finish within {timeout:?} (no second connection free in the pool?); nothing was locked")]
@@ -78,7 +78,7 @@ impl PoolerProbe {
 ///
 /// # Errors
 ///
-/// [`ProbeTimeout`] (inside [`ErrorKind::Database`]) when the probe did not
+/// [`ProbeTimeout`] (inside [`ErrorKind::Timeout`]) when the probe did not
 /// finish within the bound, e.g. because the pool had no second connection
 /// free; when a connection or a query fails.
 ///
@@ -97,7 +97,7 @@ impl SessionLock {
     ///
     /// # Errors
     ///
-    /// [`ProbeTimeout`] (inside [`ErrorKind::Database`]) when the probe did not
+    /// [`ProbeTimeout`] (inside [`ErrorKind::Timeout`]) when the probe did not
     /// finish in time, e.g. on a pool with no second connection free;
     /// connection, pool and server errors.
     ///
