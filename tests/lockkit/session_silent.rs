@@ -13,7 +13,8 @@
 //! `try_lock` hung for good during a partition): opening the connection
 //! (tokio-postgres bounds only the TCP connect, and the proxy accepts), and
 //! the statements of a try or a timed call on a connection taken from a
-//! pool, in every form; it fails with `ConnectionLost` and holds nothing.
+//! pool or already open, in every form; it fails with `ConnectionLost` and
+//! holds nothing.
 //!
 //! The bound is asserted with a margin on top, for a loaded machine: what
 //! the tests catch is an unbounded wait, which never ends.
@@ -174,6 +175,9 @@ enum From {
     /// Opened by lockkit from a config with [`CONNECT`] as its
     /// `connect_timeout`, after the cut.
     Opened,
+    /// The same, with another key held before the cut (in the multiplexed
+    /// form, on the connection the take tries first).
+    OpenedWithOneHeld,
     /// A pool whose one connection was opened before the cut.
     Pool,
 }
@@ -210,7 +214,7 @@ async fn take_case(
     let mut config = proxy.config();
     config.connect_timeout(CONNECT);
     let sessions = match from {
-        From::Opened => SessionLock::new(config),
+        From::Opened | From::OpenedWithOneHeld => SessionLock::new(config),
         From::Pool => {
             let pool = pool_of(config, 1);
             // The pool's one connection, opened and back in the pool.
@@ -225,6 +229,10 @@ async fn take_case(
     }
     .form(form)
     .keepalive(CADENCE);
+    let held = match from {
+        From::OpenedWithOneHeld => Some(sessions.lock(Feed { id: -id }).await.unwrap()),
+        From::Opened | From::Pool => None,
+    };
     proxy.cut(cut).await;
 
     let key = Feed { id };
@@ -254,6 +262,7 @@ async fn take_case(
         !in_pg_locks(observer, key).await,
         "{what}: the key is in pg_locks"
     );
+    drop(held);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -269,7 +278,7 @@ async fn a_take_over_a_silent_path_fails_within_its_bound() {
         SessionForm::Multiplexed,
     ] {
         for call in [Call::Try, Call::Timeout, Call::Forever] {
-            for from in [From::Opened, From::Pool] {
+            for from in [From::Opened, From::OpenedWithOneHeld, From::Pool] {
                 // A pool's connection is taken at once, and a wait as long
                 // as it takes is not bounded past the opening; the
                 // session-level form is for direct connections.
