@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use lockkit::pg::{SessionForm, DEFAULT_CONNECT_TIMEOUT};
 use lockkit::{AdvisoryKey, ErrorKind, SessionLock};
+use lockkit_tests::observe::granted_elsewhere;
 use lockkit_tests::{Cut, Proxy, TestServer};
 use tokio_postgres::Client;
 
@@ -182,22 +183,6 @@ enum From {
     Pool,
 }
 
-/// Whether any session holds or awaits `key`.
-async fn in_pg_locks(observer: &Client, key: Feed) -> bool {
-    let lockkit::LockKey::BigInt(k) = key.lock_key() else {
-        unreachable!("a BigInt key")
-    };
-    let row = observer
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
-             AND ((classid::int8 << 32) | objid::int8) = $1",
-            &[&k],
-        )
-        .await
-        .unwrap();
-    row.get::<_, i64>(0) > 0
-}
-
 /// One take through a proxy whose path is cut first: it answers
 /// `ConnectionLost` within its bound, and nothing holds the key.
 async fn take_case(
@@ -259,8 +244,8 @@ async fn take_case(
         started.elapsed()
     );
     assert!(
-        !in_pg_locks(observer, key).await,
-        "{what}: the key is in pg_locks"
+        !granted_elsewhere(observer, key.lock_key()).await,
+        "{what}: a session holds the key"
     );
     drop(held);
 }
