@@ -172,7 +172,7 @@ enum Call {
 
 /// Where the take's connection comes from.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum From {
+enum Conn {
     /// Opened by lockkit from a config with [`CONNECT`] as its
     /// `connect_timeout`, after the cut.
     Opened,
@@ -190,17 +190,17 @@ async fn take_case(
     observer: &Client,
     form: SessionForm,
     call: Call,
-    from: From,
+    conn: Conn,
     cut: Cut,
     id: i64,
 ) {
-    let what = format!("{form:?}, {call:?}, {from:?}, {cut:?}, key {id}");
+    let what = format!("{form:?}, {call:?}, {conn:?}, {cut:?}, key {id}");
     let proxy = Proxy::in_front_of(db);
     let mut config = proxy.config();
     config.connect_timeout(CONNECT);
-    let sessions = match from {
-        From::Opened | From::OpenedWithOneHeld => SessionLock::new(config),
-        From::Pool => {
+    let sessions = match conn {
+        Conn::Opened | Conn::OpenedWithOneHeld => SessionLock::new(config),
+        Conn::Pool => {
             let pool = pool_of(config, 1);
             // The pool's one connection, opened and back in the pool.
             pool.get()
@@ -214,9 +214,9 @@ async fn take_case(
     }
     .form(form)
     .keepalive(CADENCE);
-    let held = match from {
-        From::OpenedWithOneHeld => Some(sessions.lock(Feed { id: -id }).await.unwrap()),
-        From::Opened | From::Pool => None,
+    let held = match conn {
+        Conn::OpenedWithOneHeld => Some(sessions.lock(Feed { id: -id }).await.unwrap()),
+        Conn::Opened | Conn::Pool => None,
     };
     proxy.cut(cut).await;
 
@@ -243,6 +243,8 @@ async fn take_case(
         "{what}, after {:?}",
         started.elapsed()
     );
+    // The premise more than the mechanism: after the cut nothing the take
+    // sends reaches the server, so no session can hold the key.
     assert!(
         !granted_elsewhere(observer, key.lock_key()).await,
         "{what}: a session holds the key"
@@ -263,17 +265,17 @@ async fn a_take_over_a_silent_path_fails_within_its_bound() {
         SessionForm::Multiplexed,
     ] {
         for call in [Call::Try, Call::Timeout, Call::Forever] {
-            for from in [From::Opened, From::OpenedWithOneHeld, From::Pool] {
+            for conn in [Conn::Opened, Conn::OpenedWithOneHeld, Conn::Pool] {
                 // A pool's connection is taken at once, and a wait as long
                 // as it takes is not bounded past the opening; the
                 // session-level form is for direct connections.
                 let forever = matches!(call, Call::Forever);
-                if from == From::Pool && (forever || form == SessionForm::SessionLevel) {
+                if conn == Conn::Pool && (forever || form == SessionForm::SessionLevel) {
                     continue;
                 }
                 for cut in [Cut::ServerGone, Cut::Blackhole] {
                     id += 1;
-                    cases.spawn(take_case(db, observer, form, call, from, cut, id));
+                    cases.spawn(take_case(db, observer, form, call, conn, cut, id));
                 }
             }
         }

@@ -11,9 +11,10 @@ use tokio::sync::{watch, Notify};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Socket};
 
+use super::keeper::within;
 use super::{SessionLock, DEFAULT_CONNECT_TIMEOUT};
 use crate::driver::Canceller;
-use crate::engine::error::{Error, ErrorKind};
+use crate::engine::error::Error;
 
 impl SessionLock {
     /// A connection for a lock (or the probe), and how to cancel a
@@ -36,16 +37,7 @@ impl SessionLock {
         match &self.source {
             Source::Connect(connect) => {
                 let bound = connect_bound(connect.config());
-                let opened = tokio::time::timeout(bound, connect.connect()).await;
-                let (client, ended, close) = opened.map_err(|_| {
-                    Error::with_message(
-                        ErrorKind::ConnectionLost,
-                        format!(
-                            "no connection to the server within {bound:?} (TCP connect, TLS \
-                             and startup); nothing is held"
-                        ),
-                    )
-                })??;
+                let (client, ended, close) = within(bound, OPENING, connect.connect()).await?;
                 Ok((Lease::owned(client, ended, close), connect.canceller()))
             }
             #[cfg(feature = "deadpool")]
@@ -59,6 +51,9 @@ impl SessionLock {
         }
     }
 }
+
+/// What the error of an opening that ran past its bound says.
+const OPENING: &str = "opening the connection (TCP connect, TLS, startup): nothing is held";
 
 /// How long opening a connection of `config` may take: its
 /// `connect_timeout` (or [`DEFAULT_CONNECT_TIMEOUT`]) for each of its hosts,
@@ -229,5 +224,24 @@ where
 
     fn config(&self) -> &tokio_postgres::Config {
         &self.config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{connect_bound, DEFAULT_CONNECT_TIMEOUT};
+
+    /// The bound is per host, as tokio-postgres tries the hosts in turn,
+    /// and the default stands in for a `connect_timeout` left unset.
+    #[test]
+    fn the_connect_bound_is_per_host() {
+        let mut config = tokio_postgres::Config::new();
+        assert_eq!(connect_bound(&config), DEFAULT_CONNECT_TIMEOUT);
+        config.host("db1").host("db2");
+        assert_eq!(connect_bound(&config), 2 * DEFAULT_CONNECT_TIMEOUT);
+        config.connect_timeout(Duration::from_millis(1500));
+        assert_eq!(connect_bound(&config), Duration::from_secs(3));
     }
 }
