@@ -9,9 +9,7 @@
 //! connection in sqlx's statement cache; the engine checks every reply
 //! either way.
 
-use std::future::Future;
-
-use futures_util::{TryFutureExt, TryStreamExt};
+use futures_util::TryStreamExt;
 use lockkit::driver::{
     read_reply, Async, Driver, DriverError, Param, Reply, ReplyRow, ReplyShape, SavepointEnd,
     SavepointStep, Statement, Transactions,
@@ -153,19 +151,51 @@ impl Driver for Locker {
     fn cut_off(&self, _: &mut PgConnection) {}
 }
 
+/// How many answers a rollback reads past before its own: sqlx sends one
+/// statement at a time, so a cut-off call leaves at most one unread.
+const STALE_ANSWERS: usize = 2;
+
+/// Rolls the savepoint (or the transaction) back, past the answer of a
+/// statement that was cut off.
+///
+/// sqlx reads what a cut-off statement left on the connection before it
+/// sends anything, and when that answer is an error (a statement timeout,
+/// say) it returns it and sends nothing: the `ROLLBACK` never goes out, and
+/// the connection would go back to its pool inside an aborted transaction.
+/// Each try reads past one stale answer; the transaction depth says whether
+/// the rollback itself was sent and answered. When it still was not, it is
+/// queued, and sqlx sends it before the connection's next statement.
+async fn rollback(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    let depth = PgTransactionManager::get_transaction_depth(conn);
+    let mut tries = 0;
+    loop {
+        match PgTransactionManager::rollback(conn).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                let sent = PgTransactionManager::get_transaction_depth(conn) < depth;
+                let stale = matches!(e, sqlx::Error::Database(_));
+                if sent || !stale || tries == STALE_ANSWERS {
+                    if !sent {
+                        PgTransactionManager::start_rollback(conn);
+                    }
+                    return Err(e);
+                }
+                tries += 1;
+            }
+        }
+    }
+}
+
 impl Transactions for Locker {
     fn in_transaction(conn: &mut PgConnection) -> Result<bool, DriverError> {
         Ok(conn.is_in_transaction())
     }
 
-    fn savepoint(
-        conn: &mut PgConnection,
-        step: SavepointStep,
-    ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
+    async fn savepoint(conn: &mut PgConnection, step: SavepointStep) -> Result<(), DriverError> {
         match step {
-            SavepointStep::Begin => PgTransactionManager::begin(conn, None),
-            SavepointStep::Release => PgTransactionManager::commit(conn),
-            SavepointStep::Rollback => PgTransactionManager::rollback(conn),
+            SavepointStep::Begin => PgTransactionManager::begin(conn, None).await,
+            SavepointStep::Release => PgTransactionManager::commit(conn).await,
+            SavepointStep::Rollback => rollback(conn).await,
         }
         .map_err(driver_error)
     }

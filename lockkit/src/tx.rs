@@ -265,14 +265,22 @@ impl<'s, 'c, D: Transactions> Scope<'s, 'c, D> {
             // savepoint): the server would answer `COMMIT` by rolling back,
             // which the stack reports as a commit, and `RELEASE` with an
             // error. Rolled back, and said so.
-            Ok(_) if self.state.is_aborted() => {
+            //
+            // A lock call cut off in flight at depth 0 left an answer the
+            // server may still make an error (a statement timeout, the
+            // cancel request of a driver that sends one), which aborts the
+            // transaction: whether a `COMMIT` would commit is unknown, so
+            // it is rolled back and refused, as tokio-postgres's
+            // `LockTx::commit` refuses.
+            Ok(_) if self.state.is_aborted() || (self.depth == 0 && self.state.is_poisoned()) => {
+                let why = if self.state.is_aborted() {
+                    Refused::Aborted
+                } else {
+                    Refused::CutOff
+                };
                 let rollback = guard.roll_back().await.err();
                 let rollback = rollback.map(|e| e.into_error().into());
-                Err(E::from(Error::not_committed(
-                    Refused::Aborted,
-                    self.depth,
-                    rollback,
-                )))
+                Err(E::from(Error::not_committed(why, self.depth, rollback)))
             }
             Ok(value) => {
                 // Dropped while `RELEASE` (or `COMMIT`) is in flight, whether

@@ -5,6 +5,7 @@
 //! `cargo test -p lockkit-tests --test conformance sqlx::` runs one stack.
 
 mod adapters;
+mod handoff;
 mod session;
 mod suite;
 
@@ -103,5 +104,36 @@ mod cross {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn diesel_async_and_diesel() {
         cross::<DieselAsync, Diesel>().await;
+    }
+}
+
+/// No pooled connection handed on inside a transaction, on every stack,
+/// however a lock call is cut off (`handoff`).
+mod handoff_tests {
+    use crate::handoff::{self, no_connection_handed_on_inside_a_transaction as scenario};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlx() {
+        scenario::<handoff::with_sqlx::SqlxPool>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn diesel_async() {
+        scenario::<handoff::with_diesel_async::DieselAsyncPool>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tokio_postgres() {
+        scenario::<handoff::with_tokio_postgres::DeadpoolPg>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn diesel() {
+        scenario::<handoff::with_diesel::DieselPool>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn control() {
+        handoff::control_a_connection_handed_on_inside_a_transaction().await;
     }
 }

@@ -216,10 +216,9 @@ enum Detail {
 /// instead ([`Error::not_committed`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Refused {
-    /// A lock call was cut off while the server waited: the cancel request
-    /// it sent may abort the transaction, whenever it lands (a refusal of
-    /// the tokio-postgres `LockTx`, whose driver sends cancel requests).
-    #[cfg_attr(not(feature = "tokio-postgres"), allow(dead_code))]
+    /// A lock call was cut off while the server waited: its statement's
+    /// own error (a statement timeout) or the cancel request the driver
+    /// sent may abort the transaction, whenever it lands.
     CutOff,
     /// A lock call's error aborted the transaction (or the savepoint).
     Aborted,
@@ -333,8 +332,9 @@ impl Error {
         let (kind, what) = match why {
             Refused::CutOff => (
                 ErrorKind::Poisoned,
-                "a lock call of this transaction was cut off and its cancel request \
-                 may abort the transaction: it was not committed",
+                "a lock call of this transaction was cut off in flight, and its \
+                 statement's error or its cancel request may abort the transaction: \
+                 it was not committed",
             ),
             Refused::Aborted if depth == 0 => (
                 ErrorKind::TransactionAborted,
