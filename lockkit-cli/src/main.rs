@@ -15,16 +15,18 @@
 //!
 //! Connects with `--url` or `DATABASE_URL`, over TLS as libpq would
 //! (`sslmode`, `sslrootcert`; see `lockkit_cli::tls`).
+mod connect;
 mod render;
 mod sql_command;
 
 use std::error::Error as StdError;
 use std::fmt::Write as _;
-use std::io;
+use std::io::{self, IsTerminal as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use connect::{Conn, HostFailure};
 use lockkit::inspect::{
     advisory_locks, published_key_types, relation_lock_queues, KeyRegistry, RelationLockRow,
 };
@@ -36,8 +38,6 @@ use lockkit_cli::tls::{self, TlsSettings};
 use postgres_openssl::MakeTlsConnector;
 use serde_json::json;
 use sql_command::{sql_install, sql_text, SqlCommand};
-use tokio_postgres::config::Host;
-use tokio_postgres::{Client, NoTls};
 
 /// Inspect PostgreSQL advisory locks, compute lockkit keys, check capacity
 /// and lock settings.
@@ -85,11 +85,23 @@ enum Command {
     /// base in hex (the object of its slot 0): its slots held and by whom,
     /// and the sessions that wait for one ("semaphores" in JSON).
     ///
+    /// A semaphore is named after a key type registered or published
+    /// whose value without fields (a unit struct, `struct Exporters;`) names
+    /// it, or by the key a session lock's connection names; else by its
+    /// base in hex.
+    ///
     /// SCOPE is `session` for a holder idle outside any transaction (a
     /// transaction lock cannot outlive its transaction), `transaction` for a
-    /// prepared transaction, `unknown` otherwise: pg_locks does not tell
-    /// them apart. The key format is docs/KEYS.md:
+    /// prepared transaction and for lockkit's own connections inside their
+    /// transaction (a SessionLock's, named `lockkit session lock …`, and a
+    /// multiplexed one's, `lockkit session locks`), which take transaction
+    /// locks only; `unknown` otherwise: pg_locks does not tell them apart.
+    ///
+    /// More than 40 rows are summed up (per holder, per key type, per
+    /// semaphore, the waiters and the longest wait); --full lists them all,
+    /// --graph draws who waits for whom. The key format is docs/KEYS.md:
     /// https://example.invalid/lockkit/blob/main/docs/KEYS.md
+    #[command(after_long_help = BOUNDS_HELP, after_help = "Every wait for the server is bounded by the URL's connect_timeout, 10 s when unset (see --help).")]
     Inspect {
         /// A key namespace of the application, to name the type behind a key
         /// (repeatable). `NAME` covers its BigInt keys and its Pair keys of
@@ -103,10 +115,22 @@ enum Command {
         /// lock queue), in the same wait-chain tree.
         #[arg(long)]
         all: bool,
-        /// Refresh every SECONDS until interrupted.
-        #[arg(long, value_name = "SECONDS")]
+        /// Every lock, one row each, however many (more than 40 rows are
+        /// summed up without it).
+        #[arg(long)]
+        full: bool,
+        /// Only the wait-for graph, for Graphviz (`dot`: `lockkit inspect
+        /// --graph dot | dot -Tsvg > waits.svg`) or Mermaid (`mermaid`, to
+        /// paste into a ticket): a node per session, an edge from each
+        /// waiter to each session it waits for, labelled with the lock.
+        #[arg(long, value_enum, value_name = "FORMAT", conflicts_with = "json")]
+        graph: Option<render::GraphFormat>,
+        /// Refresh every SECONDS (at least 0.1) until interrupted: redrawn
+        /// in place on a terminal, else one snapshot after another, each
+        /// after a timestamp line.
+        #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
         watch: Option<f64>,
-        /// Print JSON (one document per refresh with --watch).
+        /// Print JSON (one document per refresh with --watch, with its time).
         #[arg(long)]
         json: bool,
     },
@@ -156,17 +180,28 @@ enum Command {
     /// that decide how locks behave (log_lock_waits, deadlock_timeout,
     /// lock_timeout, statement_timeout, idle_in_transaction_session_timeout,
     /// idle_session_timeout), each with what it means for lockkit and a
-    /// recommendation where one applies.
+    /// recommendation where one applies; behind a transaction-mode pooler,
+    /// which lockkit forms and statement mode are safe there.
+    #[command(after_long_help = BOUNDS_HELP, after_help = "Every wait for the server is bounded by the URL's connect_timeout, 10 s when unset (see --help).")]
     Check {
         /// The keep-alive interval of the application's session locks, to
         /// compare with the idle timeouts.
-        #[arg(long, value_name = "SECONDS", default_value_t = lockkit::pg::DEFAULT_KEEPALIVE.as_secs_f64())]
+        #[arg(long, value_name = "SECONDS", allow_negative_numbers = true, default_value_t = lockkit::pg::DEFAULT_KEEPALIVE.as_secs_f64())]
         session_keepalive: f64,
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
 }
+
+/// What every command that connects says of its bounds, in its `--help`.
+const BOUNDS_HELP: &str = "BOUNDS
+  Every wait for the server is bounded, so that a stuck server or a silent
+  network path ends the command with an error naming what did not answer:
+  the TCP connect, the TLS handshake and the startup (for each host in
+  turn), then each query, by the connection string's connect_timeout
+  (seconds: postgres://host/db?connect_timeout=3), or 10 s when it sets
+  none (SessionLock's default).";
 
 /// `lockkit key --help`'s value syntax and examples.
 fn key_help() -> String {
@@ -272,57 +307,84 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Sql { command } => match command {
             SqlCommand::Print => emit(lockkit::sql::SQL),
             SqlCommand::Install => {
-                let (client, _, _) = connect(&cli).await?;
-                sql_install(&client).await
+                let (conn, _, _) = connect(&cli).await?;
+                sql_install(&conn).await
             }
         },
         Command::Inspect {
             namespaces,
             namespaces_file,
             all,
+            full,
+            graph,
             watch,
             json,
         } => {
             // Checked before connecting, so a bad interval is reported
             // first and nothing is printed.
-            let (all, json) = (*all, *json);
             let watch = watch
-                .map(|seconds| Duration::try_from_secs_f64(seconds.max(0.1)))
-                .transpose()
-                .map_err(|e| format!("invalid --watch interval: {e}"))?;
+                .map(|s| seconds("--watch interval", s, WATCH_MIN))
+                .transpose()?;
             let registry =
                 lockkit_cli::registry::build(namespaces, namespaces_file.as_deref(), &|k| {
                     std::env::var(k).ok()
                 })
                 .map_err(|e| e.to_string())?;
-            let (client, _, _) = connect(&cli).await?;
+            let view = View {
+                all: *all,
+                full: *full,
+                graph: *graph,
+                json: *json,
+            };
+            let (conn, _, _) = connect(&cli).await?;
+            // Redrawn in place on a terminal; elsewhere (a file, a pipe, a
+            // log) a stream of snapshots, each after a timestamp line.
+            let terminal = io::stdout().is_terminal();
             loop {
-                let text = inspect(&client, &registry, all, json).await?;
-                match watch {
-                    None => {
-                        return emit(&text);
-                    }
-                    Some(wait) => {
-                        if !json {
-                            // Clear the screen and home the cursor.
-                            emit("\x1b[2J\x1b[H")?;
-                        }
-                        emit(&text)?;
-                        tokio::time::sleep(wait).await;
-                    }
+                let Some(wait) = watch else {
+                    return emit(&inspect(&conn, &registry, view, None).await?);
+                };
+                let now = std::time::SystemTime::now();
+                let text = inspect(&conn, &registry, view, Some(now)).await?;
+                if terminal {
+                    // Clear the screen and home the cursor.
+                    emit(&format!("\x1b[2J\x1b[H{text}"))?;
+                } else if view.json {
+                    emit(&text)?;
+                } else {
+                    emit(&format!("=== {} ===\n{text}\n", render::timestamp(now)))?;
                 }
+                tokio::time::sleep(wait).await;
             }
         }
         Command::Check {
             session_keepalive,
             json,
         } => {
-            let keepalive = Duration::try_from_secs_f64(*session_keepalive)
-                .map_err(|e| format!("invalid --session-keepalive: {e}"))?;
-            let (client, config, tls) = connect(&cli).await?;
-            emit(&check(&client, &config, tls, keepalive, *json).await?)
+            let keepalive = seconds("--session-keepalive", *session_keepalive, 0.0)?;
+            let (conn, config, tls) = connect(&cli).await?;
+            emit(&check(&conn, &config, tls, keepalive, *json).await?)
         }
     }
+}
+
+/// The shortest `--watch` interval.
+const WATCH_MIN: f64 = 0.1;
+
+/// The one check of every option given in seconds: a positive, finite
+/// number that a `Duration` holds (`nan`, `inf`, `0`, `-0.5` and `1e300`
+/// are refused, never rounded to something else), and at least `min`.
+fn seconds(option: &str, value: f64, min: f64) -> Result<Duration> {
+    if !value.is_finite() || value <= 0.0 {
+        return Err(format!(
+            "invalid {option} {value}: expected a positive number of seconds, e.g. 2 or 0.5"
+        )
+        .into());
+    }
+    if value < min {
+        return Err(format!("invalid {option} {value}: at least {min} seconds").into());
+    }
+    Duration::try_from_secs_f64(value).map_err(|e| format!("invalid {option} {value}: {e}").into())
 }
 
 fn key(
@@ -425,10 +487,36 @@ fn emit(text: &str) -> Result<()> {
     }
 }
 
-async fn inspect(client: &Client, base: &KeyRegistry, all: bool, json: bool) -> Result<String> {
+/// What `lockkit inspect` shows.
+#[derive(Clone, Copy, Debug)]
+struct View {
+    /// Relation locks too.
+    all: bool,
+    /// Every lock, however many.
+    full: bool,
+    /// Only the wait-for graph.
+    graph: Option<render::GraphFormat>,
+    /// JSON.
+    json: bool,
+}
+
+/// One inspection, each of its queries within the bound; `at` is the time
+/// of a `--watch` snapshot (written into its JSON).
+async fn inspect(
+    conn: &Conn,
+    base: &KeyRegistry,
+    view: View,
+    at: Option<std::time::SystemTime>,
+) -> Result<String> {
+    let client = &conn.client;
     // The key types the applications published, when they did: a role
     // that may not read them still sees the locks.
-    let (published, published_error) = match published_key_types(client).await {
+    let published = conn
+        .within("reading the published key types", async {
+            Ok(published_key_types(client).await)
+        })
+        .await?;
+    let (published, published_error) = match published {
         Ok(published) => (published, None),
         Err(e) => (None, Some(chain(&e))),
     };
@@ -436,16 +524,24 @@ async fn inspect(client: &Client, base: &KeyRegistry, all: bool, json: bool) -> 
         Some(published) => base.clone().register_published(published),
         None => base.clone(),
     };
-    let rows = advisory_locks(client, &registry)
-        .await
-        .map_err(|e| query_error("cannot read pg_locks", &e))?;
+    let rows = conn
+        .within("reading pg_locks", async {
+            advisory_locks(client, &registry)
+                .await
+                .map_err(|e| query_error("cannot read pg_locks", &e))
+        })
+        .await?;
     // Without --all, the queues are read only to say, when no advisory
     // lock is there to show, that they exist.
+    let all = view.all;
     let relations: Option<Vec<RelationLockRow>> = if all || rows.is_empty() {
         Some(
-            relation_lock_queues(client)
-                .await
-                .map_err(|e| query_error("cannot read pg_locks", &e))?,
+            conn.within("reading the relation-lock queues", async {
+                relation_lock_queues(client)
+                    .await
+                    .map_err(|e| query_error("cannot read pg_locks", &e))
+            })
+            .await?,
         )
     } else {
         None
@@ -465,12 +561,18 @@ async fn inspect(client: &Client, base: &KeyRegistry, all: bool, json: bool) -> 
         published: published.as_deref(),
         published_error,
         relation_waiters,
+        semaphores: render::semaphore_names(&registry, &rows),
     };
-    Ok(if json {
-        format!(
-            "{}\n",
-            render::inspect_json(&rows, relations.as_deref(), &collisions, &sources)
-        )
+    Ok(if let Some(format) = view.graph {
+        render::graph(&rows, relations.as_deref(), &sources, format)
+    } else if view.json {
+        let mut doc = render::inspect_json(&rows, relations.as_deref(), &collisions, &sources);
+        if let Some(at) = at {
+            doc["time"] = json!(render::timestamp(at));
+        }
+        format!("{doc}\n")
+    } else if !view.full && render::is_long(&rows) {
+        render::summary_text(&rows, relations.as_deref(), &collisions, &sources)
     } else {
         render::inspect_text(&rows, relations.as_deref(), &collisions, &sources)
     })
@@ -483,17 +585,33 @@ const CHECK_SQL: &str = "SELECT current_setting('max_locks_per_transaction')::in
      (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'), \
      pg_is_in_recovery(), current_setting('server_version'), current_user::text";
 
+/// What is safe behind a transaction-mode pooler, as `check` says it (the
+/// README's "Session-duration locks" and `StatementMode`).
+const POOLED_SAFE: &str = "safe here: transaction-scoped locks (LockTx), SessionLock in its \
+     default form (its lock in a transaction of its own) and SessionForm::Multiplexed";
+const POOLED_UNSAFE: &str = "not safe here: SessionForm::SessionLevel (pg_advisory_lock on a \
+     pooled backend; lockkit refuses it when it sees a pooler)";
+const POOLED_STATEMENTS: &str = "named prepared statements are not safe here: keep the default \
+     StatementMode::Unnamed (StatementMode::Prepared only behind a pooler that keeps them, \
+     e.g. pgbouncer 1.21+ with max_prepared_statements)";
+const DIRECT_STATEMENTS: &str = "every lockkit form works here, and StatementMode::Prepared \
+     (named prepared statements, opt-in) as well as the default StatementMode::Unnamed";
+
 async fn check(
-    client: &Client,
+    conn: &Conn,
     config: &tokio_postgres::Config,
     tls: Option<MakeTlsConnector>,
     keepalive: Duration,
     json: bool,
 ) -> Result<String> {
-    let row = client
-        .query_typed_one(CHECK_SQL, &[])
-        .await
-        .map_err(|e| query_error("cannot read the server settings", &lockkit::Error::from(e)))?;
+    let client = &conn.client;
+    let row = conn
+        .within("reading the server settings", async {
+            client.query_typed_one(CHECK_SQL, &[]).await.map_err(|e| {
+                query_error("cannot read the server settings", &lockkit::Error::from(e))
+            })
+        })
+        .await?;
     let get = |i: usize| row.get::<_, i64>(i);
     let per_tx = get(0);
     // MaxBackends (PostgreSQL 15) plus prepared transactions: the processes
@@ -503,20 +621,32 @@ async fn check(
     let advisory = get(6);
     let standby: bool = row.get(7);
     let version: String = row.get(8);
-    let probe = match tls {
-        Some(tls) => {
-            SessionLock::with_tls(config.clone(), tls)
-                .probe_pooler()
-                .await
-        }
-        None => probe_pooler(config).await,
-    }
-    .map_err(|e| query_error("cannot probe for a pooler", &e))?;
+    // The probe opens connections of its own (each bounded by the
+    // config's connect_timeout) and is bounded as a whole by its own
+    // timeout; the query bound on top covers anything left.
+    let probe = conn
+        .within("probing for a pooler", async {
+            match tls {
+                Some(tls) => {
+                    SessionLock::with_tls(config.clone(), tls)
+                        .probe_pooler()
+                        .await
+                }
+                None => probe_pooler(config).await,
+            }
+            .map_err(|e| query_error("cannot probe for a pooler", &e))
+        })
+        .await?;
     let percent = 100.0 * advisory as f64 / capacity.max(1) as f64;
-    let setting_rows = client
-        .query_typed(settings::SETTINGS_SQL, &[])
-        .await
-        .map_err(|e| query_error("cannot read the lock settings", &lockkit::Error::from(e)))?;
+    let pooled = probe.is_transaction_pooled();
+    let setting_rows = conn
+        .within("reading the lock settings", async {
+            client
+                .query_typed(settings::SETTINGS_SQL, &[])
+                .await
+                .map_err(|e| query_error("cannot read the lock settings", &lockkit::Error::from(e)))
+        })
+        .await?;
     let mut assessed = Vec::new();
     for name in settings::NAMES {
         let Some(row) = setting_rows.iter().find(|r| r.get::<_, &str>(0) == name) else {
@@ -539,6 +669,13 @@ async fn check(
             "hot_standby": standby,
             "transaction_pooled": probe.is_transaction_pooled(),
             "pooler_evidence": probe.evidence(),
+            "safe_forms": if pooled {
+                json!(["transaction-scoped locks", "SessionLock (default form)", "SessionForm::Multiplexed"])
+            } else {
+                json!(["transaction-scoped locks", "SessionLock (default form)", "SessionForm::Multiplexed", "SessionForm::SessionLevel"])
+            },
+            "unsafe_forms": if pooled { json!(["SessionForm::SessionLevel"]) } else { json!([]) },
+            "statement_modes": if pooled { json!(["Unnamed"]) } else { json!(["Unnamed", "Prepared"]) },
             "session_keepalive_seconds": keepalive.as_secs_f64(),
             "settings": assessed.iter().map(|a| json!({
                 "name": a.name,
@@ -572,12 +709,16 @@ async fn check(
     let _ = match probe.evidence() {
         Some(evidence) => writeln!(
             out,
-            "pooled          yes, a transaction-mode pooler ({evidence}): session locks are unsafe here, use transaction-scoped locks"
+            "pooled          yes, a transaction-mode pooler ({evidence})\n\
+             {:16}{POOLED_SAFE}\n{:16}{POOLED_UNSAFE}\n{:16}{POOLED_STATEMENTS}",
+            "", "", ""
         ),
         None => writeln!(
             out,
-            "pooled          no transaction-mode pooler seen (server backend {} stayed with the connection)",
-            probe.backend_pid()
+            "pooled          no transaction-mode pooler seen (server backend {} stayed with the connection)\n\
+             {:16}{DIRECT_STATEMENTS}",
+            probe.backend_pid(),
+            ""
         ),
     };
     let _ = writeln!(
@@ -595,15 +736,17 @@ async fn check(
     Ok(out)
 }
 
-/// Parses the URL and the TLS options, and connects, with messages that
-/// say what to fix. Answers the client, its config and its TLS connector
-/// (`None` for `sslmode=disable`).
-async fn connect(cli: &Cli) -> Result<(Client, tokio_postgres::Config, Option<MakeTlsConnector>)> {
+/// Parses the URL and the TLS options, and connects, each host within the
+/// bound ([`connect::bound_of`]), with messages that say what to fix.
+/// Answers the connection, its config and its TLS connector (`None` for
+/// `sslmode=disable`).
+async fn connect(cli: &Cli) -> Result<(Conn, tokio_postgres::Config, Option<MakeTlsConnector>)> {
     let url = cli
         .url
         .as_deref()
         .filter(|u| !u.is_empty())
         .ok_or("no database given: pass --url or set DATABASE_URL")?;
+    check_scheme(url)?;
     let split = tls::split(url).map_err(|e| e.to_string())?;
     let settings = TlsSettings::decide(
         (cli.sslmode.as_deref(), cli.sslrootcert.as_deref()),
@@ -621,43 +764,63 @@ async fn connect(cli: &Cli) -> Result<(Client, tokio_postgres::Config, Option<Ma
     if config.get_application_name().is_none() {
         config.application_name(APPLICATION_NAME);
     }
-    let target = target(&config);
+    // The bound on each wait, also for the connections `check`'s pooler
+    // probe opens.
+    config.connect_timeout(connect::bound_of(&config));
     let tls = settings.connector().map_err(|e| e.to_string())?;
-    let client = match &tls {
-        Some(tls) => {
-            let (client, connection) = config
-                .connect(tls.clone())
-                .await
-                .map_err(|e| connect_error(&target, settings.mode, &e))?;
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
-            client
-        }
-        None => {
-            let (client, connection) = config
-                .connect(NoTls)
-                .await
-                .map_err(|e| connect_error(&target, settings.mode, &e))?;
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
-            client
-        }
-    };
-    Ok((client, config, tls))
+    let conn = connect::open(&config, tls.as_ref())
+        .await
+        .map_err(|e| match e.error {
+            HostFailure::Driver(driver) => connect_error(&e.target, settings.mode, &driver),
+            HostFailure::Io(io) if io.kind() == io::ErrorKind::ConnectionRefused => format!(
+                "connection refused at {}: is PostgreSQL running and listening there?",
+                e.target
+            )
+            .into(),
+            HostFailure::Io(io) => format!("cannot connect to {}: {io}", e.target).into(),
+            HostFailure::Message(message) => message,
+        })?;
+    Ok((conn, config, tls))
 }
 
-/// `host:port` of the first host, for messages (never the password).
-fn target(config: &tokio_postgres::Config) -> String {
-    let host = match config.get_hosts().first() {
-        Some(Host::Tcp(host)) => host.clone(),
-        #[cfg(unix)]
-        Some(Host::Unix(path)) => path.display().to_string(),
-        None => "localhost".into(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!("{host}:{port}")
+/// Refuses a URL of another scheme (`mysql://…`), and a string that is
+/// neither a URL nor `key=value` pairs (`postgres//host`, which
+/// tokio-postgres would answer with `unexpected EOF`).
+fn check_scheme(url: &str) -> Result<()> {
+    let trimmed = url.trim();
+    let expected = "expected postgres://[user[:password]@]host[:port]/dbname[?param=value&…] \
+                    or key=value pairs (host=… dbname=…)";
+    if let Some((scheme, _)) = trimmed.split_once("://") {
+        let plain = !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+        if plain && scheme != "postgres" && scheme != "postgresql" {
+            return Err(format!(
+                "wrong URL scheme {scheme:?}: lockkit connects to PostgreSQL; {expected}"
+            )
+            .into());
+        }
+        return Ok(());
+    }
+    if !trimmed.contains('=') {
+        return Err(format!(
+            "invalid connection URL {:?}: neither a URL (a scheme followed by `://`) nor \
+             key=value pairs; {expected}",
+            without_password(trimmed)
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A connection string for a message, with what precedes an `@` (a
+/// password, perhaps) left out.
+fn without_password(url: &str) -> String {
+    match url.rsplit_once('@') {
+        Some((_, host)) => format!("…@{host}"),
+        None => url.to_owned(),
+    }
 }
 
 fn connect_error(target: &str, mode: tls::SslMode, e: &tokio_postgres::Error) -> Failure {

@@ -6,14 +6,25 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use lockkit::inspect::{AdvisoryLockRow, Collision, Marker, PublishedKeyType, RelationLockRow};
+use lockkit::inspect::{
+    AdvisoryLockRow, Collision, Marker, PublishedKeyType, RelationLockRow, Scope,
+};
 use lockkit::key::{semaphore_of, SEMAPHORE_CLASS};
 use lockkit::{LockKey, Mode};
 use serde_json::{json, Value};
 
 mod semaphore;
 
+mod graph;
+mod summary;
+
+pub(crate) use graph::{graph, GraphFormat};
+pub(crate) use semaphore::semaphore_names;
 use semaphore::{semaphore_name, semaphore_text, split_semaphores};
+
+/// The names of the semaphores known by their base (the object of slot 0):
+/// see [`semaphore_names`].
+pub(crate) type SemaphoreNames = BTreeMap<i32, String>;
 
 /// A key with its `pg_locks` columns, as JSON.
 pub(crate) fn key_json(key: LockKey) -> Value {
@@ -39,9 +50,9 @@ fn mode_name(mode: Mode) -> &'static str {
 /// the key; else the key type a session lock's `application_name` names;
 /// else what the key itself says: the namespace tag of a BigInt key, the
 /// class of a Pair key.
-fn type_names(row: &AdvisoryLockRow) -> String {
+fn type_names(row: &AdvisoryLockRow, names: &SemaphoreNames) -> String {
     if let Some((base, _)) = semaphore_of(row.key) {
-        return semaphore_name(base);
+        return semaphore_name(base, names);
     }
     if row.types.is_empty() {
         if let Some(namespace) = row.session_lock_namespace() {
@@ -79,17 +90,24 @@ fn app_text(row: &AdvisoryLockRow) -> Cow<'_, str> {
 /// statement is lockkit's, with its locks by type as `pg_locks` shows them
 /// now: `lock_batch 3×Account`. The counts are the session's advisory
 /// locks held and awaited, that is its transaction's, this call's and
-/// earlier ones'.
-fn calls(rows: &[AdvisoryLockRow]) -> BTreeMap<i32, String> {
-    // pid -> (its call, (type, locks) in first-seen order).
+/// earlier ones'. A session waiting for a semaphore's slot waits for a
+/// permit, whatever statement asks for it: `acquire_permit semaphore
+/// Exporters; holds 1×Job`.
+fn calls(rows: &[AdvisoryLockRow], names: &SemaphoreNames) -> BTreeMap<i32, String> {
+    // pid -> (its call, (type, locks) in first-seen order, the semaphore
+    // it waits for a permit of).
     type Counts = Vec<(String, usize)>;
-    let mut by_pid: BTreeMap<i32, (&'static str, Counts)> = BTreeMap::new();
+    let mut by_pid: BTreeMap<i32, (&'static str, Counts, Option<i32>)> = BTreeMap::new();
     for r in rows {
         let (Some(pid), Some(call)) = (r.pid, r.lockkit_call()) else {
             continue;
         };
-        let (_, counts) = by_pid.entry(pid).or_insert((call, Vec::new()));
-        let name = type_names(r);
+        let (_, counts, permit) = by_pid.entry(pid).or_insert((call, Vec::new(), None));
+        if let (false, Some((base, _))) = (r.granted, semaphore_of(r.key)) {
+            *permit = Some(base);
+            continue;
+        }
+        let name = type_names(r, names);
         match counts.iter_mut().find(|(n, _)| *n == name) {
             Some((_, n)) => *n += 1,
             None => counts.push((name, 1)),
@@ -97,11 +115,46 @@ fn calls(rows: &[AdvisoryLockRow]) -> BTreeMap<i32, String> {
     }
     by_pid
         .into_iter()
-        .map(|(pid, (call, counts))| {
+        .map(|(pid, (call, counts, permit))| {
             let counts: Vec<String> = counts.iter().map(|(n, c)| format!("{c}×{n}")).collect();
-            (pid, format!("{call} {}", counts.join(", ")))
+            let text = match permit {
+                Some(base) if counts.is_empty() => {
+                    format!("acquire_permit {}", semaphore_name(base, names))
+                }
+                Some(base) => format!(
+                    "acquire_permit {}; holds {}",
+                    semaphore_name(base, names),
+                    counts.join(", ")
+                ),
+                None => format!("{call} {}", counts.join(", ")),
+            };
+            (pid, text)
         })
         .collect()
+}
+
+/// Whether the session is one of lockkit's own connections: a
+/// `SessionLock`'s (`lockkit session lock <type> <key>`) or a multiplexed
+/// one's (`lockkit session locks`).
+fn lockkit_connection(row: &AdvisoryLockRow) -> bool {
+    row.session_lock_namespace().is_some()
+        || row.application_name.as_deref() == Some(lockkit::pg::MULTIPLEXED_NAME)
+}
+
+/// The SCOPE of a held lock: the library's inference, and for lockkit's
+/// own connections inside their transaction `transaction`: lockkit takes
+/// only transaction locks there (a `SessionLock` holds its lock in a
+/// transaction kept open; its session-level form runs outside any, where
+/// the library's inference already says `session`).
+pub(crate) fn scope_text(row: &AdvisoryLockRow) -> &'static str {
+    let in_transaction = matches!(
+        row.state.as_deref(),
+        Some("idle in transaction" | "active" | "idle in transaction (aborted)")
+    );
+    if row.scope == Scope::Unknown && in_transaction && lockkit_connection(row) {
+        return Scope::Transaction.as_str();
+    }
+    row.scope.as_str()
 }
 
 /// The QUERY column: the lockkit call, else the statement text.
@@ -121,6 +174,8 @@ pub(crate) struct Sources<'a> {
     pub(crate) published_error: Option<String>,
     /// Sessions that wait for relation locks, when `--all` was not given.
     pub(crate) relation_waiters: usize,
+    /// The semaphores' names.
+    pub(crate) semaphores: SemaphoreNames,
 }
 
 fn collision_text(c: &Collision, published: &[PublishedKeyType]) -> String {
@@ -161,7 +216,8 @@ pub(crate) fn inspect_json(
     collisions: &[Collision],
     sources: &Sources<'_>,
 ) -> Value {
-    let calls = calls(rows);
+    let names = &sources.semaphores;
+    let calls = calls(rows, names);
     let (others, semaphores) = split_semaphores(rows);
     let lock = |r: &AdvisoryLockRow| {
         json!({
@@ -174,7 +230,7 @@ pub(crate) fn inspect_json(
                 "application_name": r.application_name,
                 "user": r.user,
                 "state": r.state,
-                "scope": r.scope.as_str(),
+                "scope": scope_text(r),
                 "transaction_age_seconds": secs(r.transaction_age),
                 "tag": r.key.tag(),
                 "waited_seconds": secs(r.waited),
@@ -185,7 +241,7 @@ pub(crate) fn inspect_json(
         })
     };
     let locks: Vec<Value> = others.into_iter().map(lock).collect();
-    let semaphores: Vec<Value> = semaphores.iter().map(|s| s.json(&lock)).collect();
+    let semaphores: Vec<Value> = semaphores.iter().map(|s| s.json(&lock, names)).collect();
     let published = sources.published.unwrap_or_default();
     let mut doc = json!({
         "locks": locks,
@@ -249,6 +305,32 @@ fn age_text(d: Option<Duration>) -> String {
     d.map_or(String::new(), |d| format!("{:.1}s", d.as_secs_f64()))
 }
 
+/// A time as UTC ISO 8601, to the millisecond: `2024-05-01T12:34:56.789Z`.
+pub(crate) fn timestamp(at: std::time::SystemTime) -> String {
+    let since = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's days-to-civil, for the proleptic Gregorian calendar.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rest / 3_600,
+        rest % 3_600 / 60,
+        rest % 60,
+        since.subsec_millis()
+    )
+}
+
+pub(crate) use summary::{is_long, summary_text};
+
 /// The table, the wait chains and the notes, for a terminal (and the
 /// relation-lock queues with `--all`).
 pub(crate) fn inspect_text(
@@ -258,7 +340,8 @@ pub(crate) fn inspect_text(
     sources: &Sources<'_>,
 ) -> String {
     let mut out = String::new();
-    let calls = calls(rows);
+    let names = &sources.semaphores;
+    let calls = calls(rows, names);
     let (others, semaphores) = split_semaphores(rows);
     // Wide enough for every name, up to a bound.
     let app_width = others
@@ -307,13 +390,13 @@ pub(crate) fn inspect_text(
                 one_line(&app_text(r), app_width),
                 mode_name(r.mode),
                 if r.granted { "held" } else { "waiting" },
-                if r.granted { r.scope.as_str() } else { "" },
+                if r.granted { scope_text(r) } else { "" },
                 r.state.as_deref().unwrap_or(""),
                 age_text(r.transaction_age),
                 age_text(r.waited),
                 blocked.join(","),
                 r.key.to_string(),
-                type_names(r),
+                type_names(r, names),
                 query,
             );
         }
@@ -326,7 +409,7 @@ pub(crate) fn inspect_text(
             "semaphores (a permit is one of its slot keys held; KEYS.md, \"Semaphore slots\"):\n",
         );
         for s in &semaphores {
-            out.push_str(&semaphore_text(s));
+            out.push_str(&semaphore_text(s, names));
         }
     }
     if let Some(relations) = relations.filter(|r| !r.is_empty()) {
@@ -365,7 +448,10 @@ pub(crate) fn inspect_text(
             );
         }
     }
-    let mut entries: Vec<Entry<'_>> = rows.iter().map(|r| Entry::advisory(r, &calls)).collect();
+    let mut entries: Vec<Entry<'_>> = rows
+        .iter()
+        .map(|r| Entry::advisory(r, &calls, names))
+        .collect();
     entries.extend(relations.unwrap_or_default().iter().map(Entry::relation));
     let chains = wait_chains(&entries);
     if !chains.is_empty() {
@@ -382,19 +468,20 @@ pub(crate) fn inspect_text(
     }
     if others
         .iter()
-        .any(|r| r.granted && r.scope == lockkit::inspect::Scope::Unknown)
+        .any(|r| r.granted && scope_text(r) == Scope::Unknown.as_str())
     {
         let _ = writeln!(
             out,
             "\nnote: SCOPE is `session` for a holder idle outside any transaction (only session locks \
-             outlive a transaction), `transaction` for a prepared transaction, and `unknown` otherwise: \
-             pg_locks does not tell session locks from transaction locks"
+             outlive a transaction), `transaction` for a prepared transaction and for lockkit's own \
+             connections in their transaction, and `unknown` otherwise: pg_locks does not tell \
+             session locks from transaction locks"
         );
     }
     let unknown: BTreeSet<String> = rows
         .iter()
         .filter(|r| unknown_type(r) && r.key.tag().is_some())
-        .map(type_names)
+        .map(|r| type_names(r, names))
         .collect();
     let unknown_pairs = rows
         .iter()
@@ -450,16 +537,20 @@ pub(crate) struct Entry<'a> {
 impl<'a> Entry<'a> {
     /// An advisory lock; `calls` are the sessions' lockkit calls
     /// ([`calls`]).
-    pub(crate) fn advisory(r: &'a AdvisoryLockRow, calls: &'a BTreeMap<i32, String>) -> Self {
+    pub(crate) fn advisory(
+        r: &'a AdvisoryLockRow,
+        calls: &'a BTreeMap<i32, String>,
+        names: &SemaphoreNames,
+    ) -> Self {
         Entry {
             pid: r.pid,
             granted: r.granted,
             blocked_by: &r.blocked_by,
             what: match semaphore_of(r.key) {
                 Some((base, slot)) => {
-                    format!("a permit of {} (slot {slot})", semaphore_name(base))
+                    format!("a permit of {} (slot {slot})", semaphore_name(base, names))
                 }
-                None => format!("{} {} ({})", mode_name(r.mode), r.key, type_names(r)),
+                None => format!("{} {} ({})", mode_name(r.mode), r.key, type_names(r, names)),
             },
             app: r.application_name.as_ref().map(|_| app_text(r)),
             state: r.state.as_deref(),
@@ -646,6 +737,14 @@ mod tests {
     }
 
     #[test]
+    fn timestamps_in_utc() {
+        use std::time::{Duration, UNIX_EPOCH};
+        assert_eq!(timestamp(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let at = UNIX_EPOCH + Duration::from_millis(1_709_210_096_789);
+        assert_eq!(timestamp(at), "2024-02-29T12:34:56.789Z");
+    }
+
+    #[test]
     fn draws_chains_and_cycles() {
         let rows = [
             row(10, true, &[], 1),
@@ -656,7 +755,11 @@ mod tests {
             row(21, false, &[20], 4),
         ];
         let calls = BTreeMap::new();
-        let entries: Vec<Entry<'_>> = rows.iter().map(|r| Entry::advisory(r, &calls)).collect();
+        let names = SemaphoreNames::new();
+        let entries: Vec<Entry<'_>> = rows
+            .iter()
+            .map(|r| Entry::advisory(r, &calls, &names))
+            .collect();
         let text = wait_chains(&entries);
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("10 holds exclusive 1"), "{text}");

@@ -1,9 +1,8 @@
 //! `lockkit sql` and the text of `lockkit key --sql`.
 
-use lockkit_cli::sql::SqlKeys;
-use tokio_postgres::Client;
-
+use crate::connect::Conn;
 use crate::{emit, query_error, Result};
+use lockkit_cli::sql::SqlKeys;
 
 /// `lockkit sql`'s subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -14,6 +13,7 @@ pub(crate) enum SqlCommand {
     /// checks that the installed functions compute the KEYS.md golden vector
     /// as this lockkit does. The role needs CREATE on the database (or to
     /// own the schema).
+    #[command(after_long_help = crate::BOUNDS_HELP, after_help = "Every wait for the server is bounded by the URL's connect_timeout, 10 s when unset (see --help).")]
     Install,
     /// Write the install script to stdout.
     ///
@@ -23,10 +23,13 @@ pub(crate) enum SqlCommand {
 }
 
 /// `lockkit sql install`.
-pub(crate) async fn sql_install(client: &Client) -> Result<()> {
-    lockkit::sql::install(client)
-        .await
-        .map_err(|e| query_error("cannot install lockkit's SQL functions", &e))?;
+pub(crate) async fn sql_install(conn: &Conn) -> Result<()> {
+    conn.within("installing lockkit's SQL functions", async {
+        lockkit::sql::install(&conn.client)
+            .await
+            .map_err(|e| query_error("cannot install lockkit's SQL functions", &e))
+    })
+    .await?;
     let version = lockkit::sql::FORMAT_VERSION;
     emit(&format!(
         "installed lockkit's SQL functions (schema {}, key format version {version}); \

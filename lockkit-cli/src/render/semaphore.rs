@@ -4,10 +4,83 @@
 
 use super::*;
 
-/// A semaphore as the output names it: `semaphore 0x35aae600`, its base
-/// (the object of its slot 0, KEYS.md "Semaphore slots") in hex.
-pub(super) fn semaphore_name(base: i32) -> String {
-    format!("semaphore 0x{:08x}", base as u32)
+/// A semaphore as the output names it: `semaphore Exporters` when `names`
+/// knows it, else `semaphore 0x35aae600`, its base (the object of its slot
+/// 0, KEYS.md "Semaphore slots") in hex.
+pub(super) fn semaphore_name(base: i32, names: &SemaphoreNames) -> String {
+    match names.get(&base) {
+        Some(name) => format!("semaphore {name}"),
+        None => format!("semaphore 0x{:08x}", base as u32),
+    }
+}
+
+/// The names of the semaphores that can be named, by base. A semaphore's
+/// base is a one-way hash of the key that names it (KEYS.md), so a name is
+/// found only from a key computed here:
+/// - each type of `registry` (registered with `-n`, or published) names
+///   the semaphore of its value without fields (a unit struct such as
+///   `struct Exporters;`, the usual name of a fleet-wide semaphore), in its
+///   key form;
+/// - a `SessionLock`'s connection names its key in its `application_name`
+///   (`lockkit session lock Exporters -123…`): the semaphore of that key,
+///   when it holds or waits for a permit, is `Exporters -123…`.
+pub(crate) fn semaphore_names(
+    registry: &lockkit::inspect::KeyRegistry,
+    rows: &[AdvisoryLockRow],
+) -> SemaphoreNames {
+    use lockkit::key::{semaphore_base, KeyForm};
+    use lockkit_cli::keyarg::{compute, Form, KeyRequest};
+    let mut names = SemaphoreNames::new();
+    for t in registry.types() {
+        let mut request = KeyRequest::new(Some(t.namespace()), Vec::new());
+        match t.form() {
+            KeyForm::BigInt => request.form = Form::BigInt,
+            KeyForm::Pair => {
+                request.form = Form::Pair;
+                request.class = Some(t.pair_class());
+            }
+            _ => continue,
+        }
+        let Ok(keys) = compute(&request) else {
+            continue;
+        };
+        for key in [keys.bigint, keys.pair].into_iter().flatten() {
+            names
+                .entry(semaphore_base(key))
+                .or_insert_with(|| t.namespace().to_owned());
+        }
+    }
+    for r in rows.iter().filter(|r| semaphore_of(r.key).is_some()) {
+        let Some(app) = r.application_name.as_deref() else {
+            continue;
+        };
+        let Some(namespace) = r.session_lock_namespace() else {
+            continue;
+        };
+        let Some(key) = app
+            .strip_prefix("lockkit session lock ")
+            .and_then(|rest| rest.strip_prefix(namespace))
+            .and_then(|rest| parse_key(rest.trim()))
+        else {
+            continue;
+        };
+        names
+            .entry(semaphore_base(key))
+            .or_insert_with(|| format!("{namespace} {key}"));
+    }
+    names
+}
+
+/// A key as `LockKey` displays it: `-42` or `(1, -2)`.
+fn parse_key(text: &str) -> Option<LockKey> {
+    if let Some(pair) = text.strip_prefix('(').and_then(|t| t.strip_suffix(')')) {
+        let (class, object) = pair.split_once(',')?;
+        return Some(LockKey::Pair(
+            class.trim().parse().ok()?,
+            object.trim().parse().ok()?,
+        ));
+    }
+    text.parse().ok().map(LockKey::BigInt)
 }
 
 /// The slots of one semaphore that `pg_locks` shows, as one entry: the
@@ -15,15 +88,15 @@ pub(super) fn semaphore_name(base: i32) -> String {
 #[derive(Debug)]
 pub(super) struct Semaphore<'a> {
     /// The object of its slot 0 ([`lockkit::key::semaphore_base`]).
-    base: i32,
-    holders: Vec<(u8, &'a AdvisoryLockRow)>,
-    waiters: Vec<(u8, &'a AdvisoryLockRow)>,
+    pub(super) base: i32,
+    pub(super) holders: Vec<(u8, &'a AdvisoryLockRow)>,
+    pub(super) waiters: Vec<(u8, &'a AdvisoryLockRow)>,
 }
 
 impl Semaphore<'_> {
     /// Its slots held (a slot is held by one session, unless someone took
     /// it shared outside lockkit).
-    fn held(&self) -> usize {
+    pub(super) fn held(&self) -> usize {
         self.holders
             .iter()
             .map(|&(slot, _)| slot)
@@ -34,7 +107,11 @@ impl Semaphore<'_> {
     /// Its JSON object: its name, base and class, how many slots are held
     /// and how many sessions wait, and its holders' and waiters' rows (each
     /// as `lock` writes one, with its slot).
-    pub(super) fn json(&self, lock: &impl Fn(&AdvisoryLockRow) -> Value) -> Value {
+    pub(super) fn json(
+        &self,
+        lock: &impl Fn(&AdvisoryLockRow) -> Value,
+        names: &SemaphoreNames,
+    ) -> Value {
         let slots = |rows: &[(u8, &AdvisoryLockRow)]| -> Vec<Value> {
             rows.iter()
                 .map(|&(slot, r)| {
@@ -46,6 +123,7 @@ impl Semaphore<'_> {
         };
         json!({
             "semaphore": format!("0x{:08x}", self.base as u32),
+            "name": names.get(&self.base),
             "base": self.base,
             "class": SEMAPHORE_CLASS,
             "held": self.held(),
@@ -56,7 +134,7 @@ impl Semaphore<'_> {
     }
 
     /// The sessions waiting for one of its slots.
-    fn waiting(&self) -> usize {
+    pub(super) fn waiting(&self) -> usize {
         self.waiters
             .iter()
             .map(|(_, r)| r.pid)
@@ -129,7 +207,7 @@ fn slot_session(slot: u8, r: &AdvisoryLockRow) -> String {
 
 /// A semaphore's entry, one line: `semaphore 0x35aae600: 3 slots held, by
 /// 101 (slot 0), …; 1 session waits: 104 (for slot 0, 2.3s)`.
-pub(super) fn semaphore_text(s: &Semaphore<'_>) -> String {
+pub(super) fn semaphore_text(s: &Semaphore<'_>, names: &SemaphoreNames) -> String {
     let held = s.held();
     let holders: Vec<String> = s
         .holders
@@ -159,7 +237,7 @@ pub(super) fn semaphore_text(s: &Semaphore<'_>) -> String {
     };
     format!(
         "{}: {held} slot{} held{holders}; {waiters}\n",
-        semaphore_name(s.base),
+        semaphore_name(s.base, names),
         if held == 1 { "" } else { "s" },
     )
 }
