@@ -60,7 +60,7 @@ pub struct Config {
 pub enum StatementMode {
     /// Prepared once per connection and reused (the default): a lock costs
     /// the server no parse and plan. tokio-postgres: lockkit's own cache per
-    /// [`LockClient`](crate::LockClient); Diesel and diesel-async: the
+    /// `LockClient`; Diesel and diesel-async: the
     /// connection's statement cache (unnamed if the application disabled
     /// it); sqlx: its persistent statements.
     #[default]

@@ -406,7 +406,7 @@ impl Error {
     }
 
     /// Whether running the whole transaction again may succeed: a deadlock, a
-    /// serialization failure or a timeout. [`retry`](crate::retry) retries
+    /// serialization failure or a timeout. `retry` retries
     /// exactly these, and so does it for a driver's error of the same
     /// SQLSTATE ([`Transient`](crate::Transient)).
     pub fn is_transient(&self) -> bool {
