@@ -5,7 +5,7 @@
 //! `pg_blocking_pids` in one query; a [`KeyRegistry`] of the application's
 //! key types names the namespace behind each key, from the namespace tag in
 //! the top 16 bits of a hashed `BigInt` key or the class of a `Pair` key
-//! ([KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md)).
+//! (`docs/KEYS.md`).
 //! [`KeyRegistry::linked`] knows every key type of the program (each type
 //! that derives `AdvisoryKey`); [`published_key_types`] reads those the
 //! applications published to the server
