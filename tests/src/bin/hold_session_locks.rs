@@ -3,7 +3,7 @@
 //!
 //! `hold-session-locks <url> <count> <first id>` takes `count` keys
 //! [`Feed`] `first..first + count` with
-//! [`SessionForm::Multiplexed`](lockkit::pg::SessionForm::Multiplexed)
+//! [`SessionForm::Multiplexed`]
 //! over at most 8 connections to `url`, prints `held <n> <backend pids>`
 //! on one line, and sleeps until killed.
 
