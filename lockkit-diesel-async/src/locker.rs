@@ -99,7 +99,7 @@ impl Locker {
     ///     id: i64,
     /// }
     ///
-    /// # async fn run(conn: &mut AsyncPgConnection, locker: &Locker) -> Result<(), lockkit::Error> {
+    /// # async fn run(conn: &mut AsyncPgConnection, locker: &Locker) -> Result<(), lockkit_diesel_async::Error> {
     /// locker
     ///     .transaction(conn, |tx| {
     ///         Box::pin(async move {
@@ -108,7 +108,7 @@ impl Locker {
     ///                 .bind::<diesel::sql_types::BigInt, _>(order.id)
     ///                 .execute(tx.conn())
     ///                 .await?;
-    ///             Ok::<_, lockkit::Error>(())
+    ///             Ok::<_, lockkit_diesel_async::Error>(())
     ///         })
     ///     })
     ///     .await

@@ -65,8 +65,8 @@ impl Locker {
     ///     id: i64,
     /// }
     ///
-    /// # fn run(conn: &mut PgConnection, locker: &Locker) -> Result<(), lockkit::Error> {
-    /// conn.transaction::<_, lockkit::Error, _>(|conn| {
+    /// # fn run(conn: &mut PgConnection, locker: &Locker) -> Result<(), lockkit_diesel::Error> {
+    /// conn.transaction::<_, lockkit_diesel::Error, _>(|conn| {
     ///     let mut tx = locker.lock_tx(conn)?;
     ///     let order = tx.lock(Order { id: 42 })?; // held until COMMIT/ROLLBACK
     ///     diesel::sql_query("UPDATE orders SET state = 'paid' WHERE id = $1")

@@ -97,7 +97,7 @@ impl Locker {
     ///     id: i64,
     /// }
     ///
-    /// # async fn run(pool: &sqlx::PgPool, locker: &Locker) -> Result<(), lockkit::Error> {
+    /// # async fn run(pool: &sqlx::PgPool, locker: &Locker) -> Result<(), lockkit_sqlx::Error> {
     /// locker
     ///     .transaction(pool, |tx| {
     ///         Box::pin(async move {
@@ -107,7 +107,7 @@ impl Locker {
     ///                 .execute(tx.conn())
     ///                 .await
     ///                 .lock_err()?;
-    ///             Ok::<_, lockkit::Error>(())
+    ///             Ok::<_, lockkit_sqlx::Error>(())
     ///         })
     ///     })
     ///     .await
