@@ -107,7 +107,11 @@ fn calls(rows: &[AdvisoryLockRow], names: &SemaphoreNames) -> BTreeMap<i32, Stri
             *permit = Some(base);
             continue;
         }
-        let name = type_names(r, names);
+        // A slot held is a permit, not a lock of a type named `semaphore`.
+        let name = match semaphore_of(r.key) {
+            Some((base, _)) => format!("permit of {}", semaphore_name(base, names)),
+            None => type_names(r, names),
+        };
         match counts.iter_mut().find(|(n, _)| *n == name) {
             Some((_, n)) => *n += 1,
             None => counts.push((name, 1)),
@@ -116,7 +120,14 @@ fn calls(rows: &[AdvisoryLockRow], names: &SemaphoreNames) -> BTreeMap<i32, Stri
     by_pid
         .into_iter()
         .map(|(pid, (call, counts, permit))| {
-            let counts: Vec<String> = counts.iter().map(|(n, c)| format!("{c}×{n}")).collect();
+            let counts: Vec<String> = counts
+                .iter()
+                .map(|(n, c)| match n.strip_prefix("permit of ") {
+                    Some(semaphore) if *c == 1 => format!("a permit of {semaphore}"),
+                    Some(semaphore) => format!("{c} permits of {semaphore}"),
+                    None => format!("{c}×{n}"),
+                })
+                .collect();
             let text = match permit {
                 Some(base) if counts.is_empty() => {
                     format!("acquire_permit {}", semaphore_name(base, names))

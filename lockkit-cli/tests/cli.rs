@@ -9,6 +9,14 @@ use lockkit_tests::TestServer;
 use serde_json::Value;
 use tokio_postgres::{Client, NoTls};
 
+// The topics of issue 47, in files of their own (one test binary).
+#[path = "cli/bounds.rs"]
+mod bounds;
+#[path = "cli/inspect_many.rs"]
+mod inspect_many;
+#[path = "cli/pooler.rs"]
+mod pooler;
+
 fn lockkit(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lockkit"))
         .args(args)

@@ -95,7 +95,7 @@ pub(crate) fn summary_text(
             h,
             w,
             pid.and_then(|p| calls.get(&p))
-                .map(|c| one_line(c, 50))
+                .map(|c| one_line(c, 70))
                 .unwrap_or_default(),
         ));
     }
