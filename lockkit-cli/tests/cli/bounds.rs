@@ -268,3 +268,41 @@ fn seconds_and_urls_are_checked_alike() {
         "{err}"
     );
 }
+
+/// `--watch` into a pipe: a stream of snapshots, each after a timestamp
+/// line, and no terminal codes (it cleared the screen of a log file).
+#[test]
+fn watch_off_a_terminal_streams_timestamped_snapshots() {
+    use std::io::{BufRead, BufReader};
+    let db = TestServer::shared();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockkit"))
+        .args(["--url", db.url(), "inspect", "--watch", "0.1"])
+        .env_remove("DATABASE_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run lockkit");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let mut stamps = 0;
+    while stamps < 3 {
+        let line = lines
+            .next()
+            .expect("lockkit --watch ended")
+            .expect("a line");
+        if line.starts_with("=== ") {
+            stamps += 1;
+        }
+        seen.push(line);
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let text = seen.join("\n");
+    assert!(!text.contains('\x1b'), "terminal codes in a pipe: {text:?}");
+    let stamp = seen.iter().find(|l| l.starts_with("=== ")).unwrap();
+    // `=== 2024-05-01T12:34:56.789Z ===`
+    assert!(
+        stamp.len() == 32 && stamp.ends_with("Z ===") && stamp.as_bytes()[14] == b'T',
+        "{stamp}"
+    );
+}
