@@ -1,20 +1,23 @@
 //! `lockkit`: the operator's view of advisory locks.
 //!
 //! - `lockkit inspect`: advisory locks held and awaited, each semaphore's
-//!   permits as one entry, wait chains as a tree, `--watch` to refresh,
-//!   `--json` for scripts.
+//!   permits as one entry, wait chains as a tree; a summary past 40 rows
+//!   (`--full` for every row), the wait-for graph as Graphviz DOT or
+//!   Mermaid (`--graph`), `--watch` to refresh, `--json` for scripts.
 //! - `lockkit key NAMESPACE VALUE...`: the keys (and their `pg_locks`
 //!   columns) of a key type's typed field values (`i:42`, `s:acme`,
 //!   `variant:Account`, …), in every form of the key format,
 //!   [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
 //! - `lockkit check`: the server's lock table capacity, how much advisory
-//!   locks use now, hot standby, and whether the connection is pooled.
+//!   locks use now, hot standby, whether the connection is pooled and
+//!   what is safe behind the pooler.
 //! - `lockkit sql install` / `lockkit sql print`: lockkit's SQL functions,
 //!   which compute the same keys in SQL (`lockkit key --sql` prints a key's
 //!   expression).
 //!
 //! Connects with `--url` or `DATABASE_URL`, over TLS as libpq would
-//! (`sslmode`, `sslrootcert`; see `lockkit_cli::tls`).
+//! (`sslmode`, `sslrootcert`; see `lockkit_cli::tls`); every wait for the
+//! server is bounded (see the `connect` module).
 mod connect;
 mod render;
 mod sql_command;
@@ -570,7 +573,7 @@ async fn inspect(
         if let Some(at) = at {
             doc["time"] = json!(render::timestamp(at));
         }
-        format!("{doc}\n")
+        format!("{doc:#}\n")
     } else if !view.full && render::is_long(&rows) {
         render::summary_text(&rows, relations.as_deref(), &collisions, &sources)
     } else {
