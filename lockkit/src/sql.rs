@@ -88,7 +88,9 @@ where
     C: tokio_postgres::GenericClient + Sync,
 {
     client.batch_execute(SQL).await?;
-    let row = client.query_one(CHECK, &[]).await?;
+    // Unnamed: a named statement could meet another client's behind a
+    // transaction-mode pooler.
+    let row = client.query_typed_one(CHECK, &[]).await?;
     let version: i32 = row.try_get(0)?;
     let key: i64 = row.try_get(1)?;
     let class: i32 = row.try_get(2)?;

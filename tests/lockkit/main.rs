@@ -30,6 +30,7 @@ mod session_pooler;
 mod session_probe;
 mod session_silent;
 mod session_tls;
+mod shared_pooler;
 mod smoke;
 mod sql_keys;
 mod standby;

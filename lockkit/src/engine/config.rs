@@ -50,23 +50,32 @@ pub struct Config {
 
 /// How an adapter sends lockkit's statements.
 ///
-/// Either way every reply is checked: behind a pooler that hands a
-/// transaction a backend where lockkit's statement name means another
-/// client's statement, a lock call fails with
-/// [`ErrorKind::UnexpectedReply`](crate::ErrorKind::UnexpectedReply), never
-/// succeeds without its lock; `Unnamed` avoids the failure.
+/// The default, [`Unnamed`](Self::Unnamed), works everywhere: lockkit sends
+/// no named prepared statement, so behind a transaction-mode pooler shared
+/// with other applications (pgbouncer before 1.21, or without
+/// `max_prepared_statements`) nothing of lockkit's can collide with another
+/// client's statement, or be missing from the server connection the pooler
+/// picked. [`Prepared`](Self::Prepared) saves the server the parse of each
+/// statement, for direct connections and poolers that keep named prepared
+/// statements per client: `Config::default().statements(StatementMode::Prepared)`.
+///
+/// Either way every reply is checked: should a named statement meet another
+/// client's of the same name, or none, the lock call fails with
+/// [`ErrorKind::UnexpectedReply`](crate::ErrorKind::UnexpectedReply) and
+/// the SQLSTATE (`42P05`, `26000`), and never succeeds without its lock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StatementMode {
-    /// Prepared once per connection and reused (the default): a lock costs
-    /// the server no parse and plan. tokio-postgres: lockkit's own cache per
-    /// `LockClient`; Diesel and diesel-async: the
-    /// connection's statement cache (unnamed if the application disabled
-    /// it); sqlx: its persistent statements.
-    #[default]
+    /// Prepared once per connection and reused: a lock costs the server no
+    /// parse and plan. tokio-postgres: lockkit's own cache per
+    /// `LockClient`; Diesel and diesel-async: the connection's statement
+    /// cache (unnamed if the application disabled it); sqlx: its persistent
+    /// statements. Not behind a transaction-mode pooler that does not keep
+    /// named prepared statements per client.
     Prepared,
     /// Sent unnamed every time (parse, bind and execute in one round trip),
-    /// for poolers that do not keep named prepared statements.
+    /// safe behind every pooler (the default).
+    #[default]
     Unnamed,
 }
 
@@ -138,9 +147,9 @@ impl Config {
         self.allow_standby
     }
 
-    /// How lockkit's statements are sent: prepared once per connection (the
-    /// default), or unnamed, for transaction-mode poolers that do not keep
-    /// named prepared statements.
+    /// How lockkit's statements are sent: unnamed (the default, safe behind
+    /// every pooler), or prepared once per connection, for direct
+    /// connections (see [`StatementMode`]).
     pub fn statements(mut self, mode: StatementMode) -> Self {
         self.statements = mode;
         self
@@ -169,12 +178,12 @@ mod tests {
     #[test]
     fn options_read_back_what_was_set() {
         let default = Config::default();
-        assert_eq!(default.statement_mode(), StatementMode::Prepared);
+        assert_eq!(default.statement_mode(), StatementMode::Unnamed);
         assert!(!default.standby_allowed());
         let set = Config::default()
-            .statements(StatementMode::Unnamed)
+            .statements(StatementMode::Prepared)
             .allow_standby(true);
-        assert_eq!(set.statement_mode(), StatementMode::Unnamed);
+        assert_eq!(set.statement_mode(), StatementMode::Prepared);
         assert!(set.standby_allowed());
         assert!(!set.allow_standby(false).standby_allowed());
     }

@@ -116,28 +116,42 @@ async fn send_round(
             .collect(),
         (Some(cache), _) => {
             let answers = join_all(round.iter().map(|stmt| send(client, None, stmt)));
-            preparing(client, cache, answers)
-                .await
-                .into_iter()
-                .collect()
+            let (prepared, answers) = preparing(client, cache, answers).await;
+            the_cause(prepared, answers.into_iter().collect())
         }
     }
 }
 
 /// Runs `unnamed` (statements sent unnamed) right behind the `Parse`
 /// messages of lockkit's statements, which the first lock call on a
-/// connection sends; the prepared statements serve the next calls.
+/// connection sends; the prepared statements serve the next calls. Answers
+/// how the preparation went, and `unnamed`'s output.
 async fn preparing<T>(
     client: &Client,
     cache: &StatementCache,
     unnamed: impl Future<Output = T>,
-) -> T {
+) -> (Result<(), tokio_postgres::Error>, T) {
     let (prepared, out) = join(cache.prepare(client), unnamed).await;
-    if let Err(e) = prepared {
+    if let Err(e) = &prepared {
         // Unnamed statements served this call; the next one tries again.
         tracing::debug!(error = %e, "lockkit: could not prepare lockkit's statements");
     }
-    out
+    (prepared, out)
+}
+
+/// The answer of statements sent behind the preparation, with the cause of
+/// their failure: a `Parse` the server refused (a statement name another
+/// client left on the server connection, `42P05`) aborts the transaction,
+/// and the statements behind it fail with `25P02`, which says nothing of
+/// why.
+fn the_cause<T>(
+    prepared: Result<(), tokio_postgres::Error>,
+    answer: Result<T, tokio_postgres::Error>,
+) -> Result<T, tokio_postgres::Error> {
+    match (prepared, answer) {
+        (Err(cause), Err(_)) if cause.as_db_error().is_some() => Err(cause),
+        (_, answer) => answer,
+    }
 }
 
 /// Sends one statement: prepared when `prepared` has it, else unnamed
@@ -278,7 +292,11 @@ impl<'c> Driver for Pg<'c> {
         let (client, cache) = (conn.client, conn.cache);
         let answer = match cache.filter(|c| c.ready().is_none()) {
             None => send(client, cache.and_then(StatementCache::ready), &statement).await,
-            Some(cache) => Box::pin(preparing(client, cache, send(client, None, &statement))).await,
+            Some(cache) => {
+                let (prepared, answer) =
+                    Box::pin(preparing(client, cache, send(client, None, &statement))).await;
+                the_cause(prepared, answer)
+            }
         };
         answer.map_err(driver_error)
     }

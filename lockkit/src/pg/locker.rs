@@ -71,8 +71,9 @@ impl Locker {
 
     /// Starts a transaction on a plain `client` that can take advisory
     /// locks, sending lockkit's statements unnamed (one round trip each; the
-    /// server parses them every time). Prefer [`LockClient::begin`], which
-    /// prepares them once per connection.
+    /// server parses them every time), whatever the [`StatementMode`]. On a
+    /// direct connection, [`LockClient::begin`] with
+    /// [`StatementMode::Prepared`] prepares them once per connection.
     ///
     /// Works with pooled connections too: a deadpool-postgres `Object`
     /// dereferences to `Client` (`locker.begin(&mut obj)`).
@@ -101,23 +102,27 @@ impl Locker {
 }
 
 /// A connection that takes advisory locks: a [`Client`] with lockkit's
+/// per-connection state (and, with [`StatementMode::Prepared`], lockkit's
 /// statements prepared on it, lazily, all at once, the first time a lock
-/// call needs them. A lock then costs what a hand-prepared
-/// `SELECT pg_advisory_xact_lock($1)` costs. This is the way in for
-/// tokio-postgres; make one per connection and keep it with the connection.
+/// call needs them). This is the way in for tokio-postgres; make one per
+/// connection and keep it with the connection.
 ///
 /// It dereferences to the [`Client`] for everything else.
 ///
-/// Behind a pooler in transaction mode that does not keep named prepared
-/// statements (pgbouncer before 1.21, or without
-/// `max_prepared_statements`), set
-/// [`Config::statements`]`(`[`StatementMode::Unnamed`]`)`: every statement
-/// is then sent unnamed, still in one round trip. Should a named statement
-/// reach a server connection where another client left a statement of the
-/// same name, the lock call fails with
-/// [`ErrorKind::UnexpectedReply`](crate::ErrorKind::UnexpectedReply):
-/// lockkit checks every reply and never reports a lock it did not see
-/// granted.
+/// By default ([`StatementMode::Unnamed`]) every statement is sent unnamed,
+/// in one round trip: safe behind every pooler, including a
+/// transaction-mode pgbouncer shared with other applications, whose named
+/// statements lockkit's can neither collide with nor miss. On a direct
+/// connection (or a pooler that keeps named prepared statements per
+/// client, pgbouncer 1.21+ with `max_prepared_statements`),
+/// [`Config::statements`]`(`[`StatementMode::Prepared`]`)` saves the
+/// server the parse: a lock then costs what a hand-prepared
+/// `SELECT pg_advisory_xact_lock($1)` costs. Should a named statement reach
+/// a server connection where another client left a statement of the same
+/// name, or none, the lock call fails with
+/// [`ErrorKind::UnexpectedReply`](crate::ErrorKind::UnexpectedReply) and
+/// the SQLSTATE: lockkit checks every reply and never reports a lock it did
+/// not see granted.
 #[derive(Debug)]
 pub struct LockClient {
     client: Client,

@@ -41,6 +41,11 @@ impl DriverError {
             Some(SERIALIZATION_FAILURE) => ErrorKind::SerializationFailure,
             Some(OUT_OF_MEMORY) => ErrorKind::LockTableFull,
             Some(IN_FAILED_SQL_TRANSACTION) => ErrorKind::TransactionAborted,
+            // A statement name that meets another client's statement, or
+            // none, on a server connection a pooler shared.
+            Some(DUPLICATE_PREPARED_STATEMENT | INVALID_SQL_STATEMENT_NAME) => {
+                ErrorKind::UnexpectedReply
+            }
             Some(
                 ADMIN_SHUTDOWN | CRASH_SHUTDOWN | CANNOT_CONNECT_NOW | IDLE_IN_TRANSACTION_TIMEOUT,
             ) => ErrorKind::ConnectionLost,

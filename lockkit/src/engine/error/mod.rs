@@ -608,9 +608,24 @@ impl fmt::Display for Error {
                 f,
                 "refusing a plain session-level lock: the connection goes through a transaction-mode pooler (server backend {backend_pid}: {evidence}), so the lock would stay on a server connection that other clients get; use the default session lock (held in a transaction of its own), or transaction-scoped locks"
             ),
-            (K::UnexpectedReply, _) => f.write_str(
-                "the server's reply is not the reply of lockkit's statement; nothing is known to be held",
-            ),
+            (K::UnexpectedReply, _) => match inner.code.as_deref() {
+                Some(sqlstate::DUPLICATE_PREPARED_STATEMENT) => f.write_str(
+                    "prepared statement name clash (SQLSTATE 42P05): another client's prepared \
+                     statement of that name is on this server connection, as behind a \
+                     transaction-mode pooler shared with other applications; nothing is known \
+                     to be held. Use StatementMode::Unnamed (the default), which sends no named \
+                     statement, or a pooler that keeps prepared statements per client",
+                ),
+                Some(sqlstate::INVALID_SQL_STATEMENT_NAME) => f.write_str(
+                    "prepared statement missing (SQLSTATE 26000): it was prepared on another \
+                     server connection, as behind a transaction-mode pooler; nothing is known \
+                     to be held. Use StatementMode::Unnamed (the default), which sends no named \
+                     statement, or a pooler that keeps prepared statements per client",
+                ),
+                _ => f.write_str(
+                    "the server's reply is not the reply of lockkit's statement; nothing is known to be held",
+                ),
+            },
             (K::Namespace, _) => f.write_str("invalid namespace"),
             (_, _) => match &inner.code {
                 Some(code) => write!(f, "database error (SQLSTATE {code})"),

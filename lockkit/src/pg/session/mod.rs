@@ -88,8 +88,9 @@
 //! feed that holds thousands of long-lived locks: 10,000 held at once over
 //! 8 connections is tested, direct and through transaction-mode pgbouncer.
 //! Each lock is taken and released on its own, with `pg_try_advisory_lock`
-//! and `pg_advisory_unlock` (one round trip each, on statements prepared
-//! once per connection), inside a transaction each connection holds open
+//! and `pg_advisory_unlock` (one round trip each, sent unnamed, so that no
+//! statement name can meet another client's on a pooled server connection),
+//! inside a transaction each connection holds open
 //! for as long as it lives:
 //! - **Behind any pooler.** The open transaction pins the connection's
 //!   backend, so no lock can be stranded on a pooled backend; the
@@ -130,7 +131,7 @@
 //!
 //! The connections' backends show `application_name` =
 //! [`MULTIPLEXED_NAME`] and `idle in transaction`, with no `backend_xid`.
-//! A prepared statement's snapshot stays open in the transaction until the
+//! A statement's snapshot stays open in the transaction until the
 //! connection's next statement; once a connection has run none for 100 ms,
 //! a simple query drops it, so that `backend_xmin` is null: a connection
 //! holds back VACUUM only while it is busy, and then only by its last

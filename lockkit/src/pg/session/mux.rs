@@ -43,7 +43,6 @@ use futures_util::future::join;
 use tokio::sync::{watch, OnceCell};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Statement;
 
 use super::conn::Lease;
 use super::guard::{holds_now, Hold, SessionGuard};
@@ -229,9 +228,6 @@ pub(super) struct MuxConn {
     /// Whether a key was claimed on it since the keeper last looked: an
     /// idle connection is closed only after a cadence without claims.
     used: AtomicBool,
-    /// The try and unlock statements, prepared on first use (see
-    /// [`statement`]).
-    statements: [OnceCell<Statement>; 8],
     /// How many of them ran, for [`drop_snapshot`] to see the connection
     /// quiet.
     statements_run: AtomicU64,
@@ -247,24 +243,12 @@ enum Op {
     Unlock,
 }
 
-/// The statement of `op` for `key`, and its index in
-/// [`MuxConn::statements`].
-fn statement(op: Op, key: LockKey, mode: Mode) -> (usize, &'static str) {
-    let index = match op {
-        Op::Try => 0,
-        Op::Unlock => 4,
-    } + match mode {
-        Mode::Exclusive => 0,
-        Mode::Shared => 2,
-    } + match key {
-        LockKey::BigInt(_) => 0,
-        LockKey::Pair(..) => 1,
-    };
-    let sql = match op {
+/// The statement of `op` for `key`.
+fn statement(op: Op, key: LockKey, mode: Mode) -> &'static str {
+    match op {
         Op::Try => sql::session_lock(key, mode, true),
         Op::Unlock => sql::session_unlock(key, mode),
-    };
-    (index, sql)
+    }
 }
 
 impl MuxConn {
@@ -298,7 +282,6 @@ impl MuxConn {
             cadence: lock.keeper.cadence,
             lost: watch::Sender::new(false),
             used: AtomicBool::new(true),
-            statements: Default::default(),
             statements_run: AtomicU64::new(0),
             snapshot: AtomicBool::new(false),
         });
@@ -333,33 +316,27 @@ impl MuxConn {
     /// `bool`). A failure gives the connection up (the failed statement
     /// aborted its transaction).
     ///
-    /// The statement is prepared once per connection. Its portal, and the
-    /// snapshot the portal holds, stay open in the held transaction until
-    /// the connection's next statement: once the connection is quiet,
-    /// [`drop_snapshot`] runs a simple query that drops them, so that the
-    /// backend does not hold back VACUUM.
+    /// The statement is sent unnamed (parsed, bound and run in one round
+    /// trip): a named one could meet another client's statement of the same
+    /// name on a server connection that a transaction-mode pooler shared
+    /// (`42P05`). Its portal, and the snapshot the portal holds, stay open
+    /// in the held transaction until the connection's next statement: once
+    /// the connection is quiet, [`drop_snapshot`] runs a simple query that
+    /// drops them, so that the backend does not hold back VACUUM.
     async fn run(self: &Arc<Self>, op: Op, key: LockKey, mode: Mode) -> Result<bool, Error> {
         let answer = within_cadence(self.cadence, async {
-            let (index, sql) = statement(op, key, mode);
+            let sql = statement(op, key, mode);
             let client = self.lease.client();
-            let prepared = self.statements[index]
-                .get_or_try_init(|| async {
-                    let types: &[Type] = match key {
-                        LockKey::BigInt(_) => &[Type::INT8],
-                        LockKey::Pair(..) => &[Type::INT4, Type::INT4],
-                    };
-                    client.prepare_typed(sql, types).await
-                })
-                .await?;
             let run = self.statements_run.fetch_add(1, Ordering::Relaxed) + 1;
             if !self.snapshot.swap(true, Ordering::AcqRel) {
                 tokio::spawn(drop_snapshot(Arc::downgrade(self), run));
             }
             let rows = match key {
-                LockKey::BigInt(v) => client.query(prepared, &[&v]).await?,
+                LockKey::BigInt(v) => client.query_typed(sql, &[(&v, Type::INT8)]).await?,
                 LockKey::Pair(class, object) => {
-                    let params: [&(dyn ToSql + Sync); 2] = [&class, &object];
-                    client.query(prepared, &params).await?
+                    let params: [(&(dyn ToSql + Sync), Type); 2] =
+                        [(&class, Type::INT4), (&object, Type::INT4)];
+                    client.query_typed(sql, &params).await?
                 }
             };
             one_bool(&rows)
