@@ -7,7 +7,7 @@
 //!
 //! - **Keys.** `#[derive(AdvisoryKey)]` maps a domain type to a stable
 //!   [`LockKey`], `BigInt(i64)` or `Pair(i32, i32)`, in the key format of
-//!   [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md): the same on every machine, build and version, because
+//!   `docs/KEYS.md`: the same on every machine, build and version, because
 //!   every process that will ever run must agree on it.
 //! - **A [`Locker`]**, made once at startup, holds its [`Policy`]: the
 //!   configuration ([`Config`]: lock budget, order check, statement mode)
@@ -83,6 +83,33 @@
 //! // A golden vector of docs/KEYS.md: every process, build and version agrees.
 //! assert_eq!(Order { id: 42 }.lock_key(), LockKey::BigInt(-7205368663365046133));
 //! ```
+//!
+//! # One `LockTx` per stack, and how each begins one
+//!
+//! lockkit is the tokio-postgres stack and the core every adapter shares;
+//! each other stack has an adapter crate, the only lockkit dependency its
+//! application needs (it re-exports the key trait, its derive and what the
+//! lock calls take and return):
+//!
+//! - `lockkit` (this crate): tokio-postgres, session locks, inspection;
+//! - `lockkit-sqlx`: sqlx;
+//! - `lockkit-diesel-async`: diesel-async;
+//! - `lockkit-diesel`: Diesel (blocking);
+//! - `lockkit-cli`: the `lockkit` command (`inspect`, `key`, `check`, `sql`).
+//!
+//! Every stack locks through a `LockTx` with the same methods
+//! ([`lock`](LockTx::lock), `lock_shared`, the `_timeout` and `try_` forms,
+//! `lock_batch`, `savepoint`, …), the same errors and the same guards. For
+//! sqlx, diesel-async and Diesel it is one type, [`tx::LockTx`], over each
+//! adapter's driver; tokio-postgres keeps a type of its own, [`LockTx`],
+//! which owns the transaction (`commit`, `rollback`).
+//!
+//! | stack | a `LockTx` over a transaction | a closure in a new transaction |
+//! | --- | --- | --- |
+//! | tokio-postgres (`lockkit`) | `conn.begin().await?` on a [`LockClient`] (statements prepared once per connection); [`locker.begin(&mut client).await?`](Locker::begin); [`locker.lock_tx(tx)`](Locker::lock_tx) over an open `tokio_postgres::Transaction` | — |
+//! | sqlx (`lockkit-sqlx`) | `locker.lock_tx(&mut tx)?` over `pool.begin().await?` | `locker.transaction(&pool, \|tx\| Box::pin(async move { … }))` |
+//! | diesel-async (`lockkit-diesel-async`) | `locker.lock_tx(conn)?` inside `conn.transaction(async \|conn\| …)` | `locker.transaction(conn, \|tx\| Box::pin(async move { … }))` |
+//! | Diesel (`lockkit-diesel`) | `locker.lock_tx(conn)?` inside `conn.transaction(\|conn\| …)` | `locker.transaction(conn, \|tx\| { … })` |
 //!
 //! # Observability
 //!
@@ -164,15 +191,20 @@ pub use engine::plan::{Batch, Mode};
 pub use engine::Policy;
 pub use retry::{retry_blocking, RetryPolicy, Transient};
 
-// tokio-postgres (module `pg`, which has the rest: session-lock options,
-// migrations, DDL, the pooler probe).
+// tokio-postgres: everything of module `pg` (the adapter, session locks and
+// their options, migrations, DDL, the pooler probe), as its docs promise.
 #[cfg(feature = "tokio-postgres")]
-pub use pg::{LockClient, LockTx, Locker, SessionLock};
+pub use pg::{
+    probe_pooler, published_key_types, run_ddl, session, DdlOutcome, DdlRetry, LockClient, LockTx,
+    Locker, Migration, MigrationError, MigrationGuard, PoolerProbe, ProbeTimeout, PublishedKeyType,
+    SessionForm, SessionGuard, SessionLock, WhenBusy, DEFAULT_CONNECTIONS, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_KEEPALIVE, DEFAULT_PROBE_TIMEOUT, MULTIPLEXED_NAME,
+};
 #[cfg(feature = "tokio")]
 pub use retry::retry;
 
 /// `#[derive(AdvisoryKey)]`: see the [`AdvisoryKey`] trait and
-/// [KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
+/// `docs/KEYS.md`.
 ///
 /// # Examples
 ///
