@@ -11,7 +11,7 @@ mod valid;
 use proc_macro::TokenStream;
 
 /// Derives `lockkit::AdvisoryKey` (and `lockkit::key::KeyPart`) following the
-/// normative key format, [KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
+/// normative key format, `docs/KEYS.md`.
 ///
 /// The key of a value is a hash of its namespace and of its fields, in
 /// declaration order, each in its canonical encoding ([`KeyPart`]). Field

@@ -47,7 +47,7 @@ impl Transient for diesel::result::Error {
     }
 }
 
-/// How often and how patiently [`retry`](crate::retry()) and
+/// How often and how patiently `retry` (feature `tokio`) and
 /// [`retry_blocking`] run a transaction again.
 ///
 /// The delay before attempt `n + 1` is drawn uniformly from
@@ -181,7 +181,7 @@ where
     }
 }
 
-/// [`retry`](crate::retry()) for blocking code (Diesel): runs `op` until it
+/// The async `retry` for blocking code (Diesel): runs `op` until it
 /// succeeds, fails with a non-transient error, or the attempts are spent,
 /// sleeping the thread between attempts.
 ///
@@ -194,7 +194,8 @@ where
 ///
 /// # Errors
 ///
-/// As [`retry`](crate::retry()).
+/// The last error of `op`: the first non-transient one, or the transient one
+/// of the last attempt.
 pub fn retry_blocking<T, E, F>(policy: &RetryPolicy, mut op: F) -> Result<T, E>
 where
     F: FnMut(u32) -> Result<T, E>,

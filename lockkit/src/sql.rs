@@ -1,5 +1,5 @@
 //! lockkit's keys computed in SQL: the key format of
-//! [KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md) as plain
+//! `docs/KEYS.md` as plain
 //! SQL and PL/pgSQL functions in a schema `lockkit`, so that SQL (a
 //! migration, a psql session, a cron job, a service in another language)
 //! takes the same advisory lock as the Rust service for the same entity.

@@ -189,7 +189,7 @@ pub fn parts_bytes<T: KeyPart + ?Sized>(value: &T) -> Vec<u8> {
     out
 }
 
-/// A value with a canonical encoding ([KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md), "The canonical encoding"): a key's field.
+/// A value with a canonical encoding (`docs/KEYS.md`, "The canonical encoding"): a key's field.
 ///
 /// Implemented for integers (by value, whatever their type), `bool`, `char`,
 /// strings, `Option`, slices, `Vec`, arrays, tuples (concatenated), references

@@ -25,7 +25,7 @@ use crate::key::sip::Sip24;
 
 /// An advisory lock key in one of PostgreSQL's two key spaces.
 ///
-/// The derived [`Ord`] is the global lock order of [KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md): every `BigInt`
+/// The derived [`Ord`] is the global lock order of `docs/KEYS.md`: every `BigInt`
 /// key ascending by signed value, then every `Pair` key ascending by
 /// `(class, object)` as signed integers. Every multi-key acquisition in
 /// lockkit takes its keys in this order, so two processes can never take the
@@ -127,7 +127,7 @@ pub enum KeyForm {
     /// A hashed `Pair` key: `(class, low 32 bits of the body)`.
     Pair,
     /// A `Pair` key whose object is the value of the type's single `i32`
-    /// field, unhashed ([KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md), "Exact pair").
+    /// field, unhashed (`docs/KEYS.md`, "Exact pair").
     PairExact,
     /// The value is the key, unhashed, for interoperating with SQL that locks
     /// plain ids. Raw keys carry no namespace tag and cannot be traced back to
@@ -135,7 +135,7 @@ pub enum KeyForm {
     Raw,
     /// A `BigInt` key equal to the server's `hashtext(text)`, for SQL that
     /// already locks `pg_advisory_xact_lock(hashtext(...))`. lockkit checks
-    /// once per [`Locker`](crate::Locker) that the client computes what the
+    /// once per `Locker` (each adapter's) that the client computes what the
     /// connected server computes, and refuses these keys otherwise.
     HashText,
 }
@@ -289,7 +289,7 @@ impl<'n> KeySpec<'n> {
         self.stripes
     }
 
-    /// `ns_hash(namespace)` of [KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md): SipHash-2-4 of `b"ns\0" ++ namespace`.
+    /// `ns_hash(namespace)` of `docs/KEYS.md`: SipHash-2-4 of `b"ns\0" ++ namespace`.
     pub fn ns_hash(&self) -> u64 {
         self.ns_hash
     }

@@ -442,7 +442,7 @@ mod tests {
 /// (and other services) that already run
 /// `pg_advisory_xact_lock(hashtext(business_key))`.
 ///
-/// It sorts and batches like any other key. A [`Locker`](crate::Locker)
+/// It sorts and batches like any other key. A `Locker` (each adapter's)
 /// checks once, when it connects, that [`hashtext`] agrees with the server
 /// (which differs on big-endian servers and non-UTF8 databases) and refuses
 /// `HashText` keys with [`ErrorKind::HashtextMismatch`](crate::ErrorKind::HashtextMismatch)
