@@ -28,12 +28,12 @@
 //!     id: i64,
 //! }
 //!
-//! # async fn run() -> Result<(), lockkit::Error> {
+//! # async fn run() -> Result<(), lockkit_diesel_async::Error> {
 //! let mut conn = AsyncPgConnection::establish("postgres://localhost/bank").await
-//!     .map_err(lockkit::Error::other)?;
+//!     .map_err(lockkit_diesel_async::Error::other)?;
 //! let locker = Locker::new(&mut conn, Config::default()).await?;
 //!
-//! conn.transaction::<_, lockkit::Error, _>(async |conn| {
+//! conn.transaction::<_, lockkit_diesel_async::Error, _>(async |conn| {
 //!     let mut tx = locker.lock_tx(conn)?;
 //!     // Both accounts, in the global lock order whatever the direction of
 //!     // the transfer: two concurrent opposite transfers cannot deadlock.
@@ -104,9 +104,11 @@ pub type LockTx<'t> = lockkit::tx::LockTx<'t, Locker>;
 /// lockkit itself, so that `#[derive(AdvisoryKey)]` and applications that
 /// depend only on this crate find it.
 pub use lockkit;
-/// The key trait and its derive, the key functions, and what the lock calls
-/// take and return ([`lockkit::adapter`]).
+// The key trait and its derive, the key functions, and what the lock calls
+// take and return: lockkit's `adapter` module, the same names in every
+// adapter. A plain comment: a doc comment here would be prepended to the
+// docs of every item the glob re-exports.
 pub use lockkit::adapter::*;
-/// Retrying a whole transaction after a transient failure (deadlock,
-/// serialization failure, timeout).
+// Retrying a whole transaction after a transient failure (deadlock,
+// serialization failure, timeout).
 pub use lockkit::retry;

@@ -131,9 +131,11 @@ pub type LockTx<'t> = lockkit::tx::LockTx<'t, Locker>;
 /// and not on `lockkit`: keep it.
 pub use lockkit;
 
-/// The key trait and its derive, the key functions, and what the lock calls
-/// take and return ([`lockkit::adapter`]).
+// The key trait and its derive, the key functions, and what the lock calls
+// take and return: lockkit's `adapter` module, the same names in every
+// adapter. A plain comment: a doc comment here would be prepended to the
+// docs of every item the glob re-exports.
 pub use lockkit::adapter::*;
-/// Retrying a whole transaction after a transient failure (deadlock,
-/// serialization failure, timeout), for blocking code.
+// Retrying a whole transaction after a transient failure (deadlock,
+// serialization failure, timeout), for blocking code.
 pub use lockkit::retry_blocking;

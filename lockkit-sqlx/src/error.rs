@@ -8,7 +8,7 @@ use lockkit::driver::DriverError;
 use lockkit::Error;
 
 /// sqlx's error as the engine sees it: the SQLSTATE
-/// ([`DatabaseError::code`](sqlx::error::DatabaseError::code)) and the
+/// (`sqlx::error::DatabaseError::code`) and the
 /// server's primary message when the server sent them, and whether the
 /// connection is gone (an I/O error, a closed pool, a crashed worker).
 pub fn driver_error(e: sqlx::Error) -> DriverError {
@@ -42,7 +42,7 @@ pub fn lock_error(e: sqlx::Error) -> Error {
 ///
 /// ```no_run
 /// use lockkit_sqlx::SqlxResultExt;
-/// # async fn run(conn: &mut sqlx::PgConnection) -> Result<(), lockkit::Error> {
+/// # async fn run(conn: &mut sqlx::PgConnection) -> Result<(), lockkit_sqlx::Error> {
 /// sqlx::query("UPDATE accounts SET cents = cents - 1 WHERE id = 1")
 ///     .execute(conn)
 ///     .await

@@ -69,7 +69,7 @@
 //! # Errors
 //!
 //! Lock calls fail with [`lockkit::Error`], typed by the SQLSTATE sqlx
-//! exposes ([`DatabaseError::code`](sqlx::error::DatabaseError::code)).
+//! exposes (`sqlx::error::DatabaseError::code`).
 //! `From<sqlx::Error> for lockkit::Error` cannot be written outside lockkit
 //! (Rust's orphan rule), so sqlx's own errors convert with [`lock_error`]
 //! or `.lock_err()?` ([`SqlxResultExt`]).
@@ -99,9 +99,11 @@ pub type LockTx<'t> = lockkit::tx::LockTx<'t, Locker>;
 /// lockkit itself, so that `#[derive(AdvisoryKey)]` and applications that
 /// depend only on this crate find it.
 pub use lockkit;
-/// The key trait and its derive, the key functions, and what the lock calls
-/// take and return ([`lockkit::adapter`]).
+// The key trait and its derive, the key functions, and what the lock calls
+// take and return: lockkit's `adapter` module, the same names in every
+// adapter. A plain comment: a doc comment here would be prepended to the
+// docs of every item the glob re-exports.
 pub use lockkit::adapter::*;
-/// Retrying a whole transaction after a transient failure (deadlock,
-/// serialization failure, timeout).
+// Retrying a whole transaction after a transient failure (deadlock,
+// serialization failure, timeout).
 pub use lockkit::retry;
