@@ -621,3 +621,81 @@ async fn a_session_lock_leaves_no_name_on_a_pooled_backend() {
         );
     }
 }
+
+/// Tries through a transaction-mode pgbouncer whose every server connection
+/// is pinned by a held lock (issue 44): the pooler is alive and queueing, so
+/// a try answers busy or an `ErrorKind::Timeout` with nothing held, within
+/// its bound (one keepalive cadence, plus what the machine's load adds),
+/// never `ConnectionLost`. Both session forms, at the default keepalive and
+/// a short one. The control, below the loop: once a lock lets go, a try
+/// gets a server connection and the key.
+#[tokio::test(flavor = "multi_thread")]
+async fn tries_behind_a_saturated_pooler_are_busy_or_time_out() {
+    const POOL: u32 = 2;
+    let db = TestServer::shared();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(POOL)
+        .start();
+    let observer = db.connect().await;
+    let holders = SessionLock::new(bouncer.config()).keepalive(PATIENT);
+    let mut held = Vec::new();
+    for id in 0..POOL as i64 {
+        held.push(holders.lock(Leader { id: 70_000 + id }).await.unwrap());
+    }
+    let mut tries = tokio::task::JoinSet::new();
+    let mut id = 71_000;
+    for form in [SessionForm::Transaction, SessionForm::Multiplexed] {
+        for cadence in [lockkit::DEFAULT_KEEPALIVE, Duration::from_millis(500)] {
+            for _ in 0..10 {
+                id += 1;
+                let sessions = SessionLock::new(bouncer.config())
+                    .form(form)
+                    .keepalive(cadence);
+                tries.spawn(async move {
+                    let key = Leader { id };
+                    let started = Instant::now();
+                    let answer = sessions.try_lock(key).await;
+                    let took = started.elapsed();
+                    (form, cadence, key, took, answer.map(|r| r.is_ok()))
+                });
+            }
+        }
+    }
+    let mut timeouts = 0;
+    while let Some(done) = tries.join_next().await {
+        let (form, cadence, key, took, answer) = done.unwrap();
+        let what = format!("{form:?} at a {cadence:?} cadence, after {took:?}");
+        match answer {
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Timeout, "{what}: {e}");
+                assert!(e.is_transient(), "{what}: {e}");
+                timeouts += 1;
+            }
+            Ok(granted) => {
+                panic!("{what}: a try answered {granted} with every server connection pinned")
+            }
+        }
+        // The bound, in the direction load cannot break: the try gave up
+        // no sooner than its cadence.
+        assert!(took >= cadence, "{what}: gave up before its bound");
+        assert_eq!(
+            granted(&observer, key.lock_key()).await,
+            0,
+            "{what}: the key is held"
+        );
+    }
+    assert_eq!(timeouts, 40);
+    // The control: a server connection freed, a try gets it and the key.
+    held.pop().unwrap().release().await.unwrap();
+    let sessions = SessionLock::new(bouncer.config()).keepalive(PATIENT);
+    let guard = sessions
+        .try_lock(Leader { id: 79_999 })
+        .await
+        .unwrap()
+        .unwrap_or_else(|_| panic!("nobody holds the key"));
+    guard.release().await.unwrap();
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+}

@@ -185,6 +185,31 @@ const GIVEN_UP: &str =
 /// connection (a pooled one is detached), so nothing taken on it stays held.
 pub(super) const NOTHING_HELD: &str = "its bound: the connection is closed and nothing is held";
 
+/// Runs `work`, a take's statements once its connection is open, for at
+/// most `bound`: past it the take fails with [`ErrorKind::Timeout`] and its
+/// caller closes the connection (a pooled one is detached), so nothing is
+/// held. A server that does not answer cannot be told from a pooler that
+/// is alive and waiting for a free server connection (a transaction-mode
+/// pgbouncer whose pool is pinned by held locks): either way the lock was
+/// not granted in time, which is what a timeout says, and a caller that
+/// tries again is right to.
+pub(super) async fn within_take<T>(
+    bound: Duration,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(bound, work).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::with_message(
+            ErrorKind::Timeout,
+            format!(
+                "no answer within {bound:?} (the server, or a pooler in front of it waiting for a \
+                 free server connection): the lock was not granted, its connection is closed \
+                 and nothing is held"
+            ),
+        )),
+    }
+}
+
 /// Runs `work`, statements on a session lock's connection, for at most
 /// `bound`: past it the path is taken for silent, and the call fails with
 /// [`ErrorKind::ConnectionLost`], its message saying `then`, what becomes

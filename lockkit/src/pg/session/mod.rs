@@ -63,20 +63,28 @@
 //! # Bounded waits
 //!
 //! A network path gone silent never holds a call forever; where a call
-//! gives up, it fails with [`ErrorKind::ConnectionLost`], closes the
-//! connection, and holds nothing:
+//! gives up, it closes the connection and holds nothing:
 //! - **Opening a connection** (the TCP connect, TLS and the startup, for
 //!   each host of the configuration in turn) waits at most the
 //!   configuration's `connect_timeout` per host, or
-//!   [`DEFAULT_CONNECT_TIMEOUT`] per host when it sets none. (tokio-postgres
-//!   itself bounds only the TCP connect.) A pool's lease (`from_pool`) waits
-//!   as the pool's own timeouts say.
+//!   [`DEFAULT_CONNECT_TIMEOUT`] per host when it sets none, then fails
+//!   with [`ErrorKind::ConnectionLost`]. (tokio-postgres itself bounds only
+//!   the TCP connect.) A pool's lease (`from_pool`) waits as the pool's own
+//!   timeouts say.
 //! - **Taking a lock**, once connected: a try waits at most one keepalive
 //!   cadence for the server's answers, a `_timeout` call its timeout plus
 //!   one cadence (plus the [`probe_timeout`](SessionLock::probe_timeout)
-//!   when the session-level form probes for a pooler). A call that waits
-//!   for the key as long as it takes is not bounded: a silent path cannot
-//!   be told apart from a key held for long; bound it with
+//!   when the session-level form probes for a pooler); past that bound it
+//!   fails with [`ErrorKind::Timeout`], never `ConnectionLost`. A server
+//!   that does not answer cannot be told from a pooler that is alive and
+//!   waiting for a free server connection (a transaction-mode pgbouncer
+//!   whose server connections are all pinned by held locks, each lock's
+//!   transaction holding one): either way the lock was not granted in
+//!   time, and a loop of tries (a leader election) sees a timeout it can
+//!   retry, not a lost connection. A multiplexed try on a connection it
+//!   already holds waits for no server connection. A call that waits for
+//!   the key as long as it takes is not bounded: a silent path cannot be
+//!   told apart from a key held for long; bound it with
 //!   `tokio::time::timeout` (it is cancel safe) or a `_timeout` call.
 //! - **Holding a lock**: see the keepalive above.
 //!
@@ -478,7 +486,10 @@ impl SessionLock {
     ///
     /// # Errors
     ///
-    /// As [`lock`](Self::lock).
+    /// As [`lock`](Self::lock), and [`ErrorKind::Timeout`] when the server
+    /// (or a pooler waiting for a free server connection) did not answer
+    /// within one keepalive cadence ([Bounded waits](self#bounded-waits)):
+    /// nothing is held.
     ///
     /// # Cancel safety
     ///

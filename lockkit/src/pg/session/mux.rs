@@ -46,7 +46,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::conn::Lease;
 use super::guard::{holds_now, Hold, SessionGuard};
-use super::keeper::{within, within_cadence, NOTHING_HELD};
+use super::keeper::{within_cadence, within_take};
 use super::simple::begin_held;
 use super::take::one_bool;
 use super::{SessionForm, SessionLock};
@@ -259,17 +259,17 @@ impl MuxConn {
         let client = lease.client();
         // The facts first, outside the transaction (they are the server's).
         // Bounded as every statement on the connection is; on a silent
-        // path the lease drops here, closing the connection.
-        let ((in_recovery, backend_pid), facts) =
-            within(lock.keeper.cadence, NOTHING_HELD, async {
-                let (facts, setup) = join(
-                    server_facts(client),
-                    begin_held(client, MULTIPLEXED_NAME, &lock.check_interval_known),
-                )
-                .await;
-                Ok((setup?, facts?))
-            })
-            .await?;
+        // path, or behind a pooler with no free server connection, the
+        // lease drops here, closing the connection.
+        let ((in_recovery, backend_pid), facts) = within_take(lock.keeper.cadence, async {
+            let (facts, setup) = join(
+                server_facts(client),
+                begin_held(client, MULTIPLEXED_NAME, &lock.check_interval_known),
+            )
+            .await;
+            Ok((setup?, facts?))
+        })
+        .await?;
         let facts = ServerFacts::from(&facts);
         let ended = lease.ended.clone();
         let conn = Arc::new(MuxConn {

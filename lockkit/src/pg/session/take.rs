@@ -14,7 +14,7 @@ use tokio_postgres::{Client, Row};
 
 use super::conn::Lease;
 use super::guard::{Hold, Holding, SessionGuard, Shared};
-use super::keeper::{watch_connection, within, NOTHING_HELD};
+use super::keeper::{watch_connection, within, within_take, NOTHING_HELD};
 use super::mux::MuxTry;
 #[cfg(doc)]
 use super::simple::simple_round;
@@ -90,10 +90,11 @@ impl SessionLock {
                 }
             }
         };
-        // A silent path fails the take (the connection is then closed
-        // below): only a wait for the key as long as it takes is unbounded.
+        // A silent path, or a pooler with no free server connection, fails
+        // the take as a timeout (the connection is then closed below): only
+        // a wait for the key as long as it takes is unbounded.
         let taken = match self.take_bound(wait, form) {
-            Some(bound) => within(bound, NOTHING_HELD, taking).await,
+            Some(bound) => within_take(bound, taking).await,
             None => taking.await,
         };
         cancel.disarm();
