@@ -68,11 +68,14 @@
 //!
 //! # Statements, and transaction-mode poolers
 //!
-//! lockkit's statements go through the connection's own statement cache
-//! ([`StatementMode::Prepared`], the default). Behind a transaction-mode
-//! pooler that does not keep named statements, a lock call may fail with
-//! [`ErrorKind::UnexpectedReply`] (never succeed without its lock): choose
-//! `Config::default().statements(StatementMode::Unnamed)` there.
+//! lockkit's statements are sent unnamed by default
+//! ([`StatementMode::Unnamed`]): safe behind every pooler, a
+//! transaction-mode pgbouncer shared with other applications included. On a
+//! direct connection, `Config::default().statements(StatementMode::Prepared)`
+//! puts them in the connection's own statement cache, which saves the
+//! server their parse; behind a pooler that does not keep named statements
+//! a lock call would then fail with [`ErrorKind::UnexpectedReply`] (never
+//! succeed without its lock).
 //!
 //! # Errors
 //!

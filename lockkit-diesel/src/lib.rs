@@ -76,16 +76,18 @@
 //!
 //! # Statements, and transaction-mode poolers
 //!
-//! lockkit's statements go through the connection's own statement cache
-//! ([`StatementMode::Prepared`], the default): prepared once per connection,
-//! then only bound and run. Behind a transaction-mode pooler (pgbouncer
-//! before 1.21, or without `max_prepared_statements`) Diesel's statement
-//! names (`__diesel_stmt_0`, …) may mean another client's statement on the
-//! backend a transaction lands on, or none: a lock call then fails with
-//! [`ErrorKind::UnexpectedReply`], never succeeds without its lock. There,
-//! choose `Config::default().statements(StatementMode::Unnamed)` (and
-//! disable Diesel's statement cache for the application's own queries,
-//! which the pooler breaks the same way).
+//! lockkit's statements are sent unnamed by default
+//! ([`StatementMode::Unnamed`]): safe behind every pooler, a
+//! transaction-mode pgbouncer shared with other applications included. On a
+//! direct connection, `Config::default().statements(StatementMode::Prepared)`
+//! puts them in the connection's own statement cache (prepared once per
+//! connection, then only bound and run). Behind a transaction-mode pooler
+//! (pgbouncer before 1.21, or without `max_prepared_statements`) Diesel's
+//! statement names (`__diesel_stmt_0`, …) may mean another client's
+//! statement on the backend a transaction lands on, or none: a lock call in
+//! that mode then fails with [`ErrorKind::UnexpectedReply`], never succeeds
+//! without its lock (and the application's own cached queries break the
+//! same way: disable Diesel's statement cache there).
 //!
 //! # Transactions only
 //!
