@@ -406,7 +406,7 @@ fn lockkit_statements(conn: &mut diesel::PgConnection) -> i64 {
     .n
 }
 
-/// `StatementMode::Prepared` (the default) puts lockkit's statements in
+/// `StatementMode::Prepared` (the opt-in) puts lockkit's statements in
 /// Diesel's statement cache; `Unnamed`, for transaction-mode poolers,
 /// prepares none of them.
 #[test]

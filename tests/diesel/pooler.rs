@@ -4,7 +4,7 @@
 //! Diesel names its cached prepared statements `__diesel_stmt_0`, `_1`, …
 //! on every connection, so behind such a pooler a backend may hold another
 //! client's statement under the name lockkit's lock statement gets, or none.
-//! With the default [`StatementMode::Prepared`] a lock must then fail with
+//! With [`StatementMode::Prepared`] (an opt-in; the default is `Unnamed`) a lock must then fail with
 //! `UnexpectedReply`, never succeed without its lock; with
 //! [`StatementMode::Unnamed`] every lock is real.
 

@@ -200,7 +200,7 @@ struct Prepared {
     n: i64,
 }
 
-/// `StatementMode::Prepared` (the default) puts lockkit's statements in
+/// `StatementMode::Prepared` (the opt-in) puts lockkit's statements in
 /// diesel-async's statement cache; `Unnamed`, for transaction-mode
 /// poolers, prepares none of them.
 #[tokio::test(flavor = "multi_thread")]

@@ -350,7 +350,7 @@ async fn lockkit_statements(conn: &mut sqlx::PgConnection) -> i64 {
     .expect("pg_prepared_statements")
 }
 
-/// `StatementMode::Prepared` (the default) keeps lockkit's statements on
+/// `StatementMode::Prepared` (the opt-in) keeps lockkit's statements on
 /// the connection; `Unnamed`, for transaction-mode poolers, leaves none
 /// (the control that the count can be seen at all is the prepared case).
 #[tokio::test(flavor = "multi_thread")]

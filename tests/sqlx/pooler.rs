@@ -5,7 +5,7 @@
 //! sqlx names its cached statements `sqlx_s_1`, `sqlx_s_2`, … on every
 //! connection, so behind such a pooler a backend may hold another client's
 //! statement under the name lockkit's lock statement gets, or none. With
-//! the default [`StatementMode::Prepared`] a lock may then fail (typed, as
+//! [`StatementMode::Prepared`] (an opt-in; the default is `Unnamed`) a lock may then fail (typed, as
 //! `UnexpectedReply` or the server's error), never succeed without its
 //! lock; with [`StatementMode::Unnamed`] every lock is real.
 

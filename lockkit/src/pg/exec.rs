@@ -1,6 +1,6 @@
 //! tokio-postgres's [`Driver`]: runs the engine's statements on a
 //! tokio-postgres connection, each round pipelined, with lockkit's
-//! statements prepared once per connection (or unnamed). The only thing
+//! statements unnamed (the default) or prepared once per connection. The only thing
 //! this adapter does for a lock call: the engine and the driver module's
 //! `run_one` and `drive` do the rest, as on every stack.
 

@@ -25,8 +25,9 @@ macro_rules! ret {
 /// A tokio-postgres transaction that takes transaction-scoped advisory
 /// locks.
 ///
-/// Made by [`LockClient::begin`](crate::LockClient::begin) (the fast path:
-/// lockkit's statements prepared once per connection),
+/// Made by [`LockClient::begin`](crate::LockClient::begin) (lockkit's
+/// statements unnamed by default; with `StatementMode::Prepared`, prepared
+/// once per connection),
 /// [`Locker::begin`] or [`Locker::lock_tx`]. It dereferences to
 /// [`tokio_postgres::Transaction`] for queries.
 ///
