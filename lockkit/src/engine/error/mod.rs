@@ -526,24 +526,32 @@ impl fmt::Display for Error {
                 of_types(f, &inner.key_types)?;
                 f.write_str("; the transaction is aborted")
             }
-            (K::Cancelled, _) => f.write_str(
-                "the lock statement was cancelled by a cancel request (pg_cancel_backend or a dropped lock future); the transaction is aborted",
-            ),
-            (K::Deadlock, _) => f.write_str(
-                "deadlock detected while acquiring advisory locks; the transaction is aborted",
-            ),
-            (K::SerializationFailure, _) => {
-                f.write_str("serialization failure; the transaction is aborted")
+            (K::Cancelled, _) => {
+                f.write_str("the lock statement")?;
+                of_types(f, &inner.key_types)?;
+                f.write_str(
+                    " was cancelled by a cancel request (pg_cancel_backend or a dropped lock future); the transaction is aborted: roll it back",
+                )
             }
+            (K::Deadlock, _) => {
+                f.write_str("deadlock detected while acquiring advisory locks")?;
+                of_types(f, &inner.key_types)?;
+                f.write_str(
+                    "; the transaction is aborted: retry the whole transaction (the error is transient; lockkit::retry does it), and take the keys each transaction needs in one batch, or in ascending order, so that no two wait for each other",
+                )
+            }
+            (K::SerializationFailure, _) => f.write_str(
+                "serialization failure; the transaction is aborted: retry the whole transaction (the error is transient; lockkit::retry does it)",
+            ),
             (K::LockTableFull, _) => f.write_str(
                 "the server's shared lock table is full (out of shared memory); take fewer locks per transaction, stripe keys, or raise max_locks_per_transaction",
             ),
             (K::TransactionAborted, _) => {
                 f.write_str("the transaction is aborted; roll it back before taking locks")
             }
-            (K::ConnectionLost, _) => {
-                f.write_str("the connection to the server was lost; its locks are released")
-            }
+            (K::ConnectionLost, _) => f.write_str(
+                "the connection to the server was lost; its locks are released: take them again, in a new transaction on a new connection",
+            ),
             (
                 K::BudgetExceeded,
                 Detail::Budget {

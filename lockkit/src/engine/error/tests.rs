@@ -136,3 +136,62 @@ fn debug_shows_kind_code_message_and_source() {
         assert!(shown.contains(part), "{shown} lacks {part}");
     }
 }
+
+#[test]
+fn a_deadlock_names_its_key_types_and_the_remedy() {
+    let e = err("40P01", "deadlock detected")
+        .into_error_in(None, 2)
+        .with_key_types(vec!["Account", "Order"]);
+    let text = e.to_string();
+    assert!(
+        text.starts_with(
+            "deadlock detected while acquiring advisory locks of types Account, Order;"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("retry the whole transaction"), "{text}");
+    assert!(
+        text.contains("in one batch, or in ascending order"),
+        "{text}"
+    );
+    // Without key types (a raw key), it still gives the remedy.
+    let raw = err("40P01", "deadlock detected").into_error().to_string();
+    assert!(raw.contains("retry the whole transaction"), "{raw}");
+}
+
+#[test]
+fn every_kind_that_aborts_the_transaction_says_what_to_do() {
+    for (code, message, advice) in [
+        ("40P01", "deadlock detected", "retry the whole transaction"),
+        (
+            "40001",
+            "could not serialize access",
+            "retry the whole transaction",
+        ),
+        (
+            "57014",
+            "canceling statement due to user request",
+            "roll it back",
+        ),
+        ("25P02", "current transaction is aborted", "roll it back"),
+        ("57P01", "terminating connection", "take them again"),
+        (
+            "53200",
+            "out of shared memory",
+            "raise max_locks_per_transaction",
+        ),
+        (
+            "42P05",
+            "prepared statement \"s1\" already exists",
+            "StatementMode::Unnamed",
+        ),
+        (
+            "26000",
+            "prepared statement \"s1\" does not exist",
+            "StatementMode::Unnamed",
+        ),
+    ] {
+        let text = err(code, message).into_error().to_string();
+        assert!(text.contains(advice), "{code}: {text}");
+    }
+}
