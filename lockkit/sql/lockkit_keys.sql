@@ -33,8 +33,9 @@
 --     lockkit.int(smallint | integer | bigint | numeric)  every integer, by value
 --                                      (numeric: up to u128, as `i128`/`u128`)
 --     lockkit.bool(boolean)
---     lockkit.char(text)               one character; lockkit.char(integer) by
---                                      its Unicode scalar value
+--     lockkit.char(text)               one character (in a SQL_ASCII database,
+--                                      its bytes as UTF-8); lockkit.char(integer)
+--                                      by its Unicode scalar value
 --     lockkit.str(text)                a string (its UTF-8 bytes)
 --     lockkit.uuid(uuid)
 --     lockkit.none(), lockkit.some(part), lockkit.option(part or NULL)
@@ -327,29 +328,62 @@ END
 $$;
 
 -- A char: `05 ++ u32le(Unicode scalar value)` of the one character of `v`.
+-- The character is read from the UTF-8 bytes of `v`, whatever the database
+-- encoding. A SQL_ASCII database stores text as the bytes the client sent,
+-- with no encoding: there they are taken as UTF-8 (what a UTF-8 client,
+-- psql's and every lockkit driver's default, sends: 'é' arrives as c3 a9),
+-- so the key is the one Rust computes for the same char; bytes that are not
+-- exactly one well-formed UTF-8 character are refused.
 CREATE OR REPLACE FUNCTION lockkit.char(v text) RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    ascii boolean := current_setting('server_encoding') = 'SQL_ASCII';
     b bytea;
+    n integer;
+    chars integer := 0;
+    lead integer;
     c integer;
+    shown text;
 BEGIN
-    IF char_length(v) <> 1 THEN
-        RAISE EXCEPTION 'lockkit: a char is one character, not % ("%")', char_length(v), v
+    -- In SQL_ASCII the bytes as they are (converting them to UTF-8 would
+    -- refuse those that are not, with an error that does not say why they
+    -- must be), and an error message shows them in hex, so that it reaches
+    -- the client intact; elsewhere the text converted to UTF-8.
+    b := CASE WHEN ascii THEN convert_to(v, 'SQL_ASCII') ELSE convert_to(v, 'UTF8') END;
+    n := octet_length(b);
+    shown := CASE WHEN ascii THEN 'bytes ' || encode(b, 'hex') ELSE '"' || v || '"' END;
+    -- Characters: the bytes that do not continue one (10xxxxxx).
+    FOR i IN 0 .. n - 1 LOOP
+        IF get_byte(b, i) & 192 <> 128 THEN
+            chars := chars + 1;
+        END IF;
+    END LOOP;
+    IF chars <> 1 OR n > 4 THEN
+        RAISE EXCEPTION 'lockkit: a char is one character, not % (%)', chars, shown
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- The scalar value from the character's UTF-8 bytes, whatever the
-    -- database encoding.
-    b := convert_to(v, 'UTF8');
-    c := get_byte(b, 0);
-    c := CASE octet_length(b)
-        WHEN 1 THEN c
-        WHEN 2 THEN ((c & 31) << 6) | (get_byte(b, 1) & 63)
-        WHEN 3 THEN ((c & 15) << 12) | ((get_byte(b, 1) & 63) << 6) | (get_byte(b, 2) & 63)
-        ELSE ((c & 7) << 18) | ((get_byte(b, 1) & 63) << 12) | ((get_byte(b, 2) & 63) << 6)
+    lead := get_byte(b, 0);
+    c := CASE n
+        WHEN 1 THEN lead
+        WHEN 2 THEN ((lead & 31) << 6) | (get_byte(b, 1) & 63)
+        WHEN 3 THEN ((lead & 15) << 12) | ((get_byte(b, 1) & 63) << 6) | (get_byte(b, 2) & 63)
+        ELSE ((lead & 7) << 18) | ((get_byte(b, 1) & 63) << 12) | ((get_byte(b, 2) & 63) << 6)
             | (get_byte(b, 3) & 63)
     END;
+    -- Well-formed UTF-8 only (a SQL_ASCII database holds any bytes): the
+    -- lead byte announces the length, the value is a Unicode scalar value,
+    -- and it is written in its shortest form.
+    -- (Each CASE in parentheses: PL/pgSQL ends an IF's condition at the
+    -- first THEN outside them.)
+    IF (lead & (CASE n WHEN 1 THEN 128 WHEN 2 THEN 224 WHEN 3 THEN 240 ELSE 248 END))
+            <> (CASE n WHEN 1 THEN 0 WHEN 2 THEN 192 WHEN 3 THEN 224 ELSE 240 END)
+        OR c < (CASE n WHEN 1 THEN 0 WHEN 2 THEN 128 WHEN 3 THEN 2048 ELSE 65536 END)
+        OR c > 1114111 OR (c >= 55296 AND c <= 57343) THEN
+        RAISE EXCEPTION 'lockkit: a char is one UTF-8 character, not %', shown
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     RETURN decode('05', 'hex') || substr(int4send(((c & 255) << 24) | (((c >> 8) & 255) << 16)
         | (((c >> 16) & 255) << 8)), 1, 4);
 END

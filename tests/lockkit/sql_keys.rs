@@ -463,6 +463,90 @@ async fn scalars_equal_the_derive() {
     check(&client, "uuid", &cases_of(&uuids, |&v| SqlUuid { v })).await;
 }
 
+/// In a SQL_ASCII database, whose text is the bytes the client sent with
+/// no encoding (its `char_length('é')` counts 2), `lockkit.char` reads those
+/// bytes as UTF-8, as a UTF-8 client sends them, and gives the key Rust
+/// gives for every char of the scalar test (and `lockkit.str` for strings);
+/// bytes that are not exactly one well-formed UTF-8 character are refused,
+/// with the bytes in hex.
+#[tokio::test(flavor = "multi_thread")]
+async fn chars_in_a_sql_ascii_database_equal_the_derive() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let admin = db.connect().await;
+    let name = "lockkit_tests_sql_ascii";
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        format!(
+            "CREATE DATABASE {name} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' \
+             TEMPLATE template0"
+        ),
+    ] {
+        admin.batch_execute(&sql).await.expect(&sql);
+    }
+    let mut config = db.config();
+    config.dbname(name);
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect to the SQL_ASCII database");
+    tokio::spawn(connection);
+    lockkit::sql::install(&client)
+        .await
+        .expect("install lockkit's SQL functions");
+    // The failure of a function that counts the database's characters.
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_encoding'), char_length('é')::int4",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "SQL_ASCII");
+    assert_eq!(row.get::<_, i32>(1), 2, "SQL_ASCII counts bytes");
+
+    let mut gen = Gen::new(2);
+    let mut chars: Vec<char> = vec!['é', '€', '\u{1f600}', '\u{80}', '\u{7ff}', '\u{800}'];
+    chars.extend(['\0', '\'', '\\', char::MAX, '\u{d7ff}', '\u{e000}']);
+    chars.extend((chars.len()..N).map(|_| gen.char()));
+    let cases = cases_of(&chars, |&v| SqlChar { v });
+    check(&client, "char in SQL_ASCII", &cases).await;
+    // Strings too: their bytes, as UTF-8.
+    let mut strings: Vec<String> = vec!["é".into(), "a\u{10ffff}".into(), String::new()];
+    strings.extend((strings.len()..N).map(|_| gen.string()));
+    let cases = cases_of(&strings, |v| SqlStr { v: v.clone() });
+    check(&client, "string in SQL_ASCII", &cases).await;
+    let e = client
+        .query_one(r"SELECT lockkit.str(E'\xe9')", &[])
+        .await
+        .expect_err("a string that is not UTF-8");
+    assert_eq!(e.code().map(|c| c.code()), Some("22021"), "{e:?}");
+
+    for (bytes, message) in [
+        (r"\xe9", "one UTF-8 character, not bytes e9"), // é in LATIN1
+        (r"\xc3\xa9\xc3\xa9", "one character, not 2 (bytes c3a9c3a9)"),
+        (r"\xc3", "one UTF-8 character, not bytes c3"), // cut short
+        (r"\xc0\xaf", "one UTF-8 character, not bytes c0af"), // overlong '/'
+        (r"\xed\xa0\x80", "one UTF-8 character, not bytes eda080"), // a surrogate
+        (
+            r"\xf4\x90\x80\x80",
+            "one UTF-8 character, not bytes f4908080",
+        ), // above U+10FFFF
+        ("", "one character, not 0 (bytes )"),
+    ] {
+        let sql = format!("SELECT lockkit.char(E'{bytes}')");
+        let e = client.query_one(&sql, &[]).await.expect_err(&sql);
+        let db_error = e.as_db_error().expect(&sql);
+        assert_eq!(db_error.code().code(), "22023", "{sql}: {e:?}");
+        assert!(db_error.message().contains(message), "{sql}: {e:?}");
+    }
+    drop(client);
+    admin
+        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .await
+        .unwrap();
+}
+
 #[derive(AdvisoryKey, Debug)]
 struct SqlNestedOption {
     v: Option<Option<Option<i32>>>,
