@@ -68,14 +68,24 @@
 //!
 //! # Statements, and transaction-mode poolers
 //!
-//! lockkit's statements are sent unnamed by default
-//! ([`StatementMode::Unnamed`]): safe behind every pooler, a
-//! transaction-mode pgbouncer shared with other applications included. On a
-//! direct connection, `Config::default().statements(StatementMode::Prepared)`
-//! puts them in the connection's own statement cache, which saves the
-//! server their parse; behind a pooler that does not keep named statements
-//! a lock call would then fail with [`ErrorKind::UnexpectedReply`] (never
-//! succeed without its lock).
+//! By default ([`StatementMode::Unnamed`]) lockkit's statements stay out of
+//! the connection's statement cache; on a direct connection,
+//! `Config::default().statements(StatementMode::Prepared)` puts them in it,
+//! which saves the server their parse.
+//!
+//! diesel-async names every statement it sends, cached or not (through
+//! tokio-postgres, whose names `s0`, `s1`, … are counted per process), and
+//! offers no way to send one unnamed: unlike the other stacks, lockkit's
+//! statements here carry a name in either mode, each closed right after
+//! its call, inside the transaction. Behind a transaction-mode pooler that
+//! keeps no named statement per client (pgbouncer before 1.21, or without
+//! `max_prepared_statements`) and that other processes share, a server
+//! connection can hold a statement another process left under the same
+//! name: the lock call then fails with [`ErrorKind::UnexpectedReply`] and
+//! `42P05`, the fix in its message, never succeeds without its lock (the
+//! application's own diesel-async queries meet the same clash). There, use
+//! pgbouncer 1.21+ with `max_prepared_statements`, which names each
+//! client's statements on the server itself.
 //!
 //! # Errors
 //!
