@@ -407,6 +407,7 @@ impl Fleet {
 
         // The workers stop at their deadline.
         let stop_by = deadline + STOP_BOUND;
+        let mut dumped = false;
         for w in &mut workers {
             if w.killed {
                 continue;
@@ -427,6 +428,14 @@ impl Fleet {
                         break;
                     }
                     Ok(None) if Instant::now() < stop_by => {
+                        if !dumped && Instant::now() > deadline + Duration::from_secs(15) {
+                            dumped = true;
+                            eprintln!(
+                                "fleet: a {} worker is still running 15 s after its deadline; the server's backends:\n{}",
+                                w.role.arg(),
+                                self.activity().await
+                            );
+                        }
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                     _ => {
@@ -460,6 +469,28 @@ impl Fleet {
             );
         }
         report
+    }
+
+    /// The server's client backends, one a line: what a stall waits on.
+    async fn activity(&self) -> String {
+        match self
+            .observer
+            .query(
+                "SELECT format('pid %s %s xact %s wait %s/%s app %L: %s', pid, state, \
+                   date_trunc('second', now() - xact_start), wait_event_type, wait_event, \
+                   application_name, left(query, 120)) \
+                 FROM pg_stat_activity WHERE backend_type = 'client backend' ORDER BY pid",
+                &[],
+            )
+            .await
+        {
+            Ok(rows) => rows
+                .iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Err(e) => format!("(pg_stat_activity: {e})"),
+        }
     }
 
     /// Terminates one random backend of the fleet's clients, through the

@@ -183,12 +183,16 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// `26000`), by its SQLSTATE or, from Diesel's errors, which carry none,
 /// by the server's message.
 fn is_name_clash(e: &Error) -> bool {
-    if matches!(e.code(), Some("42P05" | "26000")) {
+    // 22P03 and 08P01: a name bound on another server connection, where
+    // it is another statement, with other parameter types or counts.
+    if matches!(e.code(), Some("42P05" | "26000" | "22P03" | "08P01")) {
         return true;
     }
     let text = chain(e);
-    text.contains("prepared statement \"s")
-        && (text.contains("already exists") || text.contains("does not exist"))
+    (text.contains("prepared statement \"s")
+        && (text.contains("already exists") || text.contains("does not exist")))
+        || text.contains("bind message supplies")
+        || text.contains("incorrect binary data format")
 }
 
 /// The cause of a lockkit error (driver errors converted into one).
