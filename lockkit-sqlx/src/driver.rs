@@ -4,10 +4,11 @@
 //!
 //! sqlx has no pipelining for statements with parameters: each statement
 //! is one round trip, sent in the engine's order, and a round stops at its
-//! first error (what a pipeline would answer too). Statements with
-//! parameters go through `sqlx::query`, which prepares each once per
-//! connection in sqlx's statement cache; the engine checks every reply
-//! either way.
+//! first error (what a pipeline would answer too). By default
+//! (`StatementMode::Unnamed`) each goes in the simple query protocol, its
+//! parameters written in as literals; with `StatementMode::Prepared`,
+//! through `sqlx::query`, which prepares each once per connection in sqlx's
+//! statement cache. The engine checks every reply either way.
 
 use futures_util::TryStreamExt;
 use lockkit::driver::{
@@ -124,19 +125,33 @@ impl Driver for Locker {
             conn.execute(stmt.text()).await.map_err(driver_error)?;
             return Ok(None);
         }
-        // Prepared: sqlx's statement cache keeps it on the connection.
-        // Unnamed: parsed every time, for poolers that do not keep named
-        // statements.
-        let mut query = sqlx::query(stmt.text()).persistent(mode == StatementMode::Prepared);
-        for param in stmt.params() {
-            query = bind(query, param)?;
-        }
-        // `fetch_many`: `fetch` would wrap it in one more boxed stream.
         let mut rows = SmallVec::new();
-        let mut stream = conn.fetch_many(query);
-        while let Some(step) = stream.try_next().await.map_err(driver_error)? {
-            if let Either::Right(row) = step {
-                rows.push(SqlxRow(row));
+        if mode == StatementMode::Prepared {
+            // sqlx's statement cache keeps it on the connection.
+            let mut query = sqlx::query(stmt.text()).persistent(true);
+            for param in stmt.params() {
+                query = bind(query, param)?;
+            }
+            // `fetch_many`: `fetch` would wrap it in one more boxed stream.
+            let mut stream = conn.fetch_many(query);
+            while let Some(step) = stream.try_next().await.map_err(driver_error)? {
+                if let Either::Right(row) = step {
+                    rows.push(SqlxRow(row));
+                }
+            }
+        } else {
+            // The simple query protocol, the parameters written in as
+            // literals (integers, integer arrays and booleans only): no
+            // statement name, and one round trip, where an unnamed
+            // statement costs sqlx two (it parses it in a round trip of its
+            // own before binding it).
+            let mut text = String::with_capacity(stmt.text().len() + 32);
+            stmt.write_simple(&mut text);
+            let mut stream = conn.fetch_many(text.as_str());
+            while let Some(step) = stream.try_next().await.map_err(driver_error)? {
+                if let Either::Right(row) = step {
+                    rows.push(SqlxRow(row));
+                }
             }
         }
         Ok(Some(rows))

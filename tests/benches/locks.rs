@@ -11,8 +11,8 @@
 //! comparisons whose name contains `text`.
 //!
 //! Three comparisons for tokio-postgres, one criterion group each, lockkit
-//! through its default API ([`LockClient::begin`]: lockkit's statements
-//! prepared lazily, once per connection, nothing for the user to prepare):
+//! through a [`LockClient`] in the fastest mode, `StatementMode::Prepared`
+//! (lockkit's statements prepared lazily, once per connection):
 //!
 //! - `single_lock`: a transaction that takes one key (`BEGIN`, lock,
 //!   `COMMIT`) through lockkit and through raw tokio-postgres with a
@@ -25,12 +25,12 @@
 //!   `lockkit::LockTx::lock_batch`), against the same transaction without
 //!   locks.
 //!
-//! The `_unnamed` variants send lockkit's statements unnamed
-//! ([`Locker::begin`] on a plain `Client`, what
-//! `StatementMode::Unnamed` does behind a pooler), which the server parses
-//! every time. `raw_unnest_prepared` and `raw_pipelined_prepared` send
-//! lockkit's batch statement by hand, to tell lockkit's own cost from the
-//! statement's.
+//! The `_unnamed` variants send lockkit's statements unnamed, the default
+//! (`StatementMode::Unnamed`, safe behind every pooler), which the server
+//! parses every time. `raw_unnest_prepared` and `raw_pipelined_prepared`
+//! send lockkit's batch statement by hand, to tell lockkit's own cost from
+//! the statement's. The paired report's one-lock rows run every stack in
+//! both modes: the default, and `Prepared`.
 //!
 //! And the same three for Diesel (group `diesel`), `lockkit_diesel::Locker::
 //! transaction` with a `LockTx` against raw Diesel SQL
@@ -93,7 +93,9 @@ use diesel::sql_types::{Array, BigInt};
 use diesel::{sql_query, Connection, PgConnection, RunQueryDsl};
 use lockkit::driver::sql;
 use lockkit::pg::{SessionForm, SessionGuard};
-use lockkit::{AdvisoryKey, Batch, Config, Error, LockClient, LockKey, Locker, SessionLock};
+use lockkit::{
+    AdvisoryKey, Batch, Config, Error, LockClient, LockKey, Locker, SessionLock, StatementMode,
+};
 use lockkit_tests::fixtures::Feed;
 use lockkit_tests::TestServer;
 use tokio::runtime::Runtime;
@@ -162,7 +164,10 @@ struct Bench {
     /// A Diesel connection to the same server (blocking; used between the
     /// async benchmarks, never at the same time).
     diesel: RefCell<PgConnection>,
+    /// Diesel's lockers: the default configuration (statements unnamed),
+    /// and `StatementMode::Prepared` (Diesel's statement cache).
     diesel_locker: lockkit_diesel::Locker,
+    diesel_locker_prepared: lockkit_diesel::Locker,
     /// The INSERT's text, for Diesel's `sql_query`.
     insert_sql: String,
     /// The next id for the insert table.
@@ -177,9 +182,11 @@ struct Bench {
     /// A sqlx connection to the same server.
     sqlx: Mutex<sqlx::PgConnection>,
     sqlx_locker: lockkit_sqlx::Locker,
+    sqlx_locker_prepared: lockkit_sqlx::Locker,
     /// A diesel-async connection to the same server.
     diesel_async: Mutex<diesel_async::AsyncPgConnection>,
     diesel_async_locker: lockkit_diesel_async::Locker,
+    diesel_async_locker_prepared: lockkit_diesel_async::Locker,
     /// A multiplexed `SessionLock` that holds nothing but the key of the
     /// iteration.
     sessions: SessionLock,
@@ -234,6 +241,10 @@ impl Bench {
         let locker = Locker::new(&client, Config::default())
             .await
             .expect("locker");
+        // The fastest mode, for direct connections: lockkit's statements
+        // prepared once per connection.
+        let prepared = || Config::default().statements(StatementMode::Prepared);
+        let locker_prepared = Locker::new(&client, prepared()).await.expect("locker");
         let table = format!("lockkit_bench_{}", std::process::id());
         client
             .batch_execute(&format!(
@@ -261,12 +272,17 @@ impl Bench {
         let mut diesel = PgConnection::establish(server.url()).expect("diesel connects");
         let diesel_locker =
             lockkit_diesel::Locker::new(&mut diesel, Config::default()).expect("diesel locker");
+        let diesel_locker_prepared =
+            lockkit_diesel::Locker::new(&mut diesel, prepared()).expect("diesel locker");
         let insert_sql = format!("INSERT INTO {table} (id) VALUES ($1)");
         let noop = client.prepare("SELECT 1").await.expect("prepare");
         let mut sqlx = <sqlx::PgConnection as sqlx::Connection>::connect(server.url())
             .await
             .expect("sqlx connects");
         let sqlx_locker = lockkit_sqlx::Locker::new(&mut sqlx, Config::default())
+            .await
+            .expect("sqlx locker");
+        let sqlx_locker_prepared = lockkit_sqlx::Locker::new(&mut sqlx, prepared())
             .await
             .expect("sqlx locker");
         let mut diesel_async =
@@ -277,6 +293,10 @@ impl Bench {
             .expect("diesel-async connects");
         let diesel_async_locker =
             lockkit_diesel_async::Locker::new(&mut diesel_async, Config::default())
+                .await
+                .expect("diesel-async locker");
+        let diesel_async_locker_prepared =
+            lockkit_diesel_async::Locker::new(&mut diesel_async, prepared())
                 .await
                 .expect("diesel-async locker");
         let multiplexed = || {
@@ -327,7 +347,7 @@ impl Bench {
         every.dedup();
         assert_eq!(every.len(), all, "the sides' Feed keys overlap");
         Bench {
-            client: Mutex::new(LockClient::new(&locker, client)),
+            client: Mutex::new(LockClient::new(&locker_prepared, client)),
             locker,
             lock,
             lock_unnest,
@@ -341,6 +361,7 @@ impl Bench {
             raw16,
             diesel: RefCell::new(diesel),
             diesel_locker,
+            diesel_locker_prepared,
             insert_sql,
             next_row: Cell::new(0),
             lock_tagged,
@@ -348,8 +369,10 @@ impl Bench {
             noop,
             sqlx: Mutex::new(sqlx),
             sqlx_locker,
+            sqlx_locker_prepared,
             diesel_async: Mutex::new(diesel_async),
             diesel_async_locker,
+            diesel_async_locker_prepared,
             sessions,
             sessions_loaded,
             _held: held,
@@ -387,9 +410,10 @@ impl Bench {
     }
 }
 
-/// A lockkit transaction: the default API (`LockClient::begin`,
-/// statements prepared once per connection) when `prepared`, else
-/// `Locker::begin` on the plain client (statements sent unnamed). A macro,
+/// A lockkit transaction: `LockClient::begin` over a locker in
+/// `StatementMode::Prepared` (statements prepared once per connection) when
+/// `prepared`, else `Locker::begin` on the plain client (statements sent
+/// unnamed, as the default mode does). A macro,
 /// not a method: the routine awaits lockkit's own future, as an application
 /// does, rather than a wrapper of the bench's holding both.
 macro_rules! begin {
@@ -426,6 +450,62 @@ async fn single_raw_tx(b: &Bench, iters: u64) -> Duration {
         let key = b.keys[(i % RING as u64) as usize];
         let tx = client.transaction().await.expect("begin");
         tx.execute(&b.lock, &[&key]).await.expect("lock");
+        tx.commit().await.expect("commit");
+    }
+    start.elapsed()
+}
+
+/// The plain lock statement sent unnamed (`query_typed`: parse, bind and
+/// execute in one round trip): the floor of any unnamed statement
+/// (diagnostic).
+async fn single_raw_unnamed_tx(b: &Bench, iters: u64) -> Duration {
+    use tokio_postgres::types::Type;
+    let mut client = b.client.lock().await;
+    let start = Instant::now();
+    for i in 0..iters {
+        let key = b.keys[(i % RING as u64) as usize];
+        let tx = client.transaction().await.expect("begin");
+        tx.query_typed(RAW_LOCK, &[(&key, Type::INT8)])
+            .await
+            .expect("lock");
+        tx.commit().await.expect("commit");
+    }
+    start.elapsed()
+}
+
+/// The plain lock statement in the simple query protocol, its key a
+/// literal (diagnostic).
+async fn single_raw_simple_tx(b: &Bench, iters: u64) -> Duration {
+    let mut client = b.client.lock().await;
+    let start = Instant::now();
+    for i in 0..iters {
+        let key = b.keys[(i % RING as u64) as usize];
+        let tx = client.transaction().await.expect("begin");
+        tx.simple_query(&format!("SELECT pg_advisory_xact_lock({key})"))
+            .await
+            .expect("lock");
+        tx.commit().await.expect("commit");
+    }
+    start.elapsed()
+}
+
+/// What a sqlx user writes for a statement sqlx does not keep
+/// (`persistent(false)`): sqlx parses it in a round trip of its own, then
+/// binds and runs it (diagnostic).
+async fn sqlx_single_raw_unnamed(b: &Bench, iters: u64) -> Duration {
+    use sqlx::Connection as _;
+    let mut conn = b.sqlx.lock().await;
+    let start = Instant::now();
+    for i in 0..iters {
+        let key = b.keys[(i % RING as u64) as usize];
+        let mut tx = conn.begin().await.expect("begin");
+        // A text of its own: sqlx would serve `RAW_LOCK` from its cache.
+        sqlx::query("SELECT pg_advisory_xact_lock($1) -- unnamed")
+            .bind(key)
+            .persistent(false)
+            .execute(&mut *tx)
+            .await
+            .expect("lock");
         tx.commit().await.expect("commit");
     }
     start.elapsed()
@@ -500,6 +580,14 @@ async fn single_raw_call(b: &Bench, iters: u64) -> Duration {
 // ---- the other adapters: one lock, whole transaction ---------------------
 
 async fn sqlx_single_lockkit(b: &Bench, iters: u64) -> Duration {
+    sqlx_single(b, &b.sqlx_locker, iters).await
+}
+
+async fn sqlx_single_lockkit_prepared(b: &Bench, iters: u64) -> Duration {
+    sqlx_single(b, &b.sqlx_locker_prepared, iters).await
+}
+
+async fn sqlx_single(b: &Bench, locker: &lockkit_sqlx::Locker, iters: u64) -> Duration {
     use sqlx::Connection as _;
     let mut conn = b.sqlx.lock().await;
     let start = Instant::now();
@@ -507,7 +595,7 @@ async fn sqlx_single_lockkit(b: &Bench, iters: u64) -> Duration {
         let id = (i % RING as u64) as i64;
         let mut tx = conn.begin().await.expect("begin");
         {
-            let mut ltx = b.sqlx_locker.lock_tx(&mut tx).expect("lock_tx");
+            let mut ltx = locker.lock_tx(&mut tx).expect("lock_tx");
             let held = ltx.lock(Item { id }).await.expect("lock");
             black_box(&held);
         }
@@ -536,10 +624,21 @@ async fn sqlx_single_raw(b: &Bench, iters: u64) -> Duration {
 }
 
 async fn diesel_async_single_lockkit(b: &Bench, iters: u64) -> Duration {
+    diesel_async_single(b, &b.diesel_async_locker, iters).await
+}
+
+async fn diesel_async_single_lockkit_prepared(b: &Bench, iters: u64) -> Duration {
+    diesel_async_single(b, &b.diesel_async_locker_prepared, iters).await
+}
+
+async fn diesel_async_single(
+    b: &Bench,
+    // The closure's future must be `Send`: it borrows the locker, not `b`.
+    locker: &lockkit_diesel_async::Locker,
+    iters: u64,
+) -> Duration {
     use diesel_async::AsyncConnection as _;
     let mut conn = b.diesel_async.lock().await;
-    // The closure's future must be `Send`: it borrows the locker, not `b`.
-    let locker = &b.diesel_async_locker;
     let start = Instant::now();
     for i in 0..iters {
         let id = (i % RING as u64) as i64;
@@ -751,11 +850,19 @@ fn diesel_insert(b: &Bench, conn: &mut PgConnection, id: i64) -> diesel::QueryRe
 }
 
 fn diesel_single_lockkit(b: &Bench, iters: u64) -> Duration {
+    diesel_single(b, &b.diesel_locker, iters)
+}
+
+fn diesel_single_lockkit_prepared(b: &Bench, iters: u64) -> Duration {
+    diesel_single(b, &b.diesel_locker_prepared, iters)
+}
+
+fn diesel_single(b: &Bench, locker: &lockkit_diesel::Locker, iters: u64) -> Duration {
     let conn = &mut *b.diesel.borrow_mut();
     let start = Instant::now();
     for i in 0..iters {
         let id = (i % RING as u64) as i64;
-        b.diesel_locker
+        locker
             .transaction(conn, |tx| {
                 let held = tx.lock(Item { id })?;
                 black_box(&held);
@@ -879,8 +986,8 @@ fn diesel_insert_raw_batch(b: &Bench, iters: u64) -> Duration {
     start.elapsed()
 }
 
-/// lockkit's routines with their statements sent unnamed (`_unnamed`) or
-/// prepared on the connection (`_prepared`, the default).
+/// lockkit's routines with their statements sent unnamed (`_unnamed`, the
+/// default mode) or prepared on the connection (`_prepared`).
 macro_rules! variants {
     ($($f:ident => $unnamed:ident, $prepared:ident;)*) => {$(
         async fn $unnamed(b: &Bench, iters: u64) -> Duration {
@@ -1099,8 +1206,19 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
         durable: true,
     };
     let pairs = [
+        // The one-lock transaction on every stack in the default mode
+        // (StatementMode::Unnamed: safe behind every pooler; the server
+        // parses each statement) and in the fastest (Prepared), each against
+        // what the stack's users write by hand.
         pair(
-            "tp: one lock, whole transaction",
+            "tp: one lock, default (unnamed)",
+            Async(routine!(single_lockkit_tx_unnamed)),
+            Async(routine!(single_raw_tx)),
+            false,
+            Some(1.05),
+        ),
+        pair(
+            "tp: one lock, Prepared",
             Async(routine!(single_lockkit_tx_prepared)),
             Async(routine!(single_raw_tx)),
             false,
@@ -1121,8 +1239,15 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
             Some(10.0),
         ),
         pair(
-            "diesel: one lock, whole transaction",
+            "diesel: one lock, default (unnamed)",
             Blocking(diesel_single_lockkit),
+            Blocking(diesel_single_raw),
+            false,
+            Some(1.05),
+        ),
+        pair(
+            "diesel: one lock, Prepared",
+            Blocking(diesel_single_lockkit_prepared),
             Blocking(diesel_single_raw),
             false,
             Some(1.05),
@@ -1142,15 +1267,29 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
             Some(10.0),
         ),
         pair(
-            "sqlx: one lock, whole transaction",
+            "sqlx: one lock, default (unnamed)",
             Async(routine!(sqlx_single_lockkit)),
             Async(routine!(sqlx_single_raw)),
             false,
             Some(1.05),
         ),
         pair(
-            "diesel-async: one lock, whole transaction",
+            "sqlx: one lock, Prepared",
+            Async(routine!(sqlx_single_lockkit_prepared)),
+            Async(routine!(sqlx_single_raw)),
+            false,
+            Some(1.05),
+        ),
+        pair(
+            "diesel-async: one lock, default (unnamed)",
             Async(routine!(diesel_async_single_lockkit)),
+            Async(routine!(diesel_async_single_raw)),
+            false,
+            Some(1.05),
+        ),
+        pair(
+            "diesel-async: one lock, Prepared",
+            Async(routine!(diesel_async_single_lockkit_prepared)),
             Async(routine!(diesel_async_single_raw)),
             false,
             Some(1.05),
@@ -1237,10 +1376,33 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
             false,
             None,
         ),
+        // The floor of the default mode: the same plain statement unnamed,
+        // against it prepared.
         pair(
-            "tp: one lock, unnamed statements",
-            Async(routine!(single_lockkit_tx_unnamed)),
+            "floor: tp plain statement, unnamed vs prepared",
+            Async(routine!(single_raw_unnamed_tx)),
             Async(routine!(single_raw_tx)),
+            false,
+            None,
+        ),
+        pair(
+            "floor: tp plain statement, simple query vs prepared",
+            Async(routine!(single_raw_simple_tx)),
+            Async(routine!(single_raw_tx)),
+            false,
+            None,
+        ),
+        pair(
+            "floor: sqlx plain statement, unnamed vs prepared",
+            Async(routine!(sqlx_single_raw_unnamed)),
+            Async(routine!(sqlx_single_raw)),
+            false,
+            None,
+        ),
+        pair(
+            "tp: one lock, default (unnamed) vs Prepared",
+            Async(routine!(single_lockkit_tx_unnamed)),
+            Async(routine!(single_lockkit_tx_prepared)),
             false,
             None,
         ),

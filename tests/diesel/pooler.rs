@@ -119,9 +119,12 @@ fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
         .pool_mode("transaction")
         .default_pool_size(1)
         .start();
+    // Named statements (the opt-in), whose reply check this is about.
     let locker = locker(
         &mut connect(db),
-        Config::default().order_check(lockkit::OrderCheck::Off),
+        Config::default()
+            .statements(StatementMode::Prepared)
+            .order_check(lockkit::OrderCheck::Off),
     );
     let mut observer = connect(db);
     let mut conn = PgConnection::establish(&bouncer.url()).expect("through pgbouncer");

@@ -2,7 +2,9 @@
 //! check stands between a forged statement and a lock reported held.
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
-use lockkit_diesel_async::{AdvisoryKey, Batch, Config, Error, ErrorKind, Locker, OrderCheck};
+use lockkit_diesel_async::{
+    AdvisoryKey, Batch, Config, Error, ErrorKind, Locker, OrderCheck, StatementMode,
+};
 use lockkit_tests::{PgBouncer, TestServer};
 
 use crate::common::granted_elsewhere;
@@ -27,9 +29,11 @@ async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
         .default_pool_size(1)
         .start();
     let mut direct = AsyncPgConnection::establish(db.url()).await.unwrap();
-    let locker = Locker::new(&mut direct, Config::default().order_check(OrderCheck::Off))
-        .await
-        .unwrap();
+    // Named statements (the opt-in), whose reply check this is about.
+    let config = Config::default()
+        .statements(StatementMode::Prepared)
+        .order_check(OrderCheck::Off);
+    let locker = Locker::new(&mut direct, config).await.unwrap();
     let observer = db.connect().await;
     let mut conn = AsyncPgConnection::establish(&bouncer.url())
         .await

@@ -100,7 +100,12 @@ async fn a_foreign_statement_behind_a_pooler_is_never_a_lock() {
         .default_pool_size(1)
         .start();
     let observer = db.connect().await;
-    let locker = locker(&db.connect().await, Config::default()).await;
+    // Named statements (the opt-in), whose reply check this is about.
+    let locker = locker(
+        &db.connect().await,
+        Config::default().statements(lockkit::StatementMode::Prepared),
+    )
+    .await;
     let (client, conn) = bouncer.config().connect(NoTls).await.unwrap();
     tokio::spawn(conn);
     let mut lk = LockClient::new(&locker, client);
@@ -465,7 +470,12 @@ async fn a_clash_on_the_timeout_statements_is_an_unexpected_reply() {
         .default_pool_size(1)
         .start();
     let observer = db.connect().await;
-    let locker = locker(&db.connect().await, Config::default()).await;
+    // Named statements (the opt-in), whose reply check this is about.
+    let locker = locker(
+        &db.connect().await,
+        Config::default().statements(lockkit::StatementMode::Prepared),
+    )
+    .await;
     for (marker, foreign) in [
         // Another client's statements of lockkit's shapes.
         ("lockkit:set_timeouts", "SELECT 7::int8 AS tag, 0::int8 AS n, ''::text AS a, ''::text AS b, ''::text AS c, ''::text AS d, ''::text AS e"),

@@ -60,7 +60,14 @@ async fn pipelined(
     let mut holder_client = db.connect().await;
     let observer = db.connect().await;
     let pid = backend_pid(&a).await;
-    let locker = locker(&a, Config::default()).await;
+    // `fresh_client`: a `LockClient` whose statements are prepared (the
+    // opt-in), its first lock call preparing them; otherwise the default,
+    // unnamed statements.
+    let locker = locker(
+        &a,
+        Config::default().statements(lockkit::StatementMode::Prepared),
+    )
+    .await;
     let (table, seq) = (format!("{name}_rows"), format!("{name}_seq"));
     observer
         .batch_execute(&format!(

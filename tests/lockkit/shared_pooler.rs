@@ -186,16 +186,18 @@ async fn transactions(bouncer: &PgBouncer, locker: &Locker, base: i64) -> Vec<lo
                         .with(&Account { id })
                         .with(&Account { id: id + 500 })
                         .with(&Account { id: id + 700 });
-                    tx.lock_batch(&batch).await?;
-                    tx.try_lock(Account { id: id + 900 })
+                    let _ = tx.lock_batch(&batch).await?;
+                    let _ = tx
+                        .try_lock(Account { id: id + 900 })
                         .await?
                         .map_err(|_| lockkit::Error::other("busy"))?;
                     tx.commit().await?;
                     let tx = conn.begin().await?;
-                    tx.lock(Account { id: id + 300 }).await?;
+                    let _ = tx.lock(Account { id: id + 300 }).await?;
                     tx.commit().await?;
                     let tx = conn.begin().await?;
-                    tx.acquire_permit(Account { id: base + worker }, NonZeroU8::new(3).unwrap())
+                    let _ = tx
+                        .acquire_permit(Account { id: base + worker }, NonZeroU8::new(3).unwrap())
                         .await?;
                     tx.commit().await?;
                     Ok(())

@@ -132,7 +132,10 @@ async fn prepared_statements_take_the_same_locks() {
     let _log = db.guard();
     let a = db.connect().await;
     let observer = db.connect().await;
-    let locker = locker(&a, Config::default().order_check(OrderCheck::Warn)).await;
+    let config = Config::default()
+        .order_check(OrderCheck::Warn)
+        .statements(lockkit::StatementMode::Prepared);
+    let locker = locker(&a, config).await;
     let mut conn = lockkit::LockClient::new(&locker, a);
 
     let mut tx = conn.begin().await.unwrap();

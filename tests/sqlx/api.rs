@@ -570,9 +570,10 @@ async fn a_savepoint_a_lock_error_aborted_is_rolled_back_and_the_transaction_goe
 /// `select!`): sqlx sends no cancel request, so the statement goes on
 /// waiting after the drop, and here another session cancels it, which
 /// aborts the transaction where lockkit never reads the reply. The commit
-/// must not say Ok for a write that is not there: sqlx reads the dropped
-/// statement's reply before it sends `COMMIT`, and fails the commit with
-/// that statement's error.
+/// must not say Ok for a write that is not there: the closure form refuses
+/// to commit a transaction whose lock call was cut off in flight
+/// ([`ErrorKind::Poisoned`], as tokio-postgres's `LockTx::commit` refuses)
+/// and rolls it back, past the dropped statement's stale answer.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transaction_whose_lock_call_was_cut_off_is_not_reported_committed() {
     let db = TestServer::shared();
@@ -610,7 +611,8 @@ async fn a_transaction_whose_lock_call_was_cut_off_is_not_reported_committed() {
         .await;
     let ids = fixture.ids().await;
     let err = answer.expect_err("the transaction was aborted after the drop");
-    assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Poisoned, "{err}");
+    assert!(err.to_string().contains("not committed"), "{err}");
     assert!(ids.is_empty(), "refused, yet committed: {ids:?}");
     fixture.finish().await;
 }

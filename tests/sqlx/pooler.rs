@@ -190,9 +190,12 @@ async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
         .pool_mode("transaction")
         .default_pool_size(1)
         .start();
+    // Named statements (the opt-in), whose reply check this is about.
     let locker = Locker::new(
         &mut connect(db).await,
-        Config::default().order_check(OrderCheck::Off),
+        Config::default()
+            .statements(StatementMode::Prepared)
+            .order_check(OrderCheck::Off),
     )
     .await
     .unwrap();

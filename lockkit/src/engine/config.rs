@@ -73,8 +73,13 @@ pub enum StatementMode {
     /// statements. Not behind a transaction-mode pooler that does not keep
     /// named prepared statements per client.
     Prepared,
-    /// Sent unnamed every time (parse, bind and execute in one round trip),
-    /// safe behind every pooler (the default).
+    /// No statement kept on the connection, safe behind every pooler (the
+    /// default): the server parses each statement every time, in one round
+    /// trip. tokio-postgres and sqlx send each in the simple query
+    /// protocol, its parameters (lockkit's: integers, integer arrays and
+    /// booleans) written in as literals; Diesel sends it as the unnamed
+    /// statement; diesel-async outside its statement cache (diesel-async
+    /// names every statement it sends: see `lockkit-diesel-async`).
     #[default]
     Unnamed,
 }

@@ -12,13 +12,14 @@ use futures_util::TryStreamExt;
 use smallvec::SmallVec;
 use tokio::sync::OnceCell;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row, RowStream};
+use tokio_postgres::{Client, Row, RowStream, SimpleQueryMessage};
 
 use crate::driver::{Async, CancellingPolicy, Driver};
 use crate::engine::config::StatementMode;
 use crate::engine::{
     read_reply, DriverError, Param, ParamType, Policy, Reply, ReplyRow, ReplyShape, Sql, Statement,
 };
+use crate::pg::text_row::SimpleRow;
 
 /// lockkit's statements prepared on one connection, prepared all at once
 /// the first time a lock call needs them.
@@ -87,7 +88,10 @@ fn pg_value<'p>(p: &'p Param<'_>) -> &'p (dyn ToSql + Sync) {
 /// most one row, kept inline.
 pub(crate) enum Answer {
     Done,
+    /// The rows of a prepared statement.
     Rows(SmallVec<[Row; 1]>),
+    /// The rows of a statement sent in the simple query protocol.
+    Text(SmallVec<[SimpleRow; 1]>),
 }
 
 /// The answers of a round, inline for the common one-statement round.
@@ -154,8 +158,12 @@ fn the_cause<T>(
     }
 }
 
-/// Sends one statement: prepared when `prepared` has it, else unnamed
-/// (parsed by the server each time); the simple-protocol ones as they are.
+/// Sends one statement: prepared when `prepared` has it; else in the simple
+/// query protocol, its parameters written in as literals
+/// ([`Statement::write_simple`]): no statement name, one message, one round
+/// trip, and no portal left open behind it. lockkit's parameters are
+/// integers, integer arrays and booleans only, so nothing of the caller's
+/// reaches the text.
 async fn send(
     client: &Client,
     prepared: Option<&[tokio_postgres::Statement]>,
@@ -175,17 +183,32 @@ async fn send(
         *value = pg_value(param);
     }
     let values = &values[..params.len()];
-    let stream = match prepared.and_then(|p| cached(p, stmt.sql())) {
-        Some(statement) => client.query_raw(statement, values.iter().copied()).await?,
-        None => {
-            let typed = values
-                .iter()
-                .zip(stmt.sql().param_types())
-                .map(|(v, t)| (*v, pg_type(*t)));
-            client.query_typed_raw(stmt.text(), typed).await?
+    match prepared.and_then(|p| cached(p, stmt.sql())) {
+        Some(statement) => {
+            let stream = client.query_raw(statement, values.iter().copied()).await?;
+            Ok(Answer::Rows(collect(stream).await?))
         }
-    };
-    Ok(Answer::Rows(collect(stream).await?))
+        None => {
+            let mut text = String::with_capacity(stmt.text().len() + 32);
+            stmt.write_simple(&mut text);
+            Ok(Answer::Text(simple_rows(client, &text).await?))
+        }
+    }
+}
+
+/// The rows of one simple-protocol query.
+async fn simple_rows(
+    client: &Client,
+    query: &str,
+) -> Result<SmallVec<[SimpleRow; 1]>, tokio_postgres::Error> {
+    let mut stream = std::pin::pin!(client.simple_query_raw(query).await?);
+    let mut rows = SmallVec::new();
+    while let Some(message) = stream.try_next().await? {
+        if let SimpleQueryMessage::Row(row) = message {
+            rows.push(SimpleRow(row));
+        }
+    }
+    Ok(rows)
 }
 
 /// Every row of `stream`, inline when there is one.
@@ -222,6 +245,7 @@ pub(crate) fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
     match answer {
         Answer::Done => read_reply::<Row>(stmt, None),
         Answer::Rows(rows) => read_reply(stmt, Some(rows)),
+        Answer::Text(rows) => read_reply(stmt, Some(rows)),
     }
 }
 

@@ -13,6 +13,7 @@ pub(crate) mod locker;
 pub(crate) mod migrate;
 pub(crate) mod publish;
 pub mod session;
+pub(crate) mod text_row;
 pub(crate) mod transaction;
 
 pub use ddl::{run_ddl, DdlOutcome, DdlRetry};
