@@ -9,7 +9,7 @@
 //!   SQL functions.
 //! - [`tls`]: `sslmode` and `sslrootcert`, as libpq reads them.
 //!
-//! The key format is [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
+//! The key format is `docs/KEYS.md` in lockkit's source.
 pub mod keyarg;
 pub mod registry;
 pub mod settings;

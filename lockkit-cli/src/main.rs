@@ -7,7 +7,7 @@
 //! - `lockkit key NAMESPACE VALUE...`: the keys (and their `pg_locks`
 //!   columns) of a key type's typed field values (`i:42`, `s:acme`,
 //!   `variant:Account`, …), in every form of the key format,
-//!   [docs/KEYS.md](https://example.invalid/lockkit/blob/main/docs/KEYS.md).
+//!   `docs/KEYS.md` in lockkit's source.
 //! - `lockkit check`: the server's lock table capacity, how much advisory
 //!   locks use now, hot standby, whether the connection is pooled and
 //!   what is safe behind the pooler.
@@ -45,8 +45,7 @@ use sql_command::{sql_install, sql_text, SqlCommand};
 /// Inspect PostgreSQL advisory locks, compute lockkit keys, check capacity
 /// and lock settings.
 ///
-/// The key format is docs/KEYS.md:
-/// https://example.invalid/lockkit/blob/main/docs/KEYS.md
+/// The key format is docs/KEYS.md in lockkit's source.
 #[derive(Debug, Parser)]
 #[command(name = "lockkit", version)]
 struct Cli {
@@ -102,8 +101,8 @@ enum Command {
     ///
     /// More than 40 rows are summed up (per holder, per key type, per
     /// semaphore, the waiters and the longest wait); --full lists them all,
-    /// --graph draws who waits for whom. The key format is docs/KEYS.md:
-    /// https://example.invalid/lockkit/blob/main/docs/KEYS.md
+    /// --graph draws who waits for whom. The key format is docs/KEYS.md in
+    /// lockkit's source.
     #[command(after_long_help = BOUNDS_HELP, after_help = "Every wait for the server is bounded by the URL's connect_timeout, 10 s when unset (see --help).")]
     Inspect {
         /// A key namespace of the application, to name the type behind a key
@@ -142,8 +141,7 @@ enum Command {
     /// Give the type's namespace (its name, or its `namespace = "..."`),
     /// then its fields' values in declaration order, each typed (see below).
     /// Without --form, both hashed keys (BigInt and Pair) are printed.
-    /// The key format is docs/KEYS.md:
-    /// https://example.invalid/lockkit/blob/main/docs/KEYS.md
+    /// The key format is docs/KEYS.md in lockkit's source.
     #[command(after_long_help = key_help())]
     Key {
         /// The namespace (left out for --form raw and --form hashtext), then
@@ -174,7 +172,7 @@ enum Command {
     /// languages that must take the same locks as the Rust service:
     /// SELECT pg_advisory_xact_lock(lockkit.key('Order', lockkit.int(42))).
     /// `lockkit key --sql` prints a key's SQL. The key format is
-    /// docs/KEYS.md: https://example.invalid/lockkit/blob/main/docs/KEYS.md
+    /// docs/KEYS.md in lockkit's source.
     Sql {
         #[command(subcommand)]
         command: SqlCommand,
