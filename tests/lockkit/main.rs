@@ -25,6 +25,7 @@ mod session;
 mod session_forms;
 mod session_lost;
 mod session_multiplexed;
+mod session_multiplexed_budget;
 mod session_multiplexed_setups;
 mod session_pooler;
 mod session_probe;

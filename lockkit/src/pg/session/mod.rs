@@ -292,6 +292,10 @@ pub struct SessionLock {
     /// The multiplexed form's connections and claimed keys; shared by
     /// clones.
     mux: Arc<Mux>,
+    /// The most keys the multiplexed form holds at once
+    /// ([`multiplexed_budget`](Self::multiplexed_budget)); `None`: half the
+    /// server's shared lock table.
+    mux_budget: Option<usize>,
     /// Whether a lock's set-up saw that the server has
     /// `client_connection_check_interval` (PostgreSQL 14+): the next
     /// set-ups set it with the cheaper `SET LOCAL` form
@@ -309,6 +313,7 @@ impl fmt::Debug for SessionLock {
             .field("pooler_check", &self.pooler_check)
             .field("keepalive", &self.keeper.cadence)
             .field("connections", &self.mux.max())
+            .field("multiplexed_budget", &self.mux_budget)
             .field("probe_timeout", &self.probe_timeout)
             .finish()
     }
@@ -363,6 +368,7 @@ impl SessionLock {
             pooler_check: true,
             keeper: Keeper::new(DEFAULT_KEEPALIVE),
             mux: Mux::new(DEFAULT_CONNECTIONS),
+            mux_budget: None,
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
             check_interval_known: Arc::new(AtomicBool::new(false)),
         }
@@ -385,6 +391,25 @@ impl SessionLock {
     /// own connections (and their own table of claimed keys).
     pub fn connections(mut self, connections: usize) -> Self {
         self.mux = Mux::new(connections.clamp(1, 64));
+        self
+    }
+
+    /// For the [`SessionForm::Multiplexed`] form: at most `max` keys held
+    /// (or being taken) at once over all its connections. Each is an entry
+    /// of the server's shared lock table, which every session's relation
+    /// and advisory locks share, and which, full, fails other sessions'
+    /// statements with `53200`. By default the budget is half the table
+    /// (`max_locks_per_transaction × (max_connections +
+    /// max_prepared_transactions) / 2`, learned when the first connection
+    /// opens), as [`Config::concurrent_lockers`](crate::Config::concurrent_lockers)
+    /// sizes a transaction's. A take past it is refused with
+    /// [`ErrorKind::BudgetExceeded`] before anything is sent for it.
+    ///
+    /// A take the server refuses all the same (the table filled by other
+    /// sessions) fails alone, with [`ErrorKind::LockTableFull`]: the other
+    /// locks on its connection are kept.
+    pub fn multiplexed_budget(mut self, max: usize) -> Self {
+        self.mux_budget = Some(max);
         self
     }
 

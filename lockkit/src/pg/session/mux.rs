@@ -47,7 +47,7 @@ use tokio_postgres::types::{ToSql, Type};
 use super::conn::Lease;
 use super::guard::{holds_now, Hold, SessionGuard};
 use super::keeper::{within_cadence, within_take};
-use super::simple::begin_held;
+use super::simple::{begin_held, renew_held};
 use super::take::one_bool;
 use super::{SessionForm, SessionLock};
 use crate::engine::error::{Error, ErrorKind};
@@ -131,6 +131,11 @@ impl Mux {
 
     pub(super) fn max(&self) -> usize {
         self.max
+    }
+
+    /// How many keys are claimed: held, or with a statement in flight.
+    fn claimed(&self) -> usize {
+        self.state().keys.len()
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -234,10 +239,19 @@ pub(super) struct MuxConn {
     /// Whether a statement's snapshot may be open, with a
     /// [`drop_snapshot`] started for it.
     snapshot: AtomicBool,
+    /// How many times the held transaction was made anew after a
+    /// statement's error aborted it ([`MuxConn::renew`]).
+    renewed: AtomicU64,
+    /// Held while the held transaction is made anew, so that the statements
+    /// an error failed together renew it once.
+    renewing: tokio::sync::Mutex<()>,
+    /// Whether the server has `client_connection_check_interval`, for the
+    /// set-up of a renewed transaction (shared with the `SessionLock`).
+    check_interval_known: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What a statement on a multiplexed connection does.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Op {
     Try,
     Unlock,
@@ -283,6 +297,9 @@ impl MuxConn {
             lost: watch::Sender::new(false),
             used: AtomicBool::new(true),
             statements_run: AtomicU64::new(0),
+            renewed: AtomicU64::new(0),
+            renewing: tokio::sync::Mutex::new(()),
+            check_interval_known: lock.check_interval_known.clone(),
             snapshot: AtomicBool::new(false),
         });
         tokio::spawn(keep(Arc::downgrade(&conn), ended));
@@ -313,8 +330,18 @@ impl MuxConn {
 
     /// Runs `op` for `key`, bounded by one cadence: what the server
     /// answered (`pg_try_advisory_lock`'s or `pg_advisory_unlock`'s
-    /// `bool`). A failure gives the connection up (the failed statement
-    /// aborted its transaction).
+    /// `bool`).
+    ///
+    /// A server's error of the statement aborts the held transaction, and
+    /// every statement sent behind it fails with `25P02`: the transaction is
+    /// made anew ([`renew`](Self::renew)), which keeps every lock on the
+    /// connection (they are session-level). Then a statement that failed
+    /// only behind another's error is made again, once; a try the server
+    /// refused itself (its lock table full, `53200`) fails alone, after an
+    /// unlock of its key in case the error came after the grant; an unlock
+    /// the server refused gives the connection up, as does any other
+    /// failure (a connection lost, no answer within the cadence, a renewal
+    /// that failed): every lock on it is then gone.
     ///
     /// The statement is sent unnamed (parsed, bound and run in one round
     /// trip): a named one could meet another client's statement of the same
@@ -324,29 +351,174 @@ impl MuxConn {
     /// the connection is quiet, [`drop_snapshot`] runs a simple query that
     /// drops them, so that the backend does not hold back VACUUM.
     async fn run(self: &Arc<Self>, op: Op, key: LockKey, mode: Mode) -> Result<bool, Error> {
-        let answer = within_cadence(self.cadence, async {
-            let sql = statement(op, key, mode);
-            let client = self.lease.client();
-            let run = self.statements_run.fetch_add(1, Ordering::Relaxed) + 1;
-            if !self.snapshot.swap(true, Ordering::AcqRel) {
-                tokio::spawn(drop_snapshot(Arc::downgrade(self), run));
+        let e = match self.attempt(op, key, mode).await? {
+            Ok(answer) => return Ok(answer),
+            Err(refused) => refused,
+        };
+        match op {
+            Op::Try => {
+                // Its key let go, in case the server granted it before the
+                // error; a failure there gave the connection up.
+                let _ = self.attempt(Op::Unlock, key, mode).await;
+                Err(e)
             }
-            let rows = match key {
-                LockKey::BigInt(v) => client.query_typed(sql, &[(&v, Type::INT8)]).await?,
-                LockKey::Pair(class, object) => {
-                    let params: [(&(dyn ToSql + Sync), Type); 2] =
-                        [(&class, Type::INT4), (&object, Type::INT4)];
-                    client.query_typed(sql, &params).await?
-                }
-            };
-            one_bool(&rows)
-        })
-        .await;
-        if let Err(e) = &answer {
-            self.give_up(e);
+            Op::Unlock => {
+                self.give_up(&e);
+                Err(e)
+            }
         }
-        answer
     }
+
+    /// Sends `op` for `key` until the server answers it or refuses it
+    /// itself: `Ok(Ok(answer))`, or `Ok(Err(its error))` with the held
+    /// transaction made anew.
+    ///
+    /// A statement that failed only behind another's error (`25P02`) is
+    /// made again, now one at a time under [`MuxConn::renewing`], so that
+    /// statements made again cannot fail behind one another: each is either
+    /// answered or refused itself, and a refusal renews the transaction
+    /// before the next one goes. It can still fail behind a statement sent
+    /// meanwhile for the first time, and is then made again, at most
+    /// [`ATTEMPTS`] times.
+    ///
+    /// # Errors
+    ///
+    /// Any other failure (a lost connection, no answer within the cadence,
+    /// a renewal that failed), after giving the connection up.
+    async fn attempt(
+        self: &Arc<Self>,
+        op: Op,
+        key: LockKey,
+        mode: Mode,
+    ) -> Result<Result<bool, Error>, Error> {
+        let renewed = self.renewed.load(Ordering::Acquire);
+        let first = within_cadence(self.cadence, self.send(op, key, mode)).await;
+        let mut e = match first {
+            Ok(answer) => return Ok(Ok(answer)),
+            Err(e) => e,
+        };
+        let mut seen = renewed;
+        let renewing = self.renewing.lock().await;
+        for _ in 0..ATTEMPTS {
+            if !is_statement_error(&e) {
+                self.give_up(&e);
+                return Err(e);
+            }
+            if let Err(renewal) = self.renew(&renewing, seen).await {
+                self.give_up(&renewal);
+                return Err(e);
+            }
+            if e.kind() != ErrorKind::TransactionAborted {
+                return Ok(Err(e));
+            }
+            seen = self.renewed.load(Ordering::Acquire);
+            e = match within_cadence(self.cadence, self.send(op, key, mode)).await {
+                Ok(answer) => return Ok(Ok(answer)),
+                Err(e) => e,
+            };
+        }
+        Ok(Err(e))
+    }
+
+    /// The keepalive, a simple query, bounded by one cadence; made again
+    /// once after the held transaction is made anew when it was sent behind
+    /// a statement whose error aborted it (`25P02`).
+    ///
+    /// # Errors
+    ///
+    /// Any other failure, or a second one: the caller gives the connection
+    /// up.
+    async fn keepalive(self: &Arc<Self>) -> Result<(), Error> {
+        let send = || async {
+            let client = self.lease.client();
+            within_cadence(self.cadence, async {
+                Ok(client.batch_execute(sql::KEEPALIVE).await?)
+            })
+            .await
+        };
+        let renewed = self.renewed.load(Ordering::Acquire);
+        match send().await {
+            Err(e) if e.kind() == ErrorKind::TransactionAborted => {
+                let renewing = self.renewing.lock().await;
+                self.renew(&renewing, renewed).await?;
+                send().await
+            }
+            answer => answer,
+        }
+    }
+
+    /// Sends `op` for `key`, once.
+    async fn send(self: &Arc<Self>, op: Op, key: LockKey, mode: Mode) -> Result<bool, Error> {
+        let sql = statement(op, key, mode);
+        let client = self.lease.client();
+        let run = self.statements_run.fetch_add(1, Ordering::Relaxed) + 1;
+        if !self.snapshot.swap(true, Ordering::AcqRel) {
+            tokio::spawn(drop_snapshot(Arc::downgrade(self), run));
+        }
+        let rows = match key {
+            LockKey::BigInt(v) => client.query_typed(sql, &[(&v, Type::INT8)]).await?,
+            LockKey::Pair(class, object) => {
+                let params: [(&(dyn ToSql + Sync), Type); 2] =
+                    [(&class, Type::INT4), (&object, Type::INT4)];
+                client.query_typed(sql, &params).await?
+            }
+        };
+        one_bool(&rows)
+    }
+
+    /// Makes the held transaction anew after a statement's error aborted
+    /// it: `ROLLBACK` and the held transaction's `BEGIN` and set-up in one
+    /// query ([`renew_held`]), which keeps the connection pinned behind a
+    /// pooler and keeps every session-level lock on it. `seen` is how many
+    /// renewals the caller's statement was sent after: when another
+    /// statement's failure renewed it since, nothing is sent.
+    ///
+    /// # Errors
+    ///
+    /// When the renewal fails, or gets no answer within the cadence: the
+    /// caller gives the connection up.
+    async fn renew(
+        self: &Arc<Self>,
+        _renewing: &tokio::sync::MutexGuard<'_, ()>,
+        seen: u64,
+    ) -> Result<(), Error> {
+        if self.renewed.load(Ordering::Acquire) != seen {
+            return Ok(());
+        }
+        let client = self.lease.client();
+        within_cadence(self.cadence, async {
+            renew_held(client, MULTIPLEXED_NAME, &self.check_interval_known).await
+        })
+        .await?;
+        self.renewed.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+/// Whether `e` is the server's error of a statement, which aborts the held
+/// transaction and leaves the connection (and its session-level locks) as
+/// they were; not a lost connection, nor an answer that never came.
+fn is_statement_error(e: &Error) -> bool {
+    e.code().is_some() && !e.is_connection_lost()
+}
+
+/// How many times a statement on a multiplexed connection is made again
+/// when it keeps failing behind statements sent for the first time whose
+/// errors aborted the held transaction (`25P02`).
+const ATTEMPTS: u32 = 64;
+
+/// The refusal of a multiplexed take past the budget, `held` keys held.
+fn over_budget(held: usize, budget: usize, facts: &ServerFacts) -> Error {
+    Error::with_message(
+        ErrorKind::BudgetExceeded,
+        format!(
+            "a multiplexed SessionLock holds {held} keys, and one more would pass its budget of \
+             {budget} (the server's shared lock table has {} entries, shared by every session); \
+             nothing was sent: release some, or raise max_locks_per_transaction, or set \
+             SessionLock::multiplexed_budget",
+            facts.lock_table_capacity()
+        ),
+    )
 }
 
 /// Drops the snapshot a connection's prepared statements left open, once
@@ -368,13 +540,7 @@ async fn drop_snapshot(conn: Weak<MuxConn>, mut seen: u64) {
         }
         // Cleared first: a statement from now on starts another drop.
         conn.snapshot.store(false, Ordering::Release);
-        let cadence = conn.cadence;
-        let client = conn.lease.client();
-        let dropped = within_cadence(cadence, async {
-            Ok(client.batch_execute(sql::KEEPALIVE).await?)
-        })
-        .await;
-        if let Err(e) = dropped {
+        if let Err(e) = conn.keepalive().await {
             conn.give_up(&e);
         }
         return;
@@ -468,6 +634,15 @@ impl SessionLock {
             }
             if K::KEY_SPEC.form() == KeyForm::HashText {
                 conn.facts.check_hashtext()?;
+            }
+            // The budget, before anything is sent for the key: the claims
+            // (this one among them) are what is held or being taken.
+            let budget = self
+                .mux_budget
+                .unwrap_or(conn.facts.lock_table_capacity() / 2);
+            let claimed = self.mux.claimed();
+            if claimed > budget {
+                return Err(over_budget(claimed - 1, budget, &conn.facts));
             }
             conn.used.store(true, Ordering::Relaxed);
             let flight = InFlight {
@@ -614,11 +789,7 @@ async fn keep(conn: Weak<MuxConn>, ended: Option<watch::Receiver<bool>>) {
             let _ = conn.lost.send_replace(true);
             return;
         }
-        if let Err(e) = within_cadence(cadence, async {
-            Ok(conn.lease.client().batch_execute(sql::KEEPALIVE).await?)
-        })
-        .await
-        {
+        if let Err(e) = conn.keepalive().await {
             conn.give_up(&e);
             return;
         }

@@ -282,17 +282,54 @@ pub(super) async fn begin_held(
     name: impl fmt::Display,
     check_interval_known: &AtomicBool,
 ) -> Result<(bool, i32), Error> {
+    held_round(client, name, check_interval_known, false).await
+}
+
+/// [`begin_held`] behind a `ROLLBACK`, in the same query: a held
+/// transaction that a statement's error aborted, made anew. One query is one
+/// message with one `ReadyForQuery` at its end, inside the new transaction,
+/// so a transaction-mode pooler never sees the connection idle, and keeps it
+/// pinned; the session-level locks taken on it outlive the rollback.
+///
+/// # Errors
+///
+/// As [`begin_held`].
+pub(super) async fn renew_held(
+    client: &Client,
+    name: impl fmt::Display,
+    check_interval_known: &AtomicBool,
+) -> Result<(bool, i32), Error> {
+    held_round(client, name, check_interval_known, true).await
+}
+
+async fn held_round(
+    client: &Client,
+    name: impl fmt::Display,
+    check_interval_known: &AtomicBool,
+    renew: bool,
+) -> Result<(bool, i32), Error> {
     let known = check_interval_known.load(Ordering::Relaxed);
     let mut query = String::with_capacity(256);
+    if renew {
+        query.push_str(sql::SESSION_ROLLBACK);
+        query.push_str("; ");
+    }
     query.push_str(sql::SESSION_BEGIN);
     query.push_str("; ");
     let prefix = 1 + sql::write_session_setup(&mut query, name, known);
-    let (completed, failed) = simple_round(client, &query).await;
+    let (mut completed, failed) = simple_round(client, &query).await;
     if let Some(e) = failed {
         if e.code() == Some(&SqlState::UNDEFINED_OBJECT) {
             check_interval_known.store(false, Ordering::Relaxed);
         }
         return Err(Error::from(e));
+    }
+    if renew {
+        // The ROLLBACK answers no row.
+        if !completed.rows(0, 1).is_empty() {
+            return Err(Error::unexpected("ROLLBACK returned a row".into()));
+        }
+        completed.skip_first();
     }
     if completed.len() != prefix {
         return Err(Error::unexpected(format!(
@@ -374,6 +411,18 @@ pub(super) struct Completed {
 }
 
 impl Completed {
+    /// Forgets the first command (its rows, which the caller has read).
+    fn skip_first(&mut self) {
+        if self.ends.is_empty() {
+            return;
+        }
+        let first = self.ends.remove(0);
+        self.rows.drain(..first);
+        for end in &mut self.ends {
+            *end -= first;
+        }
+    }
+
     /// How many commands completed.
     fn len(&self) -> usize {
         self.ends.len()
