@@ -18,7 +18,7 @@ use diesel::connection::TransactionManagerStatus;
 use diesel::sql_types::{Array, Text};
 use diesel::{sql_query, QueryResult};
 use diesel_async::{
-    AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
+    AnsiTransactionManager, AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
     TransactionManager,
 };
 use lockkit::driver::diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
@@ -31,19 +31,24 @@ use lockkit::{Error, StatementMode};
 
 use crate::locker::Locker;
 
-/// The server facts, learned with [`sql::SERVER_FACTS`].
-pub(crate) async fn server_facts(conn: &mut AsyncPgConnection) -> QueryResult<FactsRow> {
-    let probes: Vec<&str> = HASHTEXT_PROBES.to_vec();
-    let row: FactsColumns = sql_query(sql::SERVER_FACTS)
-        .bind::<Array<Text>, _>(probes)
-        .get_result(conn)
-        .await?;
-    Ok(row.into())
-}
-
-/// The server's `lc_messages` ([`MESSAGES`]).
-pub(crate) async fn messages(conn: &mut AsyncPgConnection) -> QueryResult<MessagesRow> {
-    sql_query(MESSAGES).get_result(conn).await
+/// The server facts, learned with [`sql::SERVER_FACTS`], and its
+/// `lc_messages` ([`MESSAGES`]), inside a transaction (a savepoint in one
+/// already open): diesel-async prepares each statement in a round trip of
+/// its own before it binds and runs it, and behind a transaction-mode
+/// pooler only a transaction keeps the two on one server connection.
+pub(crate) async fn server_facts(
+    conn: &mut AsyncPgConnection,
+) -> QueryResult<(FactsRow, MessagesRow)> {
+    conn.transaction::<_, diesel::result::Error, _>(async |conn| {
+        let probes: Vec<&str> = HASHTEXT_PROBES.to_vec();
+        let row: FactsColumns = sql_query(sql::SERVER_FACTS)
+            .bind::<Array<Text>, _>(probes)
+            .get_result(conn)
+            .await?;
+        let messages = sql_query(MESSAGES).get_result(conn).await?;
+        Ok((row.into(), messages))
+    })
+    .await
 }
 
 /// diesel-async's transaction depth on `conn`: 0 outside a transaction, 1

@@ -47,10 +47,9 @@ impl Locker {
     ///
     /// Cancel safe: the queries change nothing on the server.
     pub async fn new(conn: &mut AsyncPgConnection, config: Config) -> Result<Locker, Error> {
-        let facts = driver::server_facts(conn)
+        let (facts, messages) = driver::server_facts(conn)
             .await
             .map_err(driver::lock_error)?;
-        let messages = driver::messages(conn).await.map_err(driver::lock_error)?;
         Ok(Locker {
             inner: CancellingPolicy::new(learned_policy(
                 config,

@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
 use diesel::sql_types::{Array, Text};
-use diesel::{sql_query, PgConnection, QueryResult, RunQueryDsl};
+use diesel::{sql_query, Connection, PgConnection, QueryResult, RunQueryDsl};
 use lockkit::driver::diesel::{Answer, EngineQuery, FactsColumns, MessagesRow, MESSAGES};
 use lockkit::driver::{
     sql, Blocking, Driver, DriverError, FactsRow, Reply, ReplyShape, SavepointEnd, SavepointStep,
@@ -17,18 +17,20 @@ use lockkit::StatementMode;
 
 use crate::locker::Locker;
 
-/// The server facts, learned with [`sql::SERVER_FACTS`].
-pub(crate) fn server_facts(conn: &mut PgConnection) -> QueryResult<FactsRow> {
-    let probes: Vec<&str> = HASHTEXT_PROBES.to_vec();
-    let row: FactsColumns = sql_query(sql::SERVER_FACTS)
-        .bind::<Array<Text>, _>(probes)
-        .get_result(conn)?;
-    Ok(row.into())
-}
-
-/// The server's `lc_messages` ([`MESSAGES`]).
-pub(crate) fn messages(conn: &mut PgConnection) -> QueryResult<MessagesRow> {
-    sql_query(MESSAGES).get_result(conn)
+/// The server facts, learned with [`sql::SERVER_FACTS`], and its
+/// `lc_messages` ([`MESSAGES`]), inside a transaction (a savepoint in one
+/// already open): Diesel parses each statement in a round trip of its own
+/// before it binds and runs it, and behind a transaction-mode pooler only a
+/// transaction keeps the two on one server connection.
+pub(crate) fn server_facts(conn: &mut PgConnection) -> QueryResult<(FactsRow, MessagesRow)> {
+    conn.transaction(|conn| {
+        let probes: Vec<&str> = HASHTEXT_PROBES.to_vec();
+        let row: FactsColumns = sql_query(sql::SERVER_FACTS)
+            .bind::<Array<Text>, _>(probes)
+            .get_result(conn)?;
+        let messages = sql_query(MESSAGES).get_result(conn)?;
+        Ok((row.into(), messages))
+    })
 }
 
 /// Diesel's transaction depth on `conn`: 0 outside a transaction, 1 in

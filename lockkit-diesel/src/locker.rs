@@ -41,8 +41,7 @@ impl Locker {
     ///
     /// [`ErrorKind::Database`](lockkit::ErrorKind::Database) or [`ErrorKind::ConnectionLost`](lockkit::ErrorKind::ConnectionLost) when a query fails.
     pub fn new(conn: &mut PgConnection, config: Config) -> Result<Locker, Error> {
-        let facts = pg::server_facts(conn)?;
-        let messages = pg::messages(conn)?;
+        let (facts, messages) = pg::server_facts(conn)?;
         Ok(Locker {
             inner: Arc::new(learned_policy(config, &facts, &messages, "lockkit-diesel")),
         })

@@ -45,10 +45,9 @@ impl Locker {
     where
         E: Executor<'c, Database = Postgres>,
     {
-        let probes: &[&str] = &HASHTEXT_PROBES;
-        let row = sqlx::query(sql::SERVER_FACTS)
-            .bind(probes)
-            .fetch_one(executor)
+        let query = server_facts_query();
+        let row = executor
+            .fetch_one(query.as_str())
             .await
             .map_err(lock_error)?;
         let row = FactsRow::read(&crate::driver::SqlxRow(row)).map_err(lock_error)?;
@@ -137,4 +136,20 @@ impl Locker {
         let mut conn = conn.acquire().await.map_err(|e| E::from(lock_error(e)))?;
         lockkit::driver::transaction(self, &mut *conn, f).await
     }
+}
+
+/// [`sql::SERVER_FACTS`] with its one parameter, lockkit's own `hashtext`
+/// probes, written in as a text array literal, for the simple query
+/// protocol: one message, no statement name. sqlx parses a statement with
+/// parameters in a round trip of its own before it binds and runs it, and
+/// outside a transaction a transaction-mode pooler may serve the two on
+/// different server connections; a persistent statement's name may also
+/// meet another client's there.
+fn server_facts_query() -> String {
+    let probes: Vec<String> = HASHTEXT_PROBES
+        .iter()
+        .map(|p| format!("'{}'", p.replace('\'', "''")))
+        .collect();
+    let array = format!("ARRAY[{}]::text[]", probes.join(", "));
+    sql::SERVER_FACTS.replacen("$1", &array, 1)
 }

@@ -152,19 +152,15 @@ async fn control_session_level_locks_left_behind_the_pooler() {
     );
 }
 
-/// A lockkit defect the fleet found: lockkit-sqlx's `Locker::new` sends its
-/// one query (`SERVER_FACTS`) as a sqlx persistent statement, named
-/// `sqlx_s_N`, whatever the `StatementMode`. Behind a transaction-mode
+/// A defect the fleet found, kept as its test: lockkit-sqlx's `Locker::new`
+/// sent its one query (`SERVER_FACTS`) as a sqlx persistent statement,
+/// named `sqlx_s_N`, whatever the `StatementMode`. Behind a transaction-mode
 /// pgbouncer 1.18 shared with a sqlx application that left its own
-/// statements on the server connections, it fails with `42P05` (a name
-/// clash) or `26000` (parsed on one server connection, bound on another),
-/// and its message advises `StatementMode::Unnamed`, which is already the
-/// default. Fails until `Locker::new` sends its query unnamed; ignored so
-/// that CI stays green meanwhile:
-/// `cargo test -p lockkit-tests --test fleet -- --ignored defect_`.
+/// statements on the server connections, it failed with `42P05` (a name
+/// clash) or `26000` (parsed on one server connection, bound on another).
+/// It now sends it in the simple query protocol.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "lockkit defect: lockkit-sqlx Locker::new names its statement (see the doc comment)"]
-async fn defect_sqlx_locker_new_behind_the_shared_pooler() {
+async fn sqlx_locker_new_behind_the_shared_pooler() {
     let fleet = Fleet::start(3).await;
     // A sqlx application leaves its statements on every server connection.
     fleet.litter_sqlx(3).await;
