@@ -293,6 +293,15 @@ impl<'s, 'c, D: Transactions> Scope<'s, 'c, D> {
                     }
                     Err(e) => {
                         guard.ending.record(SavepointEnd::Unknown);
+                        // A failed `COMMIT` (or `RELEASE`) can leave the
+                        // transaction open as the stack sees it: one never
+                        // sent (sqlx sends nothing after reading an earlier
+                        // statement's error), or one the server refused. It
+                        // is rolled back, so that the connection never goes
+                        // on inside it; the commit's error is the answer.
+                        if D::in_transaction(guard.conn).unwrap_or(false) {
+                            let _ = guard.roll_back().await;
+                        }
                         Err(E::from(e.into_error()))
                     }
                 }

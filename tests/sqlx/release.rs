@@ -44,3 +44,54 @@ async fn released_when_the_holding_task_panics() {
     assert!(task.await.unwrap_err().is_panic());
     assert!(released(&observer, key.lock_key()).await);
 }
+
+/// A transaction whose `COMMIT` fails (a deferred unique constraint, which
+/// the server checks at the commit and answers by rolling back): sqlx
+/// counts it still open (its `commit` fails before it counts the
+/// transaction ended), and its pool would hand the connection on that way:
+/// the next `Locker::transaction` would send a `SAVEPOINT` outside any
+/// transaction (`25P01`). `Locker::transaction` rolls it back after the
+/// failed commit, so the next one runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_commit_hands_the_connection_on_outside_a_transaction() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = crate::common::pool(db, 1).await;
+    let locker = crate::common::locker(&pool, lockkit_sqlx::Config::default()).await;
+    sqlx::raw_sql(
+        "DROP TABLE IF EXISTS lockkit_sqlx_deferred; \
+         CREATE TABLE lockkit_sqlx_deferred (id int8 UNIQUE DEFERRABLE INITIALLY DEFERRED)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let failed: Result<(), lockkit_sqlx::Error> = locker
+        .transaction(&pool, |tx| {
+            Box::pin(async move {
+                let _ = tx.lock(Deferred { id: 1 }).await?;
+                sqlx::query("INSERT INTO lockkit_sqlx_deferred VALUES (1), (1)")
+                    .execute(tx.conn())
+                    .await
+                    .map_err(lockkit_sqlx::lock_error)?;
+                Ok(())
+            })
+        })
+        .await;
+    let e = failed.expect_err("the commit fails on the deferred constraint");
+    assert_eq!(e.code(), Some("23505"), "{e}");
+    let next: Result<(), lockkit_sqlx::Error> = locker
+        .transaction(&pool, |tx| {
+            Box::pin(async move {
+                let _ = tx.lock(Deferred { id: 2 }).await?;
+                Ok(())
+            })
+        })
+        .await;
+    next.expect("the connection was handed on outside any transaction");
+}
+
+#[derive(lockkit_sqlx::AdvisoryKey, Clone, Copy, Debug)]
+#[advisory_key(namespace = "lockkit-tests/sqlx-deferred")]
+struct Deferred {
+    id: i64,
+}
