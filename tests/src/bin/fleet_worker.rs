@@ -18,18 +18,18 @@
 //! | `tp-prepared` | the control: `tp` with `StatementMode::Prepared` |
 //! | `leaky` | the control: `pg_advisory_lock` through the pooler, some never unlocked |
 //!
-//! Every role that takes locks takes [`Account`] keys `0..KEYS` and, for
+//! Every role that takes locks takes `Account` keys `0..KEYS` and, for
 //! each key it holds exclusively, reads the key's counter row, then writes
-//! it plus one and logs the write ([`rmw_sql`]): inside the locking
+//! it plus one and logs the write (`rmw_sql`): inside the locking
 //! transaction for transaction locks, on a second connection for session
 //! locks. A lost update (two holders at once) leaves the counter below the
 //! number of log rows. The pooled roles check every connection their pool
 //! hands out with the two statements of `tests/conformance/handoff.rs`'s
-//! `PROBE`, in simple-protocol form ([`PROBE_SET`], [`PROBE_CHECK`]).
+//! `PROBE`, in simple-protocol form (`PROBE_SET`, `PROBE_CHECK`).
 //!
 //! Output, on stdout, one JSON object a line: `{"unexpected": …}` at once
 //! for each unexpected error, and every second and at the end (with
-//! `"final": true`) the cumulative counts ([`Tally`]). A worker killed
+//! `"final": true`) the cumulative counts (`Tally`). A worker killed
 //! with SIGKILL has printed every unexpected error it met and its counts of
 //! the last second.
 
