@@ -197,17 +197,17 @@ pub(super) async fn within_take<T>(
     bound: Duration,
     work: impl Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
-    match tokio::time::timeout(bound, work).await {
-        Ok(result) => result,
-        Err(_) => Err(Error::with_message(
+    bounded(bound, work, || {
+        Error::with_message(
             ErrorKind::Timeout,
             format!(
                 "no answer within {bound:?} (the server, or a pooler in front of it waiting for a \
                  free server connection): the lock was not granted, its connection is closed \
                  and nothing is held"
             ),
-        )),
-    }
+        )
+    })
+    .await
 }
 
 /// Runs `work`, statements on a session lock's connection, for at most
@@ -219,12 +219,25 @@ pub(super) async fn within<T>(
     then: &str,
     work: impl Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
-    match tokio::time::timeout(bound, work).await {
-        Ok(result) => result,
-        Err(_) => Err(Error::with_message(
+    bounded(bound, work, || {
+        Error::with_message(
             ErrorKind::ConnectionLost,
             format!("the server did not answer within {bound:?}, {then}"),
-        )),
+        )
+    })
+    .await
+}
+
+/// `work`'s answer, or `elapsed()` once `bound` has passed without one: the
+/// one timer under every bound on a session lock's statements.
+async fn bounded<T>(
+    bound: Duration,
+    work: impl Future<Output = Result<T, Error>>,
+    elapsed: impl FnOnce() -> Error,
+) -> Result<T, Error> {
+    match tokio::time::timeout(bound, work).await {
+        Ok(result) => result,
+        Err(_) => Err(elapsed()),
     }
 }
 
