@@ -77,3 +77,68 @@ async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
         }
     }
 }
+
+/// diesel-async names every statement it sends (tokio-postgres's `s0`,
+/// `s1`, … of this process), in either `StatementMode`: behind a
+/// transaction-mode pgbouncer whose server connection holds statements of
+/// those names (another process's), a lock call fails, typed as the clash
+/// (`UnexpectedReply`, `42P05`) with the fix in its message, and nothing is
+/// held. The README's pooler section says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_name_clash_behind_a_shared_pooler_is_typed_and_says_the_fix() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .start();
+    let observer = db.connect().await;
+    // Connected first: diesel-async's own set-up prepares named statements
+    // too, and would meet the foreign ones before lockkit's do.
+    let mut direct = AsyncPgConnection::establish(db.url()).await.unwrap();
+    let locker = Locker::new(&mut direct, Config::default()).await.unwrap();
+    let mut conn = AsyncPgConnection::establish(&bouncer.url()).await.unwrap();
+    // This process's next tokio-postgres statement name.
+    let next: usize = {
+        let probe_client = db.connect().await;
+        let _probe = probe_client.prepare("SELECT 525252").await.unwrap();
+        let row = probe_client
+            .query_typed_one(
+                "SELECT name FROM pg_prepared_statements WHERE statement = 'SELECT 525252'",
+                &[],
+            )
+            .await
+            .unwrap();
+        row.get::<_, String>(0)
+            .trim_start_matches('s')
+            .parse::<usize>()
+            .unwrap()
+            + 1
+    };
+    // Another process's statements of the names this one will use next,
+    // left on the pooler's one server connection.
+    let (foreign, foreign_conn) = bouncer
+        .config()
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(foreign_conn);
+    let script: String = (next..next + 2_000)
+        .map(|n| format!("PREPARE s{n} AS SELECT 7::int8;"))
+        .collect();
+    foreign.batch_execute(&script).await.unwrap();
+    let job = Job { id: 950_000 };
+    let answer: Result<(), Error> = locker
+        .transaction(&mut conn, |tx| {
+            Box::pin(async move {
+                let _ = tx.lock(job).await?;
+                Ok(())
+            })
+        })
+        .await;
+    let e = answer.expect_err("the statement's name is taken on the server connection");
+    assert_eq!(e.kind(), ErrorKind::UnexpectedReply, "{e}");
+    assert_eq!(e.code(), Some("42P05"), "{e}");
+    assert!(e.to_string().contains("max_prepared_statements"), "{e}");
+    assert!(!granted_elsewhere(&observer, job.lock_key()).await);
+}
