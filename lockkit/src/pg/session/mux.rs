@@ -336,7 +336,8 @@ impl MuxConn {
     /// every statement sent behind it fails with `25P02`: the transaction is
     /// made anew ([`renew`](Self::renew)), which keeps every lock on the
     /// connection (they are session-level). Then a statement that failed
-    /// only behind another's error is made again, once; a try the server
+    /// only behind another's error is made again ([`attempt`](Self::attempt));
+    /// a try the server
     /// refused itself (its lock table full, `53200`) fails alone, after an
     /// unlock of its key in case the error came after the grant; an unlock
     /// the server refused gives the connection up, as does any other
