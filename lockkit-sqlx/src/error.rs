@@ -6,11 +6,16 @@
 
 use lockkit::driver::DriverError;
 use lockkit::Error;
+use sqlx::postgres::{PgDatabaseError, PgSeverity};
 
 /// sqlx's error as the engine sees it: the SQLSTATE
 /// (`sqlx::error::DatabaseError::code`) and the
 /// server's primary message when the server sent them, and whether the
-/// connection is gone (an I/O error, a closed pool, a crashed worker).
+/// connection is gone (an I/O error, a closed pool, a crashed worker, or a
+/// `FATAL` or `PANIC` error: the server, or a pooler such as pgbouncer,
+/// closes the connection after it, whether or not sqlx has read that yet);
+/// and a pool that handed out no connection within its `acquire_timeout`
+/// (`PoolTimedOut`), a [`lockkit::ErrorKind::Timeout`] with nothing held.
 pub fn driver_error(e: sqlx::Error) -> DriverError {
     let (code, message) = match e.as_database_error() {
         Some(db) => (
@@ -19,14 +24,21 @@ pub fn driver_error(e: sqlx::Error) -> DriverError {
         ),
         None => (None, None),
     };
-    let closed = matches!(
-        e,
-        sqlx::Error::Io(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed
-    );
+    let fatal = e
+        .as_database_error()
+        .and_then(|db| db.try_downcast_ref::<PgDatabaseError>())
+        .is_some_and(|db| matches!(db.severity(), PgSeverity::Fatal | PgSeverity::Panic));
+    let closed = fatal
+        || matches!(
+            e,
+            sqlx::Error::Io(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed
+        );
+    let pool_timeout = matches!(e, sqlx::Error::PoolTimedOut);
     DriverError::new(e)
         .code(code.as_deref())
         .message(message.as_deref())
         .closed(closed)
+        .pool_timeout(pool_timeout)
 }
 
 /// sqlx's error as [`lockkit::Error`], typed by its SQLSTATE: a deadlock is

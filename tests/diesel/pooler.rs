@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
-use diesel::{Connection, PgConnection};
+use diesel::{Connection, PgConnection, RunQueryDsl};
 use lockkit::ErrorKind;
 use lockkit_diesel::{AdvisoryKey, Config, Error, StatementMode};
 use lockkit_tests::{PgBouncer, TestServer};
@@ -168,4 +168,33 @@ fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
             }
         }
     }
+}
+
+/// A `FATAL` error ends the session: pgbouncer's `query_wait_timeout` (a
+/// `FATAL` `08P01` when no server connection was free in time, then the
+/// client's connection closed) is `ConnectionLost`, never a bare database
+/// error.
+#[test]
+fn a_fatal_error_of_the_pooler_is_a_lost_connection() {
+    let db = TestServer::shared();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .setting("query_wait_timeout", "1")
+        .start();
+    let locker = locker(&mut connect(db), Config::default());
+    // Connected (Diesel's set-up statements run) before the pool is pinned.
+    let mut conns: Vec<PgConnection> = (0..3)
+        .map(|_| PgConnection::establish(&bouncer.url()).expect("through pgbouncer"))
+        .collect();
+    // The one server connection, pinned by a transaction left open.
+    let mut pin = PgConnection::establish(&bouncer.url()).expect("through pgbouncer");
+    diesel::sql_query("BEGIN").execute(&mut pin).unwrap();
+    for (id, conn) in (0..).zip(conns.iter_mut()) {
+        let e: Error = locker
+            .transaction(conn, |tx| tx.lock(Job { id: 930_000 + id }).map(drop))
+            .expect_err("no server connection was free within query_wait_timeout");
+        assert_eq!(e.kind(), ErrorKind::ConnectionLost, "{e:?}");
+    }
+    diesel::sql_query("ROLLBACK").execute(&mut pin).unwrap();
 }

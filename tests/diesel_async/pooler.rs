@@ -142,3 +142,48 @@ async fn a_name_clash_behind_a_shared_pooler_is_typed_and_says_the_fix() {
     assert!(e.to_string().contains("max_prepared_statements"), "{e}");
     assert!(!granted_elsewhere(&observer, job.lock_key()).await);
 }
+
+/// A `FATAL` error ends the session: pgbouncer's `query_wait_timeout` (a
+/// `FATAL` `08P01` when no server connection was free in time, then the
+/// client's connection closed) is `ConnectionLost`, never a bare database
+/// error.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fatal_error_of_the_pooler_is_a_lost_connection() {
+    use diesel_async::RunQueryDsl;
+    let db = TestServer::shared();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .setting("query_wait_timeout", "1")
+        .start();
+    let mut direct = AsyncPgConnection::establish(db.url()).await.unwrap();
+    let locker = Locker::new(&mut direct, Config::default()).await.unwrap();
+    // Connected (diesel-async's set-up statements run) before the pool is
+    // pinned.
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        conns.push(
+            AsyncPgConnection::establish(&bouncer.url())
+                .await
+                .expect("through pgbouncer"),
+        );
+    }
+    // The one server connection, pinned by a transaction left open.
+    let mut pin = AsyncPgConnection::establish(&bouncer.url())
+        .await
+        .expect("through pgbouncer");
+    diesel::sql_query("BEGIN").execute(&mut pin).await.unwrap();
+    for (id, conn) in (0..).zip(conns.iter_mut()) {
+        let e: Error = locker
+            .transaction(conn, |tx| {
+                Box::pin(async move { tx.lock(Job { id: 940_000 + id }).await.map(drop) })
+            })
+            .await
+            .expect_err("no server connection was free within query_wait_timeout");
+        assert_eq!(e.kind(), ErrorKind::ConnectionLost, "{e:?}");
+    }
+    diesel::sql_query("ROLLBACK")
+        .execute(&mut pin)
+        .await
+        .unwrap();
+}

@@ -275,3 +275,38 @@ async fn default_session_forms_work_behind_a_shared_pooler() {
             .unwrap_or_else(|e| panic!("{form:?}: {e:?}"));
     }
 }
+
+/// A `FATAL` error ends the session, whatever the driver has yet read of
+/// the socket behind it: pgbouncer's `query_wait_timeout` (a `FATAL`
+/// `08P01` when no server connection was free in time, then the client's
+/// connection closed) is `ConnectionLost` on a `LockClient`, never a bare
+/// database error. So is pgbouncer's `invalid server parameter` (a backend
+/// terminated while pgbouncer set a client's parameters on it), which the
+/// fleet test meets.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fatal_error_of_the_pooler_is_a_lost_connection() {
+    let db = TestServer::shared();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .setting("query_wait_timeout", "1")
+        .start();
+    // The one server connection, pinned by a transaction left open.
+    let pin = client(&bouncer).await;
+    pin.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let locker = Locker::new(&db.connect().await, Config::default())
+        .await
+        .unwrap();
+    for id in 0..3 {
+        let mut conn = LockClient::new(&locker, client(&bouncer).await);
+        let e = async {
+            let tx = conn.begin().await?;
+            tx.lock(Account { id: 910_000 + id }).await.map(drop)
+        }
+        .await
+        .expect_err("no server connection was free within query_wait_timeout");
+        assert_eq!(e.kind(), ErrorKind::ConnectionLost, "{e:?}");
+        assert!(e.is_connection_lost(), "{e:?}");
+    }
+    pin.batch_execute("ROLLBACK").await.unwrap();
+}

@@ -616,3 +616,27 @@ async fn a_transaction_whose_lock_call_was_cut_off_is_not_reported_committed() {
     assert!(ids.is_empty(), "refused, yet committed: {ids:?}");
     fixture.finish().await;
 }
+
+/// A pool that hands out no connection within its `acquire_timeout` is a
+/// bounded wait that ran out, with nothing sent and nothing held:
+/// `ErrorKind::Timeout` (retryable), not a bare database error.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_that_hands_out_no_connection_in_time_is_a_timeout() {
+    let db = TestServer::shared();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(200))
+        .connect(db.url())
+        .await
+        .unwrap();
+    let locker = locker(&pool, Config::default()).await;
+    let _busy = pool.acquire().await.unwrap();
+    let e: Error = locker
+        .transaction(&pool, |tx| {
+            Box::pin(async move { tx.lock(Item { id: 77_001 }).await.map(drop) })
+        })
+        .await
+        .expect_err("the pool's one connection is taken");
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e:?}");
+    assert!(e.is_timeout() && e.is_transient(), "{e:?}");
+}

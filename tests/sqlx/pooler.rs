@@ -246,3 +246,38 @@ async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
         }
     }
 }
+
+/// A `FATAL` error ends the session, whatever sqlx has yet read of the
+/// socket behind it: pgbouncer's `query_wait_timeout` (a `FATAL` `08P01`
+/// when no server connection was free in time) is `ConnectionLost`, never a
+/// bare database error.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fatal_error_of_the_pooler_is_a_lost_connection() {
+    let db = TestServer::shared();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .setting("query_wait_timeout", "1")
+        .start();
+    let locker = Locker::new(&mut connect(db).await, Config::default())
+        .await
+        .unwrap();
+    // The one server connection, pinned by a transaction left open.
+    let options = PgConnectOptions::from_str(&bouncer.url()).unwrap();
+    let mut pin = options.connect().await.unwrap();
+    sqlx::raw_sql("BEGIN; SELECT 1")
+        .execute(&mut pin)
+        .await
+        .unwrap();
+    for id in 0..3 {
+        let mut conn = options.connect().await.unwrap();
+        let e = locker
+            .transaction(&mut conn, |tx| {
+                Box::pin(async move { tx.lock(Job { id: 920_000 + id }).await.map(drop) })
+            })
+            .await
+            .expect_err("no server connection was free within query_wait_timeout");
+        assert_eq!(e.kind(), ErrorKind::ConnectionLost, "{e:?}");
+    }
+    sqlx::raw_sql("ROLLBACK").execute(&mut pin).await.unwrap();
+}

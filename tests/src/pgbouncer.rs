@@ -73,6 +73,7 @@ impl PgBouncer {
             pool_mode: "transaction".into(),
             default_pool_size: 2,
             users: vec!["postgres".into()],
+            settings: Vec::new(),
         }
     }
 
@@ -137,6 +138,7 @@ pub struct PgBouncerBuilder {
     pool_mode: String,
     default_pool_size: u32,
     users: Vec<String>,
+    settings: Vec<(String, String)>,
 }
 
 impl PgBouncerBuilder {
@@ -149,6 +151,13 @@ impl PgBouncerBuilder {
     /// `default_pool_size`: server connections per user and database.
     pub fn default_pool_size(mut self, size: u32) -> Self {
         self.default_pool_size = size;
+        self
+    }
+
+    /// Sets `name = value` in the `[pgbouncer]` section (after the
+    /// defaults, so it overrides them).
+    pub fn setting(mut self, name: &str, value: &str) -> Self {
+        self.settings.push((name.to_owned(), value.to_owned()));
         self
     }
 
@@ -247,6 +256,11 @@ rm -rf "$3""#;
 
     fn ini(&self, root: &Path, port: u16) -> String {
         let root = root.display();
+        let extra: String = self
+            .settings
+            .iter()
+            .map(|(name, value)| format!("{name} = {value}\n"))
+            .collect();
         format!(
             "[databases]\n\
              * = host={host} port={server_port}\n\
@@ -261,7 +275,8 @@ rm -rf "$3""#;
              max_client_conn = 200\n\
              server_round_robin = 0\n\
              ignore_startup_parameters = extra_float_digits,options\n\
-             logfile = {root}/pgbouncer.log\n",
+             logfile = {root}/pgbouncer.log\n\
+             {extra}",
             host = self.host,
             server_port = self.port,
             mode = self.pool_mode,

@@ -1,6 +1,15 @@
 //! tokio-postgres's errors as the engine takes them: the SQLSTATE, the
 //! primary message and whether the connection is closed, read from the
 //! driver's error and classified once, by the engine.
+//!
+//! A `FATAL` (or `PANIC`) error ends the session by the protocol's
+//! definition, whether or not tokio-postgres has read the end of the
+//! socket yet: the server (or a pooler, as pgbouncer's `query_wait_timeout`
+//! and `invalid server parameter`) closes the connection after it. Such an
+//! error is a closed connection ([`ErrorKind::ConnectionLost`]), never a
+//! bare database error.
+//!
+//! [`ErrorKind::ConnectionLost`]: crate::ErrorKind::ConnectionLost
 
 use crate::driver::DriverError;
 use crate::Error;
@@ -10,7 +19,7 @@ impl From<&tokio_postgres::Error> for DriverError {
         DriverError::new(String::new())
             .code(e.code().map(tokio_postgres::error::SqlState::code))
             .message(e.as_db_error().map(|d| d.message()))
-            .closed(e.is_closed())
+            .closed(ends_session(e))
     }
 }
 
@@ -18,12 +27,25 @@ impl From<tokio_postgres::Error> for DriverError {
     fn from(e: tokio_postgres::Error) -> Self {
         let code = e.code().map(|c| c.code().to_owned());
         let message = e.as_db_error().map(|d| d.message().to_owned());
-        let closed = e.is_closed();
+        let closed = ends_session(&e);
         DriverError::new(e)
             .code(code.as_deref())
             .message(message.as_deref())
             .closed(closed)
     }
+}
+
+/// Whether the connection is closed or `e` closes it: a `FATAL` or `PANIC`
+/// error (by its `V` field, or by its `S` field from a sender that sends
+/// no `V`, as pgbouncer).
+fn ends_session(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::Severity;
+    e.is_closed()
+        || e.as_db_error()
+            .is_some_and(|db| match db.parsed_severity() {
+                Some(severity) => matches!(severity, Severity::Fatal | Severity::Panic),
+                None => matches!(db.severity(), "FATAL" | "PANIC"),
+            })
 }
 
 impl From<tokio_postgres::Error> for Error {

@@ -11,15 +11,11 @@ impl DriverError {
     /// been running when the error came, for a `*_timeout` call.
     pub(super) fn classify(&self, timed: Option<(Duration, Duration)>) -> ErrorKind {
         use sqlstate::*;
-        let code = self.code.as_deref().or_else(|| {
-            // Drivers that hide the SQLSTATE (Diesel): the server's English
-            // primary message names it.
-            let message = self.message.as_deref()?;
-            MESSAGES
-                .iter()
-                .find(|(prefix, _)| message.starts_with(prefix))
-                .map(|(_, code)| *code)
-        });
+        let code = self.code.as_deref().or_else(|| self.code_by_message());
+        let closed = self.closed || self.pooler_fatal();
+        if self.pool_timeout {
+            return ErrorKind::Timeout;
+        }
         match code {
             Some(LOCK_NOT_AVAILABLE) => ErrorKind::Timeout,
             Some(QUERY_CANCELED) => {
@@ -52,9 +48,9 @@ impl DriverError {
             // A refused message (a `Bind` that does not fit the statement of
             // that name) is an `ERROR` the session survives; a `FATAL` one
             // closes the connection.
-            Some(PROTOCOL_VIOLATION) if !self.closed => ErrorKind::Database,
+            Some(PROTOCOL_VIOLATION) if !closed => ErrorKind::Database,
             Some(c) if c.starts_with("08") => ErrorKind::ConnectionLost,
-            _ if self.closed => ErrorKind::ConnectionLost,
+            _ if closed => ErrorKind::ConnectionLost,
             _ => ErrorKind::Database,
         }
     }
@@ -136,17 +132,57 @@ impl DriverError {
             },
             _ => Detail::None,
         };
-        let code = self.code.or_else(|| {
-            // Keep the code the message named, so `code()` agrees with `kind()`.
-            let message = self.message.as_deref()?;
-            MESSAGES
-                .iter()
-                .find(|(prefix, _)| message.starts_with(prefix))
-                .map(|(_, code)| (*code).to_owned())
-        });
+        // Keep the code the message named, so `code()` agrees with `kind()`.
+        let code = self
+            .code
+            .clone()
+            .or_else(|| self.code_by_message().map(str::to_owned));
         Error::make(kind, code, detail, Some(self.source))
     }
+
+    /// The SQLSTATE the message names, from a driver that hides the code
+    /// (Diesel, diesel-async): the server's English primary message, or
+    /// pgbouncer's own error text.
+    fn code_by_message(&self) -> Option<&'static str> {
+        if self.pooler_fatal() {
+            return Some(sqlstate::PROTOCOL_VIOLATION);
+        }
+        let message = self.message.as_deref()?;
+        MESSAGES
+            .iter()
+            .find(|(prefix, _)| message.starts_with(prefix))
+            .map(|(_, code)| *code)
+    }
+
+    /// Whether the error is one pgbouncer ends the client's connection with,
+    /// told by its text from a driver that hides both the SQLSTATE and the
+    /// severity (diesel-async): tokio-postgres and sqlx report it `FATAL`,
+    /// and libpq (Diesel) as a closed connection.
+    fn pooler_fatal(&self) -> bool {
+        self.code.is_none()
+            && self
+                .message
+                .as_deref()
+                .is_some_and(|m| POOLER_FATAL.contains(&m))
+    }
 }
+
+/// pgbouncer's errors that end the client's connection (it sends them with
+/// severity `FATAL` and SQLSTATE `08P01`, then closes the connection), by
+/// their whole text: no server waits in a pool queue past
+/// `query_wait_timeout`; the server connection ended under a client
+/// (`server conn crashed?`, or `invalid server parameter` when it ended
+/// while pgbouncer set the client's parameters on it); pgbouncer's own
+/// timeouts; no server connection could be opened.
+pub(super) const POOLER_FATAL: [&str; 7] = [
+    "query_wait_timeout",
+    "query_timeout",
+    "idle transaction timeout",
+    "client_idle_timeout",
+    "server conn crashed?",
+    "invalid server parameter",
+    "pgbouncer cannot connect to server",
+];
 
 /// Primary messages (`errmsg`, PostgreSQL 12+, English) of the codes lockkit
 /// maps, for drivers that do not expose the SQLSTATE (Diesel). On a server

@@ -62,7 +62,9 @@ pub enum ErrorKind {
     /// lockkit timeout the transaction is still usable and holds none of the
     /// keys requested; after the session's own timeout it is aborted. Also a
     /// session lock's pooler probe that did not finish in time (its source
-    /// is a `lockkit::pg::ProbeTimeout`): nothing was locked.
+    /// is a `lockkit::pg::ProbeTimeout`), or a pool that handed out no
+    /// connection within its own bound (lockkit-sqlx's `Locker::transaction`
+    /// on a `PgPool`: sqlx's `PoolTimedOut`): nothing was locked.
     Timeout,
     /// The statement was cancelled by a cancel request (`57014`, "user
     /// request"): an administrator's `pg_cancel_backend`, or lockkit's own
@@ -701,6 +703,7 @@ pub struct DriverError {
     message: Option<String>,
     closed: bool,
     foreign_reply: bool,
+    pool_timeout: bool,
     source: BoxError,
 }
 
@@ -712,6 +715,7 @@ impl DriverError {
             message: None,
             closed: false,
             foreign_reply: false,
+            pool_timeout: false,
             source: source.into(),
         }
     }
@@ -740,6 +744,14 @@ impl DriverError {
     /// the lock call fails with [`ErrorKind::UnexpectedReply`].
     pub fn foreign_reply(mut self, foreign: bool) -> Self {
         self.foreign_reply = foreign;
+        self
+    }
+
+    /// Whether a pool handed out no connection within its own bound (sqlx's
+    /// `PoolTimedOut`): nothing was sent, nothing is held, and the error is
+    /// an [`ErrorKind::Timeout`].
+    pub fn pool_timeout(mut self, timed_out: bool) -> Self {
+        self.pool_timeout = timed_out;
         self
     }
 

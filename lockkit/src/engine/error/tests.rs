@@ -195,3 +195,26 @@ fn every_kind_that_aborts_the_transaction_says_what_to_do() {
         assert!(text.contains(advice), "{code}: {text}");
     }
 }
+
+#[test]
+fn a_pooler_error_that_closes_the_connection_is_lost_without_its_code() {
+    // diesel-async hides both the SQLSTATE and the severity: pgbouncer's
+    // closing errors are told by their whole text, and keep their code.
+    for message in super::classify::POOLER_FATAL {
+        let e = DriverError::new("x").message(Some(message)).into_error();
+        assert_eq!(e.kind(), ErrorKind::ConnectionLost, "{message}");
+        assert_eq!(e.code(), Some(sqlstate::PROTOCOL_VIOLATION), "{message}");
+    }
+    // Only the whole text: a server error that mentions one is not one.
+    let e = DriverError::new("x")
+        .message(Some("query_wait_timeout is set to 0"))
+        .into_error();
+    assert_eq!(e.kind(), ErrorKind::Database);
+    assert_eq!(e.code(), None);
+    // With its code, the driver's `closed` decides (tokio-postgres and sqlx
+    // set it for a `FATAL` error): a refused `Bind` is an `ERROR`.
+    assert_eq!(
+        err("08P01", "query_wait_timeout").into_error().kind(),
+        ErrorKind::Database
+    );
+}
