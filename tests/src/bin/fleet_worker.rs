@@ -154,7 +154,7 @@ enum Cause {
 /// Texts of the errors a terminated backend (or the closed client
 /// connection pgbouncer answers it with) gives, on drivers that carry no
 /// SQLSTATE for it.
-const LOST_TEXTS: [&str; 10] = [
+const LOST_TEXTS: [&str; 12] = [
     "terminating connection due to administrator command",
     "connection closed",
     "server closed the connection",
@@ -165,6 +165,18 @@ const LOST_TEXTS: [&str; 10] = [
     "no connection to the server",
     "connection to server was lost",
     "error communicating with database",
+    // pgbouncer's `FATAL` errors when the server connection ended under it
+    // (in a pool's set-up of a new connection, whose error the pool wraps).
+    "invalid server parameter",
+    "server conn crashed?",
+];
+
+/// Texts of the errors of the roles' own pools (r2d2, deadpool) when the
+/// pooler gave them no server connection within the pool's bound: a wait
+/// that ran out behind the saturated pooler, like lockkit's `Timeout`.
+const POOL_TIMEOUT_TEXTS: [&str; 2] = [
+    "timed out waiting for connection",
+    "timeout occurred while waiting for a slot",
 ];
 
 /// `e` and its sources, as one line.
@@ -214,6 +226,8 @@ fn classify(e: &Error) -> Cause {
     }
     if LOST_TEXTS.iter().any(|t| text.contains(t)) {
         Cause::Lost
+    } else if POOL_TIMEOUT_TEXTS.iter().any(|t| text.contains(t)) {
+        Cause::Timeout
     } else {
         Cause::Unexpected
     }
