@@ -17,8 +17,7 @@ use syn::Ident;
 
 /// The adapter crates whose users can derive without depending on lockkit,
 /// in the order they are looked for. Each must keep `pub use lockkit;` at
-/// its root; an adapter added to the workspace is added here (the name of
-/// `lockkit-sqlx` is fixed by the issue that plans it).
+/// its root; an adapter added to the workspace is added here.
 const ADAPTERS: &[&str] = &["lockkit-diesel", "lockkit-sqlx", "lockkit-diesel-async"];
 
 /// The path to lockkit in the user's crate, from their Cargo.toml.

@@ -292,7 +292,7 @@ mod tests {
         assert_eq!(calls, 4);
     }
 
-    /// The finding of the engine issue: `retry` must run in a spawned task.
+    /// `retry`'s future is `Send`, so that it can run in a spawned task.
     #[cfg(feature = "tokio")]
     #[test]
     fn retry_future_is_send() {

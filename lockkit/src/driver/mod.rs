@@ -37,8 +37,7 @@
 //! is one statement and one reply: [`TxState::acquire_one`] starts it as a
 //! [`OneCall`], with the same checks, reply check, bookkeeping and metrics
 //! as [`Acquisition`] (one implementation of each, shared) and without the
-//! rounds: a whole one-lock transaction is about 0.5–1 % faster through it
-//! (BENCHMARKS.md).
+//! rounds, which the most common call does not need.
 //!
 //! An adapter (tokio-postgres in [`crate::pg`], `lockkit-diesel`, …) only
 //! sends [`Statement`]s on its connection, pipelined where its driver allows,

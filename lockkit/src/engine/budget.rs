@@ -592,8 +592,8 @@ mod tests {
         );
     }
 
-    /// The held set against a `BTreeMap` model (what it was before it
-    /// became a sorted vector), over random plans that interleave with what
+    /// The held set (a sorted vector) against a `BTreeMap` model, over
+    /// random plans that interleave with what
     /// is held, in both key spaces and modes, with savepoint releases and
     /// rollbacks in between.
     #[test]

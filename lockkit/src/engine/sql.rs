@@ -28,7 +28,7 @@
 //! are produced by the rows of the lock functions, so a tag proves the
 //! function ran. An `int8` rather than the statement's name as `text`: the
 //! name in a leading comment still shows in `pg_stat_activity`, and a
-//! one-lock transaction costs 1–3 µs less (see [`LOCK_BIGINT`]).
+//! number is cheaper to send and compare (see [`LOCK_BIGINT`]).
 
 use std::fmt::{self, Write as _};
 
@@ -37,15 +37,14 @@ use crate::key::LockKey;
 
 /// `$1 int8`: one exclusive `BigInt` lock; `(tag, void)`. The lock
 /// function is called in the target list, next to the tag, rather than in
-/// `FROM` (a function scan, which materializes its row and cost 5–6 % of a
-/// whole one-lock transaction); the row exists only once the function has
+/// `FROM` (a function scan, which materializes its row: measurably slower
+/// on the one-lock hot path); the row exists only once the function has
 /// returned, so the tag alone proves it ran, and no count follows it (the
 /// statement locks one key or fails). The second column (`void`) is not
-/// read. The tag as `text` followed by a count, as before 2026-12-01,
-/// cost a whole one-lock transaction 1.1–2.7 µs more (this statement
-/// against that one, both sent by hand: 0.98–0.99× in four paired runs,
-/// the "lockkit's statement vs its text-tagged form" row of
-/// `cargo bench -p lockkit-tests --bench locks`; BENCHMARKS.md).
+/// read. A `text` tag followed by a count is slower; the "lockkit's
+/// statement vs its text-tagged form" row of
+/// `cargo bench -p lockkit-tests --bench locks` compares the two
+/// (BENCHMARKS.md).
 pub const LOCK_BIGINT: &str =
     "/* lockkit:lock_bigint */ SELECT 7813573191525823489::int8 AS tag, pg_advisory_xact_lock($1) AS locked";
 /// `$1 int8`: one shared `BigInt` lock; `(tag, void)`.
@@ -149,9 +148,9 @@ pub const ROLLBACK: &str =
 /// The session is never outside a transaction block in between: the
 /// cancel request of the cut-off call may land during this query, and the
 /// server checks for a cancel before each statement of a simple query. A
-/// separate `ROLLBACK; BEGIN`, as before 2026-12-01, left the session
-/// outside any transaction when the cancel landed between the two, and the
-/// application's next write committed at once
+/// separate `ROLLBACK; BEGIN` would leave the session outside any
+/// transaction when the cancel landed between the two, and the
+/// application's next write would commit at once
 /// (`tests/lockkit/findings.rs`, finding 6). A cancel landing anywhere now
 /// fails the transaction it lands in: the new one, as the second statement
 /// does; or, before the rollback, the old one, whose statements then fail
@@ -248,8 +247,8 @@ pub const SESSION_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 /// (`client_connection_check_interval`, transaction-local). With
 /// `check_interval_known` (the caller saw the server has the setting), both
 /// are `SET LOCAL` commands after a two-column `SELECT`: three commands,
-/// about half the server's work of the other form (measured with callgrind,
-/// BENCHMARKS.md), whose one `SELECT` asks the version in a `CASE` and sets
+/// less of the server's work than the other form (BENCHMARKS.md), whose
+/// one `SELECT` asks the version in a `CASE` and sets
 /// both with `set_config`. On a server without the setting, the `SET LOCAL`
 /// form fails (`42704`, nothing is locked). Not `pg_settings`, and not
 /// [`SERVER_FACTS`] (run only for `HashText` keys): both cost several times
