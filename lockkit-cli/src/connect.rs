@@ -223,8 +223,9 @@ impl Conn {
 fn silent(target: &str, what: &str, bound: Duration) -> Failure {
     format!(
         "{target} did not answer within {}: no reply to {what} (the bound is the URL's \
-         connect_timeout, {} when unset; the server is stuck or the network path to it \
-         is silent)",
+         connect_timeout, {} when unset; the server is stuck, the network path to it \
+         is silent, or a pooler in front of it had no server connection free in that \
+         time)",
         seconds_text(bound),
         seconds_text(DEFAULT_CONNECT_TIMEOUT),
     )
