@@ -165,10 +165,10 @@
 // docs.rs (nightly): each item marked with the features it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod calls;
 pub mod driver;
 pub(crate) mod engine;
 pub mod key;
-mod lock_tx;
 #[cfg(feature = "tokio-postgres")]
 pub mod pg;
 mod retry;

@@ -7,10 +7,15 @@ use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
 
+use std::num::NonZeroU8;
+use std::panic::Location;
+use std::time::Duration;
+
+use crate::calls::{self, Parts};
 use crate::driver::{Async, Blocking, Driver, DriverError, Io, SavepointStep, Transactions};
 use crate::engine::error::Refused;
-use crate::engine::{SavepointEnd, SavepointEnding, TxSlot, TxState};
-use crate::{Error, ErrorKind};
+use crate::engine::{Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait};
+use crate::{AdvisoryKey, Batch, Busy, Error, ErrorKind, Held, HeldBatch, Mode};
 
 /// The future a closure of [`LockTx::savepoint`] (or of an adapter's
 /// `transaction`) returns: boxed, as with sqlx's own
@@ -22,14 +27,6 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// `F`: the future itself on an async stack (sqlx, diesel-async: `.await`
 /// it), its output on a blocking one (Diesel).
 pub type Out<D, F> = <<D as Driver>::Io as Io>::Out<F>;
-
-/// The return type of a generic [`LockTx`] call whose future outputs `$t`
-/// (and captures the key type `$k`, if any).
-macro_rules! ret {
-    ([$($k:ident)?] $t:ty) => {
-        Out<D, impl Future<Output = $t> + use<'_, 't, $($k,)? D, M>>
-    };
-}
 
 /// A connection inside a transaction, taking transaction-scoped advisory
 /// locks: the lock calls of `lockkit-sqlx`, `lockkit-diesel-async` and
@@ -179,26 +176,208 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
         <D::Io as Io>::finish(future)
     }
 
-    /// What this transaction holds.
-    fn tx_state(&self) -> &TxState {
-        &self.state
+    #[doc = include_str!("calls/locker.md")]
+    pub fn locker(&self) -> &D {
+        &self.locker
     }
 
-    crate::lock_tx::lock_tx_calls! {
-        recv: [&mut],
-        locker: D,
-        driver: D,
-        guard: 't,
-        ret: ret,
-        batch_docs: [],
+    #[doc = include_str!("calls/depth.md")]
+    pub fn depth(&self) -> u32 {
+        self.depth
     }
 
-    /// What a lock call needs, once a transaction is known to be open:
-    /// what it holds, the connection, the driver, the depth.
+    #[doc = include_str!("calls/held_count.md")]
+    pub fn held_count(&self) -> usize {
+        self.state.held_count()
+    }
+
+    #[doc = include_str!("calls/holds.md")]
+    pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
+        self.state.holds(key.lock_key(), mode)
+    }
+
+    #[doc = include_str!("calls/is_poisoned.md")]
+    pub fn is_poisoned(&self) -> bool {
+        self.state.is_poisoned()
+    }
+
+    #[doc = include_str!("calls/lock.md")]
+    #[track_caller]
+    pub fn lock<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
+        let site = Location::caller();
+        Self::out(calls::lock_one(self.parts(), key, Mode::Exclusive, site))
+    }
+
+    #[doc = include_str!("calls/lock_shared.md")]
+    #[track_caller]
+    pub fn lock_shared<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
+        let site = Location::caller();
+        Self::out(calls::lock_one(self.parts(), key, Mode::Shared, site))
+    }
+
+    #[doc = include_str!("calls/lock_timeout.md")]
+    #[track_caller]
+    pub fn lock_timeout<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        timeout: Duration,
+    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
+        let site = Location::caller();
+        Self::out(calls::lock_waiting(
+            self.parts(),
+            key,
+            Mode::Exclusive,
+            timeout,
+            site,
+        ))
+    }
+
+    #[doc = include_str!("calls/lock_shared_timeout.md")]
+    #[track_caller]
+    pub fn lock_shared_timeout<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        timeout: Duration,
+    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
+        let site = Location::caller();
+        Self::out(calls::lock_waiting(
+            self.parts(),
+            key,
+            Mode::Shared,
+            timeout,
+            site,
+        ))
+    }
+
+    #[doc = include_str!("calls/try_lock.md")]
+    #[track_caller]
+    pub fn try_lock<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+    ) -> Out<D, impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D, M>>
+    {
+        let site = Location::caller();
+        Self::out(calls::try_lock_one(
+            self.parts(),
+            key,
+            Mode::Exclusive,
+            site,
+        ))
+    }
+
+    #[doc = include_str!("calls/try_lock_shared.md")]
+    #[track_caller]
+    pub fn try_lock_shared<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+    ) -> Out<D, impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D, M>>
+    {
+        let site = Location::caller();
+        Self::out(calls::try_lock_one(self.parts(), key, Mode::Shared, site))
+    }
+
+    #[doc = include_str!("calls/lock_batch.md")]
+    #[track_caller]
+    pub fn lock_batch(
+        &mut self,
+        batch: &Batch,
+    ) -> Out<D, impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D, M>> {
+        let request = Request::batch(batch).at(Location::caller());
+        Self::out(calls::lock_batch(self.parts(), request, Wait::Forever))
+    }
+
+    #[doc = include_str!("calls/lock_batch_timeout.md")]
+    #[track_caller]
+    pub fn lock_batch_timeout(
+        &mut self,
+        batch: &Batch,
+        timeout: Duration,
+    ) -> Out<D, impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D, M>> {
+        let request = Request::batch(batch).at(Location::caller());
+        Self::out(calls::lock_batch(
+            self.parts(),
+            request,
+            Wait::Timeout(timeout),
+        ))
+    }
+
+    #[doc = include_str!("calls/try_lock_batch.md")]
+    #[track_caller]
+    pub fn try_lock_batch(
+        &mut self,
+        batch: &Batch,
+    ) -> Out<D, impl Future<Output = Result<Result<HeldBatch<'t>, Busy>, Error>> + use<'_, 't, D, M>>
+    {
+        let request = Request::batch(batch).at(Location::caller());
+        Self::out(calls::try_lock_batch(self.parts(), request))
+    }
+
+    #[doc = include_str!("calls/acquire_permit.md")]
+    #[track_caller]
+    pub fn acquire_permit<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        permits: NonZeroU8,
+    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
+        let site = Location::caller();
+        Self::out(calls::permit(
+            self.parts(),
+            key,
+            permits,
+            Wait::Forever,
+            site,
+        ))
+    }
+
+    #[doc = include_str!("calls/acquire_permit_timeout.md")]
+    #[track_caller]
+    pub fn acquire_permit_timeout<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        permits: NonZeroU8,
+        timeout: Duration,
+    ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
+        let site = Location::caller();
+        Self::out(calls::permit(
+            self.parts(),
+            key,
+            permits,
+            Wait::Timeout(timeout),
+            site,
+        ))
+    }
+
+    #[doc = include_str!("calls/try_acquire_permit.md")]
+    #[track_caller]
+    pub fn try_acquire_permit<K: AdvisoryKey>(
+        &mut self,
+        key: K,
+        permits: NonZeroU8,
+    ) -> Out<D, impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D, M>>
+    {
+        let site = Location::caller();
+        Self::out(calls::try_permit(self.parts(), key, permits, site))
+    }
+
+    /// What a lock call needs (the calls borrow the generic face `&mut`),
+    /// once a transaction is known to be open: what it holds, the
+    /// connection, the driver, the depth.
     #[allow(clippy::type_complexity)]
-    fn parts(&mut self) -> Result<(&TxState, &mut D::Conn, &D, u32), Error> {
+    fn parts(&mut self) -> Result<Parts<'_, D, &mut D::Conn, &D>, Error> {
         self.check_in_transaction()?;
-        Ok((&self.state, &mut *self.conn, &self.locker, self.depth))
+        Ok(Parts {
+            state: &self.state,
+            conn: &mut *self.conn,
+            driver: &self.locker,
+            depth: self.depth,
+            stack: PhantomData,
+        })
     }
 
     /// A lock call outside a transaction (the driver's transaction already

@@ -9,18 +9,16 @@ use futures_util::FutureExt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Transaction;
 
+use std::num::NonZeroU8;
+use std::panic::Location;
+use std::time::Duration;
+
+use crate::calls::{self, Parts};
 use crate::engine::error::{Error, Refused};
-use crate::engine::{SavepointEnd, TxSlot, TxState};
+use crate::engine::{Request, SavepointEnd, TxSlot, TxState, Wait};
 use crate::pg::exec::{Pg, PgConn, StatementCache};
 use crate::pg::locker::Locker;
-
-/// The return type of a tokio-postgres [`LockTx`] call whose future
-/// outputs `$t` (and captures the key type `$k`, if any).
-macro_rules! ret {
-    ([$($k:ident)?] $t:ty) => {
-        impl Future<Output = $t> + use<'_ $(, $k)?>
-    };
-}
+use crate::{AdvisoryKey, Batch, Busy, Held, HeldBatch, Mode};
 
 /// A tokio-postgres transaction that takes transaction-scoped advisory
 /// locks.
@@ -304,90 +302,176 @@ impl<'c> LockTx<'c> {
         })
     }
 
-    /// What a call returns, made from its future: the future.
-    #[inline(always)]
-    fn out<F>(future: F) -> F {
-        future
+    #[doc = include_str!("../calls/locker.md")]
+    pub fn locker(&self) -> &Locker {
+        &self.locker
     }
 
-    /// What this transaction holds.
-    fn tx_state(&self) -> &TxState {
-        &self.shared.state
+    #[doc = include_str!("../calls/depth.md")]
+    pub fn depth(&self) -> u32 {
+        self.depth
     }
 
-    crate::lock_tx::lock_tx_calls! {
-        recv: [&],
-        locker: Locker,
-        driver: Pg<'_>,
-        guard: '_,
-        ret: ret,
-        batch_docs: [
-        ///
-        /// # Pipelining the batch with the next statement
-        ///
-        /// The two statements of a mixed batch go out together, in one round
-        /// trip.
-        ///
-        /// The future sends its statements when first polled. Polled together
-        /// with the transaction's next statement, both go out before either
-        /// answer comes back: the server runs the locks first and the statement
-        /// after them, in order, and the locks cost no round trip of their own
-        /// (the `pipelined` comparison of `cargo bench -p lockkit-tests --bench
-        /// locks`). Poll the lock future *first* (`try_join!` polls left to
-        /// right) and pipeline only a statement that may run under the locks: it
-        /// runs before the locks are known to be granted. If the locks fail
-        /// (deadlock, lock table full), the server aborts the transaction, the
-        /// statement fails too, and `try_join!` returns the lock's error.
-        ///
-        /// ```no_run
-        /// use lockkit::{AdvisoryKey, Batch, Error, LockClient};
-        /// use tokio_postgres::types::Type;
-        ///
-        /// #[derive(AdvisoryKey)]
-        /// struct Event {
-        ///     id: i64,
-        /// }
-        ///
-        /// async fn ingest(conn: &mut LockClient, ids: &[i64]) -> Result<u64, Error> {
-        ///     let batch: Batch = ids.iter().map(|&id| Event { id }).collect();
-        ///     let tx = conn.begin().await?;
-        ///     // One round trip for both: the locks, then the insert under them.
-        ///     let insert = "INSERT INTO events (id) SELECT unnest($1::int8[]) ON CONFLICT DO NOTHING";
-        ///     let (held, inserted) = tokio::try_join!(tx.lock_batch(&batch), async {
-        ///         Ok::<_, Error>(tx.execute_typed(insert, &[(&ids, Type::INT8_ARRAY)]).await?)
-        ///     })?;
-        ///     drop(held); // proof only: the locks stay held until the transaction ends
-        ///     tx.commit().await?; // releases every lock of the batch
-        ///     Ok(inserted)
-        /// }
-        /// ```
-        ///
-        /// The second future must send its statement on its first poll, as
-        /// `execute_typed`, `query_typed`, and `execute`/`query` with a prepared
-        /// `Statement` do; `execute` with a `&str` first waits for a prepare.
-        /// The lock future sends everything on its first poll, on a new
-        /// [`LockClient`](crate::LockClient) too: its first lock call sends the
-        /// `Parse` messages of lockkit's statements and then its own statements
-        /// unnamed, so nothing pipelined behind it can overtake the locks.
-        ],
+    #[doc = include_str!("../calls/held_count.md")]
+    pub fn held_count(&self) -> usize {
+        self.shared.state.held_count()
     }
 
-    /// What a lock call needs: what the transaction holds, its connection
-    /// and the [`Pg`] driver that runs the engine's statements on it, the
-    /// depth. It owns its transaction, so one is open.
+    #[doc = include_str!("../calls/holds.md")]
+    pub fn holds<K: AdvisoryKey + ?Sized>(&self, key: &K, mode: Mode) -> bool {
+        self.shared.state.holds(key.lock_key(), mode)
+    }
+
+    #[doc = include_str!("../calls/is_poisoned.md")]
+    pub fn is_poisoned(&self) -> bool {
+        self.shared.state.is_poisoned()
+    }
+
+    #[doc = include_str!("../calls/lock.md")]
+    #[track_caller]
+    pub fn lock<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        let site = Location::caller();
+        calls::lock_one(self.parts(), key, Mode::Exclusive, site)
+    }
+
+    #[doc = include_str!("../calls/lock_shared.md")]
+    #[track_caller]
+    pub fn lock_shared<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        let site = Location::caller();
+        calls::lock_one(self.parts(), key, Mode::Shared, site)
+    }
+
+    #[doc = include_str!("../calls/lock_timeout.md")]
+    #[track_caller]
+    pub fn lock_timeout<K: AdvisoryKey>(
+        &self,
+        key: K,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        let site = Location::caller();
+        calls::lock_waiting(self.parts(), key, Mode::Exclusive, timeout, site)
+    }
+
+    #[doc = include_str!("../calls/lock_shared_timeout.md")]
+    #[track_caller]
+    pub fn lock_shared_timeout<K: AdvisoryKey>(
+        &self,
+        key: K,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        let site = Location::caller();
+        calls::lock_waiting(self.parts(), key, Mode::Shared, timeout, site)
+    }
+
+    #[doc = include_str!("../calls/try_lock.md")]
+    #[track_caller]
+    pub fn try_lock<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
+        let site = Location::caller();
+        calls::try_lock_one(self.parts(), key, Mode::Exclusive, site)
+    }
+
+    #[doc = include_str!("../calls/try_lock_shared.md")]
+    #[track_caller]
+    pub fn try_lock_shared<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
+        let site = Location::caller();
+        calls::try_lock_one(self.parts(), key, Mode::Shared, site)
+    }
+
+    #[doc = include_str!("../calls/lock_batch.md")]
+    #[doc = include_str!("lock_batch_pipelined.md")]
+    #[track_caller]
+    pub fn lock_batch(
+        &self,
+        batch: &Batch,
+    ) -> impl Future<Output = Result<HeldBatch<'_>, Error>> + use<'_> {
+        let request = Request::batch(batch).at(Location::caller());
+        calls::lock_batch(self.parts(), request, Wait::Forever)
+    }
+
+    #[doc = include_str!("../calls/lock_batch_timeout.md")]
+    #[track_caller]
+    pub fn lock_batch_timeout(
+        &self,
+        batch: &Batch,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<HeldBatch<'_>, Error>> + use<'_> {
+        let request = Request::batch(batch).at(Location::caller());
+        calls::lock_batch(self.parts(), request, Wait::Timeout(timeout))
+    }
+
+    #[doc = include_str!("../calls/try_lock_batch.md")]
+    #[track_caller]
+    pub fn try_lock_batch(
+        &self,
+        batch: &Batch,
+    ) -> impl Future<Output = Result<Result<HeldBatch<'_>, Busy>, Error>> + use<'_> {
+        let request = Request::batch(batch).at(Location::caller());
+        calls::try_lock_batch(self.parts(), request)
+    }
+
+    #[doc = include_str!("../calls/acquire_permit.md")]
+    #[track_caller]
+    pub fn acquire_permit<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        let site = Location::caller();
+        calls::permit(self.parts(), key, permits, Wait::Forever, site)
+    }
+
+    #[doc = include_str!("../calls/acquire_permit_timeout.md")]
+    #[track_caller]
+    pub fn acquire_permit_timeout<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
+        let site = Location::caller();
+        calls::permit(self.parts(), key, permits, Wait::Timeout(timeout), site)
+    }
+
+    #[doc = include_str!("../calls/try_acquire_permit.md")]
+    #[track_caller]
+    pub fn try_acquire_permit<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+    ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
+        let site = Location::caller();
+        calls::try_permit(self.parts(), key, permits, site)
+    }
+
+    /// What a lock call needs (the calls borrow tokio-postgres's face `&`):
+    /// what the transaction holds, its connection and the [`Pg`] driver that
+    /// runs the engine's statements on it, the depth. It owns its
+    /// transaction, so one is open.
     #[inline(always)]
     #[allow(clippy::type_complexity)]
-    fn parts(&self) -> Result<(&TxState, PgConn<'_>, Pg<'_>, u32), Error> {
-        let conn = PgConn {
-            client: self.client(),
-            cache: self.cache,
-            cancelled: &self.shared.cancelled,
-        };
-        Ok((
-            &self.shared.state,
-            conn,
-            Pg::new(&self.locker.inner),
-            self.depth,
-        ))
+    fn parts(&self) -> Result<Parts<'_, Pg<'_>, PgConn<'_>, Pg<'_>>, Error> {
+        Ok(Parts {
+            state: &self.shared.state,
+            conn: PgConn {
+                client: self.client(),
+                cache: self.cache,
+                cancelled: &self.shared.cancelled,
+            },
+            driver: Pg::new(&self.locker.inner),
+            depth: self.depth,
+            stack: std::marker::PhantomData,
+        })
     }
 }
