@@ -5,8 +5,8 @@
 //! detection (`timeouts`, the conformance suite), the shared lock table
 //! (`budget`), the statements' lock order whatever the plan (`order`),
 //! `hashtext` (`hashtext`), the `pg_stat_activity` columns of inspection
-//! (`inspect`), poolers (`session_pooler`). CI runs them all on each tested
-//! PostgreSQL major (`.ci/run`, `.ci/pg-binaries`).
+//! (`inspect`), poolers (`pooler` of tests/session). CI runs them all on
+//! each tested PostgreSQL major (`.ci/run`, `.ci/pg-binaries`).
 
 use std::time::{Duration, Instant};
 

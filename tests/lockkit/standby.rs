@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use lockkit::ErrorKind;
-use lockkit::{AdvisoryKey, Batch, Config, Error};
+use lockkit::{AdvisoryKey, Batch, Config};
+use lockkit_tests::support::assert_standby;
 use lockkit_tests::TestServer;
 
 use crate::common::{advisory_rows, backend_pid, granted_elsewhere, held_by, locker};
@@ -14,14 +15,6 @@ use crate::common::{advisory_rows, backend_pid, granted_elsewhere, held_by, lock
 #[advisory_key(namespace = "lockkit-tests.standby")]
 struct Key {
     id: i64,
-}
-
-pub(crate) fn assert_standby<T>(result: Result<T, Error>, what: &str) {
-    match result {
-        Err(e) if e.kind() == ErrorKind::HotStandby => {}
-        Err(other) => panic!("{what}: expected HotStandby, got {other}"),
-        Ok(_) => panic!("{what}: expected HotStandby, got Ok"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -68,6 +68,7 @@
 pub mod aborted;
 mod account;
 mod binaries;
+pub mod capture;
 pub mod fixtures;
 pub mod forge;
 mod instance;
@@ -77,6 +78,7 @@ mod pgbouncer;
 mod proxy;
 mod server;
 pub mod spans;
+pub mod support;
 pub mod tls;
 pub mod waits;
 pub mod workload;

@@ -1,5 +1,5 @@
 //! A process that holds multiplexed session locks until it is killed: the
-//! child of the `kill -9` tests (tests/lockkit/session_multiplexed.rs).
+//! child of the `kill -9` tests (tests/session/multiplexed.rs).
 //!
 //! `hold-session-locks <url> <count> <first id>` takes `count` keys
 //! [`Feed`] `first..first + count` with

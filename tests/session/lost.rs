@@ -12,7 +12,7 @@ use lockkit::pg::SessionGuard;
 use lockkit::{AdvisoryKey, SessionLock};
 use lockkit_tests::{PgBouncer, TestServer};
 
-use crate::session_pooler::pool_of;
+use crate::pooler::pool_of;
 
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
 #[advisory_key(namespace = "lockkit-tests/session-lost")]

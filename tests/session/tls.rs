@@ -10,13 +10,12 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use lockkit::pg::SessionForm;
 use lockkit::{AdvisoryKey, Config, LockClient, Locker, SessionLock};
 use lockkit_tests::observe::{held_by, wait_until_not_waiting, wait_until_waiting, waiting};
+use lockkit_tests::support::backend_pid;
 use lockkit_tests::TestServer;
 use openssl::ssl::{SslConnector, SslMethod};
 use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::{Client, NoTls};
-
-use crate::common::backend_pid;
 
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
 #[advisory_key(namespace = "lockkit-tests/session-tls")]

@@ -30,7 +30,7 @@ use lockkit_tests::observe::granted_elsewhere;
 use lockkit_tests::{Cut, Proxy, TestServer};
 use tokio_postgres::Client;
 
-use crate::session_pooler::pool_of;
+use crate::pooler::pool_of;
 
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
 #[advisory_key(namespace = "lockkit-tests/session-silent")]

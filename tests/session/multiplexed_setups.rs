@@ -19,14 +19,14 @@ use lockkit::{AdvisoryKey, LockKey, Mode, SessionLock};
 use lockkit_tests::observe::{
     held_by, key_waited, wait_until_gone, wait_until_idle_in_transaction,
 };
+use lockkit_tests::support::assert_standby;
 use lockkit_tests::waits::wait_until_awaited;
 use lockkit_tests::TestServer;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use crate::session_pooler::{activity, pool_of};
-use crate::session_tls::{observer, tls_server};
-use crate::standby::assert_standby;
+use crate::pooler::{activity, pool_of};
+use crate::tls::{observer, tls_server};
 
 /// This module's keys, in a namespace of their own.
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -592,7 +592,7 @@ async fn a_lock_taken_again_the_moment_one_is_lost_gets_a_new_connection() {
         let _hook = {
             let (sessions, polled_tx) = (sessions.clone(), Mutex::new(Some(polled_tx)));
             let ours = format!("backend_pid={victim} ");
-            crate::common::capture::on_warning(move |text| {
+            lockkit_tests::capture::on_warning(move |text| {
                 if text.contains(&ours) && text.contains("given up") {
                     let first_poll = sessions.try_lock(next).now_or_never();
                     if let Some(tx) = polled_tx.lock().unwrap().take() {
@@ -636,7 +636,7 @@ async fn a_try_on_a_connection_that_ended_unseen_goes_to_a_new_one() {
         ("opened", SessionLock::new(db.config())),
         (
             "leased",
-            SessionLock::from_pool(crate::session_pooler::pool_of(db.config(), 4)),
+            SessionLock::from_pool(crate::pooler::pool_of(db.config(), 4)),
         ),
     ];
     for (n, (source, sessions)) in sources.into_iter().enumerate() {

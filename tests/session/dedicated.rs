@@ -2,7 +2,7 @@
 //! a cancelled acquisition; lost-connection notice; try, timeout, shared;
 //! refusal on a hot standby, and of the session-level form behind a real
 //! transaction-mode pgbouncer. The pooler, pool, TLS and keepalive tests of
-//! the default form are in session_pooler.rs.
+//! the default form are in pooler.rs.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use lockkit::pg::{probe_pooler, SessionForm, SessionGuard};
 use lockkit::{AdvisoryKey, Config, ErrorKind, LockKey, Mode, SessionLock};
+use lockkit_tests::observe::granted_elsewhere;
+use lockkit_tests::support::locker;
 use lockkit_tests::waits::{wait_until_awaited, WaitCounter};
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio::sync::Barrier;
 use tokio_postgres::Client;
-
-use crate::common::{granted_elsewhere, locker};
 
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
 #[advisory_key(namespace = "lockkit-tests/session")]

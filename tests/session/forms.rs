@@ -1,16 +1,16 @@
 //! Shared mode, try and timeout for both session forms, on opened and on
 //! pooled connections (the default form on opened connections is also
-//! covered by session.rs).
+//! covered by dedicated.rs).
 
 use std::time::Duration;
 
 use lockkit::key::HashText;
 use lockkit::pg::SessionForm;
 use lockkit::{AdvisoryKey, LockKey, Mode, SessionLock};
+use lockkit_tests::observe::granted_elsewhere;
 use lockkit_tests::TestServer;
 
-use crate::common::granted_elsewhere;
-use crate::session_pooler::pool_of;
+use crate::pooler::pool_of;
 
 #[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
 #[advisory_key(namespace = "lockkit-tests/session-forms")]

@@ -13,12 +13,10 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use lockkit::pg::{ProbeTimeout, SessionForm};
 use lockkit::{AdvisoryKey, ErrorKind, LockKey, SessionLock};
-use lockkit_tests::observe::simple_value;
+use lockkit_tests::observe::{held_by, simple_value};
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls};
-
-use crate::common::held_by;
 
 /// The keepalive of the sessions of the load tests, which bounds how long a
 /// call waits for the server's answer. These tests are about where locks

@@ -1,0 +1,16 @@
+//! Integration tests of `lockkit`'s session-duration locks over
+//! tokio-postgres, on real servers: the default (transaction-held) form,
+//! the session-level form and the multiplexed form, on dedicated and pooled
+//! connections, behind pgbouncer, over TLS, on a hot standby, and what each
+//! does when its connection is lost or its network path goes silent.
+
+mod dedicated;
+mod forms;
+mod lost;
+mod multiplexed;
+mod multiplexed_budget;
+mod multiplexed_setups;
+mod pooler;
+mod probe;
+mod silent;
+mod tls;

@@ -1,0 +1,43 @@
+//! What the tokio-postgres test binaries (`lockkit` and `session`) share
+//! besides the observer's questions ([`crate::observe`]): a locker for a
+//! client's server, a client's backend pid, and the check that a call was
+//! refused on a hot standby.
+
+use lockkit::{Config, Error, ErrorKind, Locker};
+use tokio_postgres::Client;
+
+/// A locker for `client`'s server with `config`.
+///
+/// # Panics
+///
+/// If the locker cannot read the server's facts.
+pub async fn locker(client: &Client, config: Config) -> Locker {
+    Locker::new(client, config).await.expect("locker")
+}
+
+/// The backend pid of `client`'s session.
+///
+/// # Panics
+///
+/// If the query fails.
+pub async fn backend_pid(client: &Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pg_backend_pid")
+        .get(0)
+}
+
+/// Asserts that `result` is lockkit's refusal on a hot standby
+/// ([`ErrorKind::HotStandby`]); `what` names the call in the message.
+///
+/// # Panics
+///
+/// If it is not.
+pub fn assert_standby<T>(result: Result<T, Error>, what: &str) {
+    match result {
+        Err(e) if e.kind() == ErrorKind::HotStandby => {}
+        Err(other) => panic!("{what}: expected HotStandby, got {other}"),
+        Ok(_) => panic!("{what}: expected HotStandby, got Ok"),
+    }
+}
