@@ -37,15 +37,6 @@ pub const SCHEMA: &str = "lockkit";
 /// (`lockkit.format_version()`).
 pub const FORMAT_VERSION: i32 = 1;
 
-/// The check [`install`] runs after installing: a KEYS.md golden vector
-/// (`Order { id: 42 }` as a BigInt key, its Pair class and object) and the
-/// format version, computed by the installed functions.
-#[cfg(feature = "tokio-postgres")]
-const CHECK: &str = "SELECT lockkit.format_version(), \
-     lockkit.key('Order', lockkit.int(42::int8)), \
-     lockkit.pair_class('Order'), \
-     lockkit.pair_object('Order', lockkit.int(42::int8))";
-
 /// Installs (or reinstalls) the `lockkit` schema's functions ([`SQL`]) on
 /// `client`'s database, then checks that the installed functions compute
 /// the KEYS.md golden vector `Order { id: 42 }` as this crate does.
@@ -90,7 +81,9 @@ where
     client.batch_execute(SQL).await?;
     // Unnamed: a named statement could meet another client's behind a
     // transaction-mode pooler.
-    let row = client.query_typed_one(CHECK, &[]).await?;
+    let row = client
+        .query_typed_one(crate::engine::sql::INSTALL_CHECK, &[])
+        .await?;
     let version: i32 = row.try_get(0)?;
     let key: i64 = row.try_get(1)?;
     let class: i32 = row.try_get(2)?;

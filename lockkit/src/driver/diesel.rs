@@ -208,7 +208,7 @@ pub struct MessagesRow {
 }
 
 /// Asks the server's `lc_messages`; its row is a [`MessagesRow`].
-pub const MESSAGES: &str = "SELECT current_setting('lc_messages') AS lc_messages";
+pub const MESSAGES: &str = crate::engine::sql::LC_MESSAGES;
 
 impl MessagesRow {
     /// Whether the server reports errors in English, which reading Diesel's

@@ -31,6 +31,7 @@
 //! number is cheaper to send and compare (see [`LOCK_BIGINT`]).
 
 use std::fmt::{self, Write as _};
+use std::time::Duration;
 
 use crate::engine::plan::Mode;
 use crate::key::LockKey;
@@ -168,6 +169,14 @@ pub const GIVE_UP: &str = "ROLLBACK AND CHAIN; DO $lockkit$ BEGIN RAISE EXCEPTIO
      'lockkit: a lock call or a savepoint was cut off in flight; its transaction was rolled back'; \
      END $lockkit$";
 
+/// Rolls back a tokio-postgres [`LockTx`](crate::pg::LockTx) at depth 0
+/// whose lock call was cut off: queued by hand when it drops (ahead of
+/// tokio-postgres's own `ROLLBACK`), and sent by `rollback` (again when a
+/// late cancel request lands on it), so that a cancel request of the
+/// cut-off call cannot leave the transaction open.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) const TX_ROLLBACK: &str = "ROLLBACK";
+
 /// `$1 int8` (milliseconds, at least 1): saves the caller's `lock_timeout`
 /// and `statement_timeout` (transaction-local), records the deadline (as
 /// ISO 8601 with a numeric offset, through `to_json`, so that
@@ -220,6 +229,13 @@ pub const SERVER_FACTS: &str = "SELECT current_setting('max_locks_per_transactio
      pg_is_in_recovery() AS in_recovery, current_setting('server_version_num')::int4 AS version_num, \
      ARRAY(SELECT hashtext(p) FROM unnest($1::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i) AS hashes, \
      pg_backend_pid() AS backend_pid";
+
+/// The server's `lc_messages`, as one `text` column `lc_messages`: the
+/// Diesel adapters ask it on connecting
+/// ([`driver::diesel::MESSAGES`](crate::driver::diesel::MESSAGES)), since
+/// reading Diesel's errors needs English messages.
+#[cfg(feature = "diesel")]
+pub(crate) const LC_MESSAGES: &str = "SELECT current_setting('lc_messages') AS lc_messages";
 
 // ---- Session locks (`SessionLock`) ---------------------------------------
 
@@ -339,6 +355,76 @@ pub const SESSION_ROLLBACK: &str = "ROLLBACK";
 /// next writes to the socket, which would be after it got the lock.
 pub const CHECK_CLIENT: &str = "SET client_connection_check_interval = 1000";
 
+/// How long a [`write_lock_timeout`] setting lasts.
+#[cfg(feature = "tokio-postgres")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SettingScope {
+    /// `SET`: the session's, until [`RESET_LOCK_TIMEOUT`] (a session-level
+    /// lock's wait, on a connection of its own).
+    Session,
+    /// `SET LOCAL`: until the end of the transaction (an attempt of
+    /// `run_ddl`).
+    Transaction,
+}
+
+/// `SET lock_timeout = '…'` ([`SettingScope::Session`]) or `SET LOCAL
+/// lock_timeout = '…'` ([`SettingScope::Transaction`]) for `timeout`,
+/// appended to `out`. The value is [`timeout_setting`]'s, whole
+/// milliseconds of [`timeout_millis`], as [`SET_TIMEOUTS`] sets it for a
+/// transaction-scoped lock call: every lock timeout lockkit sets is the
+/// same rendering of its duration, whatever its scope.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) fn write_lock_timeout(out: &mut String, scope: SettingScope, timeout: Duration) {
+    out.push_str(match scope {
+        SettingScope::Session => "SET lock_timeout = '",
+        SettingScope::Transaction => "SET LOCAL lock_timeout = '",
+    });
+    write_timeout_setting(out, timeout);
+    out.push('\'');
+}
+
+/// Puts the session's `lock_timeout` back to its default after a
+/// [`SettingScope::Session`] [`write_lock_timeout`].
+#[cfg(feature = "tokio-postgres")]
+pub(crate) const RESET_LOCK_TIMEOUT: &str = "RESET lock_timeout";
+
+/// Opens the transaction another client of the pool holds while the pooler
+/// probe reads its backend ([`write_read_mark`]), so that a
+/// transaction-mode pooler must give it a backend of its own.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) const PROBE_BEGIN: &str = "BEGIN";
+
+/// The session-wide setting the pooler probe marks its backend with.
+#[cfg(feature = "tokio-postgres")]
+const PROBE_MARK: &str = "lockkit.pooler_probe";
+
+/// Takes the pooler probe's mark ([`write_read_mark`]) off the session.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) const PROBE_UNMARK: &str = "SELECT set_config('lockkit.pooler_probe', '', false)";
+
+/// The pooler probe's read of its backend, appended to `out` for the simple
+/// query protocol: `pg_backend_pid()` and the probe's mark on the backend
+/// (`text`, empty when there is none), in one row; with `set`, a second
+/// statement then marks the backend with `set`, session-wide, in the same
+/// query (so on the same backend). `set` is written as it is, unquoted: the
+/// probe's marks are hexadecimal digits.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) fn write_read_mark(out: &mut String, set: Option<&str>) {
+    // Writing to a String cannot fail.
+    let _ = write!(
+        out,
+        "SELECT pg_backend_pid(), current_setting('{PROBE_MARK}', true)"
+    );
+    if let Some(set) = set {
+        let _ = write!(out, "; SELECT set_config('{PROBE_MARK}', '{set}', false)");
+    }
+}
+
+/// `pg_backend_pid()` in a statement of its own (its own transaction); one
+/// `int4`.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
+
 /// `$1 int8`, `$2 int8`, `$3 int2`: whether this session holds the advisory
 /// lock `(classid, objid, objsubid)` of `pg_locks`.
 pub const HOLDS: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
@@ -373,13 +459,22 @@ pub fn session_unlock(key: LockKey, mode: Mode) -> &'static str {
 
 /// Formats a timeout as a setting value: whole milliseconds, at least 1
 /// (0 would mean "no timeout" to the server).
-pub fn timeout_setting(timeout: std::time::Duration) -> String {
-    format!("{}ms", timeout_millis(timeout))
+pub fn timeout_setting(timeout: Duration) -> String {
+    let mut out = String::with_capacity(12);
+    write_timeout_setting(&mut out, timeout);
+    out
+}
+
+/// [`timeout_setting`], appended to `out`: the one rendering of a timeout
+/// as a setting value.
+fn write_timeout_setting(out: &mut String, timeout: Duration) {
+    // Writing to a String cannot fail.
+    let _ = write!(out, "{}ms", timeout_millis(timeout));
 }
 
 /// A timeout in whole milliseconds, at least 1 and at most `i32::MAX` (the
 /// settings' range).
-pub fn timeout_millis(timeout: std::time::Duration) -> i64 {
+pub fn timeout_millis(timeout: Duration) -> i64 {
     timeout.as_millis().clamp(1, i32::MAX as u128) as i64
 }
 
@@ -504,10 +599,21 @@ pub const KEY_TYPES_EXIST: &str = "SELECT to_regclass('public.lockkit_key_types'
 pub const PUBLISHED_KEY_TYPES: &str = "SELECT application, type_name, namespace, form, pair_class \
      FROM public.lockkit_key_types ORDER BY namespace, application, type_name";
 
+// ---- Keys from SQL (`lockkit::sql`) -----------------------------------------
+
+/// The check [`install`](crate::sql::install) runs after installing: a
+/// KEYS.md golden vector (`Order { id: 42 }` as a BigInt key, its Pair
+/// class and object) and the format version, computed by the installed
+/// functions.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) const INSTALL_CHECK: &str = "SELECT lockkit.format_version(), \
+     lockkit.key('Order', lockkit.int(42::int8)), \
+     lockkit.pair_class('Order'), \
+     lockkit.pair_object('Order', lockkit.int(42::int8))";
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn timeout_is_never_zero() {
@@ -515,6 +621,37 @@ mod tests {
         assert_eq!(timeout_setting(Duration::from_micros(1500)), "1ms");
         assert_eq!(timeout_setting(Duration::from_secs(2)), "2000ms");
         assert_eq!(timeout_setting(Duration::MAX), format!("{}ms", i32::MAX));
+    }
+
+    /// Every `lock_timeout` lockkit sets is `timeout_setting`'s value,
+    /// session-wide or transaction-local.
+    #[cfg(feature = "tokio-postgres")]
+    #[test]
+    fn lock_timeout_is_the_timeout_setting_in_either_scope() {
+        let mut out = String::new();
+        write_lock_timeout(&mut out, SettingScope::Session, Duration::from_millis(1500));
+        assert_eq!(out, "SET lock_timeout = '1500ms'");
+        out.clear();
+        write_lock_timeout(&mut out, SettingScope::Transaction, Duration::ZERO);
+        assert_eq!(out, "SET LOCAL lock_timeout = '1ms'");
+    }
+
+    #[cfg(feature = "tokio-postgres")]
+    #[test]
+    fn the_pooler_probe_reads_and_sets_its_mark() {
+        let mut out = String::new();
+        write_read_mark(&mut out, None);
+        assert_eq!(
+            out,
+            "SELECT pg_backend_pid(), current_setting('lockkit.pooler_probe', true)"
+        );
+        out.clear();
+        write_read_mark(&mut out, Some("00ff"));
+        assert_eq!(
+            out,
+            "SELECT pg_backend_pid(), current_setting('lockkit.pooler_probe', true); \
+             SELECT set_config('lockkit.pooler_probe', '00ff', false)"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
 use crate::engine::error::{DriverError, Error, ErrorKind};
-use crate::engine::sql::timeout_setting;
+use crate::engine::sql::{self, SettingScope};
 use crate::retry::RetryPolicy;
 
 /// How [`run_ddl`] retries.
@@ -131,7 +131,8 @@ pub async fn run_ddl(
         let wait = retry
             .lock_timeout
             .min(deadline.saturating_duration_since(Instant::now()));
-        let set = format!("SET LOCAL lock_timeout = '{}'", timeout_setting(wait));
+        let mut set = String::with_capacity(40);
+        sql::write_lock_timeout(&mut set, SettingScope::Transaction, wait);
         let begun = Instant::now();
         let result = async {
             let tx = client.transaction().await?;

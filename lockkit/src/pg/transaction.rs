@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use crate::calls::{self, Parts};
 use crate::engine::error::{Error, Refused};
+use crate::engine::sql;
 use crate::engine::{Request, SavepointEnd, TxSlot, TxState, Wait};
 use crate::pg::exec::{Pg, PgConn, StatementCache};
 use crate::pg::locker::Locker;
@@ -117,7 +118,10 @@ impl Drop for LockTx<'_> {
             // transaction open and aborted. A second one, queued first,
             // means a late request cannot leave it open: see
             // `Canceller::cancel_until_answered`.
-            let _ = tx.client().simple_query_raw("ROLLBACK").now_or_never();
+            let _ = tx
+                .client()
+                .simple_query_raw(sql::TX_ROLLBACK)
+                .now_or_never();
         }
         self.shared
             .state
@@ -256,7 +260,7 @@ impl<'c> LockTx<'c> {
             // when `tx` drops here, then finds none open.
             let mut again = 0;
             loop {
-                match tx.batch_execute("ROLLBACK").await {
+                match tx.batch_execute(sql::TX_ROLLBACK).await {
                     Err(e) if again < 5 && e.code() == Some(&SqlState::QUERY_CANCELED) => {
                         again += 1;
                     }

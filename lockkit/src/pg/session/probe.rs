@@ -168,7 +168,7 @@ impl SessionLock {
             )));
         }
         let (mut other, _) = self.lease().await?;
-        other.client().batch_execute("BEGIN").await?;
+        other.client().batch_execute(sql::PROBE_BEGIN).await?;
         let (other_pid, other_found) = read_mark(other.client(), None).await?;
         let after = if other_pid == first {
             None
@@ -202,7 +202,7 @@ impl SessionLock {
         // Directly connected (or session-pooled): take the mark off, so
         // that a pooled connection leased again is not mistaken for one a
         // pooler handed over.
-        client.batch_execute(PROBE_UNMARK).await?;
+        client.batch_execute(sql::PROBE_UNMARK).await?;
         Ok(PoolerProbe {
             backend_pid: first,
             evidence: None,
@@ -210,23 +210,13 @@ impl SessionLock {
     }
 }
 
-/// The session-wide setting the pooler probe marks its backend with.
-const PROBE_MARK: &str = "lockkit.pooler_probe";
-
-/// Takes the pooler probe's mark off the session.
-const PROBE_UNMARK: &str = "SELECT set_config('lockkit.pooler_probe', '', false)";
-
 /// `pg_backend_pid()` and the pooler probe's mark on the backend, if any,
 /// in one transaction; with `set`, marks it with `set` afterwards, in the
 /// same transaction (so on the same backend). The mark answered is the one
 /// found before; with `set`, it is `None` when it was `set` already.
 async fn read_mark(client: &Client, set: Option<&str>) -> Result<(i32, Option<String>), Error> {
-    let mut query = format!("SELECT pg_backend_pid(), current_setting('{PROBE_MARK}', true)");
-    if let Some(set) = set {
-        query.push_str(&format!(
-            "; SELECT set_config('{PROBE_MARK}', '{set}', false)"
-        ));
-    }
+    let mut query = String::with_capacity(128);
+    sql::write_read_mark(&mut query, set);
     let messages = client.simple_query(&query).await?;
     let row = messages
         .iter()
@@ -248,7 +238,7 @@ async fn read_mark(client: &Client, set: Option<&str>) -> Result<(i32, Option<St
 
 /// `pg_backend_pid()` in a statement of its own (its own transaction).
 async fn backend_pid(client: &Client) -> Result<i32, Error> {
-    let messages = client.simple_query("SELECT pg_backend_pid()").await?;
+    let messages = client.simple_query(sql::BACKEND_PID).await?;
     messages
         .iter()
         .find_map(|m| match m {

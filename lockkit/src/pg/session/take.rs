@@ -24,7 +24,7 @@ use crate::driver::Canceller;
 use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::plan::Mode;
-use crate::engine::sql::{self, timeout_setting, CHECK_CLIENT};
+use crate::engine::sql::{self, SettingScope, CHECK_CLIENT};
 use crate::engine::Request;
 use crate::engine::Wait;
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
@@ -211,10 +211,9 @@ impl SessionLock {
         }
         let context = match wait {
             Wait::Timeout(timeout) => {
-                let setting = timeout_setting(timeout);
-                client
-                    .batch_execute(&format!("SET lock_timeout = '{setting}'"))
-                    .await?;
+                let mut set = String::with_capacity(32);
+                sql::write_lock_timeout(&mut set, SettingScope::Session, timeout);
+                client.batch_execute(&set).await?;
                 Some(timeout)
             }
             Wait::Forever | Wait::Try => None,
@@ -237,7 +236,7 @@ impl SessionLock {
             }
         };
         if let Wait::Timeout(_) = wait {
-            client.batch_execute("RESET lock_timeout").await?;
+            client.batch_execute(sql::RESET_LOCK_TIMEOUT).await?;
         }
         Ok((granted, backend_pid))
     }
