@@ -173,7 +173,7 @@ impl Driver for Locker {
     /// here: a call that completes pays nothing for it.
     fn cut_off(&self, conn: &mut AsyncPgConnection) {
         abandon_transaction(conn);
-        self.inner.canceller().cancel(conn.cancel_token());
+        self.inner.cancel(conn.cancel_token());
     }
 }
 

@@ -1,8 +1,7 @@
 //! Key derivation: what `lock_key()` costs for typical key types, next to
-//! sqlx's `PgAdvisoryLock::new(name)` for comparison; and the lock engine's
-//! own work for a one-key call, with no server (group `engine`): what that
-//! work costs when its code and data are warm in the caches, to set against
-//! what the same call adds in the paired report of `locks`.
+//! sqlx's `PgAdvisoryLock::new(name)` for comparison. What the lock engine
+//! adds to a call is measured with the server, in the paired report of
+//! `locks`: its types are lockkit's own, and only lockkit makes a guard.
 //!
 //! ```text
 //! cargo bench -p lockkit-tests --bench keys                         # lockkit only
@@ -16,9 +15,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::Criterion;
-use lockkit::driver::Policy;
-use lockkit::driver::{Reply, TxState};
-use lockkit::{AdvisoryKey, Config, KeySpec, Mode, ServerFacts};
+use lockkit::{AdvisoryKey, KeySpec};
 use lockkit_tests::fixtures::{Document, Posting, StripedEvent, Tenanted, TenantedPair};
 
 fn keys(c: &mut Criterion) {
@@ -65,36 +62,6 @@ fn keys(c: &mut Criterion) {
     sqlx(c);
 }
 
-/// One untimed lock of one key through the engine, as an adapter drives it
-/// (a new transaction's state, the request, its one statement, the
-/// granted reply, the outcome, the guard), with the reply made up instead
-/// of sent: the engine's bookkeeping alone, warm.
-fn engine(c: &mut Criterion) {
-    let mut group = c.benchmark_group("engine");
-    let policy = Policy::new(Config::default(), ServerFacts::assumed(64, 100, 0));
-    let tenanted = Tenanted {
-        tenant: "acme".into(),
-        id: 1001,
-    };
-    group.bench_function("one_key_call", |b| {
-        b.iter(|| {
-            let state = TxState::new();
-            let key = (black_box(&tenanted), Mode::Exclusive);
-            let mut call = state
-                .acquire_one(&policy, 0, key, false, None)
-                .expect("nothing refuses it");
-            let statement = call.statement().expect("one statement");
-            let granted = Reply::Locked {
-                tag: statement.sql().tag().expect("a lock statement has a tag"),
-            };
-            call.receive(Ok(()), |_, ()| granted);
-            let grant = call.finish().expect("granted").expect("not busy");
-            black_box(grant.held(black_box(&tenanted)).is_ok())
-        })
-    });
-    group.finish();
-}
-
 /// sqlx 0.8's `PgAdvisoryLock::new`: HKDF-SHA256 of the name, truncated to a
 /// BigInt key. sqlx takes a string, so a `(tenant, id)` key must first be
 /// formatted; both the bare derivation and the realistic one are measured.
@@ -128,6 +95,5 @@ fn main() {
         .measurement_time(Duration::from_secs(3))
         .configure_from_args();
     keys(&mut c);
-    engine(&mut c);
     c.final_summary();
 }

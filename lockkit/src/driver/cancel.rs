@@ -80,8 +80,18 @@ impl CancellingPolicy {
     }
 
     /// How cancel requests are sent.
-    pub fn canceller(&self) -> &Canceller {
+    #[cfg(feature = "tokio-postgres")]
+    pub(crate) fn canceller(&self) -> &Canceller {
         &self.canceller
+    }
+
+    /// Sends the cancel request for `token`'s connection in the background,
+    /// with this policy's TLS, on the current tokio runtime (nothing
+    /// without one): what a driver does for a lock call cut off in flight
+    /// ([`Driver::cut_off`](crate::driver::Driver::cut_off)). Nobody awaits
+    /// it, so a failure is logged as a `tracing` warning.
+    pub fn cancel(&self, token: CancelToken) {
+        self.canceller.cancel(token);
     }
 }
 
@@ -113,19 +123,19 @@ impl AsRef<Policy> for CancellingPolicy {
 /// other stacks that run on tokio-postgres (lockkit-diesel-async) send
 /// their cancel requests through it too.
 #[derive(Clone, Default)]
-pub struct Canceller(Option<Arc<SendCancel>>);
+pub(crate) struct Canceller(Option<Arc<SendCancel>>);
 
 type SendCancel =
     dyn Fn(CancelToken) -> BoxFuture<'static, Result<(), tokio_postgres::Error>> + Send + Sync;
 
 impl Canceller {
     /// In plain text (`NoTls`), the default.
-    pub const fn plain() -> Canceller {
+    pub(crate) const fn plain() -> Canceller {
         Canceller(None)
     }
 
     /// Through `tls`, the connector the connections are made with.
-    pub fn tls(tls: impl CancelTls) -> Canceller {
+    pub(crate) fn tls(tls: impl CancelTls) -> Canceller {
         Canceller(Some(Arc::new(move |token: CancelToken| {
             let tls = tls.clone();
             Box::pin(async move { token.cancel_query(tls).await }) as BoxFuture<'static, _>
@@ -135,7 +145,7 @@ impl Canceller {
     /// Sends the cancel request for `token`'s connection in the background,
     /// on the current tokio runtime (nothing without one). Nobody awaits
     /// it, so a failure is logged as a `tracing` warning.
-    pub fn cancel(&self, token: CancelToken) {
+    pub(crate) fn cancel(&self, token: CancelToken) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };

@@ -4,11 +4,14 @@
 //! An adapter is a [`Driver`] (it runs the engine's statements on its
 //! connection, reads the answers into the engine's replies, and settles a
 //! call cut off in flight) with its stack's [`Transactions`] (whether a
-//! transaction is open, savepoint steps), its entry points, its error
-//! conversion and its re-exports.
-//! Everything else of a lock call (the checks, the plan, the rounds, the
-//! reply checks, the bookkeeping, the guards, the savepoint's bookkeeping)
-//! is [`LockTx`]'s and the engine's, written once.
+//! transaction is open, savepoint steps), its entry points ([`lock_tx`],
+//! [`transaction`] or [`transaction_blocking`]), its error conversion
+//! ([`DriverError`]) and its re-exports. Everything else of a lock call (the
+//! checks, the plan, the rounds, the reply checks, the bookkeeping, the
+//! guards, the savepoint's bookkeeping) is [`LockTx`]'s and the lock
+//! engine's, written once inside lockkit: an adapter never sees a plan,
+//! never makes a guard, and cannot report a lock that the server did not
+//! grant, since every reply it reads is checked against what was sent.
 //!
 //! The driver runs each round's statements in the engine's order (one at a
 //! time unless it overrides [`Driver::run_round`]), and a round stops at
@@ -17,68 +20,156 @@
 //! So is tokio-postgres's (in `lockkit` itself), whose rounds are
 //! pipelined.
 //!
-//! # The engine
-//!
-//! The lock engine is the whole protocol of taking locks inside a
-//! transaction, with no I/O and no driver types.
-//!
-//! Given what a transaction holds ([`TxState`]), a request ([`Request`],
-//! [`Wait`]) and what the locker knows of the server ([`Policy`]), the engine
-//! runs the checks (hot standby, `hashtext`, poisoning, budget, lock order),
-//! plans the batch (deduplicated, sorted in the global order of KEYS.md, one
-//! statement per key space), lists the statements to send, round by round
-//! ([`Acquisition::round`]), takes the replies back and checks every one
-//! ([`Acquisition::receive`]), records the outcome or poisons the
-//! transaction, and makes the guards from the outcome ([`Grant::lock`] and
-//! its siblings, which every adapter calls). Only the engine makes guards.
-//!
-//! The most common call, one key that waits as long as it takes or not at
-//! all (an adapter's `lock`, `lock_shared`, `try_lock`, `try_lock_shared`),
-//! is one statement and one reply: [`TxState::acquire_one`] starts it as a
-//! [`OneCall`], with the same checks, reply check, bookkeeping and metrics
-//! as [`Acquisition`] (one implementation of each, shared) and without the
-//! rounds, which the most common call does not need.
-//!
-//! An adapter (tokio-postgres in [`crate::pg`], `lockkit-diesel`, …) only
-//! sends [`Statement`]s on its connection, pipelined where its driver allows,
-//! turns the rows into [`Reply`]s, turns its errors into [`DriverError`]s,
-//! and cancels a call whose future is dropped. Its whole lock call is this
-//! loop:
+//! This is an adapter, whole, for a blocking stack (Diesel's adapter is
+//! this, over `PgConnection`); an async stack's `run` returns its query's
+//! future, with `type Io = Async`, and its `cut_off` cancels what is in
+//! flight ([`CancellingPolicy::cancel`]):
 //!
 //! ```
+//! use std::future::{ready, Future};
+//!
 //! use lockkit::driver::{
-//!     DriverError, Grant, Policy, Reply, ReplyShape, Request, Statement, TxState, Wait,
+//!     read_reply, Blocking, Driver, DriverError, Param, Policy, Reply, ReplyRow, SavepointEnd,
+//!     SavepointStep, Statement, Transactions,
 //! };
-//! use lockkit::{Config, HeldBatch, Batch, ServerFacts};
+//! use lockkit::tx::LockTx;
+//! use lockkit::{Config, Error, ServerFacts, StatementMode};
 //!
-//! /// A stand-in for a driver: answers every statement as the server would
-//! /// when nothing else holds the keys.
-//! fn send(round: &[Statement<'_>]) -> Result<Vec<Reply>, DriverError> {
-//!     Ok(round.iter().map(|s| match (s.reply(), s.sql().tag()) {
-//!         (_, None) => Reply::Done,
-//!         (ReplyShape::Locked, Some(tag)) => Reply::Locked { tag },
-//!         (_, Some(tag)) => Reply::Tagged { tag, n: lockkit::driver::expected_rows(s) },
-//!     }).collect())
+//! /// The stack's connection and rows (a real adapter has its driver's).
+//! pub struct Conn {
+//!     depth: u32,
+//! }
+//! pub struct Row(Vec<i64>);
+//!
+//! impl Conn {
+//!     fn query(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>, String> {
+//!         # let _ = (sql, params);
+//!         unimplemented!("the stack's query: {sql}")
+//!     }
+//!     fn execute(&mut self, sql: &str) -> Result<(), String> {
+//!         unimplemented!("the stack's statement: {sql}")
+//!     }
 //! }
 //!
-//! # fn main() -> Result<(), lockkit::Error> {
-//! let policy = Policy::new(Config::default(), ServerFacts::assumed(64, 100, 0));
-//! let state = TxState::new(); // one per transaction
-//! # #[derive(lockkit::AdvisoryKey)] struct Account { id: i64 }
-//! let batch = Batch::new().with(&Account { id: 1 }).with(&Account { id: 2 });
-//! let mut call = state.acquire(&policy, 0, Request::batch(&batch), Wait::Forever)?;
-//! while let Some(round) = call.round() {
-//!     let replies = send(&round);
-//!     call.receive(replies);
+//! /// How the engine reads a row: the columns of its reply, by index.
+//! impl ReplyRow for Row {
+//!     type Error = String;
+//!     fn int8(&self, i: usize) -> Result<i64, String> {
+//!         self.0.get(i).copied().ok_or_else(|| format!("no column {i}"))
+//!     }
+//!     fn int4(&self, i: usize) -> Result<i32, String> {
+//!         i32::try_from(self.int8(i)?).map_err(|e| e.to_string())
+//!     }
+//!     fn bool(&self, i: usize) -> Result<bool, String> {
+//!         Ok(self.int8(i)? != 0)
+//!     }
+//!     fn int8_array(&self, _: usize) -> Result<Vec<i64>, String> {
+//!         Err("this stack reads no arrays".into())
+//!     }
+//!     fn int4_array(&self, _: usize) -> Result<Vec<i32>, String> {
+//!         Err("this stack reads no arrays".into())
+//!     }
 //! }
-//! // The guard from the outcome: `Grant::lock` for one key, `try_lock`
-//! // and `try_lock_batch` for the tries.
-//! let held: HeldBatch<'_> = Grant::lock_batch(call.finish())?;
-//! assert_eq!(held.keys().len(), 2);
-//! assert_eq!(state.held_count(), 2);
-//! # Ok(())
-//! # }
+//!
+//! /// The adapter's locker: what it learned of the server, and the driver.
+//! #[derive(Clone, Debug)]
+//! pub struct Locker {
+//!     policy: Policy,
+//! }
+//!
+//! impl AsRef<Policy> for Locker {
+//!     fn as_ref(&self) -> &Policy {
+//!         &self.policy
+//!     }
+//! }
+//!
+//! impl Driver for Locker {
+//!     type Io = Blocking;
+//!     type Conn = Conn;
+//!     type Answer = Vec<Row>;
+//!
+//!     fn run<'a>(
+//!         conn: &'a mut Conn,
+//!         statement: Statement<'a>,
+//!         _mode: StatementMode,
+//!     ) -> impl Future<Output = Result<Vec<Row>, DriverError>> + Send + 'a {
+//!         // A real adapter also reads the SQLSTATE, the message and whether
+//!         // the connection closed into the `DriverError`.
+//!         ready(conn.query(statement.text(), statement.params()).map_err(DriverError::new))
+//!     }
+//!
+//!     fn reply(statement: &Statement<'_>, rows: &Vec<Row>) -> Reply {
+//!         read_reply(statement, Some(rows))
+//!     }
+//!
+//!     /// A blocking call is never cut off in flight.
+//!     fn cut_off(&self, _: &mut Conn) {}
+//! }
+//!
+//! impl Transactions for Locker {
+//!     fn in_transaction(conn: &mut Conn) -> Result<bool, DriverError> {
+//!         Ok(conn.depth > 0)
+//!     }
+//!
+//!     fn savepoint(
+//!         conn: &mut Conn,
+//!         step: SavepointStep,
+//!     ) -> impl Future<Output = Result<(), DriverError>> + Send + '_ {
+//!         let sql = match (step, conn.depth) {
+//!             (SavepointStep::Begin, 0) => "BEGIN",
+//!             (SavepointStep::Begin, _) => "SAVEPOINT lockkit",
+//!             (SavepointStep::Release, 1) => "COMMIT",
+//!             (SavepointStep::Release, _) => "RELEASE SAVEPOINT lockkit",
+//!             (SavepointStep::Rollback, 1) => "ROLLBACK",
+//!             (SavepointStep::Rollback, _) => "ROLLBACK TO SAVEPOINT lockkit; RELEASE SAVEPOINT lockkit",
+//!         };
+//!         let done = conn.execute(sql).map_err(DriverError::new);
+//!         if done.is_ok() {
+//!             match step {
+//!                 SavepointStep::Begin => conn.depth += 1,
+//!                 _ => conn.depth -= 1,
+//!             }
+//!         }
+//!         ready(done)
+//!     }
+//!
+//!     fn savepoint_dropped(conn: &mut Conn) -> SavepointEnd {
+//!         match Self::in_transaction(conn) {
+//!             Ok(true) => SavepointEnd::Unknown, // a real adapter rolls back here
+//!             _ => SavepointEnd::Unknown,
+//!         }
+//!     }
+//! }
+//!
+//! /// The adapter's entry points: over an open transaction, and the
+//! /// closure form that begins, commits or rolls back.
+//! impl Locker {
+//!     pub fn new(config: Config, facts: ServerFacts) -> Locker {
+//!         Locker { policy: Policy::new(config, facts) }
+//!     }
+//!
+//!     pub fn lock_tx<'t>(&self, conn: &'t mut Conn) -> Result<LockTx<'t, Locker>, Error> {
+//!         lockkit::driver::lock_tx(self, conn)
+//!     }
+//!
+//!     pub fn transaction<R, E: From<Error>>(
+//!         &self,
+//!         conn: &mut Conn,
+//!         f: impl FnOnce(&mut LockTx<'_, Locker>) -> Result<R, E>,
+//!     ) -> Result<R, E> {
+//!         lockkit::driver::transaction_blocking(self, conn, f)
+//!     }
+//! }
+//!
+//! // No transaction open: refused before anything is sent.
+//! let locker = Locker::new(Config::default(), ServerFacts::assumed(64, 100, 0));
+//! let mut conn = Conn { depth: 0 };
+//! assert!(locker.lock_tx(&mut conn).is_err());
 //! ```
+//!
+//! The lock engine behind [`LockTx`] is the whole protocol of taking locks
+//! inside a transaction, with no I/O and no driver types; it stays inside
+//! lockkit, and so does everything that makes a guard.
 
 #[cfg(feature = "cancel")]
 mod cancel;
@@ -88,16 +179,26 @@ mod locker;
 
 pub use crate::engine::Policy;
 pub use crate::engine::{
-    expected_rows, read_reply, sql, Acquisition, DriverError, FactsRow, Grant, OneCall, Param,
-    ParamType, Reply, ReplyRow, ReplyShape, Request, Round, SavepointEnd, SavepointEnding, Sql,
-    Statement, TxSlot, TxState, Wait, HASHTEXT_PROBES,
+    read_reply, DriverError, FactsRow, Param, Reply, ReplyRow, ReplyShape, SavepointEnd, Statement,
+    HASHTEXT_PROBES,
 };
+#[cfg(feature = "tokio-postgres")]
+pub(crate) use cancel::Canceller;
 #[cfg(feature = "cancel")]
-pub use cancel::{CancelTls, Canceller, CancellingPolicy};
+pub use cancel::{CancelTls, CancellingPolicy};
+
+/// The SQL texts an adapter sends itself, outside a lock call: every other
+/// statement is the engine's, handed to the driver as a [`Statement`].
+pub mod sql {
+    pub use crate::engine::sql::{
+        BATCH_BIGINT_EXCLUSIVE, CREATE_KEY_TYPES, GIVE_UP, LOCK_BIGINT, PUBLISH_LOCK, SERVER_FACTS,
+    };
+}
 
 use std::fmt;
 use std::future::Future;
 
+use crate::engine::{Acquisition, Grant, OneCall, TxState};
 use crate::tx::{BoxFuture, LockTx, Scope};
 use crate::{Busy, Error, StatementMode};
 

@@ -4,7 +4,7 @@
 //! A guard's lifetime ties it to its transaction (in the tokio-postgres
 //! adapter it borrows the [`LockTx`](crate::LockTx)), so no guard outlives
 //! the locks it proves. Only the engine makes guards, from the checked
-//! replies of a lock call ([`Grant`](crate::driver::Grant)).
+//! replies of a lock call ([`Grant`](crate::engine::Grant)).
 
 use std::fmt;
 use std::marker::PhantomData;

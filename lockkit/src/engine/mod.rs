@@ -10,23 +10,24 @@ pub(crate) mod facts;
 pub(crate) mod guard;
 mod observe;
 pub(crate) mod plan;
-pub mod sql;
+pub(crate) mod sql;
 mod statement;
 
-pub use acquire::{
-    Acquisition, Grant, OneCall, Policy, Request, SavepointEnd, SavepointEnding, TxSlot, TxState,
-    Wait,
+pub(crate) use acquire::{
+    Acquisition, Grant, OneCall, Request, SavepointEnding, TxSlot, TxState, Wait,
 };
+pub use acquire::{Policy, SavepointEnd};
 pub use error::DriverError;
 pub use facts::{FactsRow, HASHTEXT_PROBES};
-pub use statement::{
-    read_reply, Param, ParamType, Reply, ReplyRow, ReplyShape, Round, Sql, Statement,
-};
+pub use statement::{read_reply, Param, Reply, ReplyRow, ReplyShape, Statement};
+#[cfg(any(feature = "tokio-postgres", test))]
+pub(crate) use statement::{ParamType, Sql};
 
 /// The count `n` a [`ReplyShape::Tagged`] statement answers when every key
 /// it locks is granted: the number of keys it carries (0 for the timeout
-/// statements). For adapters' tests and stand-ins; the engine checks it.
-pub fn expected_rows(statement: &Statement<'_>) -> i64 {
+/// statements). For the engine's tests, whose stand-in drivers answer it.
+#[cfg(test)]
+pub(crate) fn expected_rows(statement: &Statement<'_>) -> i64 {
     let n = match statement.params().first() {
         Some(Param::Int8Array(keys)) => keys.len(),
         Some(Param::Int4Array(keys)) => keys.len(),

@@ -161,8 +161,6 @@ macro_rules! key_type {
 pub(crate) use key_type;
 
 impl KeyType {
-    /// A plain key given as its `LockKey`.
-    pub(crate) const RAW: &'static KeyType = key_type!("raw");
     /// A batch.
     pub(crate) const BATCH: &'static KeyType = key_type!("batch");
 
@@ -466,7 +464,6 @@ mod names {
             assert_eq!(outcome.label(), label);
         }
         assert_eq!(key_type!("billing.invoice").name(), "billing.invoice");
-        assert_eq!(KeyType::RAW.name(), "raw");
         assert_eq!(KeyType::BATCH.name(), "batch");
     }
 }

@@ -30,6 +30,13 @@
 //! name in a leading comment still shows in `pg_stat_activity`, and a
 //! number is cheaper to send and compare (see [`LOCK_BIGINT`]).
 
+// The session locks' and inspection's texts are sent by the tokio-postgres
+// adapter alone (`pg`, which publishes the inspection's as
+// `lockkit::inspect`); a build without it leaves them unused.
+#![cfg_attr(
+    not(feature = "tokio-postgres"),
+    allow(dead_code, unused_imports, unreachable_pub)
+)]
 use std::fmt::{self, Write as _};
 use std::time::Duration;
 
@@ -49,29 +56,30 @@ use crate::key::LockKey;
 pub const LOCK_BIGINT: &str =
     "/* lockkit:lock_bigint */ SELECT 7813573191525823489::int8 AS tag, pg_advisory_xact_lock($1) AS locked";
 /// `$1 int8`: one shared `BigInt` lock; `(tag, void)`.
-pub const LOCK_BIGINT_SHARED: &str =
+pub(crate) const LOCK_BIGINT_SHARED: &str =
     "/* lockkit:lock_bigint_shared */ SELECT 7813573191525823490::int8 AS tag, \
      pg_advisory_xact_lock_shared($1) AS locked";
 /// `$1 int4, $2 int4`: one exclusive `Pair` lock; `(tag, void)`.
-pub const LOCK_PAIR: &str = "/* lockkit:lock_pair */ SELECT 7813573191525823491::int8 AS tag, \
+pub(crate) const LOCK_PAIR: &str =
+    "/* lockkit:lock_pair */ SELECT 7813573191525823491::int8 AS tag, \
      pg_advisory_xact_lock($1, $2) AS locked";
 /// `$1 int4, $2 int4`: one shared `Pair` lock; `(tag, void)`.
-pub const LOCK_PAIR_SHARED: &str =
+pub(crate) const LOCK_PAIR_SHARED: &str =
     "/* lockkit:lock_pair_shared */ SELECT 7813573191525823492::int8 AS tag, \
      pg_advisory_xact_lock_shared($1, $2) AS locked";
 
 /// `$1 int8`: try one exclusive `BigInt` lock; `(tag, 1 granted | 0 busy)`.
-pub const TRY_BIGINT: &str =
+pub(crate) const TRY_BIGINT: &str =
     "/* lockkit:try_bigint */ SELECT 7813573191525823493::int8 AS tag, pg_try_advisory_xact_lock($1)::int::int8 AS n";
 /// `$1 int8`: try one shared `BigInt` lock; `(tag, 1 | 0)`.
-pub const TRY_BIGINT_SHARED: &str =
+pub(crate) const TRY_BIGINT_SHARED: &str =
     "/* lockkit:try_bigint_shared */ SELECT 7813573191525823494::int8 AS tag, \
      pg_try_advisory_xact_lock_shared($1)::int::int8 AS n";
 /// `$1 int4, $2 int4`: try one exclusive `Pair` lock; `(tag, 1 | 0)`.
-pub const TRY_PAIR: &str =
+pub(crate) const TRY_PAIR: &str =
     "/* lockkit:try_pair */ SELECT 7813573191525823495::int8 AS tag, pg_try_advisory_xact_lock($1, $2)::int::int8 AS n";
 /// `$1 int4, $2 int4`: try one shared `Pair` lock; `(tag, 1 | 0)`.
-pub const TRY_PAIR_SHARED: &str =
+pub(crate) const TRY_PAIR_SHARED: &str =
     "/* lockkit:try_pair_shared */ SELECT 7813573191525823496::int8 AS tag, \
      pg_try_advisory_xact_lock_shared($1, $2)::int::int8 AS n";
 
@@ -82,7 +90,8 @@ pub const TRY_PAIR_SHARED: &str =
 /// [`SEMAPHORE_CLASS`](crate::key::SEMAPHORE_CLASS) (KEYS.md, "Semaphore
 /// slots"). `generate_series` is read row by row under the `LIMIT`, so no
 /// slot after the granted one is tried.
-pub const TRY_PERMIT: &str = "/* lockkit:try_permit */ SELECT 7813573191525823506::int8 AS tag, \
+pub(crate) const TRY_PERMIT: &str =
+    "/* lockkit:try_permit */ SELECT 7813573191525823506::int8 AS tag, \
      COALESCE((SELECT (i + p.first) % p.n + 1 \
      FROM (SELECT $1::int4 AS base, $2::int4 AS n, $3::int4 AS first) AS p, \
      generate_series(0, p.n - 1) AS i \
@@ -91,21 +100,21 @@ pub const TRY_PERMIT: &str = "/* lockkit:try_permit */ SELECT 781357319152582350
 
 /// `$1 int8[], $2 bool[]` (shared?): lock every key in array order;
 /// `(tag, keys locked)`.
-pub const BATCH_BIGINT: &str = "/* lockkit:batch_bigint */ SELECT 7813573191525823497::int8 AS tag, \
+pub(crate) const BATCH_BIGINT: &str = "/* lockkit:batch_bigint */ SELECT 7813573191525823497::int8 AS tag, \
      count(CASE WHEN s THEN pg_advisory_xact_lock_shared(k) ELSE pg_advisory_xact_lock(k) END) AS n \
      FROM (SELECT unnest($1::int8[]) AS k, unnest($2::bool[]) AS s) AS t";
 /// `$1 int4[], $2 int4[], $3 bool[]`: lock every `(class, object)` in array
 /// order; `(tag, keys locked)`.
-pub const BATCH_PAIR: &str = "/* lockkit:batch_pair */ SELECT 7813573191525823498::int8 AS tag, \
+pub(crate) const BATCH_PAIR: &str = "/* lockkit:batch_pair */ SELECT 7813573191525823498::int8 AS tag, \
      count(CASE WHEN s THEN pg_advisory_xact_lock_shared(c, o) ELSE pg_advisory_xact_lock(c, o) END) AS n \
      FROM (SELECT unnest($1::int4[]) AS c, unnest($2::int4[]) AS o, unnest($3::bool[]) AS s) AS t";
-/// `$1 int8[]`: [`BATCH_BIGINT`] when every key is exclusive, the common
-/// case: no mode array to send and no `CASE` per key.
+/// `$1 int8[]`: the batch of `BigInt` keys when every key is exclusive,
+/// the common case: no mode array to send and no `CASE` per key.
 pub const BATCH_BIGINT_EXCLUSIVE: &str =
     "/* lockkit:batch_bigint_exclusive */ SELECT 7813573191525823499::int8 AS tag, \
      count(pg_advisory_xact_lock(k)) AS n FROM (SELECT unnest($1::int8[]) AS k) AS t";
 /// `$1 int4[], $2 int4[]`: [`BATCH_PAIR`] when every key is exclusive.
-pub const BATCH_PAIR_EXCLUSIVE: &str =
+pub(crate) const BATCH_PAIR_EXCLUSIVE: &str =
     "/* lockkit:batch_pair_exclusive */ SELECT 7813573191525823500::int8 AS tag, \
      count(pg_advisory_xact_lock(c, o)) AS n \
      FROM (SELECT unnest($1::int4[]) AS c, unnest($2::int4[]) AS o) AS t";
@@ -113,13 +122,13 @@ pub const BATCH_PAIR_EXCLUSIVE: &str =
 /// `$1 int8[], $2 bool[]`: try every key in array order;
 /// `(tag, keys tried, busy int8[])`. Run inside [`SAVEPOINT`], rolled back
 /// when any key was busy.
-pub const TRY_BATCH_BIGINT: &str = "/* lockkit:try_batch_bigint */ SELECT 7813573191525823501::int8 AS tag, count(*)::int8 AS n, \
+pub(crate) const TRY_BATCH_BIGINT: &str = "/* lockkit:try_batch_bigint */ SELECT 7813573191525823501::int8 AS tag, count(*)::int8 AS n, \
      coalesce(array_agg(k) FILTER (WHERE NOT ok), '{}') AS busy FROM \
      (SELECT k, CASE WHEN s THEN pg_try_advisory_xact_lock_shared(k) ELSE pg_try_advisory_xact_lock(k) END AS ok \
       FROM (SELECT unnest($1::int8[]) AS k, unnest($2::bool[]) AS s) AS t OFFSET 0) AS x";
 /// `$1 int4[], $2 int4[], $3 bool[]`: try every `(class, object)` in array
 /// order; `(tag, keys tried, busy classes int4[], busy objects int4[])`.
-pub const TRY_BATCH_PAIR: &str = "/* lockkit:try_batch_pair */ SELECT 7813573191525823502::int8 AS tag, count(*)::int8 AS n, \
+pub(crate) const TRY_BATCH_PAIR: &str = "/* lockkit:try_batch_pair */ SELECT 7813573191525823502::int8 AS tag, count(*)::int8 AS n, \
      coalesce(array_agg(c) FILTER (WHERE NOT ok), '{}') AS busy_class, \
      coalesce(array_agg(o) FILTER (WHERE NOT ok), '{}') AS busy_object FROM \
      (SELECT c, o, CASE WHEN s THEN pg_try_advisory_xact_lock_shared(c, o) ELSE pg_try_advisory_xact_lock(c, o) END AS ok \
@@ -128,13 +137,13 @@ pub const TRY_BATCH_PAIR: &str = "/* lockkit:try_batch_pair */ SELECT 7813573191
 
 /// The savepoint a timeout or try-batch runs in, so that a failure releases
 /// what it took and leaves the transaction usable.
-pub const SAVEPOINT: &str = "SAVEPOINT lockkit_acquire";
+pub(crate) const SAVEPOINT: &str = "SAVEPOINT lockkit_acquire";
 /// Releases [`SAVEPOINT`] after success.
-pub const RELEASE: &str = "RELEASE SAVEPOINT lockkit_acquire";
+pub(crate) const RELEASE: &str = "RELEASE SAVEPOINT lockkit_acquire";
 /// Undoes [`SAVEPOINT`] after a failure: releases the locks it took, restores
 /// the timeouts, and makes an aborted transaction usable again. Two
 /// statements: send it with the simple query protocol.
-pub const ROLLBACK: &str =
+pub(crate) const ROLLBACK: &str =
     "ROLLBACK TO SAVEPOINT lockkit_acquire; RELEASE SAVEPOINT lockkit_acquire";
 
 /// Gives up the transaction open on the session: rolls it back, which
@@ -184,7 +193,7 @@ pub(crate) const TX_ROLLBACK: &str = "ROLLBACK";
 /// `DateStyle` and `TimeZone`), and sets both timeouts to `$1`; `(tag, 0)`.
 /// The target list is evaluated left to right, so the saved values are the
 /// caller's.
-pub const SET_TIMEOUTS: &str = "/* lockkit:set_timeouts */ SELECT 7813573191525823503::int8 AS tag, 0::int8 AS n, \
+pub(crate) const SET_TIMEOUTS: &str = "/* lockkit:set_timeouts */ SELECT 7813573191525823503::int8 AS tag, 0::int8 AS n, \
      set_config('lockkit.saved_lock_timeout', current_setting('lock_timeout'), true) AS a, \
      set_config('lockkit.saved_statement_timeout', current_setting('statement_timeout'), true) AS b, \
      set_config('lockkit.deadline', to_json(clock_timestamp() + p.ms * interval '1 millisecond') #>> '{}', true) AS c, \
@@ -201,7 +210,7 @@ pub const SET_TIMEOUTS: &str = "/* lockkit:set_timeouts */ SELECT 78135731915258
 /// which the reply check refuses: the clash is an unexpected reply, never a
 /// server error of its own (`42704` for a setting never set on the
 /// backend, `22007` for one set in an earlier transaction, now empty).
-pub const ARM_TIMEOUTS: &str =
+pub(crate) const ARM_TIMEOUTS: &str =
     "/* lockkit:arm_timeouts */ SELECT CASE WHEN d.r IS NOT NULL THEN 7813573191525823504::int8 END AS tag, 0::int8 AS n, \
      set_config('lock_timeout', coalesce(d.r, current_setting('lock_timeout')), true) AS a, \
      set_config('statement_timeout', coalesce(d.r, current_setting('statement_timeout')), true) AS b FROM \
@@ -211,7 +220,7 @@ pub const ARM_TIMEOUTS: &str =
 ///
 /// As [`ARM_TIMEOUTS`], when nothing was saved in this transaction it
 /// changes nothing and answers a `NULL` tag.
-pub const RESTORE_TIMEOUTS: &str = "/* lockkit:restore_timeouts */ SELECT CASE WHEN s.l IS NOT NULL AND s.s IS NOT NULL \
+pub(crate) const RESTORE_TIMEOUTS: &str = "/* lockkit:restore_timeouts */ SELECT CASE WHEN s.l IS NOT NULL AND s.s IS NOT NULL \
      THEN 7813573191525823505::int8 END AS tag, 0::int8 AS n, \
      set_config('lock_timeout', coalesce(s.l, current_setting('lock_timeout')), true) AS a, \
      set_config('statement_timeout', coalesce(s.s, current_setting('statement_timeout')), true) AS b FROM \
@@ -243,7 +252,7 @@ pub(crate) const LC_MESSAGES: &str = "SELECT current_setting('lc_messages') AS l
 /// `READ COMMITTED` whatever `default_transaction_isolation` says: between
 /// statements such a transaction holds no snapshot, so its backend has no
 /// `backend_xmin` and does not hold back VACUUM while the lock is held.
-pub const SESSION_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+pub(crate) const SESSION_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 /// What a default session lock checks and sets in its transaction,
 /// `application_name` given as a literal: appends it to `out` for the
@@ -274,7 +283,7 @@ pub const SESSION_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 /// is quoted as an escape string literal (`E'…'`, backslashes and quotes
 /// doubled), which reads the same whatever `standard_conforming_strings`
 /// says; a NUL, which no PostgreSQL string can hold, is dropped.
-pub fn write_session_setup(
+pub(crate) fn write_session_setup(
     out: &mut String,
     application_name: impl fmt::Display,
     check_interval_known: bool,
@@ -345,15 +354,15 @@ impl fmt::Write for Escaped<'_> {
 /// extended-protocol statements on that connection: it drops their unnamed
 /// portal, which would otherwise keep its snapshot (and the backend's
 /// `backend_xmin`, holding back VACUUM) until the next statement.
-pub const KEEPALIVE: &str = "SELECT 1";
+pub(crate) const KEEPALIVE: &str = "SELECT 1";
 
 /// Ends the transaction of a default session lock, and the lock with it.
-pub const SESSION_ROLLBACK: &str = "ROLLBACK";
+pub(crate) const SESSION_ROLLBACK: &str = "ROLLBACK";
 
 /// PostgreSQL 14+: a backend waiting for a lock notices within a second that
 /// its client went away (a cancelled `lock()`), instead of only when it
 /// next writes to the socket, which would be after it got the lock.
-pub const CHECK_CLIENT: &str = "SET client_connection_check_interval = 1000";
+pub(crate) const CHECK_CLIENT: &str = "SET client_connection_check_interval = 1000";
 
 /// How long a [`write_lock_timeout`] setting lasts.
 #[cfg(feature = "tokio-postgres")]
@@ -427,14 +436,14 @@ pub(crate) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
 
 /// `$1 int8`, `$2 int8`, `$3 int2`: whether this session holds the advisory
 /// lock `(classid, objid, objsubid)` of `pg_locks`.
-pub const HOLDS: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+pub(crate) const HOLDS: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
      AND pid = pg_backend_pid() AND granted AND classid = $1::oid \
      AND objid = $2::oid AND objsubid = $3)";
 
 /// The session lock statement for `key` (`$1 int8`, or `$1, $2 int4`):
 /// waiting forms return one `text` (the `void` result cast, for the simple
 /// protocol), `try_only` forms one `bool`.
-pub fn session_lock(key: LockKey, mode: Mode, try_only: bool) -> &'static str {
+pub(crate) fn session_lock(key: LockKey, mode: Mode, try_only: bool) -> &'static str {
     match (key, mode, try_only) {
         (LockKey::BigInt(_), Mode::Exclusive, false) => "SELECT pg_advisory_lock($1)::text",
         (LockKey::BigInt(_), Mode::Shared, false) => "SELECT pg_advisory_lock_shared($1)::text",
@@ -448,7 +457,7 @@ pub fn session_lock(key: LockKey, mode: Mode, try_only: bool) -> &'static str {
 }
 
 /// The session unlock statement for `key`; returns one `bool`.
-pub fn session_unlock(key: LockKey, mode: Mode) -> &'static str {
+pub(crate) fn session_unlock(key: LockKey, mode: Mode) -> &'static str {
     match (key, mode) {
         (LockKey::BigInt(_), Mode::Exclusive) => "SELECT pg_advisory_unlock($1)",
         (LockKey::BigInt(_), Mode::Shared) => "SELECT pg_advisory_unlock_shared($1)",
@@ -457,16 +466,9 @@ pub fn session_unlock(key: LockKey, mode: Mode) -> &'static str {
     }
 }
 
-/// Formats a timeout as a setting value: whole milliseconds, at least 1
-/// (0 would mean "no timeout" to the server).
-pub fn timeout_setting(timeout: Duration) -> String {
-    let mut out = String::with_capacity(12);
-    write_timeout_setting(&mut out, timeout);
-    out
-}
-
-/// [`timeout_setting`], appended to `out`: the one rendering of a timeout
-/// as a setting value.
+/// A timeout as a setting value, appended to `out`: whole milliseconds, at
+/// least 1 (0 would mean "no timeout" to the server); the one rendering of
+/// a timeout as a setting value.
 fn write_timeout_setting(out: &mut String, timeout: Duration) {
     // Writing to a String cannot fail.
     let _ = write!(out, "{}ms", timeout_millis(timeout));
@@ -474,7 +476,7 @@ fn write_timeout_setting(out: &mut String, timeout: Duration) {
 
 /// A timeout in whole milliseconds, at least 1 and at most `i32::MAX` (the
 /// settings' range).
-pub fn timeout_millis(timeout: Duration) -> i64 {
+pub(crate) fn timeout_millis(timeout: Duration) -> i64 {
     timeout.as_millis().clamp(1, i32::MAX as u128) as i64
 }
 
@@ -582,7 +584,7 @@ pub const PUBLISH_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 /// (namespaces), `$4 text[]` (forms), `$5 int4[]` (tags), `$6 int4[]` (pair
 /// classes): inserts or updates one row per type; an application's
 /// republished type takes its new spec and time.
-pub const PUBLISH_KEY_TYPES: &str = "INSERT INTO public.lockkit_key_types \
+pub(crate) const PUBLISH_KEY_TYPES: &str = "INSERT INTO public.lockkit_key_types \
      (application, type_name, namespace, form, tag, pair_class) \
      SELECT $1, t.type_name, t.namespace, t.form, t.tag, t.pair_class \
      FROM unnest($2::text[], $3::text[], $4::text[], $5::int4[], $6::int4[]) \
@@ -592,11 +594,13 @@ pub const PUBLISH_KEY_TYPES: &str = "INSERT INTO public.lockkit_key_types \
      published_at = now()";
 
 /// Whether the table of published key types exists; `bool`.
-pub const KEY_TYPES_EXIST: &str = "SELECT to_regclass('public.lockkit_key_types') IS NOT NULL";
+pub(crate) const KEY_TYPES_EXIST: &str =
+    "SELECT to_regclass('public.lockkit_key_types') IS NOT NULL";
 
 /// The published key types. Columns: `application text`, `type_name
 /// text`, `namespace text`, `form text`, `pair_class int4`.
-pub const PUBLISHED_KEY_TYPES: &str = "SELECT application, type_name, namespace, form, pair_class \
+pub(crate) const PUBLISHED_KEY_TYPES: &str =
+    "SELECT application, type_name, namespace, form, pair_class \
      FROM public.lockkit_key_types ORDER BY namespace, application, type_name";
 
 // ---- Keys from SQL (`lockkit::sql`) -----------------------------------------
@@ -615,6 +619,12 @@ pub(crate) const INSTALL_CHECK: &str = "SELECT lockkit.format_version(), \
 mod tests {
     use super::*;
 
+    fn timeout_setting(timeout: Duration) -> String {
+        let mut out = String::new();
+        write_timeout_setting(&mut out, timeout);
+        out
+    }
+
     #[test]
     fn timeout_is_never_zero() {
         assert_eq!(timeout_setting(Duration::ZERO), "1ms");
@@ -623,7 +633,7 @@ mod tests {
         assert_eq!(timeout_setting(Duration::MAX), format!("{}ms", i32::MAX));
     }
 
-    /// Every `lock_timeout` lockkit sets is `timeout_setting`'s value,
+    /// Every `lock_timeout` lockkit sets is `write_timeout_setting`'s value,
     /// session-wide or transaction-local.
     #[cfg(feature = "tokio-postgres")]
     #[test]

@@ -8,11 +8,11 @@ use smallvec::SmallVec;
 use crate::engine::sql;
 
 /// One of lockkit's statements. Its text, parameter types and reply shape
-/// are fixed; an adapter may prepare each once per connection (see
-/// [`Sql::PREPARABLE`]) and keep it by [`Sql::index`].
+/// are fixed; a driver may prepare each once per connection (see
+/// [`Sql::PREPARABLE`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Sql {
+pub(crate) enum Sql {
     /// [`sql::LOCK_BIGINT`].
     LockBigint,
     /// [`sql::LOCK_BIGINT_SHARED`].
@@ -60,7 +60,7 @@ pub enum Sql {
 /// A parameter type of lockkit's statements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum ParamType {
+pub(crate) enum ParamType {
     /// `int8`.
     Int8,
     /// `int4`.
@@ -97,7 +97,8 @@ impl Sql {
     /// Every statement with parameters or a row to answer: those an adapter
     /// may prepare once per connection. The simple-protocol ones
     /// ([`ReplyShape::Done`]) are not among them.
-    pub const PREPARABLE: [Sql; 18] = [
+    #[cfg_attr(not(feature = "tokio-postgres"), allow(dead_code))]
+    pub(crate) const PREPARABLE: [Sql; 18] = [
         Sql::LockBigint,
         Sql::LockBigintShared,
         Sql::LockPair,
@@ -119,7 +120,7 @@ impl Sql {
     ];
 
     /// The SQL text.
-    pub fn text(self) -> &'static str {
+    pub(crate) fn text(self) -> &'static str {
         match self {
             Sql::LockBigint => sql::LOCK_BIGINT,
             Sql::LockBigintShared => sql::LOCK_BIGINT_SHARED,
@@ -146,7 +147,7 @@ impl Sql {
     }
 
     /// The parameter types, in order.
-    pub fn param_types(self) -> &'static [ParamType] {
+    pub(crate) fn param_types(self) -> &'static [ParamType] {
         use ParamType::*;
         match self {
             Sql::LockBigint | Sql::LockBigintShared | Sql::TryBigint | Sql::TryBigintShared => {
@@ -170,7 +171,7 @@ impl Sql {
     }
 
     /// What the statement answers.
-    pub fn reply(self) -> ReplyShape {
+    pub(crate) fn reply(self) -> ReplyShape {
         match self {
             Sql::LockBigint | Sql::LockBigintShared | Sql::LockPair | Sql::LockPairShared => {
                 ReplyShape::Locked
@@ -202,7 +203,7 @@ impl Sql {
     /// `lockkit` and, in the last byte, the statement's number. A number is
     /// never given to another statement, so a reply is never read as that
     /// of another statement, of this version or of any other.
-    pub const fn tag(self) -> Option<i64> {
+    pub(crate) const fn tag(self) -> Option<i64> {
         const LOCKKIT: i64 = i64::from_be_bytes(*b"lockkit\0");
         let number = match self {
             Sql::LockBigint => 1,
@@ -228,20 +229,13 @@ impl Sql {
         Some(LOCKKIT | number)
     }
 
-    /// A dense index, `0..`[`Sql::COUNT`], for an adapter's statement cache.
-    pub fn index(self) -> usize {
-        self as usize
-    }
-
-    /// How many statements there are ([`Sql::index`] is below this).
-    pub const COUNT: usize = 21;
-
     /// How many commands the text holds: the number of `CommandComplete`
     /// messages it answers with the simple query protocol (2 for
     /// [`Sql::Rollback`], 1 for the others). For an adapter that sends a
     /// round as one simple-protocol query ([`Statement::write_simple`]) and
     /// must tell which reply belongs to which statement.
-    pub fn simple_commands(self) -> usize {
+    #[cfg_attr(not(feature = "tokio-postgres"), allow(dead_code))]
+    pub(crate) fn simple_commands(self) -> usize {
         match self {
             Sql::Rollback => 2,
             _ => 1,
@@ -265,8 +259,8 @@ pub enum Param<'a> {
     BoolArray(&'a [bool]),
 }
 
-/// One statement to send: which, and its parameter values (as many as
-/// [`Sql::param_types`] says, of those types).
+/// One statement to send: which, and its parameter values (as many as the
+/// statement takes, of its types).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Statement<'a> {
     sql: Sql,
@@ -282,7 +276,7 @@ impl<'a> Statement<'a> {
     }
 
     /// Which statement.
-    pub fn sql(&self) -> Sql {
+    pub(crate) fn sql(&self) -> Sql {
         self.sql
     }
 
@@ -314,10 +308,10 @@ impl<'a> Statement<'a> {
     /// as one query: one message, no statement to parse by name, and no
     /// unnamed portal left open afterwards (an open portal keeps its
     /// snapshot, and the backend's `backend_xmin`, until the next
-    /// statement). Join statements with `;`; each answers
-    /// [`Sql::simple_commands`] commands. Every value reaches the server as
-    /// text and comes back as text: the reply checks are the same
-    /// ([`read_reply`]).
+    /// statement). Join statements with `;`; each answers one command, the
+    /// savepoint's rollback (`ROLLBACK TO` and `RELEASE`) two. Every value
+    /// reaches the server as text and comes back as text: the reply checks
+    /// are the same ([`read_reply`]).
     pub fn write_simple(&self, out: &mut String) {
         use fmt::Write as _;
         let text = self.text();
@@ -684,16 +678,6 @@ mod tests {
         assert_eq!(kinds, [Sql::Savepoint, Sql::Release]);
         assert_eq!(round.kinds().as_slice(), kinds);
         assert_eq!(format!("{round:?}").matches("Statement").count(), 2);
-    }
-
-    #[test]
-    fn every_statement_has_its_own_index() {
-        let all = Sql::PREPARABLE
-            .into_iter()
-            .chain([Sql::Savepoint, Sql::Release, Sql::Rollback]);
-        let indices: std::collections::BTreeSet<usize> = all.map(|s| s.index()).collect();
-        assert_eq!(indices.len(), Sql::COUNT);
-        assert!(indices.iter().all(|&i| i < Sql::COUNT));
     }
 
     /// A round's `Debug` lists its statements.

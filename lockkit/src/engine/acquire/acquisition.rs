@@ -31,7 +31,7 @@ impl TxState {
     /// [`ErrorKind::Poisoned`], [`ErrorKind::LockInFlight`],
     /// [`ErrorKind::TransactionAborted`], [`ErrorKind::BudgetExceeded`] and
     /// [`ErrorKind::LockOrder`] (when configured); nothing is to be sent.
-    pub fn acquire<'a>(
+    pub(crate) fn acquire<'a>(
         &'a self,
         policy: &Policy,
         depth: u32,
@@ -79,7 +79,7 @@ enum Stage {
 /// server may have granted what was sent.
 #[derive(Debug)]
 #[must_use = "an acquisition must be driven to its outcome, or it poisons the transaction"]
-pub struct Acquisition<'a> {
+pub(crate) struct Acquisition<'a> {
     ledger: Ledger<'a>,
     plan: Plan,
     request: Request,
@@ -91,7 +91,7 @@ impl Acquisition<'_> {
     /// The statements to send now, in this order (pipelined where the driver
     /// can), or `None` when the outcome is known: call
     /// [`Acquisition::finish`].
-    pub fn round(&self) -> Option<Round<'_>> {
+    pub(crate) fn round(&self) -> Option<Round<'_>> {
         if let Stage::Finished(_) = self.stage {
             return None;
         }
@@ -203,7 +203,7 @@ impl Acquisition<'_> {
     /// adapter then keeps only its driver's answers; pairing them with the
     /// round's statements is the engine's. A round of up to two statements
     /// allocates nothing here.
-    pub fn receive_answers<A, S: AsRef<[A]>>(
+    pub(crate) fn receive_answers<A, S: AsRef<[A]>>(
         &mut self,
         answers: Result<S, DriverError>,
         read: impl Fn(&Statement<'_>, &A) -> Reply,
@@ -227,7 +227,7 @@ impl Acquisition<'_> {
 
     /// Takes the outcome of the round [`Acquisition::round`] listed: a reply
     /// per statement, in order, or the first error. Decides what comes next.
-    pub fn receive(&mut self, result: Result<Vec<Reply>, DriverError>) {
+    pub(crate) fn receive(&mut self, result: Result<Vec<Reply>, DriverError>) {
         let Some(round) = self.round() else {
             return;
         };
@@ -309,14 +309,6 @@ impl Acquisition<'_> {
         Stage::Finished(self.ledger.cut_off(error))
     }
 
-    /// The span of this call (`lockkit.lock`, at debug level, with the key
-    /// type, the key count and the wait; the outcome and `wait_ms` are
-    /// recorded when it finishes). An adapter runs its rounds in it, through
-    /// [`Acquisition::run`] or [`Acquisition::run_blocking`].
-    pub fn span(&self) -> &tracing::Span {
-        &self.ledger.span
-    }
-
     /// Runs the call: `drive` is the adapter's future that sends its rounds
     /// and finishes it, and runs inside the call's span (entered at each
     /// poll), so that what the driver reports of the statements is nested
@@ -324,20 +316,13 @@ impl Acquisition<'_> {
     // Always inlined: the adapter's future is then built where the lock
     // call keeps it, not returned from here and copied there.
     #[inline(always)]
-    pub fn run<F: std::future::Future>(
+    pub(crate) fn run<F: std::future::Future>(
         self,
         drive: impl FnOnce(Self) -> F,
     ) -> tracing::instrument::Instrumented<F> {
         use tracing::Instrument as _;
         let span = self.ledger.span.clone();
         drive(self).instrument(span)
-    }
-
-    /// [`Acquisition::run`] for a blocking adapter: `drive` runs inside the
-    /// call's span.
-    pub fn run_blocking<T>(self, drive: impl FnOnce(Self) -> T) -> T {
-        let _entered = self.ledger.span.clone().entered();
-        drive(self)
     }
 
     /// Checks every reply of a round against what was sent; returns the busy
@@ -432,7 +417,7 @@ impl Acquisition<'_> {
     /// timeout); [`ErrorKind::UnexpectedReply`] for a reply that is not
     /// lockkit's; [`ErrorKind::Poisoned`] when called before the outcome is
     /// known (the transaction is then poisoned).
-    pub fn finish(mut self) -> Result<Result<Grant, Busy>, Error> {
+    pub(crate) fn finish(mut self) -> Result<Result<Grant, Busy>, Error> {
         let stage = std::mem::replace(&mut self.stage, Stage::Main);
         let outcome = match stage {
             Stage::Finished(outcome) => outcome,

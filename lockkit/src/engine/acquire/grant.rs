@@ -11,7 +11,7 @@ use crate::key::{AdvisoryKey, LockKey};
 /// The proof that a lock call was granted, from which an adapter makes the
 /// guard it hands out. Only the engine makes one, from checked replies.
 #[derive(Debug)]
-pub struct Grant {
+pub(crate) struct Grant {
     pub(super) key: Option<(LockKey, Mode)>,
     pub(super) keys: Vec<(LockKey, Mode)>,
 }
@@ -33,7 +33,7 @@ impl Grant {
     /// # Errors
     ///
     /// Gives `value` back when the grant is not of a one-key call.
-    pub fn held<'t, K: AdvisoryKey>(self, value: K) -> Result<Held<'t, K>, K> {
+    pub(crate) fn held<'t, K: AdvisoryKey>(self, value: K) -> Result<Held<'t, K>, K> {
         match self.key {
             Some((key, mode)) => Ok(Held::new(value, key, mode)),
             None => Err(value),
@@ -42,7 +42,7 @@ impl Grant {
 
     /// The guard of a batch call. The lifetime `'t` is the adapter's to tie
     /// to its transaction.
-    pub fn batch<'t>(self) -> HeldBatch<'t> {
+    pub(crate) fn batch<'t>(self) -> HeldBatch<'t> {
         // A grant is of one key or of a batch's keys, never both.
         let keys = match self.key {
             Some(one) => vec![one],
@@ -59,7 +59,7 @@ impl Grant {
     /// # Errors
     ///
     /// The call's error.
-    pub fn lock<'t, K: AdvisoryKey>(
+    pub(crate) fn lock<'t, K: AdvisoryKey>(
         outcome: Result<Result<Grant, Busy>, Error>,
         value: K,
     ) -> Result<Held<'t, K>, Error> {
@@ -72,7 +72,7 @@ impl Grant {
     /// # Errors
     ///
     /// The call's error.
-    pub fn try_lock<'t, K: AdvisoryKey>(
+    pub(crate) fn try_lock<'t, K: AdvisoryKey>(
         outcome: Result<Result<Grant, Busy>, Error>,
         value: K,
     ) -> Result<Result<Held<'t, K>, K>, Error> {
@@ -90,7 +90,7 @@ impl Grant {
     /// # Errors
     ///
     /// The call's error.
-    pub fn lock_batch<'t>(
+    pub(crate) fn lock_batch<'t>(
         outcome: Result<Result<Grant, Busy>, Error>,
     ) -> Result<HeldBatch<'t>, Error> {
         Ok(Self::try_lock_batch(outcome)?.unwrap_or_else(|_| unreachable!("only a try is busy")))
@@ -102,7 +102,7 @@ impl Grant {
     /// # Errors
     ///
     /// The call's error.
-    pub fn try_lock_batch<'t>(
+    pub(crate) fn try_lock_batch<'t>(
         outcome: Result<Result<Grant, Busy>, Error>,
     ) -> Result<Result<HeldBatch<'t>, Busy>, Error> {
         Ok(outcome?.map(Grant::batch))

@@ -20,10 +20,11 @@ mod request;
 #[cfg(test)]
 mod tests;
 
-pub use acquisition::Acquisition;
-pub use grant::Grant;
-pub use one_call::OneCall;
-pub use request::{Request, SavepointEnd, SavepointEnding, TxSlot, TxState, Wait};
+pub(crate) use acquisition::Acquisition;
+pub(crate) use grant::Grant;
+pub(crate) use one_call::OneCall;
+pub use request::SavepointEnd;
+pub(crate) use request::{Request, SavepointEnding, TxSlot, TxState, Wait};
 
 /// What a locker enforces: its [`Config`] and the [`ServerFacts`] it learned.
 /// Every adapter's locker holds one (`locker.policy()`).

@@ -32,7 +32,7 @@ impl TxState {
     /// # Errors
     ///
     /// As [`TxState::acquire`]; nothing is to be sent.
-    pub fn acquire_one<'a, K: AdvisoryKey + ?Sized>(
+    pub(crate) fn acquire_one<'a, K: AdvisoryKey + ?Sized>(
         &'a self,
         policy: &Policy,
         depth: u32,
@@ -58,7 +58,7 @@ impl TxState {
     /// # Errors
     ///
     /// As [`TxState::acquire_one`]'s try; nothing is to be sent.
-    pub fn acquire_permit<'a, K: AdvisoryKey + ?Sized>(
+    pub(crate) fn acquire_permit<'a, K: AdvisoryKey + ?Sized>(
         &'a self,
         policy: &Policy,
         depth: u32,
@@ -140,7 +140,7 @@ impl Request {
     /// One slot of the semaphore of `permits` permits named by `value`'s
     /// key, chosen at random, exclusive: what a permit call that found
     /// every slot busy waits for ([`TxState::acquire_permit`]).
-    pub fn permit_slot<K: AdvisoryKey + ?Sized>(value: &K, permits: NonZeroU8) -> Self {
+    pub(crate) fn permit_slot<K: AdvisoryKey + ?Sized>(value: &K, permits: NonZeroU8) -> Self {
         let base = semaphore_base(value.lock_key());
         let slot = LockKey::Pair(SEMAPHORE_CLASS, base | i32::from(next_offset(permits)));
         Request::key_of::<K>(slot, Mode::Exclusive)
@@ -189,7 +189,7 @@ impl PermitTry {
 
 /// A one-key call of one statement, started by [`TxState::acquire_one`]:
 /// a lock that waits as long as it takes, or a try. The adapter runs it
-/// with [`OneCall::run`] (or [`OneCall::run_blocking`]), giving it how to
+/// with [`OneCall::run`], giving it how to
 /// send a statement on its connection and read the answer, and hands the
 /// outcome to [`Grant::lock`] or [`Grant::try_lock`]. Or step by step:
 /// send [`OneCall::statement`] (when there is one), hand the answer to
@@ -200,7 +200,7 @@ impl PermitTry {
 /// granted the key. Held already, it sends nothing and poisons nothing.
 #[derive(Debug)]
 #[must_use = "a lock call must be driven to its outcome, or it poisons the transaction"]
-pub struct OneCall<'a> {
+pub(crate) struct OneCall<'a> {
     ledger: Ledger<'a>,
     key: LockKey,
     mode: Mode,
@@ -220,7 +220,7 @@ impl<'a> OneCall<'a> {
     /// was held already, or the answer is received): then call
     /// [`OneCall::finish`].
     #[inline]
-    pub fn statement(&self) -> Option<Statement<'static>> {
+    pub(crate) fn statement(&self) -> Option<Statement<'static>> {
         if self.outcome.is_some() {
             return None;
         }
@@ -263,7 +263,11 @@ impl<'a> OneCall<'a> {
     // Always inlined: `send`'s future (about 1.4 KB on tokio-postgres) is
     // then built where the adapter's lock call keeps it, not moved there.
     #[inline(always)]
-    pub async fn run<A, F, S, R>(mut self, send: S, read: R) -> Result<Result<Grant, Busy>, Error>
+    pub(crate) async fn run<A, F, S, R>(
+        mut self,
+        send: S,
+        read: R,
+    ) -> Result<Result<Grant, Busy>, Error>
     where
         S: FnOnce(Statement<'static>) -> F,
         F: std::future::Future<Output = Result<A, DriverError>>,
@@ -282,29 +286,13 @@ impl<'a> OneCall<'a> {
         self.finish()
     }
 
-    /// [`OneCall::run`] on a blocking driver: `send` runs inside the call's
-    /// span.
-    ///
-    /// # Errors
-    ///
-    /// As [`Acquisition::finish`].
-    pub fn run_blocking<A>(
-        mut self,
-        send: impl FnOnce(Statement<'static>) -> Result<A, DriverError>,
-        read: impl FnOnce(&Statement<'_>, &A) -> Reply,
-    ) -> Result<Result<Grant, Busy>, Error> {
-        if let Some(statement) = self.statement() {
-            let answer = self.ledger.span.in_scope(|| send(statement));
-            self.answered(statement, answer, read);
-        }
-        self.finish()
-    }
-
     /// Takes the answer to [`OneCall::statement`], read into its reply by
     /// `read` (as for [`Acquisition::receive_answers`]), or the driver's
     /// error, checks it and records the outcome. Without a statement to
-    /// answer, it does nothing.
-    pub fn receive<A>(
+    /// answer, it does nothing. For the engine's tests; a driver's call
+    /// runs through [`OneCall::run`].
+    #[cfg(test)]
+    pub(crate) fn receive<A>(
         &mut self,
         answer: Result<A, DriverError>,
         read: impl FnOnce(&Statement<'_>, &A) -> Reply,
@@ -373,7 +361,7 @@ impl<'a> OneCall<'a> {
     /// # Errors
     ///
     /// As [`Acquisition::finish`].
-    pub fn finish(mut self) -> Result<Result<Grant, Busy>, Error> {
+    pub(crate) fn finish(mut self) -> Result<Result<Grant, Busy>, Error> {
         match self.outcome.take() {
             // Unanswered: the ledger's drop poisons the transaction.
             None => Err(Error::new(ErrorKind::Poisoned)),

@@ -16,7 +16,7 @@ use super::Policy;
 use crate::engine::budget::{Asked, OutOfOrder, TxLocks};
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::observe::{key_type, KeyType};
-use crate::engine::plan::{Batch, Mode, Plan, RAW};
+use crate::engine::plan::{Batch, Mode, Plan};
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
 
 /// A transaction's [`TxState`] as a lock handle holds it: owned by the
@@ -25,7 +25,7 @@ use crate::key::{AdvisoryKey, KeyForm, LockKey};
 /// that keeps more per transaction than the `TxState` holds its own type
 /// `T` (which contains one) the same way.
 #[derive(Debug)]
-pub enum TxSlot<'t, T = TxState> {
+pub(crate) enum TxSlot<'t, T = TxState> {
     /// The transaction's handle: the state is its own.
     Owned(T),
     /// A savepoint's handle: the enclosing transaction's state.
@@ -45,13 +45,13 @@ impl<T> std::ops::Deref for TxSlot<'_, T> {
 /// What one transaction holds through lockkit, shared by the transaction
 /// and its savepoints. Adapters keep one per transaction.
 #[derive(Debug, Default)]
-pub struct TxState {
+pub(crate) struct TxState {
     locks: Mutex<TxLocks>,
 }
 
 impl TxState {
     /// A transaction that holds nothing.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -60,12 +60,12 @@ impl TxState {
     }
 
     /// Distinct keys held.
-    pub fn held_count(&self) -> usize {
+    pub(crate) fn held_count(&self) -> usize {
         self.locks().len()
     }
 
     /// Whether `key` is held in at least `mode`.
-    pub fn holds(&self, key: LockKey, mode: Mode) -> bool {
+    pub(crate) fn holds(&self, key: LockKey, mode: Mode) -> bool {
         self.locks().mode(key).is_some_and(|held| held.covers(mode))
     }
 
@@ -76,7 +76,7 @@ impl TxState {
     }
 
     /// Whether a lock call was cut off, so what is held is unknown.
-    pub fn is_poisoned(&self) -> bool {
+    pub(crate) fn is_poisoned(&self) -> bool {
         self.locks().is_poisoned()
     }
 
@@ -93,7 +93,7 @@ impl TxState {
     /// belong to `depth - 1`; rolled back, the server released them; not
     /// known, the transaction is poisoned. Depth 0 is the transaction
     /// itself, whose end leaves nothing to record.
-    pub fn end_savepoint(&self, depth: u32, end: SavepointEnd) {
+    pub(crate) fn end_savepoint(&self, depth: u32, end: SavepointEnd) {
         if depth == 0 {
             return;
         }
@@ -112,7 +112,7 @@ impl TxState {
     /// answered ([`SavepointEnding::record`]). Dropped before that, it
     /// records `if_dropped`: a future dropped half-way (a timeout around
     /// it) leaves no lock reported held that the server released.
-    pub fn ending(&self, depth: u32, if_dropped: SavepointEnd) -> SavepointEnding<'_> {
+    pub(crate) fn ending(&self, depth: u32, if_dropped: SavepointEnd) -> SavepointEnding<'_> {
         SavepointEnding {
             state: self,
             depth,
@@ -172,7 +172,7 @@ pub enum SavepointEnd {
 /// A savepoint's end in flight: see [`TxState::ending`].
 #[derive(Debug)]
 #[must_use = "dropped, it records what a drop means, not what the server answered"]
-pub struct SavepointEnding<'s> {
+pub(crate) struct SavepointEnding<'s> {
     state: &'s TxState,
     depth: u32,
     if_dropped: Option<SavepointEnd>,
@@ -182,18 +182,18 @@ impl SavepointEnding<'_> {
     /// What a drop from now on records: the adapter is about to send the
     /// savepoint's `RELEASE` (usually [`SavepointEnd::Unknown`]) or its
     /// `ROLLBACK TO` ([`SavepointEnd::RolledBack`]).
-    pub fn if_dropped(&mut self, end: SavepointEnd) {
+    pub(crate) fn if_dropped(&mut self, end: SavepointEnd) {
         self.if_dropped = Some(end);
     }
 
     /// Whether nothing is recorded yet.
-    pub fn is_pending(&self) -> bool {
+    pub(crate) fn is_pending(&self) -> bool {
         self.if_dropped.is_some()
     }
 
     /// Records how the savepoint ended, once the server answered; a drop
     /// records nothing more.
-    pub fn record(&mut self, end: SavepointEnd) {
+    pub(crate) fn record(&mut self, end: SavepointEnd) {
         self.if_dropped = None;
         self.state.end_savepoint(self.depth, end);
     }
@@ -209,7 +209,7 @@ impl Drop for SavepointEnding<'_> {
 
 /// The keys of one lock call.
 #[derive(Debug)]
-pub struct Request {
+pub(crate) struct Request {
     pub(super) keys: Keys,
     pub(super) hashtext: bool,
     pub(super) key_type: &'static KeyType,
@@ -227,7 +227,7 @@ pub(super) enum Keys {
 
 impl Request {
     /// One key in `mode`.
-    pub fn one<K: AdvisoryKey + ?Sized>(key: &K, mode: Mode) -> Self {
+    pub(crate) fn one<K: AdvisoryKey + ?Sized>(key: &K, mode: Mode) -> Self {
         Request {
             keys: Keys::One([(key.lock_key(), mode)], [K::KEY_SPEC.namespace()]),
             hashtext: K::KEY_SPEC.form() == KeyForm::HashText,
@@ -236,21 +236,10 @@ impl Request {
         }
     }
 
-    /// One key in `mode`, given as its [`LockKey`] (a plain key: no
-    /// `hashtext` check; the key type is reported as `raw`).
-    pub fn key(key: LockKey, mode: Mode) -> Self {
-        Request {
-            keys: Keys::One([(key, mode)], [RAW]),
-            hashtext: false,
-            key_type: KeyType::RAW,
-            site: None,
-        }
-    }
-
     /// One key of type `K` given as its [`LockKey`], in `mode`: typed as
     /// [`one`](Self::one) is (errors name `K`), with no `hashtext` check
     /// (for a caller that checks `hashtext` itself).
-    pub fn key_of<K: AdvisoryKey + ?Sized>(key: LockKey, mode: Mode) -> Self {
+    pub(crate) fn key_of<K: AdvisoryKey + ?Sized>(key: LockKey, mode: Mode) -> Self {
         Request {
             keys: Keys::One([(key, mode)], [K::KEY_SPEC.namespace()]),
             hashtext: false,
@@ -260,7 +249,7 @@ impl Request {
     }
 
     /// Every key of `batch`.
-    pub fn batch(batch: &Batch) -> Self {
+    pub(crate) fn batch(batch: &Batch) -> Self {
         Request {
             keys: Keys::Many(batch.planned(), batch.planned_types()),
             hashtext: batch.has_hashtext(),
@@ -273,7 +262,7 @@ impl Request {
     /// `#[track_caller]` lock method): a lock-order error names it (and
     /// the site that took the key held above it), and a lock-order warning
     /// is logged once per call site.
-    pub fn at(mut self, site: &'static Location<'static>) -> Self {
+    pub(crate) fn at(mut self, site: &'static Location<'static>) -> Self {
         self.site = Some(site);
         self
     }
@@ -297,7 +286,7 @@ impl Request {
 /// How a lock call waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Wait {
+pub(crate) enum Wait {
     /// As long as it takes (or the session's own timeouts allow).
     Forever,
     /// At most this long for the whole call, measured by the server; on

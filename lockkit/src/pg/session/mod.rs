@@ -35,7 +35,7 @@
 //! # Keepalive and `idle_in_transaction_session_timeout`
 //!
 //! One task per [`SessionLock`] (shared by its clones), running while it
-//! has locks held, runs [`KEEPALIVE`](crate::driver::sql::KEEPALIVE)
+//! has locks held, runs lockkit's keepalive statement
 //! (`SELECT 1`) inside each held lock's transaction at the lock's cadence
 //! ([`SessionLock::keepalive`], 5 s by default; the first within one
 //! cadence of the lock). Each keepalive resets the
