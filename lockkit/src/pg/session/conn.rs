@@ -11,7 +11,7 @@ use tokio::sync::{watch, Notify};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Socket};
 
-use super::keeper::within;
+use super::wire::within;
 use super::{SessionLock, DEFAULT_CONNECT_TIMEOUT};
 use crate::driver::Canceller;
 use crate::engine::error::Error;

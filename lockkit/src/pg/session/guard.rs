@@ -7,21 +7,17 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::join;
 use tokio::sync::watch;
-use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Client;
 
 use super::conn::Lease;
-use super::keeper::within_cadence;
 use super::mux::MuxHold;
-use super::take::{key_query, one_bool};
+use super::wire::{holds_now, key_query, one_bool, within_cadence};
 use super::SessionForm;
 #[cfg(doc)]
 use super::SessionLock;
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::plan::Mode;
-use crate::engine::sql::{self, HOLDS};
+use crate::engine::sql;
 use crate::key::LockKey;
 
 /// A session-duration advisory lock, held by a connection of its own.
@@ -337,7 +333,7 @@ impl Drop for Ending<'_> {
 async fn check_now(shared: Arc<Shared>) -> Result<bool, Error> {
     let slot = shared.lease.lock().await;
     let answer = match slot.as_ref() {
-        Some(lease) => holds_now(lease, shared.key, shared.cadence).await,
+        Some(lease) => holds_now(lease.client(), shared.key, shared.cadence).await,
         None => return Ok(false),
     };
     if !matches!(answer, Ok(true)) {
@@ -363,26 +359,6 @@ async fn end_dropped(shared: Arc<Shared>) {
         end_lock(lease, shared.form, shared.key, shared.mode),
     )
     .await;
-}
-
-/// Whether the lock's backend holds `key`, then the keepalive, which drops
-/// the check's portal (and snapshot), within one cadence; a lost
-/// connection, or no answer in time, answers `false`.
-pub(super) async fn holds_now(
-    lease: &Lease,
-    key: LockKey,
-    cadence: Duration,
-) -> Result<bool, Error> {
-    let client = lease.client();
-    let answer = within_cadence(cadence, async {
-        let (held, closed) = join(holds(client, key), client.batch_execute(sql::KEEPALIVE)).await;
-        held.and_then(|held| closed.map(|()| held).map_err(Error::from))
-    })
-    .await;
-    match answer {
-        Err(e) if e.is_connection_lost() => Ok(false),
-        result => result,
-    }
 }
 
 /// Ends a held lock on its connection: the rollback (default form) or the
@@ -416,17 +392,4 @@ async fn end_lock(
             Ok(was_held)
         }
     }
-}
-
-/// Whether the backend of `client` holds `key` (granted, in `pg_locks`).
-async fn holds(client: &Client, key: LockKey) -> Result<bool, Error> {
-    let id = key.to_pg_locks();
-    let (classid, objid) = (i64::from(id.classid), i64::from(id.objid));
-    let params: [(&(dyn ToSql + Sync), Type); 3] = [
-        (&classid, Type::INT8),
-        (&objid, Type::INT8),
-        (&id.objsubid, Type::INT2),
-    ];
-    let rows = client.query_typed(HOLDS, &params).await?;
-    one_bool(&rows)
 }

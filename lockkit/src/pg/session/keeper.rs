@@ -1,8 +1,6 @@
 //! Keeping the held locks alive: one keeper task per [`SessionLock`] at
-//! its keepalive cadence, the one bound on every wait for the server while
-//! a lock is held, and the watch on a connection lockkit opened.
+//! its keepalive cadence, and the watch on a connection lockkit opened.
 
-use std::future::Future;
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
@@ -12,9 +10,9 @@ use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::guard::Shared;
+use super::wire::within_cadence;
 #[cfg(doc)]
 use super::{SessionGuard, SessionLock};
-use crate::engine::error::{Error, ErrorKind};
 use crate::engine::sql;
 
 /// Keeps the held locks of a [`SessionLock`] (and of its clones with the
@@ -161,84 +159,6 @@ async fn keep_alive(shared: &Shared) {
     // release can run a ROLLBACK (and report the lock held) after a
     // failure. The connection is closed, never back to a pool unclean.
     shared.give_up(slot);
-}
-
-/// Runs `work`, statements on a held lock's connection, for at most one
-/// keepalive cadence: the one bound on every wait for the server while a
-/// lock is held (keepalive, check, release, the rollback of a dropped
-/// guard). A path gone silent thus never holds the connection (and its
-/// mutex) longer than a cadence, and [`SessionGuard::lost`] resolves
-/// within two cadences of the silence: the next keepalive starts within
-/// one (after whatever holds the connection), and waits at most one.
-pub(super) async fn within_cadence<T>(
-    cadence: Duration,
-    work: impl Future<Output = Result<T, Error>>,
-) -> Result<T, Error> {
-    within(cadence, GIVEN_UP, work).await
-}
-
-/// What [`within_cadence`]'s error says became of the lock.
-const GIVEN_UP: &str =
-    "one keepalive cadence: the session lock is given up and its connection closed";
-
-/// What the error of a take's [`within`] says: its caller closes the
-/// connection (a pooled one is detached), so nothing taken on it stays held.
-pub(super) const NOTHING_HELD: &str = "its bound: the connection is closed and nothing is held";
-
-/// Runs `work`, a take's statements once its connection is open, for at
-/// most `bound`: past it the take fails with [`ErrorKind::Timeout`] and its
-/// caller closes the connection (a pooled one is detached), so nothing is
-/// held. A server that does not answer cannot be told from a pooler that
-/// is alive and waiting for a free server connection (a transaction-mode
-/// pgbouncer whose pool is pinned by held locks): either way the lock was
-/// not granted in time, which is what a timeout says, and a caller that
-/// tries again is right to.
-pub(super) async fn within_take<T>(
-    bound: Duration,
-    work: impl Future<Output = Result<T, Error>>,
-) -> Result<T, Error> {
-    bounded(bound, work, || {
-        Error::with_message(
-            ErrorKind::Timeout,
-            format!(
-                "no answer within {bound:?} (the server, or a pooler in front of it waiting for a \
-                 free server connection): the lock was not granted, its connection is closed \
-                 and nothing is held"
-            ),
-        )
-    })
-    .await
-}
-
-/// Runs `work`, statements on a session lock's connection, for at most
-/// `bound`: past it the path is taken for silent, and the call fails with
-/// [`ErrorKind::ConnectionLost`], its message saying `then`, what becomes
-/// of the lock and the connection (which the caller does).
-pub(super) async fn within<T>(
-    bound: Duration,
-    then: &str,
-    work: impl Future<Output = Result<T, Error>>,
-) -> Result<T, Error> {
-    bounded(bound, work, || {
-        Error::with_message(
-            ErrorKind::ConnectionLost,
-            format!("the server did not answer within {bound:?}, {then}"),
-        )
-    })
-    .await
-}
-
-/// `work`'s answer, or `elapsed()` once `bound` has passed without one: the
-/// one timer under every bound on a session lock's statements.
-async fn bounded<T>(
-    bound: Duration,
-    work: impl Future<Output = Result<T, Error>>,
-    elapsed: impl FnOnce() -> Error,
-) -> Result<T, Error> {
-    match tokio::time::timeout(bound, work).await {
-        Ok(result) => result,
-        Err(_) => Err(elapsed()),
-    }
 }
 
 /// Ends the lock of a connection lockkit opened as soon as the connection

@@ -185,6 +185,7 @@ mod mux;
 mod probe;
 mod simple;
 mod take;
+mod wire;
 
 pub use guard::SessionGuard;
 pub use probe::{probe_pooler, PoolerProbe, ProbeTimeout};

@@ -45,10 +45,9 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_postgres::types::{ToSql, Type};
 
 use super::conn::Lease;
-use super::guard::{holds_now, Hold, SessionGuard};
-use super::keeper::{within_cadence, within_take};
+use super::guard::{Hold, SessionGuard};
 use super::simple::{begin_held, renew_held};
-use super::take::one_bool;
+use super::wire::{holds_now, one_bool, within_cadence, within_take};
 use super::{SessionForm, SessionLock};
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
@@ -710,7 +709,7 @@ impl MuxHold {
             if conn.is_lost() {
                 return Ok(false);
             }
-            let answer = holds_now(&conn.lease, key, conn.cadence).await;
+            let answer = holds_now(conn.lease.client(), key, conn.cadence).await;
             if !matches!(answer, Ok(true)) {
                 conn.give_up(&"a check did not find the lock held");
             }

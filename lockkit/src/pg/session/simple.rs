@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use super::take::{one_row, AppName};
+use super::wire::{one_row, AppName};
 use crate::driver::{drive, run_one, Async, Driver};
 use crate::engine::error::{DriverError, Error};
 use crate::engine::facts::ServerFacts;

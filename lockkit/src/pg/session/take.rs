@@ -1,7 +1,6 @@
 //! Taking a lock on a connection of its own, in either form: the checks
 //! before it is handed out, the lock statement, and the guard made of it.
 
-use std::fmt;
 use std::future::Future;
 use std::num::NonZeroU8;
 use std::sync::Arc;
@@ -9,16 +8,16 @@ use std::time::Duration;
 
 use futures_util::future::join;
 use tokio::sync::watch;
-use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row};
+use tokio_postgres::Client;
 
 use super::conn::Lease;
 use super::guard::{Hold, Holding, SessionGuard, Shared};
-use super::keeper::{watch_connection, within, within_take, NOTHING_HELD};
+use super::keeper::watch_connection;
 use super::mux::MuxTry;
 #[cfg(doc)]
 use super::simple::simple_round;
 use super::simple::{take_permit, take_xact_lock, Taken};
+use super::wire::{key_query, one_bool, one_row, within, within_take, AppName, NOTHING_HELD};
 use super::{SessionForm, SessionLock};
 use crate::driver::Canceller;
 use crate::engine::error::{DriverError, Error, ErrorKind};
@@ -318,60 +317,6 @@ impl SessionLock {
 pub(super) enum Take {
     Key(Mode),
     Permit(NonZeroU8),
-}
-
-/// The `application_name` of a lock's connection,
-/// `lockkit session lock <namespace> <key>` (the key type's namespace
-/// first, so that the server's cut at 63 bytes takes the key, which
-/// `pg_locks` shows anyway; `lockkit inspect` reads the namespace back):
-/// formatted where it is written, never allocated on a pooled lease's path.
-#[derive(Clone, Copy)]
-pub(super) struct AppName(&'static str, LockKey);
-
-impl fmt::Display for AppName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "lockkit session lock {} {}", self.0, self.1)
-    }
-}
-
-/// Runs a one-key statement with unnamed statements only, which
-/// transaction-mode poolers without prepared-statement support accept.
-pub(super) async fn key_query(
-    client: &Client,
-    sql: &str,
-    key: LockKey,
-) -> Result<Vec<Row>, tokio_postgres::Error> {
-    match key {
-        LockKey::BigInt(v) => client.query_typed(sql, &[(&v, Type::INT8)]).await,
-        LockKey::Pair(class, object) => {
-            let params: [(&(dyn ToSql + Sync), Type); 2] =
-                [(&class, Type::INT4), (&object, Type::INT4)];
-            client.query_typed(sql, &params).await
-        }
-    }
-}
-
-/// Exactly one row, or an error naming `what`.
-pub(super) fn one_row<T>(rows: &[T], what: &str) -> Result<(), Error> {
-    if rows.len() == 1 {
-        Ok(())
-    } else {
-        Err(Error::unexpected(format!(
-            "{what} returned {} rows, not one",
-            rows.len()
-        )))
-    }
-}
-
-/// Exactly one row whose first column is a non-null `bool`.
-pub(super) fn one_bool(rows: &[Row]) -> Result<bool, Error> {
-    one_row(rows, "the lock statement")?;
-    match rows[0].try_get::<_, Option<bool>>(0)? {
-        Some(answer) => Ok(answer),
-        None => Err(Error::unexpected(
-            "the lock statement returned NULL, not a bool".into(),
-        )),
-    }
 }
 
 /// Cancels what is in flight on a session lock's connection if dropped

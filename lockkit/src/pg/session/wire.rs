@@ -1,0 +1,182 @@
+//! What every form sends and reads on a lock's connection, below them all:
+//! the lock's `application_name`, a one-key statement and the rows it
+//! answers, the check whether a backend holds a key, and the bounds on
+//! every wait for the server ([`within`], [`within_cadence`],
+//! [`within_take`]).
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::future::join;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row};
+
+use crate::engine::error::{Error, ErrorKind};
+use crate::engine::sql::{self, HOLDS};
+use crate::key::LockKey;
+
+/// The `application_name` of a lock's connection,
+/// `lockkit session lock <namespace> <key>` (the key type's namespace
+/// first, so that the server's cut at 63 bytes takes the key, which
+/// `pg_locks` shows anyway; `lockkit inspect` reads the namespace back):
+/// formatted where it is written, never allocated on a pooled lease's path.
+#[derive(Clone, Copy)]
+pub(super) struct AppName(pub(super) &'static str, pub(super) LockKey);
+
+impl fmt::Display for AppName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "lockkit session lock {} {}", self.0, self.1)
+    }
+}
+
+/// Runs a one-key statement with unnamed statements only, which
+/// transaction-mode poolers without prepared-statement support accept.
+pub(super) async fn key_query(
+    client: &Client,
+    sql: &str,
+    key: LockKey,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    match key {
+        LockKey::BigInt(v) => client.query_typed(sql, &[(&v, Type::INT8)]).await,
+        LockKey::Pair(class, object) => {
+            let params: [(&(dyn ToSql + Sync), Type); 2] =
+                [(&class, Type::INT4), (&object, Type::INT4)];
+            client.query_typed(sql, &params).await
+        }
+    }
+}
+
+/// Exactly one row, or an error naming `what`.
+pub(super) fn one_row<T>(rows: &[T], what: &str) -> Result<(), Error> {
+    if rows.len() == 1 {
+        Ok(())
+    } else {
+        Err(Error::unexpected(format!(
+            "{what} returned {} rows, not one",
+            rows.len()
+        )))
+    }
+}
+
+/// Exactly one row whose first column is a non-null `bool`.
+pub(super) fn one_bool(rows: &[Row]) -> Result<bool, Error> {
+    one_row(rows, "the lock statement")?;
+    match rows[0].try_get::<_, Option<bool>>(0)? {
+        Some(answer) => Ok(answer),
+        None => Err(Error::unexpected(
+            "the lock statement returned NULL, not a bool".into(),
+        )),
+    }
+}
+
+/// Whether the lock's backend holds `key`, then the keepalive, which drops
+/// the check's portal (and snapshot), within one cadence; a lost
+/// connection, or no answer in time, answers `false`.
+pub(super) async fn holds_now(
+    client: &Client,
+    key: LockKey,
+    cadence: Duration,
+) -> Result<bool, Error> {
+    let answer = within_cadence(cadence, async {
+        let (held, closed) = join(holds(client, key), client.batch_execute(sql::KEEPALIVE)).await;
+        held.and_then(|held| closed.map(|()| held).map_err(Error::from))
+    })
+    .await;
+    match answer {
+        Err(e) if e.is_connection_lost() => Ok(false),
+        result => result,
+    }
+}
+
+/// Whether the backend of `client` holds `key` (granted, in `pg_locks`).
+async fn holds(client: &Client, key: LockKey) -> Result<bool, Error> {
+    let id = key.to_pg_locks();
+    let (classid, objid) = (i64::from(id.classid), i64::from(id.objid));
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&classid, Type::INT8),
+        (&objid, Type::INT8),
+        (&id.objsubid, Type::INT2),
+    ];
+    let rows = client.query_typed(HOLDS, &params).await?;
+    one_bool(&rows)
+}
+
+/// Runs `work`, statements on a held lock's connection, for at most one
+/// keepalive cadence: the one bound on every wait for the server while a
+/// lock is held (keepalive, check, release, the rollback of a dropped
+/// guard). A path gone silent thus never holds the connection (and its
+/// mutex) longer than a cadence, and
+/// [`SessionGuard::lost`](super::SessionGuard::lost) resolves within two
+/// cadences of the silence: the next keepalive starts within one (after
+/// whatever holds the connection), and waits at most one.
+pub(super) async fn within_cadence<T>(
+    cadence: Duration,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    within(cadence, GIVEN_UP, work).await
+}
+
+/// What [`within_cadence`]'s error says became of the lock.
+const GIVEN_UP: &str =
+    "one keepalive cadence: the session lock is given up and its connection closed";
+
+/// What the error of a take's [`within`] says: its caller closes the
+/// connection (a pooled one is detached), so nothing taken on it stays held.
+pub(super) const NOTHING_HELD: &str = "its bound: the connection is closed and nothing is held";
+
+/// Runs `work`, a take's statements once its connection is open, for at
+/// most `bound`: past it the take fails with [`ErrorKind::Timeout`] and its
+/// caller closes the connection (a pooled one is detached), so nothing is
+/// held. A server that does not answer cannot be told from a pooler that
+/// is alive and waiting for a free server connection (a transaction-mode
+/// pgbouncer whose pool is pinned by held locks): either way the lock was
+/// not granted in time, which is what a timeout says, and a caller that
+/// tries again is right to.
+pub(super) async fn within_take<T>(
+    bound: Duration,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    bounded(bound, work, || {
+        Error::with_message(
+            ErrorKind::Timeout,
+            format!(
+                "no answer within {bound:?} (the server, or a pooler in front of it waiting for a \
+                 free server connection): the lock was not granted, its connection is closed \
+                 and nothing is held"
+            ),
+        )
+    })
+    .await
+}
+
+/// Runs `work`, statements on a session lock's connection, for at most
+/// `bound`: past it the path is taken for silent, and the call fails with
+/// [`ErrorKind::ConnectionLost`], its message saying `then`, what becomes
+/// of the lock and the connection (which the caller does).
+pub(super) async fn within<T>(
+    bound: Duration,
+    then: &str,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    bounded(bound, work, || {
+        Error::with_message(
+            ErrorKind::ConnectionLost,
+            format!("the server did not answer within {bound:?}, {then}"),
+        )
+    })
+    .await
+}
+
+/// `work`'s answer, or `elapsed()` once `bound` has passed without one: the
+/// one timer under every bound on a session lock's statements.
+async fn bounded<T>(
+    bound: Duration,
+    work: impl Future<Output = Result<T, Error>>,
+    elapsed: impl FnOnce() -> Error,
+) -> Result<T, Error> {
+    match tokio::time::timeout(bound, work).await {
+        Ok(result) => result,
+        Err(_) => Err(elapsed()),
+    }
+}
