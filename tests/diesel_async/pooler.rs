@@ -151,11 +151,7 @@ async fn a_name_clash_behind_a_shared_pooler_is_typed_and_says_the_fix() {
 async fn a_fatal_error_of_the_pooler_is_a_lost_connection() {
     use diesel_async::RunQueryDsl;
     let db = TestServer::shared();
-    let bouncer = PgBouncer::builder(db)
-        .pool_mode("transaction")
-        .default_pool_size(1)
-        .setting("query_wait_timeout", "1")
-        .start();
+    let bouncer = PgBouncer::impatient(db);
     let mut direct = AsyncPgConnection::establish(db.url()).await.unwrap();
     let locker = Locker::new(&mut direct, Config::default()).await.unwrap();
     // Connected (diesel-async's set-up statements run) before the pool is

@@ -280,17 +280,11 @@ async fn default_session_forms_work_behind_a_shared_pooler() {
 /// the socket behind it: pgbouncer's `query_wait_timeout` (a `FATAL`
 /// `08P01` when no server connection was free in time, then the client's
 /// connection closed) is `ConnectionLost` on a `LockClient`, never a bare
-/// database error. So is pgbouncer's `invalid server parameter` (a backend
-/// terminated while pgbouncer set a client's parameters on it), which the
-/// fleet test meets.
+/// database error.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fatal_error_of_the_pooler_is_a_lost_connection() {
     let db = TestServer::shared();
-    let bouncer = PgBouncer::builder(db)
-        .pool_mode("transaction")
-        .default_pool_size(1)
-        .setting("query_wait_timeout", "1")
-        .start();
+    let bouncer = PgBouncer::impatient(db);
     // The one server connection, pinned by a transaction left open.
     let pin = client(&bouncer).await;
     pin.batch_execute("BEGIN; SELECT 1").await.unwrap();

@@ -254,11 +254,7 @@ async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fatal_error_of_the_pooler_is_a_lost_connection() {
     let db = TestServer::shared();
-    let bouncer = PgBouncer::builder(db)
-        .pool_mode("transaction")
-        .default_pool_size(1)
-        .setting("query_wait_timeout", "1")
-        .start();
+    let bouncer = PgBouncer::impatient(db);
     let locker = Locker::new(&mut connect(db).await, Config::default())
         .await
         .unwrap();

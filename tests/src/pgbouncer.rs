@@ -77,6 +77,19 @@ impl PgBouncer {
         }
     }
 
+    /// A transaction-mode pgbouncer of one server connection for which a
+    /// client waits at most 1 s (`query_wait_timeout = 1`): with that
+    /// connection pinned by an open transaction, another client's next
+    /// statement fails with pgbouncer's `FATAL` `08P01`
+    /// `query_wait_timeout`, and its connection is closed.
+    pub fn impatient(server: &TestServer) -> PgBouncer {
+        PgBouncer::builder(server)
+            .pool_mode("transaction")
+            .default_pool_size(1)
+            .setting("query_wait_timeout", "1")
+            .start()
+    }
+
     /// The port pgbouncer listens on (loopback).
     pub fn port(&self) -> u16 {
         self.port
