@@ -175,7 +175,7 @@
 mod cancel;
 #[cfg(feature = "diesel")]
 pub mod diesel;
-mod locker;
+mod locker_basics;
 
 pub use crate::engine::Policy;
 pub use crate::engine::{

@@ -13,7 +13,7 @@ use crate::engine::error::Error;
 use crate::engine::facts::{FactsRow, ServerFacts, HASHTEXT_PROBES};
 use crate::engine::sql;
 use crate::pg::exec::StatementCache;
-use crate::pg::transaction::LockTx;
+use crate::pg::lock_tx::LockTx;
 
 /// Takes transaction-scoped advisory locks over tokio-postgres.
 ///

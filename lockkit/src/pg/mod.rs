@@ -14,7 +14,7 @@ pub(crate) mod migrate;
 pub(crate) mod publish;
 pub mod session;
 pub(crate) mod text_row;
-pub(crate) mod transaction;
+pub(crate) mod lock_tx;
 
 pub use ddl::{run_ddl, DdlOutcome, DdlRetry};
 pub use locker::{LockClient, Locker};
@@ -25,4 +25,4 @@ pub use session::{
     DEFAULT_CONNECTIONS, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_PROBE_TIMEOUT,
     MULTIPLEXED_NAME,
 };
-pub use transaction::LockTx;
+pub use lock_tx::LockTx;
