@@ -1,8 +1,10 @@
 //! Where a lock's connection comes from: opened from a
 //! `tokio_postgres::Config` (with or without TLS), or leased from a
-//! deadpool-postgres pool, and how it is given back.
+//! deadpool-postgres pool, and how it is given back; and the settings
+//! every form takes its locks with ([`Settings`]).
 
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,11 +14,33 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Socket};
 
 use super::wire::within;
-use super::{SessionLock, DEFAULT_CONNECT_TIMEOUT};
 use crate::driver::Canceller;
 use crate::engine::error::Error;
 
-impl SessionLock {
+/// How long opening a lock's connection may take, per host of the
+/// configuration, when its `connect_timeout` is not set: see
+/// [Bounded waits](super#bounded-waits).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every lock of a [`SessionLock`](super::SessionLock) is taken with,
+/// whatever its form: where its connection comes from, and the checks
+/// before it is handed out. Cloned with the `SessionLock`.
+#[derive(Clone)]
+pub(super) struct Settings {
+    pub(super) source: Source,
+    pub(super) allow_standby: bool,
+    pub(super) pooler_check: bool,
+    pub(super) probe_timeout: Duration,
+    /// Whether a lock's set-up saw that the server has
+    /// `client_connection_check_interval` (PostgreSQL 14+): the next
+    /// set-ups set it with the cheaper `SET LOCAL` form
+    /// ([`sql::write_session_setup`](crate::engine::sql::write_session_setup)).
+    /// Shared by clones; cleared when that form fails because the server
+    /// has no such setting.
+    pub(super) check_interval_known: Arc<AtomicBool>,
+}
+
+impl Source {
     /// A connection for a lock (or the probe), and how to cancel a
     /// statement on it.
     ///
@@ -34,7 +58,7 @@ impl SessionLock {
     /// or proxy that accepts and says nothing) would hold the startup
     /// forever.
     pub(super) async fn lease(&self) -> Result<(Lease, Canceller), Error> {
-        match &self.source {
+        match self {
             Source::Connect(connect) => {
                 let bound = connect_bound(connect.config());
                 let (client, ended, close) = within(bound, OPENING, connect.connect()).await?;
@@ -154,7 +178,7 @@ fn pool_error(e: deadpool_postgres::PoolError) -> Error {
     }
 }
 
-/// Where a [`SessionLock`] gets its connections.
+/// Where a [`SessionLock`](super::SessionLock) gets its connections.
 #[derive(Clone)]
 pub(super) enum Source {
     Connect(Arc<dyn Connect>),

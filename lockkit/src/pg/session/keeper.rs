@@ -1,5 +1,6 @@
-//! Keeping the held locks alive: one keeper task per [`SessionLock`] at
-//! its keepalive cadence, and the watch on a connection lockkit opened.
+//! Keeping the held locks alive: one keeper task per
+//! [`SessionLock`](super::SessionLock) at its keepalive cadence, and the
+//! watch on a connection lockkit opened.
 
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
@@ -9,13 +10,15 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::guard::Shared;
+use super::held::Shared;
 use super::wire::within_cadence;
-#[cfg(doc)]
-use super::{SessionGuard, SessionLock};
 use crate::engine::sql;
 
-/// Keeps the held locks of a [`SessionLock`] (and of its clones with the
+/// The keepalive cadence unless
+/// [`SessionLock::keepalive`](super::SessionLock::keepalive) says otherwise.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// Keeps the held locks of a [`SessionLock`](super::SessionLock) (and of its clones with the
 /// same cadence) alive: one task, started by the first lock and ending
 /// when a tick finds no lock held, starts the keepalive on every held
 /// lock's connection once per cadence, each bounded by the cadence and

@@ -17,7 +17,7 @@
 //! # Exactly one holder per key and connection
 //!
 //! Session-level locks are re-entrant: a session that takes a key twice
-//! holds it twice. So a [`SessionLock`] claims a key in its own table
+//! holds it twice. So a [`SessionLock`](super::SessionLock) claims a key in its own table
 //! before it sends anything for it, and keeps the claim until the server
 //! has answered the statement that ends it: a key is claimed at most once
 //! on all of its connections. A try for a key this `SessionLock` holds
@@ -44,11 +44,11 @@ use tokio::sync::{watch, OnceCell};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_postgres::types::{ToSql, Type};
 
-use super::conn::Lease;
-use super::guard::{Hold, SessionGuard};
+use super::conn::{Lease, Settings};
+#[cfg(doc)]
+use super::form::SessionForm;
 use super::simple::{begin_held, renew_held};
 use super::wire::{holds_now, one_bool, within_cadence, within_take};
-use super::{SessionForm, SessionLock};
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::plan::Mode;
@@ -68,8 +68,13 @@ pub(super) const QUIET: Duration = Duration::from_millis(100);
 /// on a connection not yet opened.
 const SHARE_BEFORE_OPENING: usize = 16;
 
-/// The multiplexed connections of a [`SessionLock`] (shared by its
-/// clones), and the keys claimed on them.
+/// How many connections the [`SessionForm::Multiplexed`] form opens at most
+/// unless [`SessionLock::connections`](super::SessionLock::connections)
+/// says otherwise.
+pub const DEFAULT_CONNECTIONS: usize = 4;
+
+/// The multiplexed connections of a [`SessionLock`](super::SessionLock)
+/// (shared by its clones), and the keys claimed on them.
 pub(super) struct Mux {
     max: usize,
     state: std::sync::Mutex<State>,
@@ -103,7 +108,7 @@ struct State {
 /// What a multiplexed try found.
 pub(super) enum MuxTry<K> {
     /// Granted on a multiplexed connection.
-    Held(SessionGuard<K>),
+    Held(K, MuxHold),
     /// Another session holds the key, or this `SessionLock` holds it in a
     /// mode that excludes the request.
     Busy(K),
@@ -267,17 +272,22 @@ fn statement(op: Op, key: LockKey, mode: Mode) -> &'static str {
 impl MuxConn {
     /// Opens a connection for `slot` and its held transaction, and starts
     /// its keeper.
-    async fn open(lock: &SessionLock, slot: usize) -> Result<Arc<Self>, Error> {
-        let (lease, _canceller) = lock.lease().await?;
+    async fn open(
+        settings: &Settings,
+        cadence: Duration,
+        mux: &Arc<Mux>,
+        slot: usize,
+    ) -> Result<Arc<Self>, Error> {
+        let (lease, _canceller) = settings.source.lease().await?;
         let client = lease.client();
         // The facts first, outside the transaction (they are the server's).
         // Bounded as every statement on the connection is; on a silent
         // path, or behind a pooler with no free server connection, the
         // lease drops here, closing the connection.
-        let ((in_recovery, backend_pid), facts) = within_take(lock.keeper.cadence, async {
+        let ((in_recovery, backend_pid), facts) = within_take(cadence, async {
             let (facts, setup) = join(
                 server_facts(client),
-                begin_held(client, MULTIPLEXED_NAME, &lock.check_interval_known),
+                begin_held(client, MULTIPLEXED_NAME, &settings.check_interval_known),
             )
             .await;
             Ok((setup?, facts?))
@@ -288,17 +298,17 @@ impl MuxConn {
         let conn = Arc::new(MuxConn {
             lease,
             slot,
-            mux: Arc::downgrade(&lock.mux),
+            mux: Arc::downgrade(mux),
             backend_pid,
             in_recovery,
             facts,
-            cadence: lock.keeper.cadence,
+            cadence,
             lost: watch::Sender::new(false),
             used: AtomicBool::new(true),
             statements_run: AtomicU64::new(0),
             renewed: AtomicU64::new(0),
             renewing: tokio::sync::Mutex::new(()),
-            check_interval_known: lock.check_interval_known.clone(),
+            check_interval_known: settings.check_interval_known.clone(),
             snapshot: AtomicBool::new(false),
         });
         tokio::spawn(keep(Arc::downgrade(&conn), ended));
@@ -598,9 +608,19 @@ fn settle(conn: Arc<MuxConn>, claim: Claim) {
     });
 }
 
-impl SessionLock {
+/// The multiplexed form's settings: the [`SessionLock`](super::SessionLock)'s
+/// own, its keepalive cadence, its connections and claimed keys, and its
+/// budget ([`SessionLock::multiplexed_budget`](super::SessionLock::multiplexed_budget)).
+pub(super) struct Multiplexed<'a> {
+    pub(super) settings: &'a Settings,
+    pub(super) cadence: Duration,
+    pub(super) mux: &'a Arc<Mux>,
+    pub(super) mux_budget: Option<usize>,
+}
+
+impl Multiplexed<'_> {
     /// Tries `value`'s key on a multiplexed connection, in one round trip
-    /// on an open connection.
+    /// on an open connection: the form's one entry.
     ///
     /// A connection opened earlier may have ended unseen (a restart, a
     /// terminated backend, before its keeper noticed): a try that finds it
@@ -609,7 +629,7 @@ impl SessionLock {
     /// try: a lock it was granted ended with its session, and the second
     /// try reports only what the new connection's server answers (busy,
     /// while the old backend has not ended yet).
-    pub(super) async fn try_multiplexed<K: AdvisoryKey>(
+    pub(super) async fn try_lock<K: AdvisoryKey>(
         &self,
         value: K,
         mode: Mode,
@@ -626,10 +646,12 @@ impl SessionLock {
             // Dropped here, the claim ends: nothing was sent for it yet.
             let conn = claim
                 .cell
-                .get_or_try_init(|| MuxConn::open(self, claim.slot))
+                .get_or_try_init(|| {
+                    MuxConn::open(self.settings, self.cadence, self.mux, claim.slot)
+                })
                 .await?
                 .clone();
-            if conn.in_recovery && !self.allow_standby {
+            if conn.in_recovery && !self.settings.allow_standby {
                 return Err(Error::new(ErrorKind::HotStandby));
             }
             if K::KEY_SPEC.form() == KeyForm::HashText {
@@ -663,14 +685,8 @@ impl SessionLock {
             if !granted {
                 return Ok(MuxTry::Busy(value));
             }
-            return Ok(MuxTry::Held(SessionGuard {
-                value,
-                key,
-                mode,
-                form: SessionForm::Multiplexed,
-                backend_pid: conn.backend_pid,
-                hold: Hold::Mux(MuxHold(Some(Held { conn, claim }))),
-            }));
+            let held = MuxHold(Some(Held { conn, claim }));
+            return Ok(MuxTry::Held(value, held));
         }
     }
 }
@@ -685,6 +701,25 @@ struct Held {
 }
 
 impl MuxHold {
+    /// The key held.
+    pub(super) fn key(&self) -> LockKey {
+        self.held().claim.key
+    }
+
+    /// The mode the key is held in.
+    pub(super) fn mode(&self) -> Mode {
+        self.held().claim.mode
+    }
+
+    /// The backend of the lock's connection.
+    pub(super) fn backend_pid(&self) -> i32 {
+        self.held().conn.backend_pid
+    }
+
+    fn held(&self) -> &Held {
+        self.0.as_ref().expect("held until released or dropped")
+    }
+
     pub(super) fn is_held(&self) -> bool {
         self.0.as_ref().is_some_and(|held| !held.conn.is_lost())
     }

@@ -1,21 +1,26 @@
 //! The pooler probe: whether a connection goes through a
 //! transaction-mode pooler, the check the session-level form makes before
-//! every lock.
+//! every lock ([`probe_pooler`], [`probe`], [`backends`]).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_postgres::{Client, SimpleQueryMessage};
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
-use super::conn::Lease;
-use super::SessionLock;
+use super::conn::{Direct, Lease, Source};
 #[cfg(doc)]
-use super::{SessionForm, DEFAULT_PROBE_TIMEOUT};
+use super::form::SessionForm;
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::sql;
 
+/// How long [`probe_pooler`] (and a session-level lock's probe) may take
+/// unless [`SessionLock::probe_timeout`](super::SessionLock::probe_timeout)
+/// says otherwise.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The pooler probe did not finish within its timeout
-/// ([`SessionLock::probe_timeout`]): typically a pool or pooler with no
+/// ([`SessionLock::probe_timeout`](super::SessionLock::probe_timeout)): typically a pool or pooler with no
 /// second connection free. Nothing was locked, and the probe's connections
 /// were closed (or returned to the pool), so it holds none of them longer
 /// than the timeout. The source of an [`ErrorKind::Timeout`] without a
@@ -54,7 +59,8 @@ impl PoolerProbe {
 /// Whether connections made from `config` (without TLS) go through a
 /// transaction-mode pooler: the check the [`SessionForm::SessionLevel`]
 /// form makes before every lock (the default form needs none). Bounded by
-/// [`DEFAULT_PROBE_TIMEOUT`]; use [`SessionLock::probe_pooler`] for TLS,
+/// [`DEFAULT_PROBE_TIMEOUT`]; use
+/// [`SessionLock::probe_pooler`](super::SessionLock::probe_pooler) for TLS,
 /// a pool or another bound.
 ///
 /// On its own connection it reads `pg_backend_pid()` in two transactions;
@@ -86,128 +92,110 @@ impl PoolerProbe {
 ///
 /// Cancel safe: both connections are closed when the future drops.
 pub async fn probe_pooler(config: &tokio_postgres::Config) -> Result<PoolerProbe, Error> {
-    SessionLock::new(config.clone()).probe_pooler().await
+    let config = config.clone();
+    let source = Source::Connect(Arc::new(Direct { config, tls: NoTls }));
+    probe(&source, DEFAULT_PROBE_TIMEOUT).await
 }
 
-impl SessionLock {
-    /// Whether this lock's connections go through a transaction-mode
-    /// pooler: [`probe_pooler`] on a connection from this lock's source
-    /// (its config and TLS, or its pool), bounded by
-    /// [`probe_timeout`](Self::probe_timeout).
-    ///
-    /// # Errors
-    ///
-    /// [`ProbeTimeout`] (inside [`ErrorKind::Timeout`]) when the probe did not
-    /// finish in time, e.g. on a pool with no second connection free;
-    /// connection, pool and server errors.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: its connections are closed, or returned to the pool
-    /// only after their transaction ended, when the future drops.
-    pub async fn probe_pooler(&self) -> Result<PoolerProbe, Error> {
-        self.bounded(async {
-            let (mut lease, _) = self.lease().await?;
-            let first = backend_pid(lease.client()).await?;
-            let probe = self.probe_backends(&lease, first).await?;
-            // Only statements in autocommit ran on it: a pooled connection
-            // may go back.
-            lease.clean = true;
-            Ok(probe)
-        })
+/// [`probe_pooler`] on connections from `source`, bounded by `timeout`.
+pub(super) async fn probe(source: &Source, timeout: Duration) -> Result<PoolerProbe, Error> {
+    bounded(timeout, async {
+        let (mut lease, _) = source.lease().await?;
+        let first = backend_pid(lease.client()).await?;
+        let probe = backends(source, &lease, first).await?;
+        // Only statements in autocommit ran on it: a pooled connection
+        // may go back.
+        lease.clean = true;
+        Ok(probe)
+    })
+    .await
+}
+
+/// `work`, the probe, for at most `timeout`: past it, a [`ProbeTimeout`].
+pub(super) async fn bounded<T>(
+    timeout: Duration,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(timeout, work).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::with_source(
+            ErrorKind::Timeout,
+            format!("the pooler probe did not finish within {timeout:?}"),
+            ProbeTimeout { timeout },
+        )),
+    }
+}
+
+/// The probe proper, with the first connection already open (`lease`, from
+/// `source`) and its backend `first`: see [`probe_pooler`].
+pub(super) async fn backends(
+    source: &Source,
+    lease: &Lease,
+    first: i32,
+) -> Result<PoolerProbe, Error> {
+    let client = lease.client();
+    let pooled = |evidence: String| PoolerProbe {
+        backend_pid: first,
+        evidence: Some(evidence),
+    };
+    // A session-wide mark of this probe on the backend, read back
+    // below: a backend that carries the mark of another client was
+    // handed over by a pooler (a direct connection, and a session-mode
+    // pooler's `DISCARD ALL`, start every client clean). Concurrent
+    // probes mark the pooled backends for one another, so they see the
+    // pooler where backend pids alone let several of them miss it.
+    let mark = format!("{:016x}", fastrand::u64(1..));
+    let (again, found) = read_mark(client, Some(&mark)).await?;
+    if again != first {
+        return Ok(pooled(format!(
+            "the next transaction ran on backend {again}"
+        )));
+    }
+    if let Some(found) = found {
+        return Ok(pooled(format!(
+            "backend {again} carries another client's pooler probe mark {found}"
+        )));
+    }
+    let (mut other, _) = source.lease().await?;
+    other.client().batch_execute(sql::PROBE_BEGIN).await?;
+    let (other_pid, other_found) = read_mark(other.client(), None).await?;
+    let after = if other_pid == first {
+        None
+    } else {
+        Some(read_mark(client, None).await?)
+    };
+    other.clean = other
+        .client()
+        .batch_execute(sql::SESSION_ROLLBACK)
         .await
+        .is_ok();
+    drop(other);
+    let evidence = match (after, other_found) {
+        (None, _) => Some(
+            "another client's transaction was given it while this connection was idle".into(),
+        ),
+        (_, Some(found)) => Some(format!(
+            "another client's transaction was given backend {other_pid}, which carries the pooler probe mark {found}"
+        )),
+        (Some((after, _)), None) if after != first => Some(format!(
+            "while another client's transaction was open, this connection moved to backend {after}"
+        )),
+        (Some((_, found)), None) if found.as_deref() != Some(mark.as_str()) => Some(format!(
+            "this connection's backend lost its pooler probe mark (found {found:?})"
+        )),
+        (Some(_), None) => None,
+    };
+    if let Some(evidence) = evidence {
+        return Ok(pooled(evidence));
     }
-
-    pub(super) async fn bounded<T>(
-        &self,
-        work: impl Future<Output = Result<T, Error>>,
-    ) -> Result<T, Error> {
-        match tokio::time::timeout(self.probe_timeout, work).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::with_source(
-                ErrorKind::Timeout,
-                format!(
-                    "the pooler probe did not finish within {:?}",
-                    self.probe_timeout
-                ),
-                ProbeTimeout {
-                    timeout: self.probe_timeout,
-                },
-            )),
-        }
-    }
-
-    /// The probe proper, with the first connection already open and its
-    /// backend `first`: see [`probe_pooler`].
-    pub(super) async fn probe_backends(
-        &self,
-        lease: &Lease,
-        first: i32,
-    ) -> Result<PoolerProbe, Error> {
-        let client = lease.client();
-        let pooled = |evidence: String| PoolerProbe {
-            backend_pid: first,
-            evidence: Some(evidence),
-        };
-        // A session-wide mark of this probe on the backend, read back
-        // below: a backend that carries the mark of another client was
-        // handed over by a pooler (a direct connection, and a session-mode
-        // pooler's `DISCARD ALL`, start every client clean). Concurrent
-        // probes mark the pooled backends for one another, so they see the
-        // pooler where backend pids alone let several of them miss it.
-        let mark = format!("{:016x}", fastrand::u64(1..));
-        let (again, found) = read_mark(client, Some(&mark)).await?;
-        if again != first {
-            return Ok(pooled(format!(
-                "the next transaction ran on backend {again}"
-            )));
-        }
-        if let Some(found) = found {
-            return Ok(pooled(format!(
-                "backend {again} carries another client's pooler probe mark {found}"
-            )));
-        }
-        let (mut other, _) = self.lease().await?;
-        other.client().batch_execute(sql::PROBE_BEGIN).await?;
-        let (other_pid, other_found) = read_mark(other.client(), None).await?;
-        let after = if other_pid == first {
-            None
-        } else {
-            Some(read_mark(client, None).await?)
-        };
-        other.clean = other
-            .client()
-            .batch_execute(sql::SESSION_ROLLBACK)
-            .await
-            .is_ok();
-        drop(other);
-        let evidence = match (after, other_found) {
-            (None, _) => Some(
-                "another client's transaction was given it while this connection was idle".into(),
-            ),
-            (_, Some(found)) => Some(format!(
-                "another client's transaction was given backend {other_pid}, which carries the pooler probe mark {found}"
-            )),
-            (Some((after, _)), None) if after != first => Some(format!(
-                "while another client's transaction was open, this connection moved to backend {after}"
-            )),
-            (Some((_, found)), None) if found.as_deref() != Some(mark.as_str()) => Some(format!(
-                "this connection's backend lost its pooler probe mark (found {found:?})"
-            )),
-            (Some(_), None) => None,
-        };
-        if let Some(evidence) = evidence {
-            return Ok(pooled(evidence));
-        }
-        // Directly connected (or session-pooled): take the mark off, so
-        // that a pooled connection leased again is not mistaken for one a
-        // pooler handed over.
-        client.batch_execute(sql::PROBE_UNMARK).await?;
-        Ok(PoolerProbe {
-            backend_pid: first,
-            evidence: None,
-        })
-    }
+    // Directly connected (or session-pooled): take the mark off, so
+    // that a pooled connection leased again is not mistaken for one a
+    // pooler handed over.
+    client.batch_execute(sql::PROBE_UNMARK).await?;
+    Ok(PoolerProbe {
+        backend_pid: first,
+        evidence: None,
+    })
 }
 
 /// `pg_backend_pid()` and the pooler probe's mark on the backend, if any,

@@ -1,0 +1,91 @@
+//! The plain session-level form ([`SessionForm::SessionLevel`]):
+//! `pg_advisory_lock` on the lock's session, after the pooler probe. One
+//! entry, [`lock`].
+
+use super::conn::{Lease, Settings};
+#[cfg(doc)]
+use super::form::SessionForm;
+use super::probe;
+use super::wire::{key_query, one_bool, one_row, AppName};
+use crate::engine::error::{DriverError, Error, ErrorKind};
+use crate::engine::facts::ServerFacts;
+use crate::engine::plan::Mode;
+use crate::engine::sql::{self, SettingScope, CHECK_CLIENT};
+use crate::engine::Wait;
+use crate::key::LockKey;
+use crate::pg::locker::server_facts;
+
+/// The plain session-level form: facts, the pooler probe, the lock's
+/// name, then `pg_advisory_lock`.
+pub(super) async fn lock(
+    settings: &Settings,
+    lease: &Lease,
+    (key, name): (LockKey, &AppName),
+    mode: Mode,
+    wait: Wait,
+    hashtext: bool,
+) -> Result<(bool, i32), Error> {
+    let client = lease.client();
+    let row = server_facts(client).await?;
+    let (facts, backend_pid) = (ServerFacts::from(&row), row.backend_pid);
+    refuse(settings, &facts, hashtext)?;
+    if settings.pooler_check {
+        let probe = probe::backends(&settings.source, lease, backend_pid);
+        let probe = probe::bounded(settings.probe_timeout, probe).await?;
+        if let Some(evidence) = probe.evidence {
+            return Err(Error::pooled(backend_pid, evidence));
+        }
+    }
+    // Session-wide, so only on a connection of lockkit's own (a pooled
+    // lease keeps its own name and settings), which no transaction-mode
+    // pooler shares once the probe has passed: the lock's name and, on
+    // PostgreSQL 14+, the client check, in one round trip.
+    if lease.is_owned() {
+        let mut setup = String::with_capacity(128);
+        sql::write_session_name(&mut setup, name);
+        if facts.server_version_num() >= 140000 {
+            setup.push_str("; ");
+            setup.push_str(CHECK_CLIENT);
+        }
+        client.batch_execute(&setup).await?;
+    }
+    let context = match wait {
+        Wait::Timeout(timeout) => {
+            let mut set = String::with_capacity(32);
+            sql::write_lock_timeout(&mut set, SettingScope::Session, timeout);
+            client.batch_execute(&set).await?;
+            Some(timeout)
+        }
+        Wait::Forever | Wait::Try => None,
+    };
+    let started = std::time::Instant::now();
+    let rows = key_query(
+        client,
+        sql::session_lock(key, mode, matches!(wait, Wait::Try)),
+        key,
+    )
+    .await
+    .map_err(|e| DriverError::from(e).into_error_in(context.map(|t| (t, started.elapsed())), 1))?;
+    let granted = match wait {
+        Wait::Try => one_bool(&rows)?,
+        Wait::Forever | Wait::Timeout(_) => {
+            one_row(&rows, "the lock statement")?;
+            true
+        }
+    };
+    if let Wait::Timeout(_) = wait {
+        client.batch_execute(sql::RESET_LOCK_TIMEOUT).await?;
+    }
+    Ok((granted, backend_pid))
+}
+
+/// The standby and `hashtext` checks before a session-level lock.
+fn refuse(settings: &Settings, facts: &crate::ServerFacts, hashtext: bool) -> Result<(), Error> {
+    if facts.in_recovery() && !settings.allow_standby {
+        return Err(Error::new(ErrorKind::HotStandby));
+    }
+    if hashtext {
+        facts.check_hashtext()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,546 @@
+//! The one door of session locks: [`SessionLock`], its settings and its
+//! lock calls, each a short method over the form it is held in (the
+//! default form and the session-level one on a connection of its own
+//! ([`Own`]), the multiplexed one on a shared connection ([`Multiplexed`])).
+
+use std::fmt;
+use std::num::NonZeroU8;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{NoTls, Socket};
+
+use super::conn::{Direct, Settings, Source};
+use super::form::SessionForm;
+use super::guard::SessionGuard;
+use super::keeper::{Keeper, DEFAULT_KEEPALIVE};
+use super::mux::{Multiplexed, Mux, MuxTry, DEFAULT_CONNECTIONS};
+use super::probe::{self, PoolerProbe, DEFAULT_PROBE_TIMEOUT};
+#[cfg(doc)]
+use super::probe::{probe_pooler, ProbeTimeout};
+use super::take::Own;
+use super::xact::Take;
+use crate::engine::error::Error;
+#[cfg(doc)]
+use crate::engine::error::ErrorKind;
+use crate::engine::plan::Mode;
+use crate::engine::Wait;
+use crate::key::AdvisoryKey;
+use crate::pg::locker::Locker;
+
+/// Takes session-duration advisory locks, each on a connection of its own.
+///
+/// Every lock opens its own connection from a `tokio_postgres::Config`
+/// ([`new`](Self::new), or [`with_tls`](Self::with_tls)), or leases one
+/// from the application's deadpool-postgres pool (`from_pool`, feature
+/// `deadpool`), for the life of the lock. In the default
+/// [`SessionForm::Transaction`] it opens a transaction there and takes
+/// `pg_advisory_xact_lock` inside (see the [module docs](super)); the
+/// [`SessionGuard`] it hands back keeps the transaction open, with a
+/// keepalive, until it is released, dropped or lost.
+///
+/// Before handing out a lock it refuses:
+/// - a hot standby ([`ErrorKind::HotStandby`]; see
+///   [`allow_standby`](Self::allow_standby)): locks there exclude nothing on
+///   the primary;
+/// - `HashText` keys when the server's `hashtext` differs from lockkit's
+///   ([`ErrorKind::HashtextMismatch`]);
+/// - in the [`SessionForm::SessionLevel`] form only, a transaction-mode
+///   pooler ([`ErrorKind::PooledConnection`]; see [`probe_pooler`]).
+///
+/// # Example
+///
+/// ```no_run
+/// use lockkit::{AdvisoryKey, SessionLock};
+///
+/// #[derive(AdvisoryKey)]
+/// struct PayrollRun {
+///     month: &'static str,
+/// }
+///
+/// # async fn run() -> Result<(), lockkit::Error> {
+/// let config: tokio_postgres::Config = "postgres://app@db/app".parse().unwrap();
+/// let sessions = SessionLock::new(config);
+/// match sessions.try_lock(PayrollRun { month: "2024-05" }).await? {
+///     Ok(guard) => {
+///         tokio::select! {
+///             _ = guard.lost() => eprintln!("lost the lock: stop acting on it"),
+///             _ = async { /* the payroll run */ } => {}
+///         }
+///         let was_held = guard.release().await?;
+///         assert!(was_held);
+///     }
+///     Err(_month) => println!("another payroll run is in progress"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SessionLock {
+    /// Where the connections come from, and the checks before a lock is
+    /// handed out, whatever its form.
+    settings: Settings,
+    form: SessionForm,
+    /// Keeps the held locks alive at the cadence
+    /// ([`keepalive`](Self::keepalive)); shared by clones.
+    keeper: Arc<Keeper>,
+    /// The multiplexed form's connections and claimed keys; shared by
+    /// clones.
+    mux: Arc<Mux>,
+    /// The most keys the multiplexed form holds at once
+    /// ([`multiplexed_budget`](Self::multiplexed_budget)); `None`: half the
+    /// server's shared lock table.
+    mux_budget: Option<usize>,
+}
+
+impl fmt::Debug for SessionLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionLock")
+            .field("source", &self.settings.source)
+            .field("form", &self.form)
+            .field("allow_standby", &self.settings.allow_standby)
+            .field("pooler_check", &self.settings.pooler_check)
+            .field("keepalive", &self.keeper.cadence)
+            .field("connections", &self.mux.max())
+            .field("multiplexed_budget", &self.mux_budget)
+            .field("probe_timeout", &self.settings.probe_timeout)
+            .finish()
+    }
+}
+
+impl SessionLock {
+    /// Session locks on connections made from `config`, without TLS.
+    pub fn new(config: tokio_postgres::Config) -> Self {
+        Self::with_tls(config, NoTls)
+    }
+
+    /// Session locks on connections made from `config` through `tls`, a
+    /// tokio-postgres TLS connector (e.g. `postgres_openssl::MakeTlsConnector`
+    /// or `tokio_postgres_rustls::MakeRustlsConnect`), as
+    /// `config.connect(tls)` would make them; `sslmode` is the config's.
+    /// Cancel requests for an abandoned wait go through `tls` too.
+    pub fn with_tls<T>(config: tokio_postgres::Config, tls: T) -> Self
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + Sync + 'static,
+        T::TlsConnect: Send + Sync,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        Self::from_source(Source::Connect(Arc::new(Direct { config, tls })))
+    }
+
+    /// Session locks on connections leased from the application's
+    /// deadpool-postgres `pool` for the life of each lock (feature
+    /// `deadpool`).
+    ///
+    /// A release rolls the lock's transaction back and returns the
+    /// connection to the pool. A guard dropped without release rolls back
+    /// on its task and returns the connection only when the rollback
+    /// completed; otherwise (a failed or cut-short rollback, a lost
+    /// connection, the runtime shutting down) the connection is detached
+    /// from the pool and closed, which ends the transaction on the server.
+    /// A connection is never returned with a lock on it.
+    ///
+    /// A pooled connection keeps its own name: a lock's
+    /// `application_name` is set transaction-locally, as on every
+    /// connection.
+    #[cfg(feature = "deadpool")]
+    pub fn from_pool(pool: deadpool_postgres::Pool) -> Self {
+        Self::from_source(Source::Pool(pool))
+    }
+
+    fn from_source(source: Source) -> Self {
+        SessionLock {
+            settings: Settings {
+                source,
+                allow_standby: false,
+                pooler_check: true,
+                probe_timeout: DEFAULT_PROBE_TIMEOUT,
+                check_interval_known: Arc::new(AtomicBool::new(false)),
+            },
+            form: SessionForm::Transaction,
+            keeper: Keeper::new(DEFAULT_KEEPALIVE),
+            mux: Mux::new(DEFAULT_CONNECTIONS),
+            mux_budget: None,
+        }
+    }
+
+    /// How the locks are held: [`SessionForm::Transaction`] (the default,
+    /// safe behind any pooler), [`SessionForm::Multiplexed`] (many locks
+    /// over a few connections, safe behind any pooler) or
+    /// [`SessionForm::SessionLevel`] (plain `pg_advisory_lock`, for direct
+    /// connections).
+    pub fn form(mut self, form: SessionForm) -> Self {
+        self.form = form;
+        self
+    }
+
+    /// For the [`SessionForm::Multiplexed`] form: at most `connections`
+    /// connections hold the locks taken without waiting
+    /// ([`DEFAULT_CONNECTIONS`] by default; at least 1, at most 64). Shared
+    /// by the clones made after this call; clones made before keep their
+    /// own connections (and their own table of claimed keys).
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.mux = Mux::new(connections.clamp(1, 64));
+        self
+    }
+
+    /// For the [`SessionForm::Multiplexed`] form: at most `max` keys held
+    /// (or being taken) at once over all its connections. Each is an entry
+    /// of the server's shared lock table, which every session's relation
+    /// and advisory locks share, and which, full, fails other sessions'
+    /// statements with `53200`. By default the budget is half the table
+    /// (`max_locks_per_transaction × (max_connections +
+    /// max_prepared_transactions) / 2`, learned when the first connection
+    /// opens), as [`Config::concurrent_lockers`](crate::Config::concurrent_lockers)
+    /// sizes a transaction's. A take past it is refused with
+    /// [`ErrorKind::BudgetExceeded`] before anything is sent for it.
+    ///
+    /// A take the server refuses all the same (the table filled by other
+    /// sessions) fails alone, with [`ErrorKind::LockTableFull`]: the other
+    /// locks on its connection are kept.
+    pub fn multiplexed_budget(mut self, max: usize) -> Self {
+        self.mux_budget = Some(max);
+        self
+    }
+
+    /// Take locks on a hot standby too (refused by default: they exclude
+    /// nothing on the primary).
+    pub fn allow_standby(mut self, allow: bool) -> Self {
+        self.settings.allow_standby = allow;
+        self
+    }
+
+    /// For the [`SessionForm::SessionLevel`] form: whether to probe for a
+    /// transaction-mode pooler before each lock (on by default). The probe
+    /// costs a second, short-lived connection and three round trips,
+    /// bounded by [`probe_timeout`](Self::probe_timeout); turn it off only
+    /// when the connections are known to reach PostgreSQL directly. The
+    /// default form needs no probe and ignores this.
+    pub fn pooler_check(mut self, check: bool) -> Self {
+        self.settings.pooler_check = check;
+        self
+    }
+
+    /// The keepalive cadence of each lock's connection (5 s by default; at
+    /// least 1 ms). Keep it below the server's
+    /// `idle_in_transaction_session_timeout`, or the server ends the lock's
+    /// session (see the [module docs](super)). [`SessionGuard::lost`]
+    /// resolves within one cadence of the lock being gone. One task keeps
+    /// all the held locks of this `SessionLock` and of its clones made
+    /// after this call; clones made before keep their own cadence. It runs
+    /// on the runtime of the lock that started it: should that runtime
+    /// shut down while locks taken on another runtime are held, they are
+    /// given up (`lost()` resolves, their connections close), so use one
+    /// `SessionLock` per runtime. The cadence is also how long a try waits
+    /// for the server's answers once connected (see
+    /// [Bounded waits](super#bounded-waits)).
+    pub fn keepalive(mut self, cadence: Duration) -> Self {
+        // A keeper of its own: the clones made before keep their cadence.
+        self.keeper = Keeper::new(cadence.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// The bound on the pooler probe ([`probe_pooler`](Self::probe_pooler)
+    /// and the session-level form's check), 2 s by default: on a saturated
+    /// pool it gives up with [`ProbeTimeout`] instead of waiting for a
+    /// second connection.
+    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.probe_timeout = timeout;
+        self
+    }
+
+    /// The connection settings, when the locks open their own connections
+    /// (`None` for a pool).
+    pub fn config(&self) -> Option<&tokio_postgres::Config> {
+        match &self.settings.source {
+            Source::Connect(connect) => Some(connect.config()),
+            #[cfg(feature = "deadpool")]
+            Source::Pool(_) => None,
+        }
+    }
+
+    /// Takes `key` exclusive, waiting as long as it takes.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::HotStandby`], [`ErrorKind::HashtextMismatch`] and (session-level
+    /// form) [`ErrorKind::PooledConnection`] or a [`ProbeTimeout`] before the
+    /// lock is handed out; [`ErrorKind::Deadlock`], [`ErrorKind::ConnectionLost`]
+    /// and other connection, pool or server errors. Nothing is held after
+    /// an error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future cancels the waiting statement and
+    /// closes (or, for a pool, detaches and closes) the connection, so the
+    /// lock is not taken, or, if it was just granted, released with the
+    /// connection.
+    pub async fn lock<K: AdvisoryKey>(&self, key: K) -> Result<SessionGuard<K>, Error> {
+        self.acquire(key, Mode::Exclusive, Wait::Forever)
+            .await
+            .map(expect_granted)
+    }
+
+    /// Takes `key` shared, waiting as long as it takes.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn lock_shared<K: AdvisoryKey>(&self, key: K) -> Result<SessionGuard<K>, Error> {
+        self.acquire(key, Mode::Shared, Wait::Forever)
+            .await
+            .map(expect_granted)
+    }
+
+    /// Tries `key` exclusive without waiting: the guard, or the key back when
+    /// another session holds it.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock), and [`ErrorKind::Timeout`] when the server
+    /// (or a pooler waiting for a free server connection) did not answer
+    /// within one keepalive cadence ([Bounded waits](super#bounded-waits)):
+    /// nothing is held.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn try_lock<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> Result<Result<SessionGuard<K>, K>, Error> {
+        self.acquire(key, Mode::Exclusive, Wait::Try).await
+    }
+
+    /// Tries `key` shared without waiting: the guard, or the key back when
+    /// another session holds it exclusive.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn try_lock_shared<K: AdvisoryKey>(
+        &self,
+        key: K,
+    ) -> Result<Result<SessionGuard<K>, K>, Error> {
+        self.acquire(key, Mode::Shared, Wait::Try).await
+    }
+
+    /// Takes `key` exclusive, waiting at most `timeout` (`lock_timeout`,
+    /// enforced by the server; the connection's own set-up is not counted).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Timeout`] when the timeout expired; otherwise as
+    /// [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn lock_timeout<K: AdvisoryKey>(
+        &self,
+        key: K,
+        timeout: Duration,
+    ) -> Result<SessionGuard<K>, Error> {
+        self.acquire(key, Mode::Exclusive, Wait::Timeout(timeout))
+            .await
+            .map(expect_granted)
+    }
+
+    /// Takes `key` shared, waiting at most `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_timeout`](Self::lock_timeout).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn lock_shared_timeout<K: AdvisoryKey>(
+        &self,
+        key: K,
+        timeout: Duration,
+    ) -> Result<SessionGuard<K>, Error> {
+        self.acquire(key, Mode::Shared, Wait::Timeout(timeout))
+            .await
+            .map(expect_granted)
+    }
+}
+
+/// A semaphore's permits, held for a session: see
+/// [`LockTx::acquire_permit`](crate::LockTx::acquire_permit) for the
+/// semaphore itself (slots, waiting, fairness). Each permit holds a
+/// connection of its own, in the default form (whatever
+/// [`form`](SessionLock::form) says), and its guard names the slot's key.
+impl SessionLock {
+    /// Takes a permit of the semaphore of `permits` permits named by `key`,
+    /// waiting as long as it takes. A free slot is taken in the one query
+    /// that opens the permit's transaction.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn acquire_permit<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+    ) -> Result<SessionGuard<K>, Error> {
+        self.permit(key, permits, Wait::Forever)
+            .await
+            .map(expect_granted)
+    }
+
+    /// Takes a permit, waiting at most `timeout` once every slot is found
+    /// busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_timeout`](Self::lock_timeout).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn acquire_permit_timeout<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+        timeout: Duration,
+    ) -> Result<SessionGuard<K>, Error> {
+        self.permit(key, permits, Wait::Timeout(timeout))
+            .await
+            .map(expect_granted)
+    }
+
+    /// Takes a permit if a slot is free, without waiting: the guard, or the
+    /// key back when every slot is busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn try_acquire_permit<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+    ) -> Result<Result<SessionGuard<K>, K>, Error> {
+        self.permit(key, permits, Wait::Try).await
+    }
+
+    async fn permit<K: AdvisoryKey>(
+        &self,
+        key: K,
+        permits: NonZeroU8,
+        wait: Wait,
+    ) -> Result<Result<SessionGuard<K>, K>, Error> {
+        let take = Take::Permit(permits);
+        self.own()
+            .acquire(key, take, wait, SessionForm::Transaction)
+            .await
+    }
+}
+
+impl SessionLock {
+    /// Whether this lock's connections go through a transaction-mode
+    /// pooler: [`probe_pooler`] on a connection from this lock's source
+    /// (its config and TLS, or its pool), bounded by
+    /// [`probe_timeout`](Self::probe_timeout).
+    ///
+    /// # Errors
+    ///
+    /// [`ProbeTimeout`] (inside [`ErrorKind::Timeout`]) when the probe did not
+    /// finish in time, e.g. on a pool with no second connection free;
+    /// connection, pool and server errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: its connections are closed, or returned to the pool
+    /// only after their transaction ended, when the future drops.
+    pub async fn probe_pooler(&self) -> Result<PoolerProbe, Error> {
+        probe::probe(&self.settings.source, self.settings.probe_timeout).await
+    }
+
+    /// Takes `value`'s key in `mode` in this lock's form.
+    async fn acquire<K: AdvisoryKey>(
+        &self,
+        value: K,
+        mode: Mode,
+        wait: Wait,
+    ) -> Result<Result<SessionGuard<K>, K>, Error> {
+        if self.form != SessionForm::Multiplexed {
+            return self
+                .own()
+                .acquire(value, Take::Key(mode), wait, self.form)
+                .await;
+        }
+        // A free key is taken on a multiplexed connection, in one round
+        // trip. A wait never runs there (a connection waiting for one key
+        // would delay every other lock's statements on it): it takes a
+        // connection of its own, in the default form.
+        match self.multiplexed().try_lock(value, mode).await? {
+            MuxTry::Held(value, held) => Ok(Ok(SessionGuard::multiplexed(value, held))),
+            MuxTry::Busy(value) if matches!(wait, Wait::Try) => Ok(Err(value)),
+            MuxTry::Busy(value) | MuxTry::Elsewhere(value) => {
+                let take = Take::Key(mode);
+                self.own()
+                    .acquire(value, take, wait, SessionForm::Transaction)
+                    .await
+            }
+        }
+    }
+
+    /// The default and session-level forms: a lock on a connection of its
+    /// own.
+    fn own(&self) -> Own<'_> {
+        Own {
+            settings: &self.settings,
+            keeper: &self.keeper,
+        }
+    }
+
+    /// The multiplexed form.
+    fn multiplexed(&self) -> Multiplexed<'_> {
+        Multiplexed {
+            settings: &self.settings,
+            cadence: self.keeper.cadence,
+            mux: &self.mux,
+            mux_budget: self.mux_budget,
+        }
+    }
+}
+
+impl Locker {
+    /// Session locks on connections made from `config` (without TLS), with
+    /// this locker's standby policy
+    /// ([`Config::allow_standby`](crate::Config::allow_standby)).
+    ///
+    /// The locker's transactions and the session locks take keys from the
+    /// same key spaces, so an xact lock and a session lock on one key
+    /// exclude each other.
+    pub fn session(&self, config: tokio_postgres::Config) -> SessionLock {
+        SessionLock::new(config).allow_standby(self.policy().config().allow_standby)
+    }
+}
+
+fn expect_granted<K>(result: Result<SessionGuard<K>, K>) -> SessionGuard<K> {
+    match result {
+        Ok(guard) => guard,
+        Err(_) => unreachable!("a waiting lock is granted or fails"),
+    }
+}
