@@ -639,4 +639,8 @@ async fn a_pool_that_hands_out_no_connection_in_time_is_a_timeout() {
         .expect_err("the pool's one connection is taken");
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e:?}");
     assert!(e.is_timeout() && e.is_transient(), "{e:?}");
+    // Said as what it is: no lock was waited for, nothing was aborted.
+    let text = e.to_string();
+    assert!(text.contains("the pool handed out no connection"), "{text}");
+    assert!(!text.contains("lock_timeout"), "{text}");
 }

@@ -124,6 +124,11 @@ impl DriverError {
     pub(crate) fn into_error_in(self, timed: Option<(Duration, Duration)>, keys: usize) -> Error {
         let kind = self.classify(timed);
         let detail = match kind {
+            ErrorKind::Timeout if self.pool_timeout => Detail::Text(
+                "the pool handed out no connection within its acquire timeout; nothing was sent \
+                 and nothing is held"
+                    .to_owned(),
+            ),
             ErrorKind::Timeout => Detail::Timeout {
                 timeout: timed
                     .filter(|_| self.code.as_deref() != Some(sqlstate::IN_FAILED_SQL_TRANSACTION))

@@ -218,3 +218,15 @@ fn a_pooler_error_that_closes_the_connection_is_lost_without_its_code() {
         ErrorKind::Database
     );
 }
+
+#[test]
+fn a_pool_timeout_is_a_timeout_that_says_so() {
+    let e = DriverError::new("pool timed out")
+        .pool_timeout(true)
+        .into_error();
+    assert_eq!(e.kind(), ErrorKind::Timeout);
+    assert!(e.is_transient());
+    let text = e.to_string();
+    assert!(text.contains("the pool handed out no connection"), "{text}");
+    assert!(!text.contains("aborted"), "{text}");
+}
