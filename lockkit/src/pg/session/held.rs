@@ -11,8 +11,6 @@ use tokio::sync::watch;
 
 use super::conn::Lease;
 use super::form::SessionForm;
-#[cfg(doc)]
-use super::guard::SessionGuard;
 use super::wire::{holds_now, key_query, one_bool, within_cadence};
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::plan::Mode;
@@ -58,7 +56,7 @@ impl Drop for Holding {
 }
 
 impl Holding {
-    /// [`SessionGuard::check`] on the lock's connection, on a task of its
+    /// [`SessionGuard::check`](super::SessionGuard::check) on the lock's connection, on a task of its
     /// own, so that a check dropped half-way still reads its replies and
     /// sends the keepalive that closes its portal.
     pub(super) async fn check(&self) -> Result<bool, Error> {
@@ -67,7 +65,7 @@ impl Holding {
             .unwrap_or(Ok(false))
     }
 
-    /// [`SessionGuard::release`] on the lock's connection: the rollback (or
+    /// [`SessionGuard::release`](super::SessionGuard::release) on the lock's connection: the rollback (or
     /// unlock) on the caller's task, bounded by one cadence.
     pub(super) async fn release(self) -> Result<bool, Error> {
         let lease = self.0.lease.lock().await.take();
@@ -152,7 +150,7 @@ impl Drop for Ending<'_> {
     }
 }
 
-/// [`SessionGuard::check`] on the lock's connection: a failed check (or a
+/// [`SessionGuard::check`](super::SessionGuard::check) on the lock's connection: a failed check (or a
 /// lock found gone) gives the connection up, since a failed statement
 /// aborts the lock's transaction, and with it the lock.
 async fn check_now(shared: Arc<Shared>) -> Result<bool, Error> {

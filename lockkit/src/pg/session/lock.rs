@@ -12,11 +12,13 @@ use std::time::Duration;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{NoTls, Socket};
 
+use super::claims::{Mux, DEFAULT_CONNECTIONS};
 use super::conn::{Direct, Settings, Source};
 use super::form::SessionForm;
 use super::guard::SessionGuard;
 use super::keeper::{Keeper, DEFAULT_KEEPALIVE};
-use super::mux::{Multiplexed, Mux, MuxTry, DEFAULT_CONNECTIONS};
+use super::mux::{Multiplexed, MuxTry};
+use super::mux_conn::MuxConn;
 use super::probe::{self, PoolerProbe, DEFAULT_PROBE_TIMEOUT};
 #[cfg(doc)]
 use super::probe::{probe_pooler, ProbeTimeout};
@@ -88,7 +90,7 @@ pub struct SessionLock {
     keeper: Arc<Keeper>,
     /// The multiplexed form's connections and claimed keys; shared by
     /// clones.
-    mux: Arc<Mux>,
+    mux: Arc<Mux<MuxConn>>,
     /// The most keys the multiplexed form holds at once
     /// ([`multiplexed_budget`](Self::multiplexed_budget)); `None`: half the
     /// server's shared lock table.

@@ -162,6 +162,7 @@
 #[cfg(doc)]
 use crate::engine::error::ErrorKind;
 
+mod claims;
 mod conn;
 mod form;
 mod guard;
@@ -170,16 +171,18 @@ mod keeper;
 mod level;
 mod lock;
 mod mux;
+mod mux_conn;
 mod probe;
 mod simple;
 mod take;
 mod wire;
 mod xact;
 
+pub use claims::DEFAULT_CONNECTIONS;
 pub use conn::DEFAULT_CONNECT_TIMEOUT;
 pub use form::SessionForm;
 pub use guard::SessionGuard;
 pub use keeper::DEFAULT_KEEPALIVE;
 pub use lock::SessionLock;
-pub use mux::{DEFAULT_CONNECTIONS, MULTIPLEXED_NAME};
+pub use mux_conn::MULTIPLEXED_NAME;
 pub use probe::{probe_pooler, PoolerProbe, ProbeTimeout, DEFAULT_PROBE_TIMEOUT};

@@ -1,0 +1,416 @@
+//! One connection of the multiplexed form: opened inside a transaction it
+//! holds for as long as it lives, the statements sent on it (a try, an
+//! unlock, the keepalive), the transaction made anew after a statement's
+//! error, and its keeper.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::future::join;
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_postgres::types::{ToSql, Type};
+
+use super::claims::Mux;
+use super::conn::{Lease, Settings};
+use super::simple::{begin_held, renew_held};
+use super::wire::{one_bool, within_cadence, within_take};
+use crate::engine::error::{Error, ErrorKind};
+use crate::engine::facts::ServerFacts;
+use crate::engine::plan::Mode;
+use crate::engine::sql;
+use crate::key::LockKey;
+use crate::pg::locker::server_facts;
+
+/// The `application_name` of a multiplexed connection (it holds many
+/// keys, of any namespace).
+pub const MULTIPLEXED_NAME: &str = "lockkit session locks";
+
+/// How long a multiplexed connection runs no statement before the
+/// snapshot its last one left open is dropped ([`drop_snapshot`]).
+pub(super) const QUIET: Duration = Duration::from_millis(100);
+
+/// One multiplexed connection, inside its held transaction.
+pub(super) struct MuxConn {
+    pub(super) lease: Lease,
+    slot: usize,
+    mux: Weak<Mux<MuxConn>>,
+    pub(super) backend_pid: i32,
+    pub(super) in_recovery: bool,
+    pub(super) facts: ServerFacts,
+    pub(super) cadence: Duration,
+    /// Flipped once the connection is gone (closed, ended, or given up):
+    /// every lock on it is gone.
+    pub(super) lost: watch::Sender<bool>,
+    /// Whether a key was claimed on it since the keeper last looked: an
+    /// idle connection is closed only after a cadence without claims.
+    pub(super) used: AtomicBool,
+    /// How many of them ran, for [`drop_snapshot`] to see the connection
+    /// quiet.
+    statements_run: AtomicU64,
+    /// Whether a statement's snapshot may be open, with a
+    /// [`drop_snapshot`] started for it.
+    snapshot: AtomicBool,
+    /// How many times the held transaction was made anew after a
+    /// statement's error aborted it ([`MuxConn::renew`]).
+    renewed: AtomicU64,
+    /// Held while the held transaction is made anew, so that the statements
+    /// an error failed together renew it once.
+    renewing: tokio::sync::Mutex<()>,
+    /// Whether the server has `client_connection_check_interval`, for the
+    /// set-up of a renewed transaction (shared with the `SessionLock`).
+    check_interval_known: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What a statement on a multiplexed connection does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    Try,
+    Unlock,
+}
+
+/// The statement of `op` for `key`.
+fn statement(op: Op, key: LockKey, mode: Mode) -> &'static str {
+    match op {
+        Op::Try => sql::session_lock(key, mode, true),
+        Op::Unlock => sql::session_unlock(key, mode),
+    }
+}
+
+impl MuxConn {
+    /// Opens a connection for `slot` and its held transaction, and starts
+    /// its keeper.
+    pub(super) async fn open(
+        settings: &Settings,
+        cadence: Duration,
+        mux: &Arc<Mux<MuxConn>>,
+        slot: usize,
+    ) -> Result<Arc<Self>, Error> {
+        let (lease, _canceller) = settings.source.lease().await?;
+        let client = lease.client();
+        // The facts first, outside the transaction (they are the server's).
+        // Bounded as every statement on the connection is; on a silent
+        // path, or behind a pooler with no free server connection, the
+        // lease drops here, closing the connection.
+        let ((in_recovery, backend_pid), facts) = within_take(cadence, async {
+            let (facts, setup) = join(
+                server_facts(client),
+                begin_held(client, MULTIPLEXED_NAME, &settings.check_interval_known),
+            )
+            .await;
+            Ok((setup?, facts?))
+        })
+        .await?;
+        let facts = ServerFacts::from(&facts);
+        let ended = lease.ended.clone();
+        let conn = Arc::new(MuxConn {
+            lease,
+            slot,
+            mux: Arc::downgrade(mux),
+            backend_pid,
+            in_recovery,
+            facts,
+            cadence,
+            lost: watch::Sender::new(false),
+            used: AtomicBool::new(true),
+            statements_run: AtomicU64::new(0),
+            renewed: AtomicU64::new(0),
+            renewing: tokio::sync::Mutex::new(()),
+            check_interval_known: settings.check_interval_known.clone(),
+            snapshot: AtomicBool::new(false),
+        });
+        tokio::spawn(keep(Arc::downgrade(&conn), ended));
+        Ok(conn)
+    }
+
+    pub(super) fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Gives the connection up: its slot forgets it, it is closed, and
+    /// every lock on it is gone (`lost()` resolves).
+    ///
+    /// In that order: whoever sees a lock lost (and takes it again at once)
+    /// must find the slot already without this connection, or the new lock
+    /// call would be claimed on it and fail.
+    pub(super) fn give_up(self: &Arc<Self>, why: &dyn std::fmt::Display) {
+        if let Some(mux) = self.mux.upgrade() {
+            mux.forget(self.slot, self);
+        }
+        self.lease.close();
+        let was = self.lost.send_replace(true);
+        if !was {
+            tracing::warn!(backend_pid = self.backend_pid, error = %why,
+                "lockkit: a multiplexed session lock connection is given up; its locks are gone");
+        }
+    }
+
+    /// Runs `op` for `key`, bounded by one cadence: what the server
+    /// answered (`pg_try_advisory_lock`'s or `pg_advisory_unlock`'s
+    /// `bool`).
+    ///
+    /// A server's error of the statement aborts the held transaction, and
+    /// every statement sent behind it fails with `25P02`: the transaction is
+    /// made anew ([`renew`](Self::renew)), which keeps every lock on the
+    /// connection (they are session-level). Then a statement that failed
+    /// only behind another's error is made again ([`attempt`](Self::attempt));
+    /// a try the server
+    /// refused itself (its lock table full, `53200`) fails alone, after an
+    /// unlock of its key in case the error came after the grant; an unlock
+    /// the server refused gives the connection up, as does any other
+    /// failure (a connection lost, no answer within the cadence, a renewal
+    /// that failed): every lock on it is then gone.
+    ///
+    /// The statement is sent unnamed (parsed, bound and run in one round
+    /// trip): a named one could meet another client's statement of the same
+    /// name on a server connection that a transaction-mode pooler shared
+    /// (`42P05`). Its portal, and the snapshot the portal holds, stay open
+    /// in the held transaction until the connection's next statement: once
+    /// the connection is quiet, [`drop_snapshot`] runs a simple query that
+    /// drops them, so that the backend does not hold back VACUUM.
+    pub(super) async fn run(
+        self: &Arc<Self>,
+        op: Op,
+        key: LockKey,
+        mode: Mode,
+    ) -> Result<bool, Error> {
+        let e = match self.attempt(op, key, mode).await? {
+            Ok(answer) => return Ok(answer),
+            Err(refused) => refused,
+        };
+        match op {
+            Op::Try => {
+                // Its key let go, in case the server granted it before the
+                // error; a failure there gave the connection up.
+                let _ = self.attempt(Op::Unlock, key, mode).await;
+                Err(e)
+            }
+            Op::Unlock => {
+                self.give_up(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends `op` for `key` until the server answers it or refuses it
+    /// itself: `Ok(Ok(answer))`, or `Ok(Err(its error))` with the held
+    /// transaction made anew.
+    ///
+    /// A statement that failed only behind another's error (`25P02`) is
+    /// made again, now one at a time under [`MuxConn::renewing`], so that
+    /// statements made again cannot fail behind one another: each is either
+    /// answered or refused itself, and a refusal renews the transaction
+    /// before the next one goes. It can still fail behind a statement sent
+    /// meanwhile for the first time, and is then made again, at most
+    /// [`ATTEMPTS`] times.
+    ///
+    /// # Errors
+    ///
+    /// Any other failure (a lost connection, no answer within the cadence,
+    /// a renewal that failed), after giving the connection up.
+    async fn attempt(
+        self: &Arc<Self>,
+        op: Op,
+        key: LockKey,
+        mode: Mode,
+    ) -> Result<Result<bool, Error>, Error> {
+        let renewed = self.renewed.load(Ordering::Acquire);
+        let first = within_cadence(self.cadence, self.send(op, key, mode)).await;
+        let mut e = match first {
+            Ok(answer) => return Ok(Ok(answer)),
+            Err(e) => e,
+        };
+        let mut seen = renewed;
+        let renewing = self.renewing.lock().await;
+        for _ in 0..ATTEMPTS {
+            if !is_statement_error(&e) {
+                self.give_up(&e);
+                return Err(e);
+            }
+            if let Err(renewal) = self.renew(&renewing, seen).await {
+                self.give_up(&renewal);
+                return Err(e);
+            }
+            if e.kind() != ErrorKind::TransactionAborted {
+                return Ok(Err(e));
+            }
+            seen = self.renewed.load(Ordering::Acquire);
+            e = match within_cadence(self.cadence, self.send(op, key, mode)).await {
+                Ok(answer) => return Ok(Ok(answer)),
+                Err(e) => e,
+            };
+        }
+        Ok(Err(e))
+    }
+
+    /// The keepalive, a simple query, bounded by one cadence; made again
+    /// once after the held transaction is made anew when it was sent behind
+    /// a statement whose error aborted it (`25P02`).
+    ///
+    /// # Errors
+    ///
+    /// Any other failure, or a second one: the caller gives the connection
+    /// up.
+    async fn keepalive(self: &Arc<Self>) -> Result<(), Error> {
+        let send = || async {
+            let client = self.lease.client();
+            within_cadence(self.cadence, async {
+                Ok(client.batch_execute(sql::KEEPALIVE).await?)
+            })
+            .await
+        };
+        let renewed = self.renewed.load(Ordering::Acquire);
+        match send().await {
+            Err(e) if e.kind() == ErrorKind::TransactionAborted => {
+                let renewing = self.renewing.lock().await;
+                self.renew(&renewing, renewed).await?;
+                send().await
+            }
+            answer => answer,
+        }
+    }
+
+    /// Sends `op` for `key`, once.
+    async fn send(self: &Arc<Self>, op: Op, key: LockKey, mode: Mode) -> Result<bool, Error> {
+        let sql = statement(op, key, mode);
+        let client = self.lease.client();
+        let run = self.statements_run.fetch_add(1, Ordering::Relaxed) + 1;
+        if !self.snapshot.swap(true, Ordering::AcqRel) {
+            tokio::spawn(drop_snapshot(Arc::downgrade(self), run));
+        }
+        let rows = match key {
+            LockKey::BigInt(v) => client.query_typed(sql, &[(&v, Type::INT8)]).await?,
+            LockKey::Pair(class, object) => {
+                let params: [(&(dyn ToSql + Sync), Type); 2] =
+                    [(&class, Type::INT4), (&object, Type::INT4)];
+                client.query_typed(sql, &params).await?
+            }
+        };
+        one_bool(&rows)
+    }
+
+    /// Makes the held transaction anew after a statement's error aborted
+    /// it: `ROLLBACK` and the held transaction's `BEGIN` and set-up in one
+    /// query ([`renew_held`]), which keeps the connection pinned behind a
+    /// pooler and keeps every session-level lock on it. `seen` is how many
+    /// renewals the caller's statement was sent after: when another
+    /// statement's failure renewed it since, nothing is sent.
+    ///
+    /// # Errors
+    ///
+    /// When the renewal fails, or gets no answer within the cadence: the
+    /// caller gives the connection up.
+    async fn renew(
+        self: &Arc<Self>,
+        _renewing: &tokio::sync::MutexGuard<'_, ()>,
+        seen: u64,
+    ) -> Result<(), Error> {
+        if self.renewed.load(Ordering::Acquire) != seen {
+            return Ok(());
+        }
+        let client = self.lease.client();
+        within_cadence(self.cadence, async {
+            renew_held(client, MULTIPLEXED_NAME, &self.check_interval_known).await
+        })
+        .await?;
+        self.renewed.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+/// Whether `e` is the server's error of a statement, which aborts the held
+/// transaction and leaves the connection (and its session-level locks) as
+/// they were; not a lost connection, nor an answer that never came.
+fn is_statement_error(e: &Error) -> bool {
+    e.code().is_some() && !e.is_connection_lost()
+}
+
+/// How many times a statement on a multiplexed connection is made again
+/// when it keeps failing behind statements sent for the first time whose
+/// errors aborted the held transaction (`25P02`).
+const ATTEMPTS: u32 = 64;
+
+/// Drops the snapshot a connection's prepared statements left open, once
+/// the connection has run none for [`QUIET`]: a simple query replaces the
+/// last statement's portal. Started by the first statement after the
+/// previous drop (the `seen`th the connection ran).
+async fn drop_snapshot(conn: Weak<MuxConn>, mut seen: u64) {
+    loop {
+        tokio::time::sleep(QUIET).await;
+        let Some(conn) = conn.upgrade() else {
+            return;
+        };
+        if conn.is_lost() {
+            return;
+        }
+        let now = conn.statements_run.load(Ordering::Relaxed);
+        if std::mem::replace(&mut seen, now) != now {
+            continue; // statements ran meanwhile: each replaced the portal
+        }
+        // Cleared first: a statement from now on starts another drop.
+        conn.snapshot.store(false, Ordering::Release);
+        if let Err(e) = conn.keepalive().await {
+            conn.give_up(&e);
+        }
+        return;
+    }
+}
+
+/// A multiplexed connection's keeper: the keepalive at the cadence (each
+/// bounded by one cadence), the end of the connection noticed at once, and
+/// the close of a connection that held nothing for a whole cadence.
+pub(super) async fn keep(conn: Weak<MuxConn>, ended: Option<watch::Receiver<bool>>) {
+    let Some(cadence) = conn.upgrade().map(|c| c.cadence) else {
+        return;
+    };
+    let mut ticks = tokio::time::interval_at(Instant::now() + cadence, cadence);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let ended = async move {
+        match ended {
+            Some(mut ended) => {
+                let _ = ended.wait_for(|ended| *ended).await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let mut ended = std::pin::pin!(ended);
+    loop {
+        let gone = tokio::select! {
+            _ = ticks.tick() => false,
+            () = &mut ended => true,
+        };
+        let Some(conn) = conn.upgrade() else {
+            return;
+        };
+        if conn.is_lost() {
+            return;
+        }
+        if gone {
+            conn.give_up(&"the connection ended");
+            return;
+        }
+        if idle(&conn) {
+            // Nothing held and nothing claimed: closed, and the slot opens
+            // a new one when needed. (Closing ends the session, so the
+            // backend never goes back to a pooler's pool.)
+            conn.lease.close();
+            let _ = conn.lost.send_replace(true);
+            return;
+        }
+        if let Err(e) = conn.keepalive().await {
+            conn.give_up(&e);
+            return;
+        }
+    }
+}
+
+/// Whether `conn` held nothing and had no claim for a whole cadence; if
+/// so, its slot forgets it.
+fn idle(conn: &Arc<MuxConn>) -> bool {
+    let used = conn.used.swap(false, Ordering::Relaxed);
+    let Some(mux) = conn.mux.upgrade() else {
+        return true;
+    };
+    mux.forget_idle(conn.slot, conn, used)
+}
