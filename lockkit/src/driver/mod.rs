@@ -187,8 +187,15 @@ pub(crate) use cancel::Canceller;
 #[cfg(feature = "cancel")]
 pub use cancel::{CancelTls, CancellingPolicy};
 
-/// The SQL texts an adapter sends itself, outside a lock call: every other
-/// statement is the engine's, handed to the driver as a [`Statement`].
+/// The SQL texts sent outside the engine's lock calls: [`SERVER_FACTS`]
+/// and [`GIVE_UP`], which adapters send themselves (a locker's set-up, a
+/// cut-off call's transaction given up); and lockkit's one-key lock, its
+/// exclusive batch and its key-type publication, for tests and benchmarks
+/// that replay or compare them by hand. Every other statement is the
+/// engine's, handed to the driver as a [`Statement`].
+///
+/// [`SERVER_FACTS`]: sql::SERVER_FACTS
+/// [`GIVE_UP`]: sql::GIVE_UP
 pub mod sql {
     pub use crate::engine::sql::{
         BATCH_BIGINT_EXCLUSIVE, CREATE_KEY_TYPES, GIVE_UP, LOCK_BIGINT, PUBLISH_LOCK, SERVER_FACTS,
