@@ -11,9 +11,11 @@ use tokio::sync::OnceCell;
 use crate::engine::plan::Mode;
 use crate::key::LockKey;
 
-/// How many connections the [`SessionForm::Multiplexed`](super::SessionForm::Multiplexed) form opens at most
-/// unless [`SessionLock::connections`](super::SessionLock::connections)
-/// says otherwise.
+/// How many connections the
+/// [`SessionForm::Multiplexed`](super::SessionForm::Multiplexed) form opens
+/// at most unless
+/// [`SessionLock::connections`](super::SessionLock::connections) says
+/// otherwise.
 pub const DEFAULT_CONNECTIONS: usize = 4;
 
 /// An open connection's users below which a lock is taken on it rather than

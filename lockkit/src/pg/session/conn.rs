@@ -40,6 +40,21 @@ pub(super) struct Settings {
     pub(super) check_interval_known: Arc<AtomicBool>,
 }
 
+impl Settings {
+    /// The settings of a new [`SessionLock`](super::SessionLock): its
+    /// connections from `source`, the checks on (no standby, the pooler
+    /// probe bounded by `probe_timeout`), nothing known of the server.
+    pub(super) fn new(source: Source, probe_timeout: Duration) -> Self {
+        Settings {
+            source,
+            allow_standby: false,
+            pooler_check: true,
+            probe_timeout,
+            check_interval_known: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
 impl Source {
     /// A connection for a lock (or the probe), and how to cancel a
     /// statement on it.

@@ -232,3 +232,11 @@ impl<K> SessionGuard<K> {
         }
     }
 }
+
+/// The guard of a waiting lock call, which is granted or fails.
+pub(super) fn expect_granted<K>(result: Result<SessionGuard<K>, K>) -> SessionGuard<K> {
+    match result {
+        Ok(guard) => guard,
+        Err(_) => unreachable!("a waiting lock is granted or fails"),
+    }
+}

@@ -56,17 +56,19 @@ impl Drop for Holding {
 }
 
 impl Holding {
-    /// [`SessionGuard::check`](super::SessionGuard::check) on the lock's connection, on a task of its
-    /// own, so that a check dropped half-way still reads its replies and
-    /// sends the keepalive that closes its portal.
+    /// [`SessionGuard::check`](super::SessionGuard::check) on the lock's
+    /// connection, on a task of its own, so that a check dropped half-way
+    /// still reads its replies and sends the keepalive that closes its
+    /// portal.
     pub(super) async fn check(&self) -> Result<bool, Error> {
         tokio::spawn(check_now(self.0.clone()))
             .await
             .unwrap_or(Ok(false))
     }
 
-    /// [`SessionGuard::release`](super::SessionGuard::release) on the lock's connection: the rollback (or
-    /// unlock) on the caller's task, bounded by one cadence.
+    /// [`SessionGuard::release`](super::SessionGuard::release) on the lock's
+    /// connection: the rollback (or unlock) on the caller's task, bounded
+    /// by one cadence.
     pub(super) async fn release(self) -> Result<bool, Error> {
         let lease = self.0.lease.lock().await.take();
         let Some(lease) = lease else {
@@ -150,9 +152,10 @@ impl Drop for Ending<'_> {
     }
 }
 
-/// [`SessionGuard::check`](super::SessionGuard::check) on the lock's connection: a failed check (or a
-/// lock found gone) gives the connection up, since a failed statement
-/// aborts the lock's transaction, and with it the lock.
+/// [`SessionGuard::check`](super::SessionGuard::check) on the lock's
+/// connection: a failed check (or a lock found gone) gives the connection
+/// up, since a failed statement aborts the lock's transaction, and with it
+/// the lock.
 async fn check_now(shared: Arc<Shared>) -> Result<bool, Error> {
     let slot = shared.lease.lock().await;
     let answer = match slot.as_ref() {

@@ -18,11 +18,11 @@ use crate::engine::sql;
 /// [`SessionLock::keepalive`](super::SessionLock::keepalive) says otherwise.
 pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
 
-/// Keeps the held locks of a [`SessionLock`](super::SessionLock) (and of its clones with the
-/// same cadence) alive: one task, started by the first lock and ending
-/// when a tick finds no lock held, starts the keepalive on every held
-/// lock's connection once per cadence, each bounded by the cadence and
-/// none waiting for another.
+/// Keeps the held locks of a [`SessionLock`](super::SessionLock) (and of
+/// its clones with the same cadence) alive: one task, started by the first
+/// lock and ending when a tick finds no lock held, starts the keepalive on
+/// every held lock's connection once per cadence, each bounded by the
+/// cadence and none waiting for another.
 /// A lock registers by pushing onto a list under a short mutex: no task
 /// spawned and no worker woken per lock.
 pub(super) struct Keeper {

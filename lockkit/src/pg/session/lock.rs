@@ -1,11 +1,9 @@
 //! The one door of session locks: [`SessionLock`], its settings and its
-//! lock calls, each a short method over the form it is held in (the
-//! default form and the session-level one on a connection of its own
-//! ([`Own`]), the multiplexed one on a shared connection ([`Multiplexed`])).
+//! lock calls, over the forms: on a connection of its own ([`Own`]: the
+//! default and the session-level form) or a shared one ([`Multiplexed`]).
 
 use std::fmt;
 use std::num::NonZeroU8;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +13,7 @@ use tokio_postgres::{NoTls, Socket};
 use super::claims::{Mux, DEFAULT_CONNECTIONS};
 use super::conn::{Direct, Settings, Source};
 use super::form::SessionForm;
-use super::guard::SessionGuard;
+use super::guard::{expect_granted, SessionGuard};
 use super::keeper::{Keeper, DEFAULT_KEEPALIVE};
 use super::mux::{Multiplexed, MuxTry};
 use super::mux_conn::MuxConn;
@@ -30,7 +28,6 @@ use crate::engine::error::ErrorKind;
 use crate::engine::plan::Mode;
 use crate::engine::Wait;
 use crate::key::AdvisoryKey;
-use crate::pg::locker::Locker;
 
 /// Takes session-duration advisory locks, each on a connection of its own.
 ///
@@ -81,8 +78,7 @@ use crate::pg::locker::Locker;
 /// ```
 #[derive(Clone)]
 pub struct SessionLock {
-    /// Where the connections come from, and the checks before a lock is
-    /// handed out, whatever its form.
+    /// Where the connections come from, and the checks before a lock.
     settings: Settings,
     form: SessionForm,
     /// Keeps the held locks alive at the cadence
@@ -155,13 +151,7 @@ impl SessionLock {
 
     fn from_source(source: Source) -> Self {
         SessionLock {
-            settings: Settings {
-                source,
-                allow_standby: false,
-                pooler_check: true,
-                probe_timeout: DEFAULT_PROBE_TIMEOUT,
-                check_interval_known: Arc::new(AtomicBool::new(false)),
-            },
+            settings: Settings::new(source, DEFAULT_PROBE_TIMEOUT),
             form: SessionForm::Transaction,
             keeper: Keeper::new(DEFAULT_KEEPALIVE),
             mux: Mux::new(DEFAULT_CONNECTIONS),
@@ -377,6 +367,57 @@ impl SessionLock {
             .await
             .map(expect_granted)
     }
+
+    /// Whether this lock's connections go through a transaction-mode
+    /// pooler: [`probe_pooler`] on a connection from this lock's source
+    /// (its config and TLS, or its pool), bounded by
+    /// [`probe_timeout`](Self::probe_timeout).
+    ///
+    /// # Errors
+    ///
+    /// [`ProbeTimeout`] (inside [`ErrorKind::Timeout`]) when the probe did not
+    /// finish in time, e.g. on a pool with no second connection free;
+    /// connection, pool and server errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: its connections are closed, or returned to the pool
+    /// only after their transaction ended, when the future drops.
+    pub async fn probe_pooler(&self) -> Result<PoolerProbe, Error> {
+        probe::probe(&self.settings.source, self.settings.probe_timeout).await
+    }
+
+    /// Takes `value`'s key in `mode` in this lock's form.
+    async fn acquire<K: AdvisoryKey>(
+        &self,
+        value: K,
+        mode: Mode,
+        wait: Wait,
+    ) -> Result<Result<SessionGuard<K>, K>, Error> {
+        let own = Own::new(&self.settings, &self.keeper);
+        if self.form != SessionForm::Multiplexed {
+            return own.acquire(value, Take::Key(mode), wait, self.form).await;
+        }
+        // A free key is taken on a multiplexed connection, in one round
+        // trip. A wait never runs there (a connection waiting for one key
+        // would delay every other lock's statements on it): it takes a
+        // connection of its own, in the default form.
+        let mux = Multiplexed::new(
+            &self.settings,
+            self.keeper.cadence,
+            &self.mux,
+            self.mux_budget,
+        );
+        match mux.try_lock(value, mode).await? {
+            MuxTry::Held(value, held) => Ok(Ok(SessionGuard::multiplexed(value, held))),
+            MuxTry::Busy(value) if matches!(wait, Wait::Try) => Ok(Err(value)),
+            MuxTry::Busy(value) | MuxTry::Elsewhere(value) => {
+                let take = Take::Key(mode);
+                own.acquire(value, take, wait, SessionForm::Transaction)
+                    .await
+            }
+        }
+    }
 }
 
 /// A semaphore's permits, held for a session: see
@@ -452,97 +493,8 @@ impl SessionLock {
         wait: Wait,
     ) -> Result<Result<SessionGuard<K>, K>, Error> {
         let take = Take::Permit(permits);
-        self.own()
+        Own::new(&self.settings, &self.keeper)
             .acquire(key, take, wait, SessionForm::Transaction)
             .await
-    }
-}
-
-impl SessionLock {
-    /// Whether this lock's connections go through a transaction-mode
-    /// pooler: [`probe_pooler`] on a connection from this lock's source
-    /// (its config and TLS, or its pool), bounded by
-    /// [`probe_timeout`](Self::probe_timeout).
-    ///
-    /// # Errors
-    ///
-    /// [`ProbeTimeout`] (inside [`ErrorKind::Timeout`]) when the probe did not
-    /// finish in time, e.g. on a pool with no second connection free;
-    /// connection, pool and server errors.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: its connections are closed, or returned to the pool
-    /// only after their transaction ended, when the future drops.
-    pub async fn probe_pooler(&self) -> Result<PoolerProbe, Error> {
-        probe::probe(&self.settings.source, self.settings.probe_timeout).await
-    }
-
-    /// Takes `value`'s key in `mode` in this lock's form.
-    async fn acquire<K: AdvisoryKey>(
-        &self,
-        value: K,
-        mode: Mode,
-        wait: Wait,
-    ) -> Result<Result<SessionGuard<K>, K>, Error> {
-        if self.form != SessionForm::Multiplexed {
-            return self
-                .own()
-                .acquire(value, Take::Key(mode), wait, self.form)
-                .await;
-        }
-        // A free key is taken on a multiplexed connection, in one round
-        // trip. A wait never runs there (a connection waiting for one key
-        // would delay every other lock's statements on it): it takes a
-        // connection of its own, in the default form.
-        match self.multiplexed().try_lock(value, mode).await? {
-            MuxTry::Held(value, held) => Ok(Ok(SessionGuard::multiplexed(value, held))),
-            MuxTry::Busy(value) if matches!(wait, Wait::Try) => Ok(Err(value)),
-            MuxTry::Busy(value) | MuxTry::Elsewhere(value) => {
-                let take = Take::Key(mode);
-                self.own()
-                    .acquire(value, take, wait, SessionForm::Transaction)
-                    .await
-            }
-        }
-    }
-
-    /// The default and session-level forms: a lock on a connection of its
-    /// own.
-    fn own(&self) -> Own<'_> {
-        Own {
-            settings: &self.settings,
-            keeper: &self.keeper,
-        }
-    }
-
-    /// The multiplexed form.
-    fn multiplexed(&self) -> Multiplexed<'_> {
-        Multiplexed {
-            settings: &self.settings,
-            cadence: self.keeper.cadence,
-            mux: &self.mux,
-            mux_budget: self.mux_budget,
-        }
-    }
-}
-
-impl Locker {
-    /// Session locks on connections made from `config` (without TLS), with
-    /// this locker's standby policy
-    /// ([`Config::allow_standby`](crate::Config::allow_standby)).
-    ///
-    /// The locker's transactions and the session locks take keys from the
-    /// same key spaces, so an xact lock and a session lock on one key
-    /// exclude each other.
-    pub fn session(&self, config: tokio_postgres::Config) -> SessionLock {
-        SessionLock::new(config).allow_standby(self.policy().config().allow_standby)
-    }
-}
-
-fn expect_granted<K>(result: Result<SessionGuard<K>, K>) -> SessionGuard<K> {
-    match result {
-        Ok(guard) => guard,
-        Err(_) => unreachable!("a waiting lock is granted or fails"),
     }
 }

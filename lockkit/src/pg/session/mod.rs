@@ -161,6 +161,7 @@
 
 #[cfg(doc)]
 use crate::engine::error::ErrorKind;
+use crate::pg::locker::Locker;
 
 mod claims;
 mod conn;
@@ -186,3 +187,16 @@ pub use keeper::DEFAULT_KEEPALIVE;
 pub use lock::SessionLock;
 pub use mux_conn::MULTIPLEXED_NAME;
 pub use probe::{probe_pooler, PoolerProbe, ProbeTimeout, DEFAULT_PROBE_TIMEOUT};
+
+impl Locker {
+    /// Session locks on connections made from `config` (without TLS), with
+    /// this locker's standby policy
+    /// ([`Config::allow_standby`](crate::Config::allow_standby)).
+    ///
+    /// The locker's transactions and the session locks take keys from the
+    /// same key spaces, so an xact lock and a session lock on one key
+    /// exclude each other.
+    pub fn session(&self, config: tokio_postgres::Config) -> SessionLock {
+        SessionLock::new(config).allow_standby(self.policy().config().allow_standby)
+    }
+}

@@ -132,13 +132,29 @@ fn settle(conn: Arc<MuxConn>, claim: Claim<MuxConn>) {
 /// own, its keepalive cadence, its connections and claimed keys, and its
 /// budget ([`SessionLock::multiplexed_budget`](super::SessionLock::multiplexed_budget)).
 pub(super) struct Multiplexed<'a> {
-    pub(super) settings: &'a Settings,
-    pub(super) cadence: Duration,
-    pub(super) mux: &'a Arc<Mux<MuxConn>>,
-    pub(super) mux_budget: Option<usize>,
+    settings: &'a Settings,
+    cadence: Duration,
+    mux: &'a Arc<Mux<MuxConn>>,
+    mux_budget: Option<usize>,
 }
 
-impl Multiplexed<'_> {
+impl<'a> Multiplexed<'a> {
+    /// The multiplexed form of a lock with `settings`, at `cadence`, on
+    /// `mux`'s connections, holding at most `mux_budget` keys.
+    pub(super) fn new(
+        settings: &'a Settings,
+        cadence: Duration,
+        mux: &'a Arc<Mux<MuxConn>>,
+        mux_budget: Option<usize>,
+    ) -> Self {
+        Multiplexed {
+            settings,
+            cadence,
+            mux,
+            mux_budget,
+        }
+    }
+
     /// Tries `value`'s key on a multiplexed connection, in one round trip
     /// on an open connection: the form's one entry.
     ///

@@ -27,11 +27,16 @@ use crate::key::{AdvisoryKey, KeyForm, LockKey};
 /// A [`SessionLock`](super::SessionLock)'s takes on a connection of their
 /// own: its settings, and the keeper its held locks register with.
 pub(super) struct Own<'a> {
-    pub(super) settings: &'a Settings,
-    pub(super) keeper: &'a Arc<Keeper>,
+    settings: &'a Settings,
+    keeper: &'a Arc<Keeper>,
 }
 
-impl Own<'_> {
+impl<'a> Own<'a> {
+    /// The takes of a lock with `settings`, kept alive by `keeper`.
+    pub(super) fn new(settings: &'a Settings, keeper: &'a Arc<Keeper>) -> Self {
+        Own { settings, keeper }
+    }
+
     /// Takes `take` of `value` on a connection of its own, held in `form`
     /// (a permit always in the default form).
     pub(super) async fn acquire<K: AdvisoryKey>(
