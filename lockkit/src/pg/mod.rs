@@ -9,14 +9,15 @@ pub(crate) mod ddl;
 mod error;
 pub(crate) mod exec;
 pub mod inspect;
+pub(crate) mod lock_tx;
 pub(crate) mod locker;
 pub(crate) mod migrate;
 pub(crate) mod publish;
 pub mod session;
 pub(crate) mod text_row;
-pub(crate) mod lock_tx;
 
 pub use ddl::{run_ddl, DdlOutcome, DdlRetry};
+pub use lock_tx::LockTx;
 pub use locker::{LockClient, Locker};
 pub use migrate::{Migration, MigrationError, MigrationGuard, WhenBusy};
 pub use publish::{published_key_types, PublishedKeyType};
@@ -25,4 +26,3 @@ pub use session::{
     DEFAULT_CONNECTIONS, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_PROBE_TIMEOUT,
     MULTIPLEXED_NAME,
 };
-pub use lock_tx::LockTx;
