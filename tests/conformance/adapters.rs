@@ -20,7 +20,7 @@ use lockkit_tests::TestServer;
 
 use crate::session::{
     exec_op, lock_dropped, park, unpark, Adapter, BoxFuture, Cancel, Cmd, Ctx, End, Fin, Op,
-    Pending, Session, Worker,
+    Pending, Session, Worker, LOCKKIT_PREPARED,
 };
 
 /// The table the exclusion workload increments.
@@ -33,6 +33,7 @@ fn misplaced(cmd: Cmd) {
     match cmd {
         Cmd::Begin(r) | Cmd::Savepoint(r) | Cmd::End(_, r) => drop(r.send(Err(e))),
         Cmd::Ping(r) => drop(r.send(Err(e))),
+        Cmd::Prepared(r) => drop(r.send(Err(e))),
         Cmd::Op(_, r) => drop(r.send(Err(e))),
     }
 }
@@ -49,6 +50,12 @@ pub(crate) trait AsyncStack: Transactions<Io = Async> {
         tx: &mut LockTx<'_, Self>,
         row: i64,
     ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// `Op::Execute` through the stack's own query API.
+    fn execute(
+        tx: &mut LockTx<'_, Self>,
+        sql: &'static str,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
 /// The command loop of the stacks whose savepoints run a closure
@@ -62,12 +69,13 @@ fn serve_in_closure_savepoints<'a, D: AsyncStack>(
         while let Some(cmd) = ctx.next().await {
             match cmd {
                 Cmd::Op(Op::LockDropped(key, mode, cancel), reply) => {
-                    let lock =
-                        async { exec_op!(&mut *tx, Op::Lock(key, mode), D::increment, .await) };
+                    let lock = async {
+                        exec_op!(&mut *tx, Op::Lock(key, mode), D::increment, D::execute, .await)
+                    };
                     let _ = reply.send(lock_dropped(lock, cancel).await);
                 }
                 Cmd::Op(op, reply) => {
-                    let _ = reply.send(exec_op!(&mut *tx, op, D::increment, .await));
+                    let _ = reply.send(exec_op!(&mut *tx, op, D::increment, D::execute, .await));
                 }
                 Cmd::Savepoint(reply) => {
                     let pending = Pending::default();
@@ -123,11 +131,26 @@ mod diesel_rows {
         pub(super) pid: i32,
     }
 
-    /// A row of the counter table: its `n`.
+    /// A row of the counter table, or of `LOCKKIT_PREPARED`: its `n`.
     #[derive(::diesel::QueryableByName)]
     pub(super) struct N {
         #[diesel(sql_type = BigInt)]
         pub(super) n: i64,
+    }
+
+    /// The `tracing` target of [`report_statements`]'s events.
+    pub(super) const STATEMENTS: &str = "lockkit_tests::sql";
+
+    /// The instrumentation of every session's connection: it reports each
+    /// statement the connection starts as a `tracing` event of target
+    /// [`STATEMENTS`] with its text, as an application's own would (Diesel
+    /// itself reports to no `tracing` target).
+    pub(super) fn report_statements() -> impl ::diesel::connection::Instrumentation {
+        |event: ::diesel::connection::InstrumentationEvent<'_>| {
+            if let ::diesel::connection::InstrumentationEvent::StartQuery { query, .. } = event {
+                tracing::info!(target: STATEMENTS, "{query}");
+            }
+        }
     }
 }
 
@@ -146,6 +169,11 @@ pub(crate) mod with_tokio_postgres {
         const NAME: &'static str = "tokio-postgres";
         const ID: i64 = 0;
         const CANCEL: Option<Cancel> = Some(Cancel::Request);
+        /// tokio-postgres reports through `log`, not `tracing`, and of an
+        /// execution only the prepared statement's name (of lockkit's
+        /// unnamed statements, nothing), so there is no report to find in
+        /// a span.
+        const STATEMENT_EVENTS: Option<&'static str> = None;
 
         async fn open(db: &TestServer, config: Config, _sessions: usize) -> Self {
             let client = db.connect().await;
@@ -191,6 +219,15 @@ pub(crate) mod with_tokio_postgres {
         Ok(())
     }
 
+    async fn execute(tx: &LockTx<'_>, sql: &'static str) -> Result<(), Error> {
+        tx.execute(sql, &[]).await?;
+        Ok(())
+    }
+
+    async fn prepared(client: &Client) -> Result<i64, Error> {
+        Ok(client.query_one(LOCKKIT_PREPARED, &[]).await?.get(0))
+    }
+
     async fn worker(mut client: LockClient, ctx: Ctx) {
         while let Some(cmd) = ctx.next().await {
             match cmd {
@@ -212,6 +249,7 @@ pub(crate) mod with_tokio_postgres {
                     ctx.run_droppable(transaction).await;
                 }
                 Cmd::Ping(reply) => drop(reply.send(pid(&client).await)),
+                Cmd::Prepared(reply) => drop(reply.send(prepared(&client).await)),
                 other => misplaced(other),
             }
         }
@@ -222,11 +260,13 @@ pub(crate) mod with_tokio_postgres {
             while let Some(cmd) = ctx.next().await {
                 match cmd {
                     Cmd::Op(Op::LockDropped(key, mode, cancel), reply) => {
-                        let lock = async { exec_op!(&*tx, Op::Lock(key, mode), increment, .await) };
+                        let lock = async {
+                            exec_op!(&*tx, Op::Lock(key, mode), increment, execute, .await)
+                        };
                         let _ = reply.send(lock_dropped(lock, cancel).await);
                     }
                     Cmd::Op(op, reply) => {
-                        let _ = reply.send(exec_op!(&*tx, op, increment, .await));
+                        let _ = reply.send(exec_op!(&*tx, op, increment, execute, .await));
                     }
                     Cmd::Savepoint(reply) => {
                         let mut sp = match tx.savepoint().await {
@@ -273,6 +313,9 @@ pub(crate) mod with_sqlx {
         const NAME: &'static str = "sqlx";
         const ID: i64 = 1;
         const CANCEL: Option<Cancel> = Some(Cancel::WaitsForReply);
+        /// sqlx's own report of each statement (its query logger, on by
+        /// default).
+        const STATEMENT_EVENTS: Option<&'static str> = Some("sqlx::query");
 
         async fn open(db: &TestServer, config: Config, sessions: usize) -> Self {
             let pool = PgPoolOptions::new()
@@ -321,6 +364,14 @@ pub(crate) mod with_sqlx {
                 .map_err(lock_error)?;
             Ok(())
         }
+
+        async fn execute(tx: &mut LockTx<'_>, sql: &'static str) -> Result<(), Error> {
+            ::sqlx::query(sql)
+                .execute(tx.conn())
+                .await
+                .map_err(lock_error)?;
+            Ok(())
+        }
     }
 
     async fn worker(mut conn: PoolConnection<Postgres>, locker: Locker, ctx: Ctx) {
@@ -351,6 +402,13 @@ pub(crate) mod with_sqlx {
                 Cmd::Ping(reply) => {
                     let _ = reply.send(pid(&mut conn).await);
                 }
+                Cmd::Prepared(reply) => {
+                    let prepared = ::sqlx::query_scalar(LOCKKIT_PREPARED)
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(lock_error);
+                    let _ = reply.send(prepared);
+                }
                 other => misplaced(other),
             }
         }
@@ -368,7 +426,7 @@ pub(crate) mod with_diesel_async {
     use ::diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
     use lockkit_diesel_async::{LockTx, Locker};
 
-    use super::diesel_rows::{Pid, N, PID};
+    use super::diesel_rows::{report_statements, Pid, N, PID, STATEMENTS};
 
     type PgPool = Pool<AsyncPgConnection>;
 
@@ -389,6 +447,7 @@ pub(crate) mod with_diesel_async {
         const NAME: &'static str = "diesel-async";
         const ID: i64 = 2;
         const CANCEL: Option<Cancel> = Some(Cancel::RequestAndDiscard);
+        const STATEMENT_EVENTS: Option<&'static str> = Some(STATEMENTS);
 
         async fn open(db: &TestServer, config: Config, _sessions: usize) -> Self {
             let url = db.url().to_string();
@@ -400,6 +459,7 @@ pub(crate) mod with_diesel_async {
         async fn session(&self) -> Session {
             let pool = pool(&self.url);
             let mut conn = pool.get().await.expect("checkout");
+            conn.set_instrumentation(report_statements());
             let pid = pid(&mut conn).await.expect("pid");
             let (tx, ctx) = Session::channel();
             let task = tokio::spawn(worker(pool.clone(), conn, self.locker.clone(), ctx));
@@ -434,6 +494,11 @@ pub(crate) mod with_diesel_async {
                 .await?;
             Ok(())
         }
+
+        async fn execute(tx: &mut LockTx<'_>, sql: &'static str) -> Result<(), Error> {
+            ::diesel::sql_query(sql).execute(tx.conn()).await?;
+            Ok(())
+        }
     }
 
     async fn worker(pool: PgPool, mut conn: Object<AsyncPgConnection>, locker: Locker, ctx: Ctx) {
@@ -464,6 +529,12 @@ pub(crate) mod with_diesel_async {
                     conn = pool.get().await.expect("checkout");
                     let _ = reply.send(pid(&mut conn).await);
                 }
+                Cmd::Prepared(reply) => {
+                    let prepared = ::diesel::sql_query(LOCKKIT_PREPARED)
+                        .get_result::<N>(&mut *conn)
+                        .await;
+                    let _ = reply.send(prepared.map(|row| row.n).map_err(Error::from));
+                }
                 other => misplaced(other),
             }
         }
@@ -480,7 +551,7 @@ pub(crate) mod with_diesel {
     use ::diesel::{sql_query, Connection, PgConnection, RunQueryDsl};
     use lockkit_diesel::{LockTx, Locker};
 
-    use super::diesel_rows::{Pid, N, PID};
+    use super::diesel_rows::{report_statements, Pid, N, PID, STATEMENTS};
 
     pub(crate) struct Diesel {
         url: String,
@@ -495,6 +566,7 @@ pub(crate) mod with_diesel {
         const NAME: &'static str = "diesel";
         const ID: i64 = 3;
         const CANCEL: Option<Cancel> = None;
+        const STATEMENT_EVENTS: Option<&'static str> = Some(STATEMENTS);
 
         async fn open(db: &TestServer, config: Config, _sessions: usize) -> Self {
             let url = db.url().to_string();
@@ -510,8 +582,13 @@ pub(crate) mod with_diesel {
             let (tx, ctx) = Session::channel();
             let (pid_tx, pid_rx) = tokio::sync::oneshot::channel();
             let (url, locker) = (self.url.clone(), self.locker.clone());
+            // The thread reports to the test's `tracing` subscriber, as a
+            // task on the test's thread would.
+            let dispatch = tracing::dispatcher::get_default(tracing::Dispatch::clone);
             let thread = std::thread::spawn(move || {
+                let _reporting = tracing::dispatcher::set_default(&dispatch);
                 let mut conn = connect(&url);
+                conn.set_instrumentation(report_statements());
                 let _ = pid_tx.send(pid(&mut conn).expect("pid"));
                 worker(&mut conn, &locker, &ctx);
             });
@@ -543,6 +620,11 @@ pub(crate) mod with_diesel {
         Ok(())
     }
 
+    fn execute(tx: &mut LockTx<'_>, sql: &'static str) -> Result<(), Error> {
+        sql_query(sql).execute(tx.conn())?;
+        Ok(())
+    }
+
     fn worker(conn: &mut PgConnection, locker: &Locker, ctx: &Ctx) {
         while let Some(cmd) = ctx.next_blocking() {
             match cmd {
@@ -557,6 +639,10 @@ pub(crate) mod with_diesel {
                 Cmd::Ping(reply) => {
                     let _ = reply.send(pid(conn));
                 }
+                Cmd::Prepared(reply) => {
+                    let prepared = sql_query(LOCKKIT_PREPARED).get_result::<N>(conn);
+                    let _ = reply.send(prepared.map(|row| row.n).map_err(Error::from));
+                }
                 other => misplaced(other),
             }
         }
@@ -566,7 +652,7 @@ pub(crate) mod with_diesel {
         while let Some(cmd) = ctx.next_blocking() {
             match cmd {
                 Cmd::Op(op, reply) => {
-                    let _ = reply.send(exec_op!(&mut *tx, op, increment,));
+                    let _ = reply.send(exec_op!(&mut *tx, op, increment, execute,));
                 }
                 Cmd::Savepoint(reply) => {
                     let pending = Pending::default();

@@ -28,16 +28,19 @@ suite!(tokio_postgres: crate::adapters::with_tokio_postgres::TokioPg;
     exclusion, exclusion_control, deadlock_freedom, deadlock_control,
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
     release_on_terminate, budget, timeout, cancel, savepoints, drifting_key, semaphore,
-    commit_after_an_aborting_error,
+    commit_after_an_aborting_error, statement_mode_decides_what_is_prepared,
     // No lock_outside_transaction_refused: it does not compile
-    // (tests/ui-guards/lock_without_transaction.rs).
+    // (tests/ui-guards/lock_without_transaction.rs). No
+    // a_lock_calls_statements_are_reported_inside_its_span: tokio-postgres
+    // reports its statements to no `tracing` target (`STATEMENT_EVENTS`).
 );
 
 suite!(sqlx: crate::adapters::with_sqlx::Sqlx;
     exclusion, exclusion_control, deadlock_freedom, deadlock_control,
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
     release_on_terminate, budget, timeout, cancel, savepoints, drifting_key, semaphore,
-    lock_outside_transaction_refused,
+    lock_outside_transaction_refused, statement_mode_decides_what_is_prepared,
+    a_lock_calls_statements_are_reported_inside_its_span,
     // Not commit_after_an_aborting_error but its control: this stack's
     // sessions commit through sqlx's own `Transaction::commit` (`lock_tx`),
     // which is not lockkit's to refuse (`Locker::lock_tx` says so);
@@ -49,7 +52,8 @@ suite!(diesel_async: crate::adapters::with_diesel_async::DieselAsync;
     exclusion, exclusion_control, deadlock_freedom, deadlock_control,
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
     release_on_terminate, budget, timeout, cancel, savepoints, drifting_key, semaphore,
-    lock_outside_transaction_refused,
+    lock_outside_transaction_refused, statement_mode_decides_what_is_prepared,
+    a_lock_calls_statements_are_reported_inside_its_span,
     // Not commit_after_an_aborting_error but its control: this stack's
     // sessions commit through diesel-async's own `conn.transaction`
     // (`lock_tx`), which is not lockkit's to refuse (`Locker::lock_tx` says
@@ -62,7 +66,8 @@ suite!(diesel: crate::adapters::with_diesel::Diesel;
     release_on_commit, release_on_rollback, release_on_panic,
     release_on_terminate, budget, timeout, savepoints, drifting_key, semaphore,
     commit_after_an_aborting_error,
-    lock_outside_transaction_refused,
+    lock_outside_transaction_refused, statement_mode_decides_what_is_prepared,
+    a_lock_calls_statements_are_reported_inside_its_span,
     // No release_on_drop: a blocking transaction closure cannot be
     // abandoned half-way, only unwound (release_on_panic). No cancel: no
     // futures; lock_timeout is the bound (timeout).

@@ -107,6 +107,9 @@ pub(crate) enum Op {
     /// Read-modify-write of row `id` of the counter table, through the
     /// stack's own query API: read `n`, then write `n + 1`.
     Increment(i64),
+    /// A statement of the application's own, through the stack's own
+    /// query API.
+    Execute(&'static str),
 }
 
 /// What an [`Op`] returned.
@@ -122,7 +125,7 @@ pub(crate) enum Out {
     Guard(LockKey),
     /// The lock future was dropped before it finished.
     Dropped,
-    /// An increment done.
+    /// An increment or a statement done.
     Done,
 }
 
@@ -149,6 +152,10 @@ pub(crate) enum Cmd {
     /// would (which runs what a dropped transaction left queued); returns
     /// the backend pid.
     Ping(Reply<i32>),
+    /// Outside a transaction: how many of lockkit's statements are
+    /// prepared (named) on the session's backend ([`LOCKKIT_PREPARED`]),
+    /// read through the stack's own query API.
+    Prepared(Reply<i64>),
     /// An operation in the open transaction.
     Op(Op, Reply<Out>),
     /// Open a savepoint in the open transaction.
@@ -156,6 +163,13 @@ pub(crate) enum Cmd {
     /// End the innermost savepoint, else the transaction.
     End(End, Reply<()>),
 }
+
+/// How many of lockkit's statements are prepared (named) on the backend
+/// that runs it (`pg_prepared_statements` shows a backend's own), itself
+/// left out: a driver may prepare it too. Its column is `n`.
+pub(crate) const LOCKKIT_PREPARED: &str =
+    "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '/* lockkit:%' \
+     AND statement NOT LIKE '%pg_prepared_statements%'";
 
 /// What a worker's command loop hands its caller: how to end the
 /// transaction or savepoint it serves, and where to reply once it is.
@@ -413,6 +427,22 @@ impl Session {
             .map(|out| assert_eq!(out, Out::Done))
     }
 
+    /// Runs `sql`, a statement of the application's own, in the open
+    /// transaction.
+    pub(crate) async fn execute(&self, sql: &'static str) -> Result<(), Error> {
+        self.op(Op::Execute(sql))
+            .await
+            .map(|out| assert_eq!(out, Out::Done))
+    }
+
+    /// Outside a transaction: how many of lockkit's statements are
+    /// prepared on the session's backend.
+    pub(crate) async fn lockkit_prepared(&self) -> i64 {
+        self.call(Cmd::Prepared)
+            .await
+            .expect("pg_prepared_statements")
+    }
+
     pub(crate) async fn savepoint(&self) {
         self.call(Cmd::Savepoint).await.expect("SAVEPOINT");
     }
@@ -489,6 +519,10 @@ pub(crate) trait Adapter: Sized + Send + Sync + 'static {
     const ID: i64;
     /// What a dropped lock future does (`None`: blocking, no futures).
     const CANCEL: Option<Cancel>;
+    /// The `tracing` target under which the stack's driver reports each
+    /// statement it runs, with the statement's text (`None`: it reports
+    /// none).
+    const STATEMENT_EVENTS: Option<&'static str>;
 
     /// The stack's pool (or connection factory) and locker for `db`, with
     /// `config`; at least `sessions` sessions will be open at once.
@@ -505,9 +539,10 @@ pub(crate) trait Adapter: Sized + Send + Sync + 'static {
 
 /// Executes the operations every stack has, on `$tx` (a `&mut LockTx` or
 /// `&LockTx`), awaiting with the trailing tokens (`.await`, or nothing for
-/// blocking Diesel); `$increment` is the stack's read-modify-write.
+/// blocking Diesel); `$increment` is the stack's read-modify-write,
+/// `$execute` runs a statement of the application's.
 macro_rules! exec_op {
-    ($tx:expr, $op:expr, $increment:path, $($aw:tt)*) => {{
+    ($tx:expr, $op:expr, $increment:path, $execute:path, $($aw:tt)*) => {{
         use lockkit::Mode;
         use $crate::session::{batch, Big, Key, Op, Out, Pair};
         let tx = $tx;
@@ -534,6 +569,7 @@ macro_rules! exec_op {
             Op::Holds(Key::Big(id), mode) => Ok(Out::Bool(tx.holds(&Big { id }, mode))),
             Op::Holds(Key::Pair(id), mode) => Ok(Out::Bool(tx.holds(&Pair { id }, mode))),
             Op::Increment(row) => $increment(tx, row) $($aw)* .map(|()| Out::Done),
+            Op::Execute(sql) => $execute(tx, sql) $($aw)* .map(|()| Out::Done),
             Op::LockDropped(..) => unreachable!("handled by the async command loops"),
         }
     }};

@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockkit::{Config, ErrorKind, LockKey, Mode, OrderCheck};
+use lockkit::{Config, ErrorKind, LockKey, Mode, OrderCheck, StatementMode};
 use lockkit_tests::observe::{self, advisory_rows, granted_elsewhere, wait_until_not_waiting};
+use lockkit_tests::spans;
 use lockkit_tests::waits::{wait_until_awaited, WaitCounter, Waits};
 use lockkit_tests::workload::{deadlock, exclusion, seed, worker_rng};
 use lockkit_tests::TestServer;
@@ -912,4 +913,88 @@ pub(crate) async fn semaphore<A: Adapter>() {
     let granted = slot(waiting.await.expect("reply").expect("granted"));
     assert!(slots.contains(&granted), "{granted} is not a slot");
     third.commit().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// What lockkit's statements leave on a connection, and where a driver
+// reports them.
+
+/// `StatementMode::Prepared` (the opt-in) keeps lockkit's statements
+/// prepared on the connection (in the driver's statement cache, where it
+/// has one): at least the two the transactions ran, the lock's and the
+/// batch's (tokio-postgres prepares all of them); `Unnamed`, for
+/// transaction-mode poolers, prepares none of them. The prepared case is
+/// the control that the count can be seen at all.
+pub(crate) async fn statement_mode_decides_what_is_prepared<A: Adapter>() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    for (mode, least, most) in [
+        (StatementMode::Unnamed, 0, 0),
+        (StatementMode::Prepared, 2, i64::MAX),
+    ] {
+        let config = Config::default()
+            .statements(mode)
+            .order_check(OrderCheck::Off);
+        let stack = A::open(db, config, 1).await;
+        let s = stack.session().await;
+        for n in 0..3 {
+            s.begin().await;
+            s.lock(Key::Big(id::<A>(50, n)), Mode::Exclusive)
+                .await
+                .unwrap();
+            let batch = [
+                (Key::Big(id::<A>(50, 10 + n)), Mode::Exclusive),
+                (Key::Big(id::<A>(50, 20 + n)), Mode::Exclusive),
+            ];
+            assert_eq!(s.lock_batch(&batch).await.unwrap(), 2);
+            s.commit().await.unwrap();
+        }
+        let n = s.lockkit_prepared().await;
+        println!("{} {mode:?}: {n} of lockkit's statements prepared", A::NAME);
+        assert!(
+            (least..=most).contains(&n),
+            "{} {mode:?}: {n} of lockkit's statements prepared",
+            A::NAME
+        );
+    }
+}
+
+/// A lock call's statements run in its `lockkit.lock` span: the stack's
+/// driver's report of each (`Adapter::STATEMENT_EVENTS`: sqlx's own, or
+/// the Diesel connection's instrumentation as an application would set it)
+/// is inside it, for a lock, a try, a batch and a timed lock (a round of
+/// five statements); the transaction's own statement is in no lock's span
+/// (the control). See [`spans::assert_lock_statements_in_span`].
+///
+/// The recording subscriber is a thread's default, so the stack runs on a
+/// current-thread runtime of its own on a blocking thread (a blocking
+/// stack's session thread reports to it too).
+pub(crate) async fn a_lock_calls_statements_are_reported_inside_its_span<A: Adapter>() {
+    let target = A::STATEMENT_EVENTS.expect("a stack whose driver reports its statements");
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let events = spans::Events::new(target);
+    let recorder = events.clone();
+    tokio::task::spawn_blocking(move || {
+        recorder.run(async {
+            let stack = A::open(db, Config::default().order_check(OrderCheck::Off), 1).await;
+            let s = stack.session().await;
+            let key = |n| Key::Big(id::<A>(51, n));
+            s.begin().await;
+            s.lock(key(0), Mode::Exclusive).await.unwrap();
+            assert!(s.try_lock(key(1), Mode::Exclusive).await.unwrap());
+            let batch = [(key(2), Mode::Exclusive), (key(3), Mode::Exclusive)];
+            assert_eq!(s.lock_batch(&batch).await.unwrap(), 2);
+            s.lock_timeout(key(4), Mode::Exclusive, Duration::from_secs(5))
+                .await
+                .unwrap();
+            s.execute("SELECT 'the application''s own' AS mine")
+                .await
+                .unwrap();
+            s.commit().await.unwrap();
+        });
+    })
+    .await
+    .expect("the traced transaction");
+    spans::assert_lock_statements_in_span(&events.seen());
 }

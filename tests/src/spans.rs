@@ -99,10 +99,12 @@ impl Visit for Text<'_> {
     }
 }
 
-/// The span tests' common check, over what a driver reported (`seen`) of
-/// a transaction that took, in this order, a lock, a try, a two-key batch
-/// and a timed lock (`BigInt` keys), then ran a statement of its own whose
-/// text contains `the application`:
+/// The span test's check (the conformance suite's
+/// `a_lock_calls_statements_are_reported_inside_its_span`, on each stack
+/// whose driver reports its statements), over what a driver reported
+/// (`seen`) of a transaction that took, in this order, a lock, a try, a
+/// two-key batch and a timed lock (`BigInt` keys), then ran a statement of
+/// its own whose text contains `the application`:
 ///
 /// - each lock call's statements were reported, the timed lock's savepoint
 ///   included;
