@@ -94,3 +94,73 @@ async fn a_savepoint_dropped_during_its_rollback_does_not_report_its_locks_held(
     }
     panic!("the savepoint's ROLLBACK TO was answered within the poll that sent it, for a minute");
 }
+
+/// A closure form whose lock call was cut off in flight (here by
+/// `now_or_never`, while another session holds the key) and whose closure
+/// then returns `Ok` must not report the transaction committed: whether
+/// the cancel or the grant won, the call's outcome is unknown, the
+/// transaction is poisoned, and `transaction` rolls back and fails typed.
+/// The application's write in it is not committed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_closure_whose_lock_call_was_cut_off_is_not_committed() {
+    use futures_util::FutureExt;
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 1).await;
+    let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+    let holder = db.connect().await;
+    let observer = db.connect().await;
+    observer
+        .batch_execute("CREATE TABLE IF NOT EXISTS sqlx_cut_off_writes (id int8 PRIMARY KEY)")
+        .await
+        .unwrap();
+    for round in 0..5_i64 {
+        let key = Item {
+            id: 200_000 + round,
+        };
+        holder.batch_execute("BEGIN").await.unwrap();
+        let lock_key = key.lock_key();
+        let lockkit::LockKey::BigInt(k) = lock_key else {
+            unreachable!()
+        };
+        holder
+            .execute("SELECT pg_advisory_xact_lock($1)", &[&k])
+            .await
+            .unwrap();
+        // sqlx has no cancel request: the cut-off statement keeps waiting
+        // behind the holder, and so does the transaction's end. It runs
+        // in a task; the holder lets go once the statement is seen
+        // waiting for the key.
+        let (pool2, locker2) = (pool.clone(), locker.clone());
+        let task = tokio::spawn(async move {
+            locker2
+                .transaction(&pool2, |tx| {
+                    Box::pin(async move {
+                        sqlx::query("INSERT INTO sqlx_cut_off_writes VALUES ($1)")
+                            .bind(200_000 + round)
+                            .execute(tx.conn())
+                            .await
+                            .map_err(lockkit_sqlx::lock_error)?;
+                        // Sent, waiting behind the holder, then dropped.
+                        assert!(tx.lock(key).now_or_never().is_none());
+                        Ok::<_, Error>(())
+                    })
+                })
+                .await
+        });
+        lockkit_tests::observe::wait_until_key_waited(&observer, lock_key).await;
+        holder.batch_execute("ROLLBACK").await.unwrap();
+        let result = task.await.unwrap();
+        let e = result.expect_err("a transaction with a cut-off lock call was reported committed");
+        assert_eq!(e.kind(), lockkit_sqlx::ErrorKind::Poisoned, "{e:?}");
+        let committed: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM sqlx_cut_off_writes WHERE id = $1",
+                &[&(200_000 + round)],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(committed, 0, "the cut-off transaction's write was committed");
+    }
+}
