@@ -161,6 +161,9 @@ async fn a_closure_whose_lock_call_was_cut_off_is_not_committed() {
             .await
             .unwrap()
             .get(0);
-        assert_eq!(committed, 0, "the cut-off transaction's write was committed");
+        assert_eq!(
+            committed, 0,
+            "the cut-off transaction's write was committed"
+        );
     }
 }
