@@ -14,8 +14,9 @@
 //!   outlives the commit.
 //!
 //! Each face's public calls are one line each: they name the call's mode,
-//! wait and call site, and hand what the call needs of their receiver (its
-//! [`Parts`]) to the functions here, which ask the engine for the call and
+//! wait and call site, and hand how to get what the call needs of their
+//! receiver (its [`Parts`], made when the call's future first runs, so the
+//! future holds only the receiver until then) to the functions here, which ask the engine for the call and
 //! run it through the face's driver by the same [`driver::run_one`] and
 //! [`driver::drive`] on every stack. The calls' docs are written once too, in the `calls/`
 //! files both faces include.
@@ -56,8 +57,15 @@ impl<D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>> Parts<'_, D, C, R> {
 }
 
 /// A lock that waits as long as it takes: the engine's one-statement call.
-pub(crate) async fn lock_one<'g, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>, K: AdvisoryKey>(
-    parts: Result<Parts<'_, D, C, R>, Error>,
+pub(crate) async fn lock_one<
+    'a,
+    'g,
+    D: Driver,
+    C: BorrowMut<D::Conn>,
+    R: Borrow<D>,
+    K: AdvisoryKey,
+>(
+    parts: impl FnOnce() -> Result<Parts<'a, D, C, R>, Error>,
     value: K,
     mode: Mode,
     site: Site,
@@ -67,13 +75,14 @@ pub(crate) async fn lock_one<'g, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>,
 
 /// A try: the engine's one-statement call.
 pub(crate) async fn try_lock_one<
+    'a,
     'g,
     D: Driver,
     C: BorrowMut<D::Conn>,
     R: Borrow<D>,
     K: AdvisoryKey,
 >(
-    parts: Result<Parts<'_, D, C, R>, Error>,
+    parts: impl FnOnce() -> Result<Parts<'a, D, C, R>, Error>,
     value: K,
     mode: Mode,
     site: Site,
@@ -83,13 +92,14 @@ pub(crate) async fn try_lock_one<
 
 /// A lock of one key with a timeout: the engine's general call.
 pub(crate) async fn lock_waiting<
+    'a,
     'g,
     D: Driver,
     C: BorrowMut<D::Conn>,
     R: Borrow<D>,
     K: AdvisoryKey,
 >(
-    parts: Result<Parts<'_, D, C, R>, Error>,
+    parts: impl FnOnce() -> Result<Parts<'a, D, C, R>, Error>,
     value: K,
     mode: Mode,
     timeout: std::time::Duration,
@@ -100,8 +110,8 @@ pub(crate) async fn lock_waiting<
 }
 
 /// A batch's keys, waiting as `wait` says.
-pub(crate) async fn lock_batch<'g, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>>(
-    parts: Result<Parts<'_, D, C, R>, Error>,
+pub(crate) async fn lock_batch<'a, 'g, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>>(
+    parts: impl FnOnce() -> Result<Parts<'a, D, C, R>, Error>,
     request: Request,
     wait: Wait,
 ) -> Result<HeldBatch<'g>, Error> {
@@ -109,22 +119,29 @@ pub(crate) async fn lock_batch<'g, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D
 }
 
 /// A batch's try: every key at once, or none.
-pub(crate) async fn try_lock_batch<'g, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>>(
-    parts: Result<Parts<'_, D, C, R>, Error>,
+pub(crate) async fn try_lock_batch<'a, 'g, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>>(
+    parts: impl FnOnce() -> Result<Parts<'a, D, C, R>, Error>,
     request: Request,
 ) -> Result<Result<HeldBatch<'g>, Busy>, Error> {
     Grant::try_lock_batch(drive(parts, request, Wait::Try).await)
 }
 
 /// A permit's try, then, when every slot is busy, the wait for one.
-pub(crate) async fn permit<'g, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>, K: AdvisoryKey>(
-    parts: Result<Parts<'_, D, C, R>, Error>,
+pub(crate) async fn permit<
+    'a,
+    'g,
+    D: Driver,
+    C: BorrowMut<D::Conn>,
+    R: Borrow<D>,
+    K: AdvisoryKey,
+>(
+    parts: impl FnOnce() -> Result<Parts<'a, D, C, R>, Error>,
     value: K,
     permits: NonZeroU8,
     wait: Wait,
     site: Site,
 ) -> Result<Held<'g, K>, Error> {
-    let mut parts = parts?;
+    let mut parts = parts()?;
     let (state, conn, driver, depth) = parts.split();
     let policy: &Policy = driver.as_ref();
     let call = state.acquire_permit(policy, depth, (&value, permits), Some(site))?;
@@ -145,18 +162,19 @@ pub(crate) async fn permit<'g, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>, K
 
 /// A permit's try alone.
 pub(crate) async fn try_permit<
+    'a,
     'g,
     D: Driver,
     C: BorrowMut<D::Conn>,
     R: Borrow<D>,
     K: AdvisoryKey,
 >(
-    parts: Result<Parts<'_, D, C, R>, Error>,
+    parts: impl FnOnce() -> Result<Parts<'a, D, C, R>, Error>,
     value: K,
     permits: NonZeroU8,
     site: Site,
 ) -> Result<Result<Held<'g, K>, K>, Error> {
-    let mut parts = parts?;
+    let mut parts = parts()?;
     let (state, conn, driver, depth) = parts.split();
     let call = state.acquire_permit(driver.as_ref(), depth, (&value, permits), Some(site))?;
     Grant::try_lock(driver::run_one::<D>(conn, driver, call).await, value)
@@ -169,14 +187,14 @@ pub(crate) async fn try_permit<
 /// then built in the lock call's own state, not returned from here and
 /// copied there.
 #[inline(always)]
-async fn send_one<D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>, K: AdvisoryKey>(
-    parts: Result<Parts<'_, D, C, R>, Error>,
+async fn send_one<'a, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>, K: AdvisoryKey>(
+    parts: impl FnOnce() -> Result<Parts<'a, D, C, R>, Error>,
     value: &K,
     mode: Mode,
     try_only: bool,
     site: Site,
 ) -> Result<Result<Grant, Busy>, Error> {
-    let mut parts = parts?;
+    let mut parts = parts()?;
     let (state, conn, driver, depth) = parts.split();
     let call = state.acquire_one(driver.as_ref(), depth, (value, mode), try_only, Some(site))?;
     driver::run_one::<D>(conn, driver, call).await
@@ -184,12 +202,12 @@ async fn send_one<D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>, K: AdvisoryKey
 
 /// The engine's general call for `request`, run by the driver round after
 /// round, in the call's span.
-async fn drive<D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>>(
-    parts: Result<Parts<'_, D, C, R>, Error>,
+async fn drive<'a, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>>(
+    parts: impl FnOnce() -> Result<Parts<'a, D, C, R>, Error>,
     request: Request,
     wait: Wait,
 ) -> Result<Result<Grant, Busy>, Error> {
-    let mut parts = parts?;
+    let mut parts = parts()?;
     let (state, conn, driver, depth) = parts.split();
     let policy: &Policy = driver.as_ref();
     let call = state.acquire(policy, depth, request, wait)?;

@@ -208,7 +208,12 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
         key: K,
     ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
         let site = Location::caller();
-        Self::out(calls::lock_one(self.parts(), key, Mode::Exclusive, site))
+        Self::out(calls::lock_one(
+            move || self.parts(),
+            key,
+            Mode::Exclusive,
+            site,
+        ))
     }
 
     #[doc = include_str!("calls/lock_shared.md")]
@@ -218,7 +223,12 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
         key: K,
     ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
         let site = Location::caller();
-        Self::out(calls::lock_one(self.parts(), key, Mode::Shared, site))
+        Self::out(calls::lock_one(
+            move || self.parts(),
+            key,
+            Mode::Shared,
+            site,
+        ))
     }
 
     #[doc = include_str!("calls/lock_timeout.md")]
@@ -230,7 +240,7 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
     ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
         let site = Location::caller();
         Self::out(calls::lock_waiting(
-            self.parts(),
+            move || self.parts(),
             key,
             Mode::Exclusive,
             timeout,
@@ -247,7 +257,7 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
     ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
         let site = Location::caller();
         Self::out(calls::lock_waiting(
-            self.parts(),
+            move || self.parts(),
             key,
             Mode::Shared,
             timeout,
@@ -264,7 +274,7 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
     {
         let site = Location::caller();
         Self::out(calls::try_lock_one(
-            self.parts(),
+            move || self.parts(),
             key,
             Mode::Exclusive,
             site,
@@ -279,7 +289,12 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
     ) -> Out<D, impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D, M>>
     {
         let site = Location::caller();
-        Self::out(calls::try_lock_one(self.parts(), key, Mode::Shared, site))
+        Self::out(calls::try_lock_one(
+            move || self.parts(),
+            key,
+            Mode::Shared,
+            site,
+        ))
     }
 
     #[doc = include_str!("calls/lock_batch.md")]
@@ -289,7 +304,11 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
         batch: &Batch,
     ) -> Out<D, impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D, M>> {
         let request = Request::batch(batch).at(Location::caller());
-        Self::out(calls::lock_batch(self.parts(), request, Wait::Forever))
+        Self::out(calls::lock_batch(
+            move || self.parts(),
+            request,
+            Wait::Forever,
+        ))
     }
 
     #[doc = include_str!("calls/lock_batch_timeout.md")]
@@ -301,7 +320,7 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
     ) -> Out<D, impl Future<Output = Result<HeldBatch<'t>, Error>> + use<'_, 't, D, M>> {
         let request = Request::batch(batch).at(Location::caller());
         Self::out(calls::lock_batch(
-            self.parts(),
+            move || self.parts(),
             request,
             Wait::Timeout(timeout),
         ))
@@ -315,7 +334,7 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
     ) -> Out<D, impl Future<Output = Result<Result<HeldBatch<'t>, Busy>, Error>> + use<'_, 't, D, M>>
     {
         let request = Request::batch(batch).at(Location::caller());
-        Self::out(calls::try_lock_batch(self.parts(), request))
+        Self::out(calls::try_lock_batch(move || self.parts(), request))
     }
 
     #[doc = include_str!("calls/acquire_permit.md")]
@@ -327,7 +346,7 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
     ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
         let site = Location::caller();
         Self::out(calls::permit(
-            self.parts(),
+            move || self.parts(),
             key,
             permits,
             Wait::Forever,
@@ -345,7 +364,7 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
     ) -> Out<D, impl Future<Output = Result<Held<'t, K>, Error>> + use<'_, 't, K, D, M>> {
         let site = Location::caller();
         Self::out(calls::permit(
-            self.parts(),
+            move || self.parts(),
             key,
             permits,
             Wait::Timeout(timeout),
@@ -362,7 +381,7 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
     ) -> Out<D, impl Future<Output = Result<Result<Held<'t, K>, K>, Error>> + use<'_, 't, K, D, M>>
     {
         let site = Location::caller();
-        Self::out(calls::try_permit(self.parts(), key, permits, site))
+        Self::out(calls::try_permit(move || self.parts(), key, permits, site))
     }
 
     /// What a lock call needs (the calls borrow the generic face `&mut`),

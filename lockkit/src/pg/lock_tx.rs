@@ -338,7 +338,7 @@ impl<'c> LockTx<'c> {
         key: K,
     ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
         let site = Location::caller();
-        calls::lock_one(self.parts(), key, Mode::Exclusive, site)
+        calls::lock_one(move || self.parts(), key, Mode::Exclusive, site)
     }
 
     #[doc = include_str!("../calls/lock_shared.md")]
@@ -348,7 +348,7 @@ impl<'c> LockTx<'c> {
         key: K,
     ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
         let site = Location::caller();
-        calls::lock_one(self.parts(), key, Mode::Shared, site)
+        calls::lock_one(move || self.parts(), key, Mode::Shared, site)
     }
 
     #[doc = include_str!("../calls/lock_timeout.md")]
@@ -359,7 +359,7 @@ impl<'c> LockTx<'c> {
         timeout: Duration,
     ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
         let site = Location::caller();
-        calls::lock_waiting(self.parts(), key, Mode::Exclusive, timeout, site)
+        calls::lock_waiting(move || self.parts(), key, Mode::Exclusive, timeout, site)
     }
 
     #[doc = include_str!("../calls/lock_shared_timeout.md")]
@@ -370,7 +370,7 @@ impl<'c> LockTx<'c> {
         timeout: Duration,
     ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
         let site = Location::caller();
-        calls::lock_waiting(self.parts(), key, Mode::Shared, timeout, site)
+        calls::lock_waiting(move || self.parts(), key, Mode::Shared, timeout, site)
     }
 
     #[doc = include_str!("../calls/try_lock.md")]
@@ -380,7 +380,7 @@ impl<'c> LockTx<'c> {
         key: K,
     ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
         let site = Location::caller();
-        calls::try_lock_one(self.parts(), key, Mode::Exclusive, site)
+        calls::try_lock_one(move || self.parts(), key, Mode::Exclusive, site)
     }
 
     #[doc = include_str!("../calls/try_lock_shared.md")]
@@ -390,7 +390,7 @@ impl<'c> LockTx<'c> {
         key: K,
     ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
         let site = Location::caller();
-        calls::try_lock_one(self.parts(), key, Mode::Shared, site)
+        calls::try_lock_one(move || self.parts(), key, Mode::Shared, site)
     }
 
     #[doc = include_str!("../calls/lock_batch.md")]
@@ -401,7 +401,7 @@ impl<'c> LockTx<'c> {
         batch: &Batch,
     ) -> impl Future<Output = Result<HeldBatch<'_>, Error>> + use<'_> {
         let request = Request::batch(batch).at(Location::caller());
-        calls::lock_batch(self.parts(), request, Wait::Forever)
+        calls::lock_batch(move || self.parts(), request, Wait::Forever)
     }
 
     #[doc = include_str!("../calls/lock_batch_timeout.md")]
@@ -412,7 +412,7 @@ impl<'c> LockTx<'c> {
         timeout: Duration,
     ) -> impl Future<Output = Result<HeldBatch<'_>, Error>> + use<'_> {
         let request = Request::batch(batch).at(Location::caller());
-        calls::lock_batch(self.parts(), request, Wait::Timeout(timeout))
+        calls::lock_batch(move || self.parts(), request, Wait::Timeout(timeout))
     }
 
     #[doc = include_str!("../calls/try_lock_batch.md")]
@@ -422,7 +422,7 @@ impl<'c> LockTx<'c> {
         batch: &Batch,
     ) -> impl Future<Output = Result<Result<HeldBatch<'_>, Busy>, Error>> + use<'_> {
         let request = Request::batch(batch).at(Location::caller());
-        calls::try_lock_batch(self.parts(), request)
+        calls::try_lock_batch(move || self.parts(), request)
     }
 
     #[doc = include_str!("../calls/acquire_permit.md")]
@@ -433,7 +433,7 @@ impl<'c> LockTx<'c> {
         permits: NonZeroU8,
     ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
         let site = Location::caller();
-        calls::permit(self.parts(), key, permits, Wait::Forever, site)
+        calls::permit(move || self.parts(), key, permits, Wait::Forever, site)
     }
 
     #[doc = include_str!("../calls/acquire_permit_timeout.md")]
@@ -445,7 +445,13 @@ impl<'c> LockTx<'c> {
         timeout: Duration,
     ) -> impl Future<Output = Result<Held<'_, K>, Error>> + use<'_, K> {
         let site = Location::caller();
-        calls::permit(self.parts(), key, permits, Wait::Timeout(timeout), site)
+        calls::permit(
+            move || self.parts(),
+            key,
+            permits,
+            Wait::Timeout(timeout),
+            site,
+        )
     }
 
     #[doc = include_str!("../calls/try_acquire_permit.md")]
@@ -456,7 +462,7 @@ impl<'c> LockTx<'c> {
         permits: NonZeroU8,
     ) -> impl Future<Output = Result<Result<Held<'_, K>, K>, Error>> + use<'_, K> {
         let site = Location::caller();
-        calls::try_permit(self.parts(), key, permits, site)
+        calls::try_permit(move || self.parts(), key, permits, site)
     }
 
     /// What a lock call needs (the calls borrow tokio-postgres's face `&`):
