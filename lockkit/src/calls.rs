@@ -14,12 +14,13 @@
 //!   outlives the commit.
 //!
 //! Each face's public calls are one line each: they name the call's mode,
-//! wait and call site, and hand how to get what the call needs of their
-//! receiver (its [`Parts`], made when the call's future first runs, so the
-//! future holds only the receiver until then) to the functions here, which ask the engine for the call and
-//! run it through the face's driver by the same [`driver::run_one`] and
-//! [`driver::drive`] on every stack. The calls' docs are written once too, in the `calls/`
-//! files both faces include.
+//! wait and call site, and hand the functions here how to make what the
+//! call needs of their receiver (its [`Parts`], made when the call's future
+//! first runs, so that until then the future holds only the receiver). The
+//! functions ask the engine for the call and run it through the face's
+//! driver by the same [`driver::run_one`] and [`driver::drive`] on every
+//! stack. The calls' docs are written once too, in the `calls/` files both
+//! faces include.
 
 use std::borrow::{Borrow, BorrowMut};
 use std::marker::PhantomData;
