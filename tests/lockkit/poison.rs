@@ -83,10 +83,10 @@ async fn dropped_lock_future_poisons_until_the_transaction_ends() {
     tx.commit().await.unwrap();
 }
 
-/// The engine issue's finding 1: a dropped lock future held the connection
-/// hostage until the other holder let go. Now the drop sends a cancel
-/// request, so `rollback()` returns while the other session still holds
-/// the key, for every form of lock call, many times over.
+/// A dropped lock future does not hold the connection hostage until the
+/// other holder lets go: the drop sends a cancel request, so `rollback()`
+/// returns while the other session still holds the key, for every form of
+/// lock call, many times over.
 ///
 /// The claim is stated in the safe direction: the server is seen to stop
 /// waiting after the drop and before anything else is sent, while the

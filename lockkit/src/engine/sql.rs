@@ -161,8 +161,9 @@ pub(crate) const ROLLBACK: &str =
 /// separate `ROLLBACK; BEGIN` would leave the session outside any
 /// transaction when the cancel landed between the two, and the
 /// application's next write would commit at once
-/// (`tests/lockkit/findings.rs`, finding 6). A cancel landing anywhere now
-/// fails the transaction it lands in: the new one, as the second statement
+/// (`tests/lockkit/failed_calls.rs`,
+/// `no_prefix_of_give_up_leaves_the_session_outside_a_transaction`). A
+/// cancel landing anywhere fails the transaction it lands in: the new one, as the second statement
 /// does; or, before the rollback, the old one, whose statements then fail
 /// as well (inside a savepoint, its locks outside the savepoint go when the
 /// stack's pool discards the connection, its transaction manager in
