@@ -387,7 +387,6 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
     /// What a lock call needs (the calls borrow the generic face `&mut`),
     /// once a transaction is known to be open: what it holds, the
     /// connection, the driver, the depth.
-    #[allow(clippy::type_complexity)]
     fn parts(&mut self) -> Result<Parts<'_, D, &mut D::Conn, &D>, Error> {
         self.check_in_transaction()?;
         Ok(Parts {

@@ -470,7 +470,6 @@ impl<'c> LockTx<'c> {
     /// runs the engine's statements on it, the depth. It owns its
     /// transaction, so one is open.
     #[inline(always)]
-    #[allow(clippy::type_complexity)]
     fn parts(&self) -> Result<Parts<'_, Pg<'_>, PgConn<'_>, Pg<'_>>, Error> {
         Ok(Parts {
             state: &self.shared.state,
