@@ -131,10 +131,14 @@ impl<C> Mux<C> {
     }
 
     /// Forgets `conn`, which ended or is closing: its slot gets a new cell.
-    pub(super) fn forget(&self, slot: usize, conn: &Arc<C>) {
+    pub(super) fn forget(&self, slot: usize, conn: &C) {
         let mut state = self.state();
         let slot = &mut state.slots[slot];
-        if slot.cell.get().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+        if slot
+            .cell
+            .get()
+            .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), conn))
+        {
             *slot = Slot {
                 cell: Cell::default(),
                 users: 0,

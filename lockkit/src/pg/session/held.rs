@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use super::conn::Lease;
 use super::form::SessionForm;
+use super::keeper::{Kept, Tick};
 use super::wire::{holds_now, key_query, one_bool, within_cadence};
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::plan::Mode;
@@ -127,6 +128,56 @@ impl Shared {
             lease,
             lost: &self.lost,
         });
+    }
+}
+
+impl Kept for Shared {
+    /// One keepalive on the lock's connection, bounded by one cadence; when
+    /// it fails or gets no reply in time, the lock is given up.
+    fn tick(self: Arc<Self>) -> Tick {
+        Box::pin(async move {
+            let slot = self.lease.lock().await;
+            let Some(lease) = slot.as_ref() else {
+                return; // released meanwhile
+            };
+            let reply = within_cadence(self.cadence, async {
+                Ok(lease.client().batch_execute(sql::KEEPALIVE).await?)
+            })
+            .await;
+            let Err(e) = reply else {
+                return;
+            };
+            tracing::warn!(key = %self.key, backend_pid = self.backend_pid, error = %e,
+                "lockkit: a session lock's keepalive failed; the lock is gone");
+            // Under the same lock as the statement that failed on it, so
+            // that no release can run a ROLLBACK (and report the lock held)
+            // after a failure. The connection is closed, never back to a
+            // pool unclean.
+            self.give_up(slot);
+        })
+    }
+
+    fn connection_ended(self: Arc<Self>) -> Tick {
+        Box::pin(async move {
+            let slot = self.lease.lock().await;
+            if slot.is_some() {
+                tracing::warn!(key = %self.key, backend_pid = self.backend_pid,
+                    "lockkit: a session lock's connection ended; the lock is gone");
+                self.give_up(slot);
+            }
+        })
+    }
+
+    fn abandon(&self) -> bool {
+        let Ok(slot) = self.lease.try_lock() else {
+            return true; // in use: whoever uses it ends it
+        };
+        if slot.is_some() {
+            tracing::warn!(key = %self.key, backend_pid = self.backend_pid,
+                "lockkit: the runtime of the session locks' keeper shut down; giving the lock up");
+            self.give_up(slot);
+        }
+        false
     }
 }
 

@@ -1,7 +1,10 @@
-//! Keeping the held locks alive: one keeper task per
-//! [`SessionLock`](super::SessionLock) at its keepalive cadence, and the
-//! watch on a connection lockkit opened.
+//! Keeping the held locks alive: the one keepalive loop of the session
+//! locks, a keeper task per [`SessionLock`](super::SessionLock) cadence
+//! that ticks every held lock of its own connection and every multiplexed
+//! connection ([`Kept`]), and the watch on a connection lockkit opened.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
@@ -10,19 +13,36 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::held::Shared;
-use super::wire::within_cadence;
-use crate::engine::sql;
-
 /// The keepalive cadence unless
 /// [`SessionLock::keepalive`](super::SessionLock::keepalive) says otherwise.
 pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
 
+/// A future a [`Kept`] hands the keeper.
+pub(super) type Tick = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What a keeper keeps alive: a lock held on a connection of its own
+/// ([`Shared`](super::held::Shared)) or a multiplexed connection
+/// ([`MuxConn`](super::mux_conn::MuxConn)). Each says what one tick does
+/// on its connection; the keeper owns when ticks run.
+pub(super) trait Kept: Send + Sync + 'static {
+    /// One tick at the cadence: the keepalive, bounded by one cadence;
+    /// when it fails or gets no reply in time, what it kept is given up.
+    fn tick(self: Arc<Self>) -> Tick;
+
+    /// The connection lockkit opened for it ended: given up at once.
+    fn connection_ended(self: Arc<Self>) -> Tick;
+
+    /// The keeper's runtime shut down, so that no tick runs any more: gives
+    /// up what it keeps now, unless a statement is in flight on it (whoever
+    /// runs that statement ends it). Whether it is still to be kept.
+    fn abandon(&self) -> bool;
+}
+
 /// Keeps the held locks of a [`SessionLock`](super::SessionLock) (and of
 /// its clones with the same cadence) alive: one task, started by the first
-/// lock and ending when a tick finds no lock held, starts the keepalive on
-/// every held lock's connection once per cadence, each bounded by the
-/// cadence and none waiting for another.
+/// registration and ending when a tick finds nothing kept, ticks every
+/// [`Kept`] once per cadence, each tick bounded by the cadence and none
+/// waiting for another.
 /// A lock registers by pushing onto a list under a short mutex: no task
 /// spawned and no worker woken per lock.
 pub(super) struct Keeper {
@@ -31,8 +51,8 @@ pub(super) struct Keeper {
 }
 
 struct KeeperState {
-    /// The locks registered since the last tick (and still alive then).
-    held: Vec<Weak<Shared>>,
+    /// What was registered since the last tick (and still alive then).
+    held: Vec<Weak<dyn Kept>>,
     /// Length at which a registration drops the entries of locks already
     /// gone, so that a busy cadence does not pile them up.
     prune_at: usize,
@@ -58,16 +78,16 @@ impl Keeper {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Keeps `shared` alive from the next tick on (within one cadence);
-    /// starts the keeper task if none runs.
-    pub(super) fn register(self: &Arc<Self>, shared: &Arc<Shared>) {
+    /// Keeps `kept` alive from the next tick on (within one cadence), for
+    /// as long as it lives; starts the keeper task if none runs.
+    pub(super) fn register(self: &Arc<Self>, kept: Arc<dyn Kept>) {
         let start = {
             let mut state = self.state();
             if state.held.len() >= state.prune_at {
                 state.held.retain(|held| held.strong_count() > 0);
                 state.prune_at = (state.held.len() * 2).max(64);
             }
-            state.held.push(Arc::downgrade(shared));
+            state.held.push(Arc::downgrade(&kept));
             !std::mem::replace(&mut state.running, true)
         };
         if start {
@@ -81,15 +101,15 @@ impl Keeper {
         let mut running = Running(Some(&self));
         let mut ticks = tokio::time::interval_at(Instant::now() + self.cadence, self.cadence);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        // Each lock's keepalive runs on its own: one that gets no reply
-        // (bounded by a cadence) never delays the next tick of the others.
+        // Each tick runs on its own: one that gets no reply (bounded by a
+        // cadence) never delays the next tick of the others.
         let mut keeping = FuturesUnordered::new();
         loop {
             tokio::select! {
                 _ = ticks.tick() => {}
                 Some(()) = keeping.next(), if !keeping.is_empty() => continue,
             }
-            let held: Vec<Arc<Shared>> = {
+            let held: Vec<Arc<dyn Kept>> = {
                 let mut state = self.state();
                 state.held.retain(|held| held.strong_count() > 0);
                 if state.held.is_empty() {
@@ -102,18 +122,18 @@ impl Keeper {
                 }
                 state.held.iter().filter_map(Weak::upgrade).collect()
             };
-            for shared in held {
-                keeping.push(async move { keep_alive(&shared).await });
+            for kept in held {
+                keeping.push(kept.tick());
             }
         }
     }
 }
 
 /// Marks the keeper stopped if its task is dropped before it ends (its
-/// runtime shutting down), and gives up the locks it was keeping: no task
-/// would notice them go any more, and `lost()` must not wait for nothing.
-/// Their connections close, which ends each lock on the server; a lock
-/// whose connection is in use right now is ended by whoever uses it.
+/// runtime shutting down), and gives up what it was keeping
+/// ([`Kept::abandon`]): no task would notice a lock go any more, and
+/// `lost()` must not wait for nothing. Their connections close, which ends
+/// each lock on the server.
 struct Running<'a>(Option<&'a Keeper>);
 
 impl Drop for Running<'_> {
@@ -123,58 +143,18 @@ impl Drop for Running<'_> {
         };
         let mut state = keeper.state();
         state.running = false;
-        // A lock in use stays listed, for the next keeper.
-        state.held.retain(|held| {
-            let Some(shared) = held.upgrade() else {
-                return false;
-            };
-            let Ok(slot) = shared.lease.try_lock() else {
-                return true;
-            };
-            if slot.is_some() {
-                tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid,
-                    "lockkit: the runtime of the session locks' keeper shut down; giving the lock up");
-                shared.give_up(slot);
-            }
-            false
-        });
+        // One with a statement in flight stays listed, for the next keeper.
+        state
+            .held
+            .retain(|held| held.upgrade().is_some_and(|kept| kept.abandon()));
     }
 }
 
-/// One keepalive on a held lock's connection, bounded by one cadence; when
-/// it fails or gets no reply in time, the lock is given up.
-async fn keep_alive(shared: &Shared) {
-    let slot = shared.lease.lock().await;
-    let Some(lease) = slot.as_ref() else {
-        return; // released meanwhile
-    };
-    let reply = within_cadence(shared.cadence, async {
-        Ok(lease.client().batch_execute(sql::KEEPALIVE).await?)
-    })
-    .await;
-    if let Err(e) = reply {
-        tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid, error = %e,
-            "lockkit: a session lock's keepalive failed; the lock is gone");
-    } else {
-        return;
-    }
-    // Under the same lock as the statement that failed on it, so that no
-    // release can run a ROLLBACK (and report the lock held) after a
-    // failure. The connection is closed, never back to a pool unclean.
-    shared.give_up(slot);
-}
-
-/// Ends the lock of a connection lockkit opened as soon as the connection
-/// ends (`ended` flips, or its task is gone).
-pub(super) async fn watch_connection(shared: Weak<Shared>, mut ended: watch::Receiver<bool>) {
+/// Gives `kept` up as soon as the connection lockkit opened for it ends
+/// (`ended` flips, or its task is gone).
+pub(super) async fn watch_connection(kept: Weak<dyn Kept>, mut ended: watch::Receiver<bool>) {
     let _ = ended.wait_for(|ended| *ended).await;
-    let Some(shared) = shared.upgrade() else {
-        return; // released and dropped
-    };
-    let slot = shared.lease.lock().await;
-    if slot.is_some() {
-        tracing::warn!(key = %shared.key, backend_pid = shared.backend_pid,
-            "lockkit: a session lock's connection ended; the lock is gone");
-        shared.give_up(slot);
+    if let Some(kept) = kept.upgrade() {
+        kept.connection_ended().await;
     }
 }

@@ -402,12 +402,7 @@ impl SessionLock {
         // trip. A wait never runs there (a connection waiting for one key
         // would delay every other lock's statements on it): it takes a
         // connection of its own, in the default form.
-        let mux = Multiplexed::new(
-            &self.settings,
-            self.keeper.cadence,
-            &self.mux,
-            self.mux_budget,
-        );
+        let mux = Multiplexed::new(&self.settings, &self.keeper, &self.mux, self.mux_budget);
         match mux.try_lock(value, mode).await? {
             MuxTry::Held(value, held) => Ok(Ok(SessionGuard::multiplexed(value, held))),
             MuxTry::Busy(value) if matches!(wait, Wait::Try) => Ok(Err(value)),

@@ -36,7 +36,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -44,6 +43,7 @@ use super::claims::{Claim, Mux, Refused};
 use super::conn::Settings;
 #[cfg(doc)]
 use super::form::SessionForm;
+use super::keeper::Keeper;
 use super::mux_conn::{MuxConn, Op};
 use super::wire::holds_now;
 use crate::engine::error::{Error, ErrorKind};
@@ -129,27 +129,27 @@ fn settle(conn: Arc<MuxConn>, claim: Claim<MuxConn>) {
 }
 
 /// The multiplexed form's settings: the [`SessionLock`](super::SessionLock)'s
-/// own, its keepalive cadence, its connections and claimed keys, and its
+/// own, its keeper, its connections and claimed keys, and its
 /// budget ([`SessionLock::multiplexed_budget`](super::SessionLock::multiplexed_budget)).
 pub(super) struct Multiplexed<'a> {
     settings: &'a Settings,
-    cadence: Duration,
+    keeper: &'a Arc<Keeper>,
     mux: &'a Arc<Mux<MuxConn>>,
     mux_budget: Option<usize>,
 }
 
 impl<'a> Multiplexed<'a> {
-    /// The multiplexed form of a lock with `settings`, at `cadence`, on
+    /// The multiplexed form of a lock with `settings`, kept alive by `keeper`, on
     /// `mux`'s connections, holding at most `mux_budget` keys.
     pub(super) fn new(
         settings: &'a Settings,
-        cadence: Duration,
+        keeper: &'a Arc<Keeper>,
         mux: &'a Arc<Mux<MuxConn>>,
         mux_budget: Option<usize>,
     ) -> Self {
         Multiplexed {
             settings,
-            cadence,
+            keeper,
             mux,
             mux_budget,
         }
@@ -182,9 +182,7 @@ impl<'a> Multiplexed<'a> {
             // Dropped here, the claim ends: nothing was sent for it yet.
             let conn = claim
                 .cell
-                .get_or_try_init(|| {
-                    MuxConn::open(self.settings, self.cadence, self.mux, claim.slot)
-                })
+                .get_or_try_init(|| MuxConn::open(self.settings, self.keeper, self.mux, claim.slot))
                 .await?
                 .clone();
             if conn.in_recovery && !self.settings.allow_standby {

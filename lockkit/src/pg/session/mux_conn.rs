@@ -1,7 +1,7 @@
 //! One connection of the multiplexed form: opened inside a transaction it
 //! holds for as long as it lives, the statements sent on it (a try, an
 //! unlock, the keepalive), the transaction made anew after a statement's
-//! error, and its keeper.
+//! error, and what its keeper's tick does on it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use futures_util::future::join;
 use tokio::sync::watch;
-use tokio::time::{Instant, MissedTickBehavior};
 use tokio_postgres::types::{ToSql, Type};
 
 use super::claims::Mux;
 use super::conn::{Lease, Settings};
+use super::keeper::{watch_connection, Keeper, Kept, Tick};
 use super::simple::{begin_held, renew_held};
 use super::wire::{one_bool, within_cadence, within_take};
 use crate::engine::error::{Error, ErrorKind};
@@ -79,14 +79,15 @@ fn statement(op: Op, key: LockKey, mode: Mode) -> &'static str {
 }
 
 impl MuxConn {
-    /// Opens a connection for `slot` and its held transaction, and starts
-    /// its keeper.
+    /// Opens a connection for `slot` and its held transaction, kept alive
+    /// by `keeper` (and, when lockkit opened it, watched for its end).
     pub(super) async fn open(
         settings: &Settings,
-        cadence: Duration,
+        keeper: &Arc<Keeper>,
         mux: &Arc<Mux<MuxConn>>,
         slot: usize,
     ) -> Result<Arc<Self>, Error> {
+        let cadence = keeper.cadence;
         let (lease, _canceller) = settings.source.lease().await?;
         let client = lease.client();
         // The facts first, outside the transaction (they are the server's).
@@ -120,7 +121,11 @@ impl MuxConn {
             check_interval_known: settings.check_interval_known.clone(),
             snapshot: AtomicBool::new(false),
         });
-        tokio::spawn(keep(Arc::downgrade(&conn), ended));
+        let kept: Arc<dyn Kept> = conn.clone();
+        if let Some(ended) = ended {
+            tokio::spawn(watch_connection(Arc::downgrade(&kept), ended));
+        }
+        keeper.register(kept);
         Ok(conn)
     }
 
@@ -134,7 +139,7 @@ impl MuxConn {
     /// In that order: whoever sees a lock lost (and takes it again at once)
     /// must find the slot already without this connection, or the new lock
     /// call would be claimed on it and fail.
-    pub(super) fn give_up(self: &Arc<Self>, why: &dyn std::fmt::Display) {
+    pub(super) fn give_up(&self, why: &dyn std::fmt::Display) {
         if let Some(mux) = self.mux.upgrade() {
             mux.forget(self.slot, self);
         }
@@ -357,51 +362,35 @@ async fn drop_snapshot(conn: Weak<MuxConn>, mut seen: u64) {
     }
 }
 
-/// A multiplexed connection's keeper: the keepalive at the cadence (each
-/// bounded by one cadence), the end of the connection noticed at once, and
-/// the close of a connection that held nothing for a whole cadence.
-pub(super) async fn keep(conn: Weak<MuxConn>, ended: Option<watch::Receiver<bool>>) {
-    let Some(cadence) = conn.upgrade().map(|c| c.cadence) else {
-        return;
-    };
-    let mut ticks = tokio::time::interval_at(Instant::now() + cadence, cadence);
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let ended = async move {
-        match ended {
-            Some(mut ended) => {
-                let _ = ended.wait_for(|ended| *ended).await;
+impl Kept for MuxConn {
+    /// The keepalive (each bounded by one cadence), or the close of a
+    /// connection that held nothing and had no claim for a whole cadence.
+    fn tick(self: Arc<Self>) -> Tick {
+        Box::pin(async move {
+            if self.is_lost() {
+                return;
             }
-            None => std::future::pending().await,
-        }
-    };
-    let mut ended = std::pin::pin!(ended);
-    loop {
-        let gone = tokio::select! {
-            _ = ticks.tick() => false,
-            () = &mut ended => true,
-        };
-        let Some(conn) = conn.upgrade() else {
-            return;
-        };
-        if conn.is_lost() {
-            return;
-        }
-        if gone {
-            conn.give_up(&"the connection ended");
-            return;
-        }
-        if idle(&conn) {
-            // Nothing held and nothing claimed: closed, and the slot opens
-            // a new one when needed. (Closing ends the session, so the
-            // backend never goes back to a pooler's pool.)
-            conn.lease.close();
-            let _ = conn.lost.send_replace(true);
-            return;
-        }
-        if let Err(e) = conn.keepalive().await {
-            conn.give_up(&e);
-            return;
-        }
+            if idle(&self) {
+                // Nothing held and nothing claimed: closed, and the slot
+                // opens a new one when needed. (Closing ends the session,
+                // so the backend never goes back to a pooler's pool.)
+                self.lease.close();
+                let _ = self.lost.send_replace(true);
+                return;
+            }
+            if let Err(e) = self.keepalive().await {
+                self.give_up(&e);
+            }
+        })
+    }
+
+    fn connection_ended(self: Arc<Self>) -> Tick {
+        Box::pin(async move { self.give_up(&"the connection ended") })
+    }
+
+    fn abandon(&self) -> bool {
+        self.give_up(&"the runtime of the session locks' keeper shut down");
+        false
     }
 }
 

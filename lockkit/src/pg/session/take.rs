@@ -13,7 +13,7 @@ use super::conn::{Lease, Settings};
 use super::form::SessionForm;
 use super::guard::SessionGuard;
 use super::held::{Holding, Shared};
-use super::keeper::{watch_connection, Keeper};
+use super::keeper::{watch_connection, Keeper, Kept};
 use super::wire::{within, within_take, AppName, NOTHING_HELD};
 use super::xact::Take;
 use super::{level, xact};
@@ -163,9 +163,10 @@ impl<'a> Own<'a> {
         // at once. (It cost a connection and authentication; one more task
         // is nothing next to that.) A leased one is watched by the keeper.
         if let Some(ended) = ended {
-            tokio::spawn(watch_connection(Arc::downgrade(&shared), ended));
+            let kept: Arc<dyn Kept> = shared.clone();
+            tokio::spawn(watch_connection(Arc::downgrade(&kept), ended));
         }
-        self.keeper.register(&shared);
+        self.keeper.register(shared.clone());
         SessionGuard::own(value, key, mode, form, backend_pid, Holding(shared))
     }
 }
