@@ -1,10 +1,9 @@
 //! `SessionGuard::lost()` resolves within one keepalive cadence (plus a
 //! generous margin for a loaded machine) after the lock's backend is
-//! terminated, after a server restart, and when the server's
-//! `idle_in_transaction_session_timeout` ends the lock's session: directly,
-//! from a deadpool pool, and through transaction- and session-mode
-//! pgbouncer. With a cadence below that timeout the keepalive keeps the
-//! lock (the control of the idle-timeout case).
+//! terminated and after a server restart: directly, from a deadpool pool,
+//! and through transaction- and session-mode pgbouncer. A held lock runs
+//! under its own lease, whatever the server's
+//! `idle_in_transaction_session_timeout`.
 
 use std::time::Duration;
 
@@ -143,46 +142,52 @@ async fn lost_after_a_server_restart() {
     expect_free(&db, &guards).await;
 }
 
+/// A held lock's transaction runs under its own lease, whatever the
+/// server's `idle_in_transaction_session_timeout`: a cadence below the
+/// server's timeout keeps every lock for four times it, and so does a
+/// cadence above it, whose lease (three cadences) is the bound now. A
+/// holder that stops answering loses its lock at the lease
+/// (`tests/session/lease.rs`).
 #[tokio::test(flavor = "multi_thread")]
-async fn lost_when_idle_in_transaction_session_timeout_fires() {
+async fn the_lease_and_not_the_servers_idle_timeout_bounds_a_held_lock() {
     const IDLE_TIMEOUT: Duration = Duration::from_secs(1);
     let db = TestServer::builder()
         .setting("idle_in_transaction_session_timeout", "1s")
         .start();
 
-    // Control: a cadence below the timeout keeps every lock for four times
-    // the timeout (the safe direction: a generous wait that must not see
-    // the lock go).
-    let kept = paths(&db, Duration::from_millis(250));
-    let guards = hold_all(&kept, 200).await;
-    let four = IDLE_TIMEOUT * 4;
-    assert!(
-        tokio::time::timeout(four, guards[0].1.lost())
-            .await
-            .is_err(),
-        "the keepalive did not keep the lock"
-    );
-    for (name, guard) in guards {
-        assert!(guard.is_held(), "{name}");
-        assert!(guard.check().await.unwrap(), "{name}");
-        assert!(guard.release().await.unwrap(), "{name}");
+    // The safe direction: a generous wait that must not see a lock go.
+    for (base, cadence) in [
+        (200, Duration::from_millis(250)),
+        (300, Duration::from_secs(3)),
+    ] {
+        let kept = paths(&db, cadence);
+        let guards = hold_all(&kept, base).await;
+        let four = IDLE_TIMEOUT * 4;
+        assert!(
+            tokio::time::timeout(four, guards[0].1.lost())
+                .await
+                .is_err(),
+            "cadence {cadence:?}: the lock was not kept"
+        );
+        for (name, guard) in guards {
+            assert!(guard.is_held(), "{name}, cadence {cadence:?}");
+            assert!(guard.check().await.unwrap(), "{name}, cadence {cadence:?}");
+            assert!(
+                guard.release().await.unwrap(),
+                "{name}, cadence {cadence:?}"
+            );
+        }
     }
-
-    // A cadence above it: the server ends each lock's session.
-    let paths = paths(&db, Duration::from_secs(3));
-    let guards = hold_all(&paths, 300).await;
-    expect_lost(&guards, IDLE_TIMEOUT + Duration::from_secs(3) + MARGIN).await;
-    expect_free(&db, &guards).await;
 }
 
 /// One keeper task keeps every held lock of a `SessionLock` (and of its
 /// clones): several locks held at once on one pooled `SessionLock`, taken
 /// after an idle gap in which the keeper had no lock to keep (its task ends
 /// then, and the next lock starts another), all outlive four times the
-/// server's `idle_in_transaction_session_timeout`; terminating one lock's
-/// backend makes that one lost, and only that one. The control that the
-/// same server ends a lock whose keepalive is too slow is
-/// `lost_when_idle_in_transaction_session_timeout_fires`.
+/// server's `idle_in_transaction_session_timeout` (and their lease, 1 s
+/// here); terminating one lock's backend makes that one lost, and only that
+/// one. The control that a lock whose keepalives stop is lost at its lease
+/// is `tests/session/lease.rs`.
 #[tokio::test(flavor = "multi_thread")]
 async fn one_keeper_keeps_every_lock_of_a_session_lock() {
     const IDLE_TIMEOUT: Duration = Duration::from_secs(1);

@@ -6,6 +6,7 @@
 
 mod dedicated;
 mod forms;
+mod lease;
 mod lost;
 mod multiplexed;
 mod multiplexed_budget;

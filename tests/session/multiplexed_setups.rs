@@ -906,11 +906,13 @@ async fn kept_through_several_timeouts(
 /// With a keepalive (200 ms) below the server's
 /// `idle_in_transaction_session_timeout` (1 s), a multiplexed lock, opened
 /// and pooled, is kept while its backend is seen running keepalives over
-/// more than four timeouts. With one above it (3 s), the server ends the
-/// multiplexed session and `lost()` resolves (at once on an opened
-/// connection, at the next keepalive on a leased one; the bound only
-/// guards a hang), the key is free for another session, the release says
-/// the connection was lost, and the next lock opens a new connection.
+/// more than four timeouts. With one above it (3 s), the lock is kept too:
+/// its connection's held transaction runs under its own lease (9 s), not
+/// the server's timeout. Its backend then terminated, `lost()` resolves
+/// (at once on an opened connection, at the next keepalive on a leased
+/// one; the bound only guards a hang), the key is free for another
+/// session, the release says the connection was lost, and the next lock
+/// opens a new connection.
 #[tokio::test(flavor = "multi_thread")]
 async fn keepalive_against_idle_in_transaction_session_timeout() {
     let db = TestServer::builder()
@@ -950,6 +952,20 @@ async fn keepalive_against_idle_in_transaction_session_timeout() {
             .unwrap()
             .expect("free");
         let pid = guard.backend_pid();
+        // The safe direction: a wait that must not see the lock go.
+        assert!(
+            tokio::time::timeout(IDLE_TIMEOUT * 4, guard.lost())
+                .await
+                .is_err(),
+            "{name}: the server's idle timeout ended a lock under its lease"
+        );
+        assert!(guard.check().await.unwrap(), "{name}");
+        let terminated: bool = observer
+            .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(terminated, "{name}");
         tokio::time::timeout(HANG, guard.lost())
             .await
             .unwrap_or_else(|_| panic!("{name}: lost() did not resolve"));

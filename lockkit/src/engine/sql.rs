@@ -280,16 +280,26 @@ pub(crate) const SESSION_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 /// [`SERVER_FACTS`] (run only for `HashText` keys): both cost several times
 /// a round trip.
 ///
+/// Its last command is the lock's lease: `SET LOCAL
+/// idle_in_transaction_session_timeout` to `lease` (whole milliseconds, as
+/// [`timeout_millis`] renders them), whatever the server or the role set.
+/// A holder that stops answering (a paused process, a stopped container)
+/// sends no keepalive, and the server ends its session once the transaction
+/// has been idle for the lease: the lock passes to the next taker. One more
+/// command in both forms: four with `check_interval_known`, two without.
+///
 /// `application_name` (anything `Display`, formatted straight into `out`)
 /// is quoted as an escape string literal (`E'…'`, backslashes and quotes
 /// doubled), which reads the same whatever `standard_conforming_strings`
 /// says; a NUL, which no PostgreSQL string can hold, is dropped.
+#[cfg(feature = "tokio-postgres")]
 pub(crate) fn write_session_setup(
     out: &mut String,
     application_name: impl fmt::Display,
     check_interval_known: bool,
+    lease: Duration,
 ) -> usize {
-    if check_interval_known {
+    let commands = if check_interval_known {
         out.push_str("SELECT pg_is_in_recovery(), pg_backend_pid(); SET LOCAL application_name = ");
         write_escaped(out, application_name);
         out.push_str("; SET LOCAL client_connection_check_interval = 1000");
@@ -304,7 +314,26 @@ pub(crate) fn write_session_setup(
              THEN set_config('client_connection_check_interval', '1000', true) END",
         );
         1
-    }
+    };
+    out.push_str("; ");
+    write_lease(out, SettingScope::Transaction, lease);
+    commands + 1
+}
+
+/// `SET LOCAL idle_in_transaction_session_timeout = …`
+/// ([`SettingScope::Transaction`], a held transaction's lease) or `SET
+/// idle_session_timeout = …` ([`SettingScope::Session`], a session-level
+/// lock's lease, on a connection of lockkit's own, PostgreSQL 14+) for
+/// `lease`, appended to `out`, in whole milliseconds as [`timeout_millis`]
+/// renders them.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) fn write_lease(out: &mut String, scope: SettingScope, lease: Duration) {
+    out.push_str(match scope {
+        SettingScope::Session => "SET idle_session_timeout = ",
+        SettingScope::Transaction => "SET LOCAL idle_in_transaction_session_timeout = ",
+    });
+    // Writing to a String cannot fail.
+    let _ = write!(out, "{}", timeout_millis(lease));
 }
 
 /// `SET application_name = E'…'`, session-wide, appended to `out`: how a
@@ -665,26 +694,55 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "tokio-postgres")]
     #[test]
     fn session_setup_quotes_the_name() {
+        let lease = Duration::from_secs(15);
         let mut out = String::new();
         assert_eq!(
-            write_session_setup(&mut out, "lockkit session lock (1, -2)", false),
-            1
+            write_session_setup(&mut out, "lockkit session lock (1, -2)", false, lease),
+            2
         );
         assert!(
             out.contains("set_config('application_name', E'lockkit session lock (1, -2)', true)"),
             "{out}"
         );
         out.clear();
-        assert_eq!(write_session_setup(&mut out, "a'b\\c\0d", false), 1);
+        assert_eq!(write_session_setup(&mut out, "a'b\\c\0d", false, lease), 2);
         assert!(out.contains("E'a''b\\\\cd'"), "{out}");
         out.clear();
-        assert_eq!(write_session_setup(&mut out, "a'b", true), 3);
-        assert_eq!(out.split("; ").count(), 3, "{out}");
+        assert_eq!(write_session_setup(&mut out, "a'b", true, lease), 4);
+        assert_eq!(out.split("; ").count(), 4, "{out}");
         assert!(
             out.contains("SET LOCAL application_name = E'a''b'"),
             "{out}"
+        );
+    }
+
+    /// A lease is whole milliseconds, never zero (which would turn the
+    /// server's timeout off), in both scopes.
+    #[cfg(feature = "tokio-postgres")]
+    #[test]
+    fn a_lease_is_whole_milliseconds_and_never_off() {
+        let lease = |scope, lease| {
+            let mut out = String::new();
+            write_lease(&mut out, scope, lease);
+            out
+        };
+        assert_eq!(
+            lease(SettingScope::Transaction, Duration::from_millis(15_000)),
+            "SET LOCAL idle_in_transaction_session_timeout = 15000"
+        );
+        assert_eq!(
+            lease(SettingScope::Session, Duration::from_micros(10)),
+            "SET idle_session_timeout = 1"
+        );
+        assert_eq!(
+            lease(SettingScope::Transaction, Duration::MAX),
+            format!(
+                "SET LOCAL idle_in_transaction_session_timeout = {}",
+                i32::MAX
+            )
         );
     }
 

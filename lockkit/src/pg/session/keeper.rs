@@ -17,6 +17,24 @@ use tokio::time::{Instant, MissedTickBehavior};
 /// [`SessionLock::keepalive`](super::SessionLock::keepalive) says otherwise.
 pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
 
+/// How many keepalive cadences a held lock's session may run no statement
+/// before the server ends it: its lease ([`lease_of`]).
+pub const LEASE_CADENCES: u32 = 3;
+
+/// The shortest lease, whatever the cadence: a runtime busy for a moment
+/// must not cost a lock.
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
+
+/// The lease of a lock kept alive at `cadence`: [`LEASE_CADENCES`]
+/// cadences, at least [`MIN_LEASE`] (15 s at [`DEFAULT_KEEPALIVE`]). Its
+/// session set-up asks the server to end the session once it has been
+/// idle that long: a keepalive goes out once per cadence, so a holder that
+/// still runs never comes near it, and one that stopped (a paused process,
+/// a stopped container, a swapped-out VM) loses the lock within it.
+pub(super) fn lease_of(cadence: Duration) -> Duration {
+    cadence.saturating_mul(LEASE_CADENCES).max(MIN_LEASE)
+}
+
 /// A future a [`Kept`] hands the keeper.
 pub(super) type Tick = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -70,6 +88,11 @@ impl Keeper {
                 running: false,
             }),
         })
+    }
+
+    /// The lease of the locks this keeper keeps ([`lease_of`]).
+    pub(super) fn lease(&self) -> Duration {
+        lease_of(self.cadence)
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, KeeperState> {
@@ -156,5 +179,21 @@ pub(super) async fn watch_connection(kept: Weak<dyn Kept>, mut ended: watch::Rec
     let _ = ended.wait_for(|ended| *ended).await;
     if let Some(kept) = kept.upgrade() {
         kept.connection_ended().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_three_cadences_and_at_least_a_second() {
+        assert_eq!(lease_of(DEFAULT_KEEPALIVE), Duration::from_secs(15));
+        assert_eq!(
+            lease_of(Duration::from_millis(400)),
+            Duration::from_millis(1_200)
+        );
+        assert_eq!(lease_of(Duration::from_millis(100)), MIN_LEASE);
+        assert_eq!(lease_of(Duration::MAX), Duration::MAX);
     }
 }

@@ -2,6 +2,8 @@
 //! `pg_advisory_lock` on the lock's session, after the pooler probe. One
 //! entry, [`lock`].
 
+use std::time::Duration;
+
 use super::conn::{Lease, Settings};
 #[cfg(doc)]
 use super::form::SessionForm;
@@ -16,11 +18,12 @@ use crate::key::LockKey;
 use crate::pg::locker::server_facts;
 
 /// The plain session-level form: facts, the pooler probe, the lock's
-/// name, then `pg_advisory_lock`.
+/// name and (on a connection of lockkit's own, PostgreSQL 14+) its lease
+/// `lease_for` as `idle_session_timeout`, then `pg_advisory_lock`.
 pub(super) async fn lock(
     settings: &Settings,
     lease: &Lease,
-    (key, name): (LockKey, &AppName),
+    (key, name, lease_for): (LockKey, &AppName, Duration),
     mode: Mode,
     wait: Wait,
     hashtext: bool,
@@ -39,13 +42,17 @@ pub(super) async fn lock(
     // Session-wide, so only on a connection of lockkit's own (a pooled
     // lease keeps its own name and settings), which no transaction-mode
     // pooler shares once the probe has passed: the lock's name and, on
-    // PostgreSQL 14+, the client check, in one round trip.
+    // PostgreSQL 14+, the client check and the lease (the session ends once
+    // idle that long: a holder that stopped loses its lock), in one round
+    // trip.
     if lease.is_owned() {
         let mut setup = String::with_capacity(128);
         sql::write_session_name(&mut setup, name);
         if facts.server_version_num() >= 140000 {
             setup.push_str("; ");
             setup.push_str(CHECK_CLIENT);
+            setup.push_str("; ");
+            sql::write_lease(&mut setup, SettingScope::Session, lease_for);
         }
         client.batch_execute(&setup).await?;
     }

@@ -217,10 +217,11 @@ impl SessionLock {
     }
 
     /// The keepalive cadence of each lock's connection (5 s by default; at
-    /// least 1 ms). Keep it below the server's
-    /// `idle_in_transaction_session_timeout`, or the server ends the lock's
-    /// session (see the [module docs](super)). [`SessionGuard::lost`]
-    /// resolves within one cadence of the lock being gone. One task keeps
+    /// least 1 ms), and with it each lock's [lease](Self::lease): a holder
+    /// that stops answering loses its lock on the server after
+    /// [`LEASE_CADENCES`](super::LEASE_CADENCES) cadences (see the [module docs](super#the-lease)).
+    /// [`SessionGuard::lost`] resolves within one cadence of the lock being
+    /// gone. One task keeps
     /// all the held locks of this `SessionLock` and of its clones made
     /// after this call; clones made before keep their own cadence. It runs
     /// on the runtime of the lock that started it: should that runtime
@@ -233,6 +234,24 @@ impl SessionLock {
         // A keeper of its own: the clones made before keep their cadence.
         self.keeper = Keeper::new(cadence.max(Duration::from_millis(1)));
         self
+    }
+
+    /// The lease of this lock's locks: how long a held lock's session may
+    /// run no statement before the server ends it, and the lock passes to
+    /// the next taker. [`LEASE_CADENCES`](super::LEASE_CADENCES) keepalive cadences, at least
+    /// [`MIN_LEASE`](super::MIN_LEASE): 15 s at the default cadence. See the
+    /// [module docs](super#the-lease).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lockkit::SessionLock;
+    ///
+    /// let config: tokio_postgres::Config = "host=localhost user=app".parse().unwrap();
+    /// let sessions = SessionLock::new(config).keepalive(Duration::from_secs(2));
+    /// assert_eq!(sessions.lease(), Duration::from_secs(6));
+    /// ```
+    pub fn lease(&self) -> Duration {
+        self.keeper.lease()
     }
 
     /// The bound on the pooler probe ([`probe_pooler`](Self::probe_pooler)

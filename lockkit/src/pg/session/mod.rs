@@ -32,22 +32,53 @@
 //! `pg_locks` row is the `advisory` lock of the key, `ExclusiveLock` or
 //! `ShareLock`.
 //!
-//! # Keepalive and `idle_in_transaction_session_timeout`
+//! # Keepalive
 //!
 //! One task per [`SessionLock`] (shared by its clones), running while it
-//! has locks held, runs lockkit's keepalive statement
-//! (`SELECT 1`) inside each held lock's transaction at the lock's cadence
-//! ([`SessionLock::keepalive`], 5 s by default; the first within one
-//! cadence of the lock). Each keepalive resets the
-//! server's `idle_in_transaction_session_timeout`, so a cadence below it
-//! keeps the lock. When the cadence is longer (or the keepalives stop), the
-//! server fires the timeout: it terminates the session (`FATAL 25P03`), the
-//! transaction rolls back and the lock is released, and
-//! [`SessionGuard::lost`] resolves: at once on a connection lockkit opened
-//! (the connection ends), at the next keepalive on a leased one. An
-//! idle-connection killer or a dead peer is noticed the same way; a
-//! path gone silent (a half-open TCP connection, a partition: no reply at
-//! all) when a keepalive gets no reply within one cadence.
+//! has locks held, runs lockkit's keepalive statement (`SELECT 1`) on each
+//! held lock's connection, and on each multiplexed connection, at the
+//! lock's cadence ([`SessionLock::keepalive`], 5 s by default; the first
+//! within one cadence of the lock). An idle-connection killer, a dead peer
+//! or the end of the lease (below) ends the session: the transaction rolls
+//! back and the lock is released, and [`SessionGuard::lost`] resolves: at
+//! once on a connection lockkit opened (the connection ends), at the next
+//! keepalive on a leased one. A path gone silent (a half-open TCP
+//! connection, a partition: no reply at all) is noticed when a keepalive
+//! gets no reply within one cadence.
+//!
+//! # The lease
+//!
+//! A lock is a lease: a holder that stops answering loses it on the
+//! server, whatever the server's or the role's own settings, behind a
+//! pooler too. Each held lock's transaction (the default form, a permit,
+//! each multiplexed connection) is set up with `SET LOCAL
+//! idle_in_transaction_session_timeout` to its lease,
+//! [`SessionLock::lease`]: [`LEASE_CADENCES`] keepalive cadences, at least
+//! [`MIN_LEASE`] (15 s at the default 5 s cadence). A running holder sends
+//! a keepalive every cadence, so its session is never idle that long; a
+//! holder that stopped (a paused or stopped process or container, a
+//! swapped-out VM, a runtime blocked by a long synchronous call) sends
+//! none, and once its transaction has been idle for the lease the server
+//! terminates the session (`FATAL 25P03`): its locks pass to the next
+//! taker. A `SET LOCAL` lasts only as long as its transaction, so nothing
+//! of it outlives the lock on a pooled backend.
+//!
+//! The session-level form holds its lock outside a transaction: on a
+//! connection lockkit opened, on PostgreSQL 14+, it sets
+//! `idle_session_timeout` to the lease instead. A session-level lock on a
+//! leased pool connection, or on an older server, has no lease: use the
+//! default form where a stopped holder must lose its lock.
+//!
+//! **A lease does not stop a stale holder from acting.** The holder
+//! learns that its lease ended only when it runs again ([`lost()`]
+//! resolves then, or its next statement fails), and between waking and
+//! noticing it may still write to whatever the lock protected. Two holders
+//! can overlap in time: the one that was paused and the next taker. Where
+//! that matters, the protected resource must be able to refuse a stale
+//! writer (a write made in the same transaction as a check of the lock, or
+//! a version the resource compares).
+//!
+//! [`lost()`]: SessionGuard::lost
 //!
 //! Every statement lockkit runs on a held lock's connection (keepalive,
 //! [`SessionGuard::check`], [`SessionGuard::release`], the rollback of a
@@ -183,7 +214,7 @@ pub use claims::DEFAULT_CONNECTIONS;
 pub use conn::DEFAULT_CONNECT_TIMEOUT;
 pub use form::SessionForm;
 pub use guard::SessionGuard;
-pub use keeper::DEFAULT_KEEPALIVE;
+pub use keeper::{DEFAULT_KEEPALIVE, LEASE_CADENCES, MIN_LEASE};
 pub use lock::SessionLock;
 pub use mux_conn::MULTIPLEXED_NAME;
 pub use probe::{probe_pooler, PoolerProbe, ProbeTimeout, DEFAULT_PROBE_TIMEOUT};

@@ -13,8 +13,9 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::claims::Mux;
 use super::conn::{Lease, Settings};
+use super::keeper::lease_of;
 use super::keeper::{watch_connection, Keeper, Kept, Tick};
-use super::simple::{begin_held, renew_held};
+use super::simple::{begin_held, renew_held, HeldTx};
 use super::wire::{one_bool, within_cadence, within_take};
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
@@ -97,7 +98,11 @@ impl MuxConn {
         let ((in_recovery, backend_pid), facts) = within_take(cadence, async {
             let (facts, setup) = join(
                 server_facts(client),
-                begin_held(client, MULTIPLEXED_NAME, &settings.check_interval_known),
+                begin_held(
+                    client,
+                    MULTIPLEXED_NAME,
+                    conn_held(&settings.check_interval_known, cadence),
+                ),
             )
             .await;
             Ok((setup?, facts?))
@@ -316,11 +321,24 @@ impl MuxConn {
         }
         let client = self.lease.client();
         within_cadence(self.cadence, async {
-            renew_held(client, MULTIPLEXED_NAME, &self.check_interval_known).await
+            let held = conn_held(&self.check_interval_known, self.cadence);
+            renew_held(client, MULTIPLEXED_NAME, held).await
         })
         .await?;
         self.renewed.fetch_add(1, Ordering::AcqRel);
         Ok(())
+    }
+}
+
+/// The set-up of a multiplexed connection's held transaction, at
+/// `cadence`: the lease of every lock on it.
+fn conn_held(
+    check_interval_known: &std::sync::atomic::AtomicBool,
+    cadence: Duration,
+) -> HeldTx<'_> {
+    HeldTx {
+        check_interval_known,
+        lease: lease_of(cadence),
     }
 }
 

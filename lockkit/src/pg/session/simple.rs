@@ -10,6 +10,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::num::NonZeroU8;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio_postgres::error::SqlState;
@@ -40,6 +41,17 @@ static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(|| {
     )
 });
 
+/// How a held transaction is set up, beside its name: whether the server
+/// is known to have `client_connection_check_interval` (shared by a
+/// `SessionLock`'s clones; cleared when that form fails), and the lease
+/// after which the server ends a session whose holder stopped answering
+/// ([`sql::write_session_setup`]).
+#[derive(Clone, Copy)]
+pub(super) struct HeldTx<'a> {
+    pub(super) check_interval_known: &'a AtomicBool,
+    pub(super) lease: Duration,
+}
+
 /// What a session lock's query answered: the set-up row (`in_recovery`,
 /// `backend_pid`) and the key granted (`None`: a try found it busy), or, as
 /// the inner error, what the engine made of a failed lock statement.
@@ -60,11 +72,11 @@ pub(super) async fn take_xact_lock(
     request: Request,
     wait: Wait,
     name: &AppName,
-    check_interval_known: &AtomicBool,
+    held: HeldTx<'_>,
 ) -> Result<Taken, Error> {
     let state = TxState::new();
     let call = state.acquire(&POLICY, 0, request, wait)?;
-    let mut conn = SimpleConn::new(client, Some((name, check_interval_known)));
+    let mut conn = SimpleConn::new(client, Some((name, held)));
     let outcome = drive::<Simple<'_>>(&mut conn, &Simple::default(), Unnamed, call).await;
     Ok((conn.set_up()?, granted(outcome)))
 }
@@ -82,11 +94,11 @@ pub(super) async fn take_permit<K: AdvisoryKey>(
     (value, permits): (&K, NonZeroU8),
     wait: Wait,
     name: &AppName,
-    check_interval_known: &AtomicBool,
+    held: HeldTx<'_>,
 ) -> Result<Taken, Error> {
     let state = TxState::new();
     let call = state.acquire_permit(&POLICY, 0, (value, permits), None)?;
-    let mut conn = SimpleConn::new(client, Some((name, check_interval_known)));
+    let mut conn = SimpleConn::new(client, Some((name, held)));
     let outcome = run_one::<Simple<'_>>(&mut conn, &Simple::default(), call).await;
     let setup = conn.set_up()?;
     let outcome = match (outcome, wait) {
@@ -129,9 +141,9 @@ impl AsRef<Policy> for Simple<'_> {
 /// that set-up answered.
 struct SimpleConn<'c> {
     client: &'c Client,
-    /// The lock's name, and whether the server is known to have
-    /// `client_connection_check_interval`: taken by the first round.
-    begin: Option<(&'c AppName, &'c AtomicBool)>,
+    /// The lock's name and its held transaction's set-up: taken by the
+    /// first round.
+    begin: Option<(&'c AppName, HeldTx<'c>)>,
     /// The set-up's row; or the call's own error, when `BEGIN` or the
     /// set-up failed or a query did not answer its commands: then the
     /// engine saw an error in place of its replies, and the lock call
@@ -140,7 +152,7 @@ struct SimpleConn<'c> {
 }
 
 impl<'c> SimpleConn<'c> {
-    fn new(client: &'c Client, begin: Option<(&'c AppName, &'c AtomicBool)>) -> Self {
+    fn new(client: &'c Client, begin: Option<(&'c AppName, HeldTx<'c>)>) -> Self {
         SimpleConn {
             client,
             begin,
@@ -216,12 +228,12 @@ async fn query_round(
 ) -> (Vec<Vec<SimpleRow>>, Option<DriverError>) {
     let mut query = String::with_capacity(512);
     let first = conn.begin.take();
-    let known = first.is_some_and(|(_, known)| known.load(Ordering::Relaxed));
+    let known = first.is_some_and(|(_, held)| held.check_interval_known.load(Ordering::Relaxed));
     let prefix = match first {
-        Some((name, _)) => {
+        Some((name, held)) => {
             query.push_str(sql::SESSION_BEGIN);
             query.push_str("; ");
-            1 + sql::write_session_setup(&mut query, name, known)
+            1 + sql::write_session_setup(&mut query, name, known, held.lease)
         }
         None => 0,
     };
@@ -239,11 +251,11 @@ async fn query_round(
             .sum::<usize>();
     match failed {
         Some(e) if completed.len() < prefix => {
-            if let (Some((_, known)), Some(&SqlState::UNDEFINED_OBJECT)) = (first, e.code()) {
+            if let (Some((_, held)), Some(&SqlState::UNDEFINED_OBJECT)) = (first, e.code()) {
                 // No `client_connection_check_interval` (the server is
                 // older than the one seen before): the next set-up asks
                 // again.
-                known.store(false, Ordering::Relaxed);
+                held.check_interval_known.store(false, Ordering::Relaxed);
             }
             return conn.failed(Error::from(e));
         }
@@ -254,8 +266,8 @@ async fn query_round(
             )));
         }
         failed => {
-            if let Some((_, check_interval_known)) = first {
-                match read_setup(&completed, prefix, known, check_interval_known) {
+            if let Some((_, held)) = first {
+                match read_setup(&completed, prefix, known, held.check_interval_known) {
                     Ok(setup) => conn.setup = Some(Ok(setup)),
                     Err(e) => return conn.failed(e),
                 }
@@ -280,9 +292,9 @@ async fn query_round(
 pub(super) async fn begin_held(
     client: &Client,
     name: impl fmt::Display,
-    check_interval_known: &AtomicBool,
+    held: HeldTx<'_>,
 ) -> Result<(bool, i32), Error> {
-    held_round(client, name, check_interval_known, false).await
+    held_round(client, name, held, false).await
 }
 
 /// [`begin_held`] behind a `ROLLBACK`, in the same query: a held
@@ -297,17 +309,18 @@ pub(super) async fn begin_held(
 pub(super) async fn renew_held(
     client: &Client,
     name: impl fmt::Display,
-    check_interval_known: &AtomicBool,
+    held: HeldTx<'_>,
 ) -> Result<(bool, i32), Error> {
-    held_round(client, name, check_interval_known, true).await
+    held_round(client, name, held, true).await
 }
 
 async fn held_round(
     client: &Client,
     name: impl fmt::Display,
-    check_interval_known: &AtomicBool,
+    held: HeldTx<'_>,
     renew: bool,
 ) -> Result<(bool, i32), Error> {
+    let check_interval_known = held.check_interval_known;
     let known = check_interval_known.load(Ordering::Relaxed);
     let mut query = String::with_capacity(256);
     if renew {
@@ -316,7 +329,7 @@ async fn held_round(
     }
     query.push_str(sql::SESSION_BEGIN);
     query.push_str("; ");
-    let prefix = 1 + sql::write_session_setup(&mut query, name, known);
+    let prefix = 1 + sql::write_session_setup(&mut query, name, known, held.lease);
     let (mut completed, failed) = simple_round(client, &query).await;
     if let Some(e) = failed {
         if e.code() == Some(&SqlState::UNDEFINED_OBJECT) {

@@ -55,13 +55,15 @@ impl<'a> Own<'a> {
         let taking = async {
             match (form, take) {
                 (SessionForm::SessionLevel, Take::Key(mode)) => {
-                    level::lock(settings, &lease, (key, &name), mode, wait, hashtext)
+                    let held = (key, &name, self.keeper.lease());
+                    level::lock(settings, &lease, held, mode, wait, hashtext)
                         .await
                         .map(|(granted, pid)| (granted.then_some(key), pid))
                 }
                 (_, take) => {
                     let value = (&value, key);
-                    xact::lock(settings, &lease, value, take, wait, &name, hashtext).await
+                    let held = (&name, self.keeper.lease());
+                    xact::lock(settings, &lease, value, take, wait, held, hashtext).await
                 }
             }
         };

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::num::NonZeroU8;
+use std::time::Duration;
 
 use futures_util::future::join;
 
@@ -12,7 +13,7 @@ use super::conn::{Lease, Settings};
 use super::form::SessionForm;
 #[cfg(doc)]
 use super::simple::simple_round;
-use super::simple::{take_permit, take_xact_lock, Taken};
+use super::simple::{take_permit, take_xact_lock, HeldTx, Taken};
 use super::wire::AppName;
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
@@ -29,19 +30,23 @@ pub(super) enum Take {
     Permit(NonZeroU8),
 }
 
-/// Takes `take` of `value` on `lease` in the default form, named `name`:
-/// the key granted (`None`: busy) and the backend pid.
+/// Takes `take` of `value` on `lease` in the default form, named `name`,
+/// its transaction ended by the server once idle for `lease_for`: the key
+/// granted (`None`: busy) and the backend pid.
 pub(super) async fn lock<K: AdvisoryKey>(
     settings: &Settings,
     lease: &Lease,
     (value, key): (&K, LockKey),
     take: Take,
     wait: Wait,
-    name: &AppName,
+    (name, lease_for): (&AppName, Duration),
     hashtext: bool,
 ) -> Result<(Option<LockKey>, i32), Error> {
     let client = lease.client();
-    let known = &settings.check_interval_known;
+    let known = HeldTx {
+        check_interval_known: &settings.check_interval_known,
+        lease: lease_for,
+    };
     let allow_standby = settings.allow_standby;
     match take {
         Take::Key(mode) => {

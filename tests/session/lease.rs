@@ -1,0 +1,197 @@
+//! The lease: a holder that stops answering loses its session locks on the
+//! server, on a server with no idle timeout of its own. Holder A, a process
+//! of its own (`hold-session-locks`), takes keys and is stopped with
+//! `SIGSTOP`; B, here, takes every key once the server has ended A's
+//! sessions; A, continued, sees every lock lost. For the default, the
+//! session-level and the multiplexed forms and for a session permit. The control: a plain
+//! transaction-scoped lock whose client says nothing more keeps its key on
+//! the same server, so without the lease a stopped holder keeps its key.
+
+use std::future::Future;
+use std::io::{BufRead, BufReader};
+use std::num::NonZeroU8;
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use lockkit::session::MIN_LEASE;
+use lockkit::SessionLock;
+use lockkit_tests::fixtures::Feed;
+use lockkit_tests::TestServer;
+
+/// The stopped holder's keepalive cadence: its lease is [`MIN_LEASE`].
+const CADENCE_MS: u64 = 300;
+/// How many keys the stopped holder takes.
+const KEYS: i64 = 4;
+/// The bound on every wait of these tests, far above the lease: the claim
+/// is that the wait ends at all (the server ended the stopped holder's
+/// sessions), not how fast on a loaded machine.
+const PATIENT: Duration = Duration::from_secs(60);
+
+/// A `hold-session-locks` child, its lines read on a thread; killed when
+/// dropped (continued first, should it be stopped).
+struct Holder {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Holder {
+    fn start(url: &str, form: &str, first: i64) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hold-session-locks"))
+            .args([
+                url,
+                &KEYS.to_string(),
+                &first.to_string(),
+                form,
+                &CADENCE_MS.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("hold-session-locks");
+        let stdout = child.stdout.take().expect("piped");
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if send.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Holder { child, lines }
+    }
+
+    /// The child's next line, waiting at most [`PATIENT`].
+    async fn line(&self, what: &str) -> String {
+        let deadline = Instant::now() + PATIENT;
+        loop {
+            match self.lines.try_recv() {
+                Ok(line) => return line,
+                Err(mpsc::TryRecvError::Empty) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("no line from the holder ({what}): {e:?}"),
+            }
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal}");
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A stopped holder of `form` loses its `KEYS` keys from `first` on the
+/// server, B takes each of them, and the holder, continued, sees them lost.
+async fn a_stopped_holder_loses_its_keys(form: &str, first: i64) {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    for setting in [
+        "idle_in_transaction_session_timeout",
+        "idle_session_timeout",
+    ] {
+        let row = observer.query_one(&format!("SHOW {setting}"), &[]).await;
+        let value: String = row.unwrap().get(0);
+        assert_eq!(
+            value, "0",
+            "{setting}: the server must have no idle timeout of its own"
+        );
+    }
+    let holder = Holder::start(db.url(), form, first);
+    let held = holder.line("held").await;
+    assert!(
+        held.starts_with(&format!("held {KEYS} ")),
+        "{form}: {held:?}"
+    );
+
+    holder.signal("-STOP");
+    let stopped = Instant::now();
+    let b = SessionLock::new(db.config());
+    let mut guards = Vec::new();
+    for id in first..first + KEYS {
+        let taken: Pin<Box<dyn Future<Output = _>>> = match form {
+            "permit" => Box::pin(b.acquire_permit(Feed { id }, NonZeroU8::MIN)),
+            _ => Box::pin(b.lock(Feed { id })),
+        };
+        let guard = tokio::time::timeout(PATIENT, taken)
+            .await
+            .unwrap_or_else(|_| panic!("{form}: the stopped holder kept key {id}"))
+            .expect("B's lock");
+        guards.push(guard);
+    }
+    eprintln!(
+        "{form}: B took every key {:?} after the holder stopped (lease {MIN_LEASE:?})",
+        stopped.elapsed()
+    );
+
+    holder.signal("-CONT");
+    let lost = holder.line("lost").await;
+    assert_eq!(lost, format!("lost {KEYS}"), "{form}");
+    for guard in guards {
+        assert!(guard.release().await.unwrap(), "{form}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_holder_loses_its_default_form_locks_at_its_lease() {
+    a_stopped_holder_loses_its_keys("transaction", 940_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_holder_loses_its_multiplexed_locks_at_its_lease() {
+    a_stopped_holder_loses_its_keys("multiplexed", 940_100).await;
+}
+
+/// On a connection of its own, on PostgreSQL 14+ (every server CI runs),
+/// through `idle_session_timeout`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_holder_loses_its_session_level_locks_at_its_lease() {
+    a_stopped_holder_loses_its_keys("level", 940_400).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_holder_loses_its_session_permits_at_its_lease() {
+    a_stopped_holder_loses_its_keys("permit", 940_200).await;
+}
+
+/// The control: on the same server, a transaction holding a key whose
+/// client sends nothing more (what the server sees of a stopped holder
+/// without a lease) keeps the key for many leases.
+#[tokio::test(flavor = "multi_thread")]
+async fn control_without_a_lease_a_silent_holder_keeps_its_key() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let silent = db.connect().await;
+    let key = Feed { id: 940_300 };
+    let lockkit::LockKey::BigInt(bigint) = lockkit::AdvisoryKey::lock_key(&key) else {
+        panic!("Feed is a bigint key");
+    };
+    silent
+        .batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({bigint})"))
+        .await
+        .unwrap();
+    // Waiting longer only makes the claim stronger: a load that delays the
+    // sleep cannot make the key free.
+    tokio::time::sleep(MIN_LEASE * 4).await;
+    let b = SessionLock::new(db.config());
+    assert!(
+        b.try_lock(key).await.unwrap().is_err(),
+        "the key was free: the server ended the silent holder's session by itself"
+    );
+    silent.batch_execute("ROLLBACK").await.unwrap();
+}
