@@ -16,9 +16,11 @@
 //!   `guard.release()`: a lease, then one simple-protocol query, `BEGIN;`
 //!   the set-up (`SELECT` standby check and backend pid; `SET LOCAL`
 //!   `application_name` and `client_connection_check_interval`, once the
-//!   first lock saw the server has it) `;` the engine's xact lock statement
-//!   with its key as a literal, a task for the keepalive, and `ROLLBACK` in
-//!   a second round trip: six commands parsed by the server each time,
+//!   first lock saw the server has it, and the lease,
+//!   `idle_in_transaction_session_timeout`) `;` the engine's xact lock
+//!   statement with its key as a literal, a task for the keepalive, and
+//!   `ROLLBACK` in a second round trip: seven commands parsed by the server
+//!   each time,
 //!   where `plain` sends two prepared statements.
 //! - `plain`: a lease, then `SELECT pg_advisory_lock($1)` and
 //!   `SELECT pg_advisory_unlock($1)`, statements prepared once per
