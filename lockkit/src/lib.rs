@@ -168,6 +168,7 @@
 mod calls;
 pub mod driver;
 pub(crate) mod engine;
+pub mod fencing;
 pub mod key;
 #[cfg(feature = "tokio-postgres")]
 pub mod pg;

@@ -22,13 +22,26 @@
 //! SQL expression of a given key.
 
 /// The install script of the `lockkit` schema: the key format's part
-/// encoders, SipHash-2-4, namespace tags and keys as SQL functions.
+/// encoders, SipHash-2-4, namespace tags and keys as SQL functions, then
+/// the fencing tokens' counter, the fences' table and their two functions
+/// ([`fencing`](crate::fencing)).
 ///
 /// Idempotent: running it again changes nothing. It holds no `BEGIN` or
 /// `COMMIT`, so a migration tool can run it inside its own transaction; sent
 /// as one simple-query batch (as [`install`] does), PostgreSQL runs it in one
 /// implicit transaction, all or nothing.
-pub const SQL: &str = include_str!("../sql/lockkit_keys.sql");
+pub const SQL: &str = concat!(
+    include_str!("../sql/lockkit_keys.sql"),
+    include_str!("../sql/lockkit_fencing.sql")
+);
+
+/// The keys' part of [`SQL`]: pure functions only.
+#[cfg(test)]
+const KEYS_SQL: &str = include_str!("../sql/lockkit_keys.sql");
+
+/// The fencing part of [`SQL`].
+#[cfg(test)]
+const FENCING_SQL: &str = include_str!("../sql/lockkit_fencing.sql");
 
 /// The schema the functions of [`SQL`] live in.
 pub const SCHEMA: &str = "lockkit";
@@ -112,14 +125,73 @@ where
     Ok(())
 }
 
+/// Fences a write to `resource` with `token` (`lockkit.fence`, see
+/// [`fencing`](crate::fencing)): `true` when `token` is at least the newest
+/// token `resource` has seen (it then becomes the newest), `false` when it
+/// is older, the write of a stale holder that must not happen.
+///
+/// Call it in the transaction of the protected write, before the write:
+/// the resource's row in `lockkit.fences` stays locked until that
+/// transaction ends, so a stale holder's fence waits for the new holder's
+/// write to commit, then sees its newer token. Sent unnamed.
+///
+/// ```no_run
+/// # async fn run(client: &mut tokio_postgres::Client, guard: &lockkit::SessionGuard<i64>)
+/// #     -> Result<(), lockkit::Error> {
+/// let token = guard.fencing_token().expect("a SessionLock set to mint tokens");
+/// let tx = client.transaction().await?;
+/// if lockkit::sql::fence(&tx, "invoice:42", token).await? {
+///     tx.execute("UPDATE invoices SET paid = true WHERE id = 42", &[]).await?;
+///     tx.commit().await?;
+/// } // else: a newer holder wrote already; this one is stale
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// [`ErrorKind::NotInstalled`](crate::ErrorKind::NotInstalled) when the
+/// database has no `lockkit.fence` (run [`install`]); otherwise the
+/// server's or the connection's error.
+///
+/// # Cancel safety
+///
+/// Cancel safe in that nothing is left held: dropped in flight, the fence
+/// may or may not have run, and the transaction it ran in decides (a
+/// rolled-back transaction leaves the resource's newest token as it was).
+#[cfg(feature = "tokio-postgres")]
+pub async fn fence<C>(
+    client: &C,
+    resource: &str,
+    token: crate::fencing::FencingToken,
+) -> Result<bool, crate::Error>
+where
+    C: tokio_postgres::GenericClient + Sync,
+{
+    use tokio_postgres::types::Type;
+    let token = token.to_string();
+    let row = client
+        .query_typed_one(
+            crate::engine::sql::FENCE,
+            &[(&resource, Type::TEXT), (&token, Type::TEXT)],
+        )
+        .await
+        .map_err(|e| crate::Error::not_installed_or(e.into(), "lockkit::sql::fence"))?;
+    Ok(row.try_get::<_, Option<bool>>(0)?.unwrap_or(false))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn script_is_plain_and_pinned() {
-        // Every function pins its search_path and is marked as pure.
-        let functions: Vec<&str> = SQL.split("CREATE OR REPLACE FUNCTION").skip(1).collect();
+        assert_eq!(SQL, format!("{KEYS_SQL}{FENCING_SQL}"));
+        // Every key function pins its search_path and is marked as pure.
+        let functions: Vec<&str> = KEYS_SQL
+            .split("CREATE OR REPLACE FUNCTION")
+            .skip(1)
+            .collect();
         assert!(functions.len() > 20, "{}", functions.len());
         for f in functions {
             let head = &f[..f.find("AS $$").expect("a body")];
@@ -138,6 +210,27 @@ mod tests {
         // No dynamic SQL, no transaction control, nothing outside the schema.
         for word in ["EXECUTE", "BEGIN;", "COMMIT", "public."] {
             assert!(!SQL.contains(word), "{word}");
+        }
+    }
+
+    /// The fencing functions run as their owner, with a pinned search_path,
+    /// and are never taken for pure ones.
+    #[test]
+    fn fencing_functions_are_definers_pinned_and_volatile() {
+        let functions: Vec<&str> = FENCING_SQL
+            .split("CREATE OR REPLACE FUNCTION")
+            .skip(1)
+            .collect();
+        assert_eq!(functions.len(), 2);
+        for f in functions {
+            let head = &f[..f.find("AS $$").expect("a body")];
+            for attribute in [
+                "SET search_path = pg_catalog, pg_temp",
+                "VOLATILE",
+                "SECURITY DEFINER",
+            ] {
+                assert!(head.contains(attribute), "{attribute} missing in{head}");
+            }
         }
     }
 }

@@ -1164,19 +1164,27 @@ async fn installs_twice_and_concurrently() {
         .unwrap()
         .get(0);
     assert_eq!(key, -7205368663365046133);
-    // Every function is IMMUTABLE, PARALLEL SAFE and pins its search_path.
+    // Every key function is IMMUTABLE, PARALLEL SAFE and pins its
+    // search_path; the two fencing functions are VOLATILE, run as their
+    // owner, and pin it too.
     let row = client
         .query_one(
-            "SELECT count(*), count(*) FILTER (WHERE p.provolatile = 'i' AND p.proparallel = 's' \
+            "SELECT count(*) FILTER (WHERE p.proname NOT IN ('fence', 'fencing_token')), \
+             count(*) FILTER (WHERE p.proname NOT IN ('fence', 'fencing_token') \
+             AND p.provolatile = 'i' AND p.proparallel = 's' AND NOT p.prosecdef \
+             AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']), \
+             count(*) FILTER (WHERE p.proname IN ('fence', 'fencing_token') \
+             AND p.provolatile = 'v' AND p.prosecdef \
              AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']) \
              FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'lockkit'",
             &[],
         )
         .await
         .unwrap();
-    let (all, pinned): (i64, i64) = (row.get(0), row.get(1));
+    let (all, pinned, fencing): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
     assert!(all > 20, "{all}");
     assert_eq!(all, pinned);
+    assert_eq!(fencing, 2);
 }
 
 /// The caller's session cannot change a key: a search_path that puts a

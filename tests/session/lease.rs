@@ -21,23 +21,25 @@ use lockkit_tests::fixtures::Feed;
 use lockkit_tests::TestServer;
 
 /// The stopped holder's keepalive cadence: its lease is [`MIN_LEASE`].
-const CADENCE_MS: u64 = 300;
+pub(crate) const CADENCE_MS: u64 = 300;
 /// How many keys the stopped holder takes.
-const KEYS: i64 = 4;
+pub(crate) const KEYS: i64 = 4;
 /// The bound on every wait of these tests, far above the lease: the claim
 /// is that the wait ends at all (the server ended the stopped holder's
 /// sessions), not how fast on a loaded machine.
-const PATIENT: Duration = Duration::from_secs(60);
+pub(crate) const PATIENT: Duration = Duration::from_secs(60);
 
 /// A `hold-session-locks` child, its lines read on a thread; killed when
 /// dropped (continued first, should it be stopped).
-struct Holder {
+pub(crate) struct Holder {
     child: Child,
     lines: mpsc::Receiver<String>,
 }
 
 impl Holder {
-    fn start(url: &str, form: &str, first: i64) -> Self {
+    /// A holder of [`KEYS`] keys from `first` in `form`, at a keepalive
+    /// cadence of [`CADENCE_MS`], with `extra` arguments after those.
+    pub(crate) fn start(url: &str, form: &str, first: i64, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hold-session-locks"))
             .args([
                 url,
@@ -46,6 +48,8 @@ impl Holder {
                 form,
                 &CADENCE_MS.to_string(),
             ])
+            .args(extra)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .expect("hold-session-locks");
@@ -63,7 +67,7 @@ impl Holder {
     }
 
     /// The child's next line, waiting at most [`PATIENT`].
-    async fn line(&self, what: &str) -> String {
+    pub(crate) async fn line(&self, what: &str) -> String {
         let deadline = Instant::now() + PATIENT;
         loop {
             match self.lines.try_recv() {
@@ -76,7 +80,16 @@ impl Holder {
         }
     }
 
-    fn signal(&self, signal: &str) {
+    /// Sends `line` to the child's standard input (read once it runs).
+    pub(crate) fn send(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("piped");
+        writeln!(stdin, "{line}").expect("the holder's stdin");
+        stdin.flush().expect("the holder's stdin");
+    }
+
+    /// Sends `signal` (`-STOP`, `-CONT`) to the child.
+    pub(crate) fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .args([signal, &self.child.id().to_string()])
             .status()
@@ -112,7 +125,7 @@ async fn a_stopped_holder_loses_its_keys(form: &str, first: i64) {
             "{setting}: the server must have no idle timeout of its own"
         );
     }
-    let holder = Holder::start(db.url(), form, first);
+    let holder = Holder::start(db.url(), form, first, &[]);
     let held = holder.line("held").await;
     assert!(
         held.starts_with(&format!("held {KEYS} ")),

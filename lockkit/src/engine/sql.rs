@@ -486,6 +486,70 @@ pub(crate) fn session_lock(key: LockKey, mode: Mode, try_only: bool) -> &'static
     }
 }
 
+/// Appends the waiting or trying lock `$f` of `$args` with a fencing token
+/// minted right after the grant, in the same statement: `OFFSET 0` keeps
+/// the lock in a subquery of its own, which runs before the token's
+/// expression reads its row.
+macro_rules! minting {
+    (wait $f:literal, $args:literal) => {
+        concat!(
+            "SELECT true, lockkit.fencing_token()::text FROM (SELECT ",
+            $f,
+            "(",
+            $args,
+            ") OFFSET 0) AS granted"
+        )
+    };
+    (try $f:literal, $args:literal) => {
+        concat!(
+            "SELECT t.granted, CASE WHEN t.granted THEN lockkit.fencing_token()::text END \
+             FROM (SELECT ",
+            $f,
+            "(",
+            $args,
+            ") AS granted OFFSET 0) AS t"
+        )
+    };
+}
+
+/// [`session_lock`] with a fencing token minted with the grant
+/// (`lockkit.fencing_token()`, [`crate::fencing`]): every form returns one
+/// row, `granted bool` (always `true` when waiting) and the token as `text`
+/// (`NULL` when a try found the key busy).
+#[cfg(feature = "tokio-postgres")]
+pub(crate) fn session_lock_minting(key: LockKey, mode: Mode, try_only: bool) -> &'static str {
+    match (key, mode, try_only) {
+        (LockKey::BigInt(_), Mode::Exclusive, false) => minting!(wait "pg_advisory_lock", "$1"),
+        (LockKey::BigInt(_), Mode::Shared, false) => minting!(wait "pg_advisory_lock_shared", "$1"),
+        (LockKey::BigInt(_), Mode::Exclusive, true) => minting!(try "pg_try_advisory_lock", "$1"),
+        (LockKey::BigInt(_), Mode::Shared, true) => {
+            minting!(try "pg_try_advisory_lock_shared", "$1")
+        }
+        (LockKey::Pair(..), Mode::Exclusive, false) => minting!(wait "pg_advisory_lock", "$1, $2"),
+        (LockKey::Pair(..), Mode::Shared, false) => {
+            minting!(wait "pg_advisory_lock_shared", "$1, $2")
+        }
+        (LockKey::Pair(..), Mode::Exclusive, true) => {
+            minting!(try "pg_try_advisory_lock", "$1, $2")
+        }
+        (LockKey::Pair(..), Mode::Shared, true) => {
+            minting!(try "pg_try_advisory_lock_shared", "$1, $2")
+        }
+    }
+}
+
+/// Mints a fencing token and returns it as `text` (its decimal number):
+/// sent after a default session lock's statements, in the same query, when
+/// its `SessionLock` mints tokens. One command, one row.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) const FENCING_TOKEN: &str = "SELECT lockkit.fencing_token()::text";
+
+/// [`lockkit::sql::fence`](crate::sql::fence): `$1` the resource (`text`),
+/// `$2` the token as its decimal `text`; returns one `bool` (`NULL` for a
+/// `NULL` argument).
+#[cfg(feature = "tokio-postgres")]
+pub(crate) const FENCE: &str = "SELECT lockkit.fence($1::text, $2::text::numeric)";
+
 /// The session unlock statement for `key`; returns one `bool`.
 pub(crate) fn session_unlock(key: LockKey, mode: Mode) -> &'static str {
     match (key, mode) {
@@ -744,6 +808,35 @@ mod tests {
                 i32::MAX
             )
         );
+    }
+
+    /// A minting lock statement locks as its plain one does, in its own key
+    /// space and mode, and mints only after it (in a subquery of its own).
+    #[cfg(feature = "tokio-postgres")]
+    #[test]
+    fn minting_session_lock_wraps_the_plain_one() {
+        for key in [LockKey::BigInt(1), LockKey::Pair(1, 2)] {
+            for mode in [Mode::Exclusive, Mode::Shared] {
+                for try_only in [false, true] {
+                    let plain = session_lock(key, mode, try_only);
+                    let call = plain
+                        .trim_start_matches("SELECT ")
+                        .trim_end_matches("::text");
+                    let minting = session_lock_minting(key, mode, try_only);
+                    assert!(minting.contains(&format!("(SELECT {call}")), "{minting}");
+                    assert!(minting.contains(" OFFSET 0) AS "), "{minting}");
+                    assert!(
+                        minting.contains("lockkit.fencing_token()::text"),
+                        "{minting}"
+                    );
+                    assert_eq!(
+                        minting.contains("CASE WHEN t.granted"),
+                        try_only,
+                        "{minting}"
+                    );
+                }
+            }
+        }
     }
 
     /// Each session lock statement locks in its own key space and mode,

@@ -117,6 +117,11 @@ pub enum ErrorKind {
     UnexpectedReply,
     /// An invalid namespace.
     Namespace,
+    /// A call needs lockkit's SQL functions (fencing tokens, the fence) and
+    /// the database has none, or older ones: install them with
+    /// `lockkit sql install` or [`sql::install`](crate::sql::install).
+    /// Nothing is held.
+    NotInstalled,
     /// Any other database or driver error.
     Database,
 }
@@ -351,6 +356,26 @@ impl Error {
         match rollback {
             None => Error::with_message(kind, format!("{what}, and is rolled back")),
             Some(e) => Error::with_source(kind, format!("{what}; its rollback failed"), e),
+        }
+    }
+
+    /// The server's `source` error of a call that needs lockkit's SQL
+    /// functions for `what`, when they are missing (no schema `lockkit`,
+    /// no such function or table: `3F000`, `42883`, `42P01`) as
+    /// [`ErrorKind::NotInstalled`]; any other error as it is.
+    #[cfg(feature = "tokio-postgres")]
+    pub(crate) fn not_installed_or(source: Error, what: &str) -> Self {
+        match source.code() {
+            Some("3F000" | "42883" | "42P01") => Error::with_source(
+                ErrorKind::NotInstalled,
+                format!(
+                    "{what} needs lockkit's SQL functions, which this database does not have \
+                     (or has in an older version): install them with `lockkit sql install` \
+                     or lockkit::sql::install; nothing is held"
+                ),
+                source,
+            ),
+            _ => source,
         }
     }
 

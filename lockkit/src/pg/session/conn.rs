@@ -31,6 +31,9 @@ pub(super) struct Settings {
     pub(super) allow_standby: bool,
     pub(super) pooler_check: bool,
     pub(super) probe_timeout: Duration,
+    /// Whether each grant mints a fencing token
+    /// ([`SessionLock::fencing_tokens`](super::SessionLock::fencing_tokens)).
+    pub(super) fencing: bool,
     /// Whether a lock's set-up saw that the server has
     /// `client_connection_check_interval` (PostgreSQL 14+): the next
     /// set-ups set it with the cheaper `SET LOCAL` form
@@ -50,6 +53,7 @@ impl Settings {
             allow_standby: false,
             pooler_check: true,
             probe_timeout,
+            fencing: false,
             check_interval_known: Arc::new(AtomicBool::new(false)),
         }
     }

@@ -9,10 +9,12 @@ use std::ops::Deref;
 use super::form::SessionForm;
 use super::held::Holding;
 use super::mux::MuxHold;
+use super::simple::Granted;
 use crate::engine::error::Error;
 #[cfg(doc)]
 use crate::engine::error::ErrorKind;
 use crate::engine::plan::Mode;
+use crate::fencing::FencingToken;
 use crate::key::LockKey;
 
 /// A session-duration advisory lock, held by a connection of its own.
@@ -56,6 +58,7 @@ pub struct SessionGuard<K> {
     mode: Mode,
     form: SessionForm,
     backend_pid: i32,
+    token: Option<FencingToken>,
     hold: Hold,
 }
 
@@ -74,6 +77,7 @@ impl<K: fmt::Debug> fmt::Debug for SessionGuard<K> {
             .field("mode", &self.mode)
             .field("form", &self.form)
             .field("backend_pid", &self.backend_pid)
+            .field("fencing_token", &self.token)
             .field("held", &self.is_held())
             .finish()
     }
@@ -112,6 +116,15 @@ impl<K> SessionGuard<K> {
     /// pooler: the backend the lock's transaction is pinned to).
     pub fn backend_pid(&self) -> i32 {
         self.backend_pid
+    }
+
+    /// The fencing token the server minted with this grant, when its
+    /// [`SessionLock`](super::SessionLock) mints them
+    /// ([`fencing_tokens`](super::SessionLock::fencing_tokens)): larger
+    /// than every token minted before, for the protected resource to refuse
+    /// an older holder's write ([`crate::fencing`]). `None` otherwise.
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.token
     }
 
     /// Whether the lock is still held as far as the client knows: `false`
@@ -204,7 +217,7 @@ impl<K> SessionGuard<K> {
     /// The guard of `value`'s lock held on a connection of its own.
     pub(super) fn own(
         value: K,
-        key: LockKey,
+        (key, token): Granted,
         mode: Mode,
         form: SessionForm,
         backend_pid: i32,
@@ -216,6 +229,7 @@ impl<K> SessionGuard<K> {
             mode,
             form,
             backend_pid,
+            token,
             hold: Hold::Own(held),
         }
     }
@@ -228,6 +242,7 @@ impl<K> SessionGuard<K> {
             mode: held.mode(),
             form: SessionForm::Multiplexed,
             backend_pid: held.backend_pid(),
+            token: held.token(),
             hold: Hold::Mux(held),
         }
     }

@@ -8,7 +8,8 @@ use super::conn::{Lease, Settings};
 #[cfg(doc)]
 use super::form::SessionForm;
 use super::probe;
-use super::wire::{key_query, one_bool, one_row, AppName};
+use super::simple::Granted;
+use super::wire::{granted_with_token, key_query, one_bool, one_row, AppName};
 use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::plan::Mode;
@@ -19,7 +20,9 @@ use crate::pg::locker::server_facts;
 
 /// The plain session-level form: facts, the pooler probe, the lock's
 /// name and (on a connection of lockkit's own, PostgreSQL 14+) its lease
-/// `lease_for` as `idle_session_timeout`, then `pg_advisory_lock`.
+/// `lease_for` as `idle_session_timeout`, then `pg_advisory_lock` (with a
+/// fencing token when the settings mint them): the key granted with its
+/// token (`None`: busy) and the backend pid.
 pub(super) async fn lock(
     settings: &Settings,
     lease: &Lease,
@@ -27,7 +30,7 @@ pub(super) async fn lock(
     mode: Mode,
     wait: Wait,
     hashtext: bool,
-) -> Result<(bool, i32), Error> {
+) -> Result<(Option<Granted>, i32), Error> {
     let client = lease.client();
     let row = server_facts(client).await?;
     let (facts, backend_pid) = (ServerFacts::from(&row), row.backend_pid);
@@ -65,19 +68,34 @@ pub(super) async fn lock(
         }
         Wait::Forever | Wait::Try => None,
     };
+    let try_only = matches!(wait, Wait::Try);
+    let statement = match settings.fencing {
+        true => sql::session_lock_minting(key, mode, try_only),
+        false => sql::session_lock(key, mode, try_only),
+    };
     let started = std::time::Instant::now();
-    let rows = key_query(
-        client,
-        sql::session_lock(key, mode, matches!(wait, Wait::Try)),
-        key,
-    )
-    .await
-    .map_err(|e| DriverError::from(e).into_error_in(context.map(|t| (t, started.elapsed())), 1))?;
-    let granted = match wait {
-        Wait::Try => one_bool(&rows)?,
-        Wait::Forever | Wait::Timeout(_) => {
+    let rows = match key_query(client, statement, key).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            let e = DriverError::from(e).into_error_in(context.map(|t| (t, started.elapsed())), 1);
+            if !settings.fencing {
+                return Err(e);
+            }
+            // A lock granted before its token failed stays on the session
+            // (a statement's error ends no session-level lock): let it go
+            // now, so that nothing is held when the error is seen. (The
+            // caller closes the connection after an error too, but the
+            // server ends the session a moment later.)
+            let _ = key_query(client, sql::session_unlock(key, mode), key).await;
+            return Err(Error::not_installed_or(e, "a fencing token"));
+        }
+    };
+    let granted = match (settings.fencing, wait) {
+        (true, _) => granted_with_token(&rows)?.map(|token| (key, Some(token))),
+        (false, Wait::Try) => one_bool(&rows)?.then_some((key, None)),
+        (false, Wait::Forever | Wait::Timeout(_)) => {
             one_row(&rows, "the lock statement")?;
-            true
+            Some((key, None))
         }
     };
     if let Wait::Timeout(_) = wait {

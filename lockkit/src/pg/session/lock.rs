@@ -236,6 +236,40 @@ impl SessionLock {
         self
     }
 
+    /// Whether every grant mints a fencing token (off by default): a
+    /// number larger than every token minted before, on any connection, for
+    /// the protected resource to refuse an older holder's write. The guard
+    /// hands it out ([`SessionGuard::fencing_token`]). Minted by the server
+    /// with the grant, in the same round trip, in every form and for
+    /// permits. Needs lockkit's SQL functions on the database
+    /// ([`sql::install`](crate::sql::install) or `lockkit sql install`);
+    /// without them a lock call fails with
+    /// [`ErrorKind::NotInstalled`](crate::ErrorKind::NotInstalled) and
+    /// nothing is held. See [`crate::fencing`].
+    ///
+    /// ```no_run
+    /// # async fn run(config: tokio_postgres::Config, client: &mut tokio_postgres::Client)
+    /// #     -> Result<(), lockkit::Error> {
+    /// use lockkit::SessionLock;
+    ///
+    /// let sessions = SessionLock::new(config).fencing_tokens(true);
+    /// let guard = sessions.lock(42_i64).await?;
+    /// let token = guard.fencing_token().expect("minted with the grant");
+    /// // Later, maybe after a pause past the lease: the write lands only if
+    /// // no newer holder has written since.
+    /// let tx = client.transaction().await?;
+    /// if lockkit::sql::fence(&tx, "report:42", token).await? {
+    ///     tx.execute("UPDATE reports SET done = true WHERE id = 42", &[]).await?;
+    ///     tx.commit().await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn fencing_tokens(mut self, mint: bool) -> Self {
+        self.settings.fencing = mint;
+        self
+    }
+
     /// The lease of this lock's locks: how long a held lock's session may
     /// run no statement before the server ends it, and the lock passes to
     /// the next taker. [`LEASE_CADENCES`](super::LEASE_CADENCES) keepalive cadences, at least

@@ -49,6 +49,7 @@ use super::wire::holds_now;
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::plan::Mode;
+use crate::fencing::FencingToken;
 use crate::key::{AdvisoryKey, KeyForm, LockKey};
 
 /// What a multiplexed try found.
@@ -205,21 +206,23 @@ impl<'a> Multiplexed<'a> {
                 conn: conn.clone(),
                 claim: Some(claim),
             };
-            let granted = conn.run(Op::Try, key, mode).await;
+            let mint = self.settings.fencing;
+            let granted = conn.run(Op::Try { mint }, key, mode).await;
             let claim = flight.done();
-            let granted = match granted {
+            let (granted, token) = match granted {
                 // `run` gave the connection up: its slot opens a new one.
                 Err(e) if again && opened_before && e.is_connection_lost() => {
                     drop(claim);
                     again = false;
                     continue;
                 }
+                Err(e) if mint => return Err(Error::not_installed_or(e, "a fencing token")),
                 granted => granted?,
             };
             if !granted {
                 return Ok(MuxTry::Busy(value));
             }
-            let held = MuxHold(Some(Held { conn, claim }));
+            let held = MuxHold(Some(Held { conn, claim, token }));
             return Ok(MuxTry::Held(value, held));
         }
     }
@@ -232,6 +235,7 @@ pub(super) struct MuxHold(Option<Held>);
 struct Held {
     conn: Arc<MuxConn>,
     claim: Claim<MuxConn>,
+    token: Option<FencingToken>,
 }
 
 impl MuxHold {
@@ -248,6 +252,11 @@ impl MuxHold {
     /// The backend of the lock's connection.
     pub(super) fn backend_pid(&self) -> i32 {
         self.held().conn.backend_pid
+    }
+
+    /// The fencing token minted with the grant, if it minted one.
+    pub(super) fn token(&self) -> Option<FencingToken> {
+        self.held().token
     }
 
     fn held(&self) -> &Held {
@@ -304,7 +313,7 @@ impl MuxHold {
         };
         let was_held = held.conn.run(Op::Unlock, key, mode).await;
         drop(flight.done());
-        was_held
+        was_held.map(|(was_held, _)| was_held)
     }
 }
 

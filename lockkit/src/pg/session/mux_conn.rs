@@ -16,11 +16,12 @@ use super::conn::{Lease, Settings};
 use super::keeper::lease_of;
 use super::keeper::{watch_connection, Keeper, Kept, Tick};
 use super::simple::{begin_held, renew_held, HeldTx};
-use super::wire::{one_bool, within_cadence, within_take};
+use super::wire::{granted_with_token, one_bool, within_cadence, within_take};
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::plan::Mode;
 use crate::engine::sql;
+use crate::fencing::FencingToken;
 use crate::key::LockKey;
 use crate::pg::locker::server_facts;
 
@@ -67,17 +68,25 @@ pub(super) struct MuxConn {
 /// What a statement on a multiplexed connection does.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Op {
-    Try,
+    /// A try, minting a fencing token with the grant when `mint`.
+    Try {
+        mint: bool,
+    },
     Unlock,
 }
 
 /// The statement of `op` for `key`.
 fn statement(op: Op, key: LockKey, mode: Mode) -> &'static str {
     match op {
-        Op::Try => sql::session_lock(key, mode, true),
+        Op::Try { mint: false } => sql::session_lock(key, mode, true),
+        Op::Try { mint: true } => sql::session_lock_minting(key, mode, true),
         Op::Unlock => sql::session_unlock(key, mode),
     }
 }
+
+/// What the server answered a statement: `pg_try_advisory_lock`'s or
+/// `pg_advisory_unlock`'s `bool`, and the token minted with a grant.
+pub(super) type Answer = (bool, Option<FencingToken>);
 
 impl MuxConn {
     /// Opens a connection for `slot` and its held transaction, kept alive
@@ -157,8 +166,7 @@ impl MuxConn {
     }
 
     /// Runs `op` for `key`, bounded by one cadence: what the server
-    /// answered (`pg_try_advisory_lock`'s or `pg_advisory_unlock`'s
-    /// `bool`).
+    /// answered ([`Answer`]).
     ///
     /// A server's error of the statement aborts the held transaction, and
     /// every statement sent behind it fails with `25P02`: the transaction is
@@ -184,15 +192,16 @@ impl MuxConn {
         op: Op,
         key: LockKey,
         mode: Mode,
-    ) -> Result<bool, Error> {
+    ) -> Result<Answer, Error> {
         let e = match self.attempt(op, key, mode).await? {
             Ok(answer) => return Ok(answer),
             Err(refused) => refused,
         };
         match op {
-            Op::Try => {
+            Op::Try { .. } => {
                 // Its key let go, in case the server granted it before the
-                // error; a failure there gave the connection up.
+                // error (or its token failed after the grant); a failure
+                // there gave the connection up.
                 let _ = self.attempt(Op::Unlock, key, mode).await;
                 Err(e)
             }
@@ -224,7 +233,7 @@ impl MuxConn {
         op: Op,
         key: LockKey,
         mode: Mode,
-    ) -> Result<Result<bool, Error>, Error> {
+    ) -> Result<Result<Answer, Error>, Error> {
         let renewed = self.renewed.load(Ordering::Acquire);
         let first = within_cadence(self.cadence, self.send(op, key, mode)).await;
         let mut e = match first {
@@ -282,7 +291,7 @@ impl MuxConn {
     }
 
     /// Sends `op` for `key`, once.
-    async fn send(self: &Arc<Self>, op: Op, key: LockKey, mode: Mode) -> Result<bool, Error> {
+    async fn send(self: &Arc<Self>, op: Op, key: LockKey, mode: Mode) -> Result<Answer, Error> {
         let sql = statement(op, key, mode);
         let client = self.lease.client();
         let run = self.statements_run.fetch_add(1, Ordering::Relaxed) + 1;
@@ -297,7 +306,13 @@ impl MuxConn {
                 client.query_typed(sql, &params).await?
             }
         };
-        one_bool(&rows)
+        match op {
+            Op::Try { mint: true } => {
+                let token = granted_with_token(&rows)?;
+                Ok((token.is_some(), token))
+            }
+            Op::Try { mint: false } | Op::Unlock => Ok((one_bool(&rows)?, None)),
+        }
     }
 
     /// Makes the held transaction anew after a statement's error aborted
@@ -339,6 +354,7 @@ fn conn_held(
     HeldTx {
         check_interval_known,
         lease: lease_of(cadence),
+        mint: false,
     }
 }
 

@@ -25,6 +25,7 @@ use crate::engine::sql;
 use crate::engine::{
     read_reply, Grant, Policy, Reply, ReplyRow, ReplyShape, Request, Statement, TxState, Wait,
 };
+use crate::fencing::FencingToken;
 use crate::key::{AdvisoryKey, LockKey};
 use crate::pg::text_row::{BadColumn, SimpleRow};
 use crate::StatementMode::{self, Unnamed};
@@ -43,19 +44,25 @@ static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(|| {
 
 /// How a held transaction is set up, beside its name: whether the server
 /// is known to have `client_connection_check_interval` (shared by a
-/// `SessionLock`'s clones; cleared when that form fails), and the lease
-/// after which the server ends a session whose holder stopped answering
-/// ([`sql::write_session_setup`]).
+/// `SessionLock`'s clones; cleared when that form fails), the lease after
+/// which the server ends a session whose holder stopped answering
+/// ([`sql::write_session_setup`]), and whether each round of the lock
+/// mints a fencing token after its statements ([`sql::FENCING_TOKEN`]).
 #[derive(Clone, Copy)]
 pub(super) struct HeldTx<'a> {
     pub(super) check_interval_known: &'a AtomicBool,
     pub(super) lease: Duration,
+    pub(super) mint: bool,
 }
 
 /// What a session lock's query answered: the set-up row (`in_recovery`,
-/// `backend_pid`) and the key granted (`None`: a try found it busy), or, as
-/// the inner error, what the engine made of a failed lock statement.
-pub(super) type Taken = ((bool, i32), Result<Option<LockKey>, Error>);
+/// `backend_pid`) and the key granted with its fencing token when the call
+/// minted one (`None`: a try found it busy), or, as the inner error, what
+/// the engine made of a failed lock statement.
+pub(super) type Taken = ((bool, i32), Result<Option<Granted>, Error>);
+
+/// A key granted, and the fencing token minted with it (when asked for).
+pub(super) type Granted = (LockKey, Option<FencingToken>);
 
 /// Opens the lock's transaction on `client`, sets it up (named `name`) and
 /// takes the transaction-scoped lock inside it through the lock engine (its
@@ -78,7 +85,8 @@ pub(super) async fn take_xact_lock(
     let call = state.acquire(&POLICY, 0, request, wait)?;
     let mut conn = SimpleConn::new(client, Some((name, held)));
     let outcome = drive::<Simple<'_>>(&mut conn, &Simple::default(), Unnamed, call).await;
-    Ok((conn.set_up()?, granted(outcome)))
+    let setup = conn.set_up()?;
+    Ok((setup, conn.granted(outcome)))
 }
 
 /// [`take_xact_lock`] for a permit of the semaphore of `permits` permits
@@ -115,12 +123,7 @@ pub(super) async fn take_permit<K: AdvisoryKey>(
         }
         (outcome, _) => outcome,
     };
-    Ok((setup, granted(outcome)))
-}
-
-/// The key a call's outcome grants, `None` when busy.
-fn granted(outcome: Result<Result<Grant, Busy>, Error>) -> Result<Option<LockKey>, Error> {
-    Ok(outcome?.ok().and_then(|grant| grant.key()))
+    Ok((setup, conn.granted(outcome)))
 }
 
 /// Session locks' runner, as a [`Driver`]: each round of the engine is one
@@ -149,14 +152,44 @@ struct SimpleConn<'c> {
     /// engine saw an error in place of its replies, and the lock call
     /// answers this one.
     setup: Option<Result<(bool, i32), Error>>,
+    /// Whether each round mints a fencing token after its statements.
+    mint: bool,
+    /// The token the last round minted: the one of the grant, since a
+    /// round that grants is the last.
+    token: Option<FencingToken>,
 }
 
 impl<'c> SimpleConn<'c> {
     fn new(client: &'c Client, begin: Option<(&'c AppName, HeldTx<'c>)>) -> Self {
         SimpleConn {
             client,
+            mint: begin.is_some_and(|(_, held)| held.mint),
             begin,
             setup: None,
+            token: None,
+        }
+    }
+
+    /// The key a call's outcome grants (`None` when busy), with the token
+    /// minted with it when the call mints them.
+    ///
+    /// # Errors
+    ///
+    /// The call's own error; [`ErrorKind::UnexpectedReply`] when a minting
+    /// call granted a key and no token came with it.
+    fn granted(
+        &self,
+        outcome: Result<Result<Grant, Busy>, Error>,
+    ) -> Result<Option<Granted>, Error> {
+        let Some(key) = outcome?.ok().and_then(|grant| grant.key()) else {
+            return Ok(None);
+        };
+        match (self.mint, self.token) {
+            (false, _) => Ok(Some((key, None))),
+            (true, Some(token)) => Ok(Some((key, Some(token)))),
+            (true, None) => Err(Error::unexpected(
+                "a lock that mints fencing tokens was granted without one".into(),
+            )),
         }
     }
 
@@ -243,12 +276,19 @@ async fn query_round(
         }
         statement.write_simple(&mut query);
     }
+    // The token after the round's statements: a grant comes before it, and
+    // a failed statement stops the query before it.
+    if conn.mint {
+        query.push_str("; ");
+        query.push_str(sql::FENCING_TOKEN);
+    }
     let (completed, failed) = simple_round(conn.client, &query).await;
-    let expected = prefix
+    let statements = prefix
         + round
             .iter()
             .map(|s| s.sql().simple_commands())
             .sum::<usize>();
+    let expected = statements + usize::from(conn.mint);
     match failed {
         Some(e) if completed.len() < prefix => {
             if let (Some((_, held)), Some(&SqlState::UNDEFINED_OBJECT)) = (first, e.code()) {
@@ -272,13 +312,38 @@ async fn query_round(
                     Err(e) => return conn.failed(e),
                 }
             }
-            if let Some(e) = failed {
-                return (Vec::new(), Some(DriverError::from(e)));
+            match failed {
+                // The statements ran and the token's failed: no lockkit SQL
+                // functions (the error aborted the transaction, and with it
+                // whatever the statements took).
+                Some(e) if conn.mint && completed.len() == statements => {
+                    let e = Error::not_installed_or(Error::from(e), "a fencing token");
+                    return conn.failed(e);
+                }
+                Some(e) => return (Vec::new(), Some(DriverError::from(e))),
+                None => {}
+            }
+            if conn.mint {
+                match read_token(completed.rows(statements, expected)) {
+                    Ok(token) => conn.token = Some(token),
+                    Err(e) => return conn.failed(e),
+                }
             }
         }
     }
     let commands = round.iter().map(|s| s.sql().simple_commands());
     (completed.into_answers(prefix, commands), None)
+}
+
+/// The fencing token of [`sql::FENCING_TOKEN`]'s rows: one row, one
+/// decimal number.
+fn read_token(rows: &[SimpleRow]) -> Result<FencingToken, Error> {
+    one_row(rows, "the fencing token")?;
+    let text = rows[0]
+        .text(0)
+        .map_err(|e| Error::unexpected(format!("the fencing token: {e}")))?;
+    text.parse()
+        .map_err(|e| Error::unexpected(format!("the fencing token: {e}")))
 }
 
 /// Opens a held transaction on `client` and sets it up (named `name`), in

@@ -14,6 +14,7 @@ use super::form::SessionForm;
 use super::guard::SessionGuard;
 use super::held::{Holding, Shared};
 use super::keeper::{watch_connection, Keeper, Kept};
+use super::simple::Granted;
 use super::wire::{within, within_take, AppName, NOTHING_HELD};
 use super::xact::Take;
 use super::{level, xact};
@@ -22,7 +23,7 @@ use crate::engine::error::Error;
 use crate::engine::plan::Mode;
 use crate::engine::sql;
 use crate::engine::Wait;
-use crate::key::{AdvisoryKey, KeyForm, LockKey};
+use crate::key::{AdvisoryKey, KeyForm};
 
 /// A [`SessionLock`](super::SessionLock)'s takes on a connection of their
 /// own: its settings, and the keeper its held locks register with.
@@ -56,9 +57,7 @@ impl<'a> Own<'a> {
             match (form, take) {
                 (SessionForm::SessionLevel, Take::Key(mode)) => {
                     let held = (key, &name, self.keeper.lease());
-                    level::lock(settings, &lease, held, mode, wait, hashtext)
-                        .await
-                        .map(|(granted, pid)| (granted.then_some(key), pid))
+                    level::lock(settings, &lease, held, mode, wait, hashtext).await
                 }
                 (_, take) => {
                     let value = (&value, key);
@@ -81,15 +80,20 @@ impl<'a> Own<'a> {
             Take::Permit(_) => Mode::Exclusive,
         };
         match taken {
-            Ok((Some(key), backend_pid)) => {
-                Ok(Ok(self.hold(value, key, mode, form, backend_pid, lease)))
-            }
+            Ok((Some(granted), backend_pid)) => Ok(Ok(self.hold(
+                value,
+                granted,
+                mode,
+                form,
+                backend_pid,
+                lease,
+            ))),
             Ok((None, _)) => {
-                self.discard(lease, form, true).await;
+                self.discard(lease, form, None).await;
                 Ok(Err(value))
             }
             Err(e) => {
-                self.discard(lease, form, false).await;
+                self.discard(lease, form, Some(&e)).await;
                 Err(e)
             }
         }
@@ -115,13 +119,19 @@ impl<'a> Own<'a> {
         )
     }
 
-    /// Gives a connection back after a failed or busy acquisition: a pooled
-    /// one only once nothing can be held on it.
+    /// Gives a connection back after a failed (`failed`: its error) or busy
+    /// acquisition: a pooled one only once nothing can be held on it.
     ///
     /// The rollback waits at most one cadence: on a path gone silent the
     /// lease is dropped unclean instead (detached from its pool and closed).
-    async fn discard(&self, mut lease: Lease, form: SessionForm, busy: bool) {
-        if lease.is_owned() {
+    /// A connection of lockkit's own is closed when dropped; after the
+    /// server's error of a statement it is rolled back first, so that the
+    /// transaction's locks are gone when the error is seen (the server ends
+    /// a transaction that an error aborted only after it sent the error).
+    async fn discard(&self, mut lease: Lease, form: SessionForm, failed: Option<&Error>) {
+        let busy = failed.is_none();
+        let answered = failed.is_some_and(|e| e.code().is_some() && !e.is_connection_lost());
+        if lease.is_owned() && !answered {
             return; // Dropping it closes the session.
         }
         lease.clean = match form {
@@ -145,7 +155,7 @@ impl<'a> Own<'a> {
     fn hold<K>(
         &self,
         value: K,
-        key: LockKey,
+        (key, token): Granted,
         mode: Mode,
         form: SessionForm,
         backend_pid: i32,
@@ -169,7 +179,8 @@ impl<'a> Own<'a> {
             tokio::spawn(watch_connection(Arc::downgrade(&kept), ended));
         }
         self.keeper.register(shared.clone());
-        SessionGuard::own(value, key, mode, form, backend_pid, Holding(shared))
+        let granted = (key, token);
+        SessionGuard::own(value, granted, mode, form, backend_pid, Holding(shared))
     }
 }
 

@@ -14,6 +14,7 @@ use tokio_postgres::{Client, Row};
 
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::sql::{self, HOLDS};
+use crate::fencing::FencingToken;
 use crate::key::LockKey;
 
 /// The `application_name` of a lock's connection,
@@ -67,6 +68,26 @@ pub(super) fn one_bool(rows: &[Row]) -> Result<bool, Error> {
         None => Err(Error::unexpected(
             "the lock statement returned NULL, not a bool".into(),
         )),
+    }
+}
+
+/// The one row of a minting lock statement
+/// ([`sql::session_lock_minting`](crate::engine::sql::session_lock_minting)):
+/// whether the key was granted, and the token minted with it, which comes
+/// exactly when it was.
+pub(super) fn granted_with_token(rows: &[Row]) -> Result<Option<FencingToken>, Error> {
+    one_row(rows, "the lock statement")?;
+    let granted: Option<bool> = rows[0].try_get(0)?;
+    let token: Option<&str> = rows[0].try_get(1)?;
+    match (granted, token) {
+        (Some(false), None) => Ok(None),
+        (Some(true), Some(token)) => token
+            .parse()
+            .map(Some)
+            .map_err(|e| Error::unexpected(format!("the lock statement's token: {e}"))),
+        (granted, token) => Err(Error::unexpected(format!(
+            "the lock statement answered granted {granted:?} with token {token:?}"
+        ))),
     }
 }
 

@@ -13,7 +13,7 @@ use super::conn::{Lease, Settings};
 use super::form::SessionForm;
 #[cfg(doc)]
 use super::simple::simple_round;
-use super::simple::{take_permit, take_xact_lock, HeldTx, Taken};
+use super::simple::{take_permit, take_xact_lock, Granted, HeldTx, Taken};
 use super::wire::AppName;
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
@@ -32,7 +32,8 @@ pub(super) enum Take {
 
 /// Takes `take` of `value` on `lease` in the default form, named `name`,
 /// its transaction ended by the server once idle for `lease_for`: the key
-/// granted (`None`: busy) and the backend pid.
+/// granted with its fencing token when the settings mint them (`None`:
+/// busy), and the backend pid.
 pub(super) async fn lock<K: AdvisoryKey>(
     settings: &Settings,
     lease: &Lease,
@@ -41,11 +42,12 @@ pub(super) async fn lock<K: AdvisoryKey>(
     wait: Wait,
     (name, lease_for): (&AppName, Duration),
     hashtext: bool,
-) -> Result<(Option<LockKey>, i32), Error> {
+) -> Result<(Option<Granted>, i32), Error> {
     let client = lease.client();
     let known = HeldTx {
         check_interval_known: &settings.check_interval_known,
         lease: lease_for,
+        mint: settings.fencing,
     };
     let allow_standby = settings.allow_standby;
     match take {
@@ -64,13 +66,14 @@ pub(super) async fn lock<K: AdvisoryKey>(
 /// The default form: `take` opens the transaction, sets it up and
 /// takes the lock in one simple-protocol query (one message, one round
 /// trip; see [`simple_round`]); then the server's facts are checked.
-/// Answers the key granted (`None`: busy) and the backend pid.
+/// Answers the key granted with its token (`None`: busy) and the backend
+/// pid.
 async fn lock_in_transaction(
     lease: &Lease,
     take: impl Future<Output = Result<Taken, Error>>,
     hashtext: bool,
     allow_standby: bool,
-) -> Result<(Option<LockKey>, i32), Error> {
+) -> Result<(Option<Granted>, i32), Error> {
     let client = lease.client();
     // The facts (HashText keys only) go first, outside the transaction:
     // they are the server's, not the backend's. Then one query:
