@@ -8,9 +8,11 @@
 -- protected resource can refuse a write whose token is older than one it
 -- has already seen.
 --
---   lockkit.fencing_token()          mints a token (numeric): called by
---                                    lockkit right after a grant, in the
---                                    same round trip
+--   lockkit.fencing_token()          mints a token (numeric); lockkit's
+--                                    lock statements compute the same
+--                                    number from its three parts, right
+--                                    after the grant, in the same round
+--                                    trip
 --   lockkit.fence(resource, token)   true, and the resource's newest token
 --                                    set to `token`, when `token` is at
 --                                    least the newest it has seen; false
@@ -37,6 +39,12 @@
 
 CREATE SEQUENCE IF NOT EXISTS lockkit.fencing_counter AS bigint
     MINVALUE 1 MAXVALUE 281474976710655 NO CYCLE;
+
+-- lockkit's lock statements read the counter themselves, next to the lock
+-- (the same number as lockkit.fencing_token(), without a function call): any
+-- role that may use the schema may take its next value. Nobody but its owner
+-- may set it (setval needs UPDATE).
+GRANT USAGE ON SEQUENCE lockkit.fencing_counter TO PUBLIC;
 
 CREATE TABLE IF NOT EXISTS lockkit.fences (
     resource text PRIMARY KEY,

@@ -486,14 +486,31 @@ pub(crate) fn session_lock(key: LockKey, mode: Mode, try_only: bool) -> &'static
     }
 }
 
-/// Appends the waiting or trying lock `$f` of `$args` with a fencing token
-/// minted right after the grant, in the same statement: `OFFSET 0` keeps
-/// the lock in a subquery of its own, which runs before the token's
-/// expression reads its row.
+/// The three parts of a fencing token as `text` columns, read by
+/// [`FencingToken::from_server`](crate::fencing::FencingToken::from_server):
+/// the current WAL file's name (its first 8 hex digits are the timeline),
+/// the flushed WAL position (`X/Y`), and the counter's next value. The same
+/// number as `lockkit.fencing_token()` (docs/FENCING.md), without its
+/// function call and `numeric` arithmetic, which cost the server several
+/// times more.
+macro_rules! token_parts {
+    () => {
+        "pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), \
+         pg_catalog.pg_current_wal_flush_lsn()::text, \
+         pg_catalog.nextval('lockkit.fencing_counter'::pg_catalog.regclass)::text"
+    };
+}
+
+/// Appends the waiting or trying lock `$f` of `$args` with a fencing
+/// token's parts minted right after the grant, in the same statement:
+/// `OFFSET 0` keeps the lock in a subquery of its own, which runs before
+/// the outer query reads its row.
 macro_rules! minting {
     (wait $f:literal, $args:literal) => {
         concat!(
-            "SELECT true, lockkit.fencing_token()::text FROM (SELECT ",
+            "SELECT true, ",
+            token_parts!(),
+            " FROM (SELECT ",
             $f,
             "(",
             $args,
@@ -502,7 +519,11 @@ macro_rules! minting {
     };
     (try $f:literal, $args:literal) => {
         concat!(
-            "SELECT t.granted, CASE WHEN t.granted THEN lockkit.fencing_token()::text END \
+            "SELECT t.granted, \
+             CASE WHEN t.granted THEN pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()) END, \
+             CASE WHEN t.granted THEN pg_catalog.pg_current_wal_flush_lsn()::text END, \
+             CASE WHEN t.granted THEN \
+             pg_catalog.nextval('lockkit.fencing_counter'::pg_catalog.regclass)::text END \
              FROM (SELECT ",
             $f,
             "(",
@@ -513,9 +534,10 @@ macro_rules! minting {
 }
 
 /// [`session_lock`] with a fencing token minted with the grant
-/// (`lockkit.fencing_token()`, [`crate::fencing`]): every form returns one
-/// row, `granted bool` (always `true` when waiting) and the token as `text`
-/// (`NULL` when a try found the key busy).
+/// ([`crate::fencing`]): every form returns one row, `granted bool`
+/// (always `true` when waiting) and the token's three parts as `text`
+/// ([`token_parts!`]; `NULL` when a try found the key busy, and then none
+/// is minted).
 #[cfg(feature = "tokio-postgres")]
 pub(crate) fn session_lock_minting(key: LockKey, mode: Mode, try_only: bool) -> &'static str {
     match (key, mode, try_only) {
@@ -538,11 +560,11 @@ pub(crate) fn session_lock_minting(key: LockKey, mode: Mode, try_only: bool) -> 
     }
 }
 
-/// Mints a fencing token and returns it as `text` (its decimal number):
-/// sent after a default session lock's statements, in the same query, when
-/// its `SessionLock` mints tokens. One command, one row.
+/// Mints a fencing token: its three parts ([`token_parts!`]) in one row.
+/// Sent after a default session lock's statements, in the same query, when
+/// its `SessionLock` mints tokens: one command.
 #[cfg(feature = "tokio-postgres")]
-pub(crate) const FENCING_TOKEN: &str = "SELECT lockkit.fencing_token()::text";
+pub(crate) const FENCING_TOKEN: &str = concat!("SELECT ", token_parts!());
 
 /// [`lockkit::sql::fence`](crate::sql::fence): `$1` the resource (`text`),
 /// `$2` the token as its decimal `text`; returns one `bool` (`NULL` for a

@@ -335,14 +335,18 @@ async fn query_round(
     (completed.into_answers(prefix, commands), None)
 }
 
-/// The fencing token of [`sql::FENCING_TOKEN`]'s rows: one row, one
-/// decimal number.
+/// The fencing token of [`sql::FENCING_TOKEN`]'s rows: one row, its three
+/// parts.
 fn read_token(rows: &[SimpleRow]) -> Result<FencingToken, Error> {
     one_row(rows, "the fencing token")?;
-    let text = rows[0]
-        .text(0)
-        .map_err(|e| Error::unexpected(format!("the fencing token: {e}")))?;
-    text.parse()
+    let bad = |e: BadColumn| Error::unexpected(format!("the fencing token: {e}"));
+    let row = &rows[0];
+    let (walfile, flush, counter) = (
+        row.text(0).map_err(bad)?,
+        row.text(1).map_err(bad)?,
+        row.text(2).map_err(bad)?,
+    );
+    FencingToken::from_server(walfile, flush, counter)
         .map_err(|e| Error::unexpected(format!("the fencing token: {e}")))
 }
 

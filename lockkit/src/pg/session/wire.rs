@@ -77,16 +77,18 @@ pub(super) fn one_bool(rows: &[Row]) -> Result<bool, Error> {
 /// exactly when it was.
 pub(super) fn granted_with_token(rows: &[Row]) -> Result<Option<FencingToken>, Error> {
     one_row(rows, "the lock statement")?;
-    let granted: Option<bool> = rows[0].try_get(0)?;
-    let token: Option<&str> = rows[0].try_get(1)?;
-    match (granted, token) {
-        (Some(false), None) => Ok(None),
-        (Some(true), Some(token)) => token
-            .parse()
-            .map(Some)
-            .map_err(|e| Error::unexpected(format!("the lock statement's token: {e}"))),
-        (granted, token) => Err(Error::unexpected(format!(
-            "the lock statement answered granted {granted:?} with token {token:?}"
+    let row = &rows[0];
+    let granted: Option<bool> = row.try_get(0)?;
+    let parts: [Option<&str>; 3] = [row.try_get(1)?, row.try_get(2)?, row.try_get(3)?];
+    match (granted, parts) {
+        (Some(false), [None, None, None]) => Ok(None),
+        (Some(true), [Some(walfile), Some(flush), Some(counter)]) => {
+            FencingToken::from_server(walfile, flush, counter)
+                .map(Some)
+                .map_err(|e| Error::unexpected(format!("the lock statement's token: {e}")))
+        }
+        (granted, parts) => Err(Error::unexpected(format!(
+            "the lock statement answered granted {granted:?} with token parts {parts:?}"
         ))),
     }
 }
