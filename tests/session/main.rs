@@ -5,6 +5,7 @@
 //! does when its connection is lost or its network path goes silent.
 
 mod dedicated;
+mod failover;
 mod fencing;
 mod forms;
 mod lease;

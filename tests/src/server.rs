@@ -219,6 +219,20 @@ impl TestServer {
         }
     }
 
+    /// Stops the server in `mode`, keeping its data: [`StopMode::Immediate`]
+    /// is the server's crash (a failed primary, before a failover).
+    ///
+    /// Blocks the calling thread, also inside an async test.
+    ///
+    /// # Panics
+    ///
+    /// As [`stop`](Self::stop).
+    pub fn stop_with(&self, mode: StopMode) {
+        if let Err(e) = self.instance("stop").stop(mode.pg_ctl_mode()) {
+            panic!("cannot stop the test server at {}: {e}", self.url);
+        }
+    }
+
     /// Starts the server again after [`stop`](Self::stop), on the same port
     /// and data; returns once it accepts connections.
     ///
