@@ -7,6 +7,7 @@
 mod dedicated;
 mod failover;
 mod fencing;
+mod fencing_load;
 mod forms;
 mod lease;
 mod lost;
