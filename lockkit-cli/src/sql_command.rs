@@ -9,6 +9,8 @@ use lockkit_cli::sql::SqlKeys;
 pub(crate) enum SqlCommand {
     /// Install the functions in the schema `lockkit` of the --url database.
     ///
+    /// The key functions, and what fencing tokens need (a counter, the
+    /// fences' table, lockkit.fencing_token() and lockkit.fence()).
     /// Idempotent (run it again after an upgrade), in one transaction; then
     /// checks that the installed functions compute the KEYS.md golden vector
     /// as this lockkit does. The role needs CREATE on the database (or to
@@ -32,8 +34,9 @@ pub(crate) async fn sql_install(conn: &Conn) -> Result<()> {
     .await?;
     let version = lockkit::sql::FORMAT_VERSION;
     emit(&format!(
-        "installed lockkit's SQL functions (schema {}, key format version {version}); \
-         they compute the KEYS.md golden vector as this lockkit does\n",
+        "installed lockkit's SQL functions (schema {}, key format version {version}) and the \
+         fencing tokens' counter and fence (docs/FENCING.md); the key functions compute the \
+         KEYS.md golden vector as this lockkit does\n",
         lockkit::sql::SCHEMA
     ))
 }

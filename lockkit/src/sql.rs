@@ -20,6 +20,12 @@
 //!
 //! The script's header lists every function. `lockkit key --sql` prints the
 //! SQL expression of a given key.
+//!
+//! The script also installs what fencing tokens need
+//! ([`crate::fencing`], docs/FENCING.md): the counter
+//! `lockkit.fencing_counter`, the table `lockkit.fences`, and the functions
+//! `lockkit.fencing_token()` and `lockkit.fence(resource, token)`
+//! ([`fence`] from Rust).
 
 /// The install script of the `lockkit` schema: the key format's part
 /// encoders, SipHash-2-4, namespace tags and keys as SQL functions, then

@@ -250,10 +250,11 @@ impl SessionLock {
     /// ```no_run
     /// # async fn run(config: tokio_postgres::Config, client: &mut tokio_postgres::Client)
     /// #     -> Result<(), lockkit::Error> {
+    /// use lockkit::key::HashText;
     /// use lockkit::SessionLock;
     ///
     /// let sessions = SessionLock::new(config).fencing_tokens(true);
-    /// let guard = sessions.lock(42_i64).await?;
+    /// let guard = sessions.lock(HashText("report-42")).await?;
     /// let token = guard.fencing_token().expect("minted with the grant");
     /// // Later, maybe after a pause past the lease: the write lands only if
     /// // no newer holder has written since.
