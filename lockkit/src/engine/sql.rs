@@ -848,7 +848,7 @@ mod tests {
                     assert!(minting.contains(&format!("(SELECT {call}")), "{minting}");
                     assert!(minting.contains(" OFFSET 0) AS "), "{minting}");
                     assert!(
-                        minting.contains("lockkit.fencing_token()::text"),
+                        minting.contains("nextval('lockkit.fencing_counter'"),
                         "{minting}"
                     );
                     assert_eq!(
