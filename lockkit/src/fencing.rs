@@ -190,6 +190,7 @@ mod tests {
             let (timeline, flush, counter) = parts;
             let token = FencingToken::from_parts(timeline, flush, counter).unwrap();
             assert_eq!(token.to_string(), decimal);
+            assert_eq!(token.get().to_string(), decimal);
             assert_eq!(decimal.parse::<FencingToken>().unwrap(), token);
             assert_eq!(
                 (token.timeline(), token.flush(), token.counter()),

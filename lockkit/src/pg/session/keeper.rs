@@ -195,5 +195,7 @@ mod tests {
         );
         assert_eq!(lease_of(Duration::from_millis(100)), MIN_LEASE);
         assert_eq!(lease_of(Duration::MAX), Duration::MAX);
+        let keeper = Keeper::new(Duration::from_secs(2));
+        assert_eq!(keeper.lease(), Duration::from_secs(6));
     }
 }
