@@ -149,19 +149,17 @@ impl Driver for Locker {
                 return Ok(Answer::Done);
             }
             let query = EngineQuery::new(&stmt, mode);
-            let answer = match stmt.reply() {
-                ReplyShape::Locked => query.get_result(conn).await.map(Answer::Locked),
-                ReplyShape::TriedBigint => query.get_result(conn).await.map(Answer::TriedBigint),
-                ReplyShape::TriedPair => query.get_result(conn).await.map(Answer::TriedPair),
-                _ => query.get_result(conn).await.map(Answer::Tagged),
-            };
-            answer.map_err(driver_error)
+            query
+                .get_result(conn)
+                .await
+                .map(Answer::Row)
+                .map_err(driver_error)
         });
         future
     }
 
-    fn reply(_: &Statement<'_>, answer: &Answer) -> Reply {
-        answer.reply()
+    fn reply(statement: &Statement<'_>, answer: &Answer) -> Reply {
+        answer.reply(statement)
     }
 
     /// The transaction given up (`abandon_transaction`: rolled back, so

@@ -72,8 +72,8 @@ impl Driver for Locker {
         ready(run(conn, &stmt, mode).map_err(DriverError::from))
     }
 
-    fn reply(_: &Statement<'_>, answer: &Answer) -> Reply {
-        answer.reply()
+    fn reply(statement: &Statement<'_>, answer: &Answer) -> Reply {
+        answer.reply(statement)
     }
 }
 
@@ -119,9 +119,6 @@ fn run(conn: &mut PgConnection, stmt: &Statement<'_>, mode: StatementMode) -> Qu
             conn.batch_execute(stmt.text())?;
             Answer::Done
         }
-        ReplyShape::Locked => Answer::Locked(query.get_result(conn)?),
-        ReplyShape::TriedBigint => Answer::TriedBigint(query.get_result(conn)?),
-        ReplyShape::TriedPair => Answer::TriedPair(query.get_result(conn)?),
-        _ => Answer::Tagged(query.get_result(conn)?),
+        _ => Answer::Row(query.get_result(conn)?),
     })
 }

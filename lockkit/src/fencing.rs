@@ -110,6 +110,16 @@ impl FencingToken {
         FencingToken::from_parts(timeline, flush, counter).ok_or_else(bad)
     }
 
+    /// The token of the three `int8` columns a minting lock statement
+    /// answers after its own (`timeline`, `flush`, `counter`), or `None`
+    /// when a part is out of its range.
+    pub(crate) fn from_columns([timeline, flush, counter]: [i64; 3]) -> Option<Self> {
+        let timeline = u32::try_from(timeline).ok()?;
+        let flush = u64::try_from(flush).ok()?;
+        let counter = u64::try_from(counter).ok()?;
+        FencingToken::from_parts(timeline, flush, counter)
+    }
+
     /// The token as the number it is.
     pub fn get(self) -> u128 {
         self.0
@@ -231,6 +241,21 @@ mod tests {
                 FencingToken::from_server(walfile, flush, counter).is_err(),
                 "{walfile} {flush} {counter}"
             );
+        }
+    }
+
+    #[test]
+    fn columns() {
+        let token = FencingToken::from_columns([1, 0x0300_0060, 7]).unwrap();
+        assert_eq!(token.to_string(), "5192296858548994755000703029084167");
+        for columns in [
+            [-1, 0, 1],
+            [1, -1, 1],
+            [1, 0, -1],
+            [1 << 16, 0, 1],
+            [1, 0, 1 << 48],
+        ] {
+            assert_eq!(FencingToken::from_columns(columns), None, "{columns:?}");
         }
     }
 

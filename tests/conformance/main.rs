@@ -29,6 +29,7 @@ suite!(tokio_postgres: crate::adapters::with_tokio_postgres::TokioPg;
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
     release_on_terminate, budget, timeout, cancel, savepoints, drifting_key, semaphore,
     commit_after_an_aborting_error, statement_mode_decides_what_is_prepared,
+    fencing_tokens,
     // No lock_outside_transaction_refused: it does not compile
     // (tests/ui-guards/lock_without_transaction.rs). No
     // a_lock_calls_statements_are_reported_inside_its_span: tokio-postgres
@@ -40,7 +41,7 @@ suite!(sqlx: crate::adapters::with_sqlx::Sqlx;
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
     release_on_terminate, budget, timeout, cancel, savepoints, drifting_key, semaphore,
     lock_outside_transaction_refused, statement_mode_decides_what_is_prepared,
-    a_lock_calls_statements_are_reported_inside_its_span,
+    a_lock_calls_statements_are_reported_inside_its_span, fencing_tokens,
     // Not commit_after_an_aborting_error but its control: this stack's
     // sessions commit through sqlx's own `Transaction::commit` (`lock_tx`),
     // which is not lockkit's to refuse (`Locker::lock_tx` says so);
@@ -53,7 +54,7 @@ suite!(diesel_async: crate::adapters::with_diesel_async::DieselAsync;
     release_on_commit, release_on_rollback, release_on_drop, release_on_panic,
     release_on_terminate, budget, timeout, cancel, savepoints, drifting_key, semaphore,
     lock_outside_transaction_refused, statement_mode_decides_what_is_prepared,
-    a_lock_calls_statements_are_reported_inside_its_span,
+    a_lock_calls_statements_are_reported_inside_its_span, fencing_tokens,
     // Not commit_after_an_aborting_error but its control: this stack's
     // sessions commit through diesel-async's own `conn.transaction`
     // (`lock_tx`), which is not lockkit's to refuse (`Locker::lock_tx` says
@@ -67,7 +68,7 @@ suite!(diesel: crate::adapters::with_diesel::Diesel;
     release_on_terminate, budget, timeout, savepoints, drifting_key, semaphore,
     commit_after_an_aborting_error,
     lock_outside_transaction_refused, statement_mode_decides_what_is_prepared,
-    a_lock_calls_statements_are_reported_inside_its_span,
+    a_lock_calls_statements_are_reported_inside_its_span, fencing_tokens,
     // No release_on_drop: a blocking transaction closure cannot be
     // abandoned half-way, only unwound (release_on_panic). No cancel: no
     // futures; lock_timeout is the bound (timeout).

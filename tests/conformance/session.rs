@@ -110,6 +110,20 @@ pub(crate) enum Op {
     /// A statement of the application's own, through the stack's own
     /// query API.
     Execute(&'static str),
+    /// A lock call whose guard's fencing token is the answer.
+    Token(TokenCall),
+}
+
+/// The lock calls of [`Op::Token`], on `BigInt` keys.
+#[derive(Debug)]
+pub(crate) enum TokenCall {
+    Lock(i64),
+    TryLock(i64),
+    LockTimeout(i64, Duration),
+    Batch(Vec<(Key, Mode)>),
+    TryBatch(Vec<(Key, Mode)>),
+    Permit(i64, u8),
+    TryPermit(i64, u8),
 }
 
 /// What an [`Op`] returned.
@@ -127,6 +141,8 @@ pub(crate) enum Out {
     Dropped,
     /// An increment or a statement done.
     Done,
+    /// The fencing token of the call's guard (`None`: none, or busy).
+    Token(Option<lockkit::fencing::FencingToken>),
 }
 
 /// How a transaction (or, for `Commit` and `Rollback`, a savepoint) ends.
@@ -570,6 +586,18 @@ macro_rules! exec_op {
             Op::Holds(Key::Pair(id), mode) => Ok(Out::Bool(tx.holds(&Pair { id }, mode))),
             Op::Increment(row) => $increment(tx, row) $($aw)* .map(|()| Out::Done),
             Op::Execute(sql) => $execute(tx, sql) $($aw)* .map(|()| Out::Done),
+            Op::Token(call) => {
+                use $crate::session::TokenCall as T;
+                match call {
+                    T::Lock(id) => tx.lock(Big { id }) $($aw)* .map(|h| Out::Token(h.fencing_token())),
+                    T::TryLock(id) => tx.try_lock(Big { id }) $($aw)* .map(|r| Out::Token(r.ok().and_then(|h| h.fencing_token()))),
+                    T::LockTimeout(id, t) => tx.lock_timeout(Big { id }, t) $($aw)* .map(|h| Out::Token(h.fencing_token())),
+                    T::Batch(keys) => tx.lock_batch(&batch(&keys)) $($aw)* .map(|h| Out::Token(h.fencing_token())),
+                    T::TryBatch(keys) => tx.try_lock_batch(&batch(&keys)) $($aw)* .map(|r| Out::Token(r.ok().and_then(|h| h.fencing_token()))),
+                    T::Permit(id, n) => tx.acquire_permit(Big { id }, n.try_into().expect("permits")) $($aw)* .map(|h| Out::Token(h.fencing_token())),
+                    T::TryPermit(id, n) => tx.try_acquire_permit(Big { id }, n.try_into().expect("permits")) $($aw)* .map(|r| Out::Token(r.ok().and_then(|h| h.fencing_token()))),
+                }
+            }
             Op::LockDropped(..) => unreachable!("handled by the async command loops"),
         }
     }};

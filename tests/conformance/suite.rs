@@ -915,6 +915,100 @@ pub(crate) async fn semaphore<A: Adapter>() {
     third.commit().await.unwrap();
 }
 
+/// Fencing tokens ([`Config::fencing_tokens`]) on transaction-scoped
+/// locks: every kind of call's guard carries a token, minted in the call's
+/// own statements, larger than every token before it across sessions and
+/// transactions; a busy try has none; a locker that does not mint hands
+/// none; and on a database without lockkit's SQL functions a minting call
+/// fails with `NotInstalled`, holding nothing once rolled back.
+pub(crate) async fn fencing_tokens<A: Adapter>() {
+    use crate::session::TokenCall as T;
+    use lockkit::fencing::FencingToken;
+    let db = TestServer::builder().start();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let config = Config::default()
+        .fencing_tokens(true)
+        .order_check(lockkit::OrderCheck::Off);
+    let bare = A::open(&db, config.clone(), 1).await;
+    let session = bare.session().await;
+    session.begin().await;
+    let e = session.op(Op::Token(T::Lock(1))).await.unwrap_err();
+    assert_eq!(
+        e.kind(),
+        lockkit::ErrorKind::NotInstalled,
+        "{}: {e}",
+        A::NAME
+    );
+    session.rollback().await.unwrap();
+    assert_eq!(observe::advisory_rows(&observer, session.pid()).await, 0);
+    drop(session);
+
+    lockkit::sql::install(&observer).await.expect("install");
+    let stack = A::open(&db, config, 2).await;
+    let s = sessions(&stack, 2).await;
+    let token = |out: Out| match out {
+        Out::Token(token) => token,
+        other => panic!("not a token: {other:?}"),
+    };
+    let mut last: Option<FencingToken> = None;
+    let mut next = |t: Option<FencingToken>, what: &str| {
+        let t = t.unwrap_or_else(|| panic!("{}: {what} has no token", A::NAME));
+        if let Some(last) = last {
+            assert!(t > last, "{}: {what}: {t} after {last}", A::NAME);
+        }
+        last = Some(t);
+    };
+    let pairs = |ids: &[i64]| {
+        ids.iter()
+            .map(|&id| (Key::Big(id), Mode::Exclusive))
+            .collect::<Vec<_>>()
+    };
+    for round in 0..2_i64 {
+        for (i, session) in s.iter().enumerate() {
+            let base = 100 * (round * 2 + i as i64);
+            session.begin().await;
+            let calls = [
+                ("lock", T::Lock(base + 1)),
+                ("try_lock", T::TryLock(base + 2)),
+                (
+                    "lock_timeout",
+                    T::LockTimeout(base + 3, Duration::from_secs(5)),
+                ),
+                ("lock_batch", T::Batch(pairs(&[base + 4, base + 5]))),
+                ("try_lock_batch", T::TryBatch(pairs(&[base + 6, base + 7]))),
+                ("acquire_permit", T::Permit(base + 8, 2)),
+                ("try_acquire_permit", T::TryPermit(base + 9, 2)),
+            ];
+            for (what, call) in calls {
+                let out = session.op(Op::Token(call)).await;
+                let out = out.unwrap_or_else(|e| panic!("{}: {what}: {e}", A::NAME));
+                next(token(out), what);
+            }
+            session.commit().await.unwrap();
+        }
+    }
+    // Busy: no guard, no token.
+    s[0].begin().await;
+    next(token(s[0].op(Op::Token(T::Lock(1))).await.unwrap()), "lock");
+    s[1].begin().await;
+    assert_eq!(
+        token(s[1].op(Op::Token(T::TryLock(1))).await.unwrap()),
+        None
+    );
+    s[1].rollback().await.unwrap();
+    s[0].commit().await.unwrap();
+    // A locker that does not mint hands no token.
+    let plain = A::open(&db, Config::default(), 1).await;
+    let session = plain.session().await;
+    session.begin().await;
+    assert_eq!(
+        token(session.op(Op::Token(T::Lock(1))).await.unwrap()),
+        None
+    );
+    session.commit().await.unwrap();
+}
+
 // ---------------------------------------------------------------------------
 // What lockkit's statements leave on a connection, and where a driver
 // reports them.

@@ -4,8 +4,8 @@
 //! this module.
 //!
 //! An adapter runs [`EngineQuery`] with its own connection
-//! (`get_result::<`[`TaggedRow`]`>` and the others, as [`ReplyShape`](crate::driver::ReplyShape) says),
-//! keeps the row in an [`Answer`], and hands [`Answer::reply`] to the
+//! (`get_result::<`[`EngineRow`]`>`, for every statement that answers a
+//! row), keeps the row in an [`Answer`], and hands [`Answer::reply`] to the
 //! engine.
 
 use diesel::pg::Pg;
@@ -91,45 +91,56 @@ impl QueryFragment<Pg> for EngineQuery<'_, '_> {
     }
 }
 
-/// The row of a [`ReplyShape::Locked`](crate::driver::ReplyShape::Locked) statement (its
-/// `void` column is not read).
-#[derive(Debug, QueryableByName)]
-pub struct LockedRow {
-    #[diesel(sql_type = BigInt)]
+/// The row of any of the engine's statements that answer one, read by
+/// column name: `tag` always; `n`, `busy`, `busy_class` and `busy_object`
+/// where the statement's [`ReplyShape`](crate::driver::ReplyShape) has them;
+/// and a minting statement's token (`timeline`, `flush`, `counter`). A
+/// column the statement does not have is absent, and [`Answer::reply`]
+/// reads what the statement answers.
+#[derive(Debug)]
+pub struct EngineRow {
     tag: i64,
+    n: Option<i64>,
+    busy: Option<Vec<i64>>,
+    busy_class: Option<Vec<i32>>,
+    busy_object: Option<Vec<i32>>,
+    token: Option<[i64; 3]>,
 }
 
-/// The row of a [`ReplyShape::Tagged`](crate::driver::ReplyShape::Tagged) statement.
-#[derive(Debug, QueryableByName)]
-pub struct TaggedRow {
-    #[diesel(sql_type = BigInt)]
-    tag: i64,
-    #[diesel(sql_type = BigInt)]
-    n: i64,
+/// Column `name` of `row` as `T` (of SQL type `ST`), `None` when the row
+/// has no such column.
+fn column<'a, ST, T>(
+    row: &impl diesel::row::NamedRow<'a, Pg>,
+    name: &str,
+) -> diesel::deserialize::Result<Option<T>>
+where
+    T: diesel::deserialize::FromSql<ST, Pg>,
+{
+    match diesel::row::Row::get(row, name) {
+        None => Ok(None),
+        Some(_) => diesel::row::NamedRow::get::<ST, T>(row, name).map(Some),
+    }
 }
 
-/// The row of a [`ReplyShape::TriedBigint`](crate::driver::ReplyShape::TriedBigint) statement.
-#[derive(Debug, QueryableByName)]
-pub struct TriedBigintRow {
-    #[diesel(sql_type = BigInt)]
-    tag: i64,
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-    #[diesel(sql_type = Array<BigInt>)]
-    busy: Vec<i64>,
-}
-
-/// The row of a [`ReplyShape::TriedPair`](crate::driver::ReplyShape::TriedPair) statement.
-#[derive(Debug, QueryableByName)]
-pub struct TriedPairRow {
-    #[diesel(sql_type = BigInt)]
-    tag: i64,
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-    #[diesel(sql_type = Array<Integer>)]
-    busy_class: Vec<i32>,
-    #[diesel(sql_type = Array<Integer>)]
-    busy_object: Vec<i32>,
+impl QueryableByName<Pg> for EngineRow {
+    fn build<'a>(row: &impl diesel::row::NamedRow<'a, Pg>) -> diesel::deserialize::Result<Self> {
+        let token = match (
+            column::<BigInt, i64>(row, "timeline")?,
+            column::<BigInt, i64>(row, "flush")?,
+            column::<BigInt, i64>(row, "counter")?,
+        ) {
+            (Some(timeline), Some(flush), Some(counter)) => Some([timeline, flush, counter]),
+            _ => None,
+        };
+        Ok(EngineRow {
+            tag: diesel::row::NamedRow::get::<BigInt, i64>(row, "tag")?,
+            n: column::<BigInt, i64>(row, "n")?,
+            busy: column::<Array<BigInt>, Vec<i64>>(row, "busy")?,
+            busy_class: column::<Array<Integer>, Vec<i32>>(row, "busy_class")?,
+            busy_object: column::<Array<Integer>, Vec<i32>>(row, "busy_object")?,
+            token,
+        })
+    }
 }
 
 /// What the server answered one statement, owned.
@@ -138,34 +149,54 @@ pub struct TriedPairRow {
 pub enum Answer {
     /// A simple-protocol statement ([`ReplyShape::Done`](crate::driver::ReplyShape::Done)) completed.
     Done,
-    /// See [`LockedRow`].
-    Locked(LockedRow),
-    /// See [`TaggedRow`].
-    Tagged(TaggedRow),
-    /// See [`TriedBigintRow`].
-    TriedBigint(TriedBigintRow),
-    /// See [`TriedPairRow`].
-    TriedPair(TriedPairRow),
+    /// The statement's row.
+    Row(EngineRow),
 }
 
 impl Answer {
-    /// The reply the engine checks.
-    pub fn reply(&self) -> Reply {
-        match self {
-            Answer::Done => Reply::Done,
-            Answer::Locked(r) => Reply::Locked { tag: r.tag },
-            Answer::Tagged(r) => Reply::Tagged { tag: r.tag, n: r.n },
-            Answer::TriedBigint(r) => Reply::TriedBigint {
-                tag: r.tag,
-                n: r.n,
-                busy: r.busy.clone(),
+    /// The reply the engine checks, as `statement` answers it: its
+    /// [`ReplyShape`](crate::driver::ReplyShape)'s columns (a column it lacks makes the reply
+    /// malformed), then, for a minting statement, its token.
+    pub fn reply(&self, statement: &Statement<'_>) -> Reply {
+        use crate::engine::ReplyShape;
+        let row = match self {
+            Answer::Done if statement.reply() == ReplyShape::Done => return Reply::Done,
+            Answer::Done => return Reply::Malformed("no row".into()),
+            Answer::Row(row) => row,
+        };
+        let missing = |what: &str| Reply::Malformed(format!("no column {what}"));
+        let reply = match statement.reply() {
+            ReplyShape::Done => return Reply::Malformed("a row".into()),
+            ReplyShape::Locked => Reply::Locked { tag: row.tag },
+            ReplyShape::Tagged => match row.n {
+                Some(n) => Reply::Tagged { tag: row.tag, n },
+                None => return missing("n"),
             },
-            Answer::TriedPair(r) => Reply::TriedPair {
-                tag: r.tag,
-                n: r.n,
-                classes: r.busy_class.clone(),
-                objects: r.busy_object.clone(),
+            ReplyShape::TriedBigint => match (row.n, &row.busy) {
+                (Some(n), Some(busy)) => Reply::TriedBigint {
+                    tag: row.tag,
+                    n,
+                    busy: busy.clone(),
+                },
+                _ => return missing("n or busy"),
             },
+            ReplyShape::TriedPair => match (row.n, &row.busy_class, &row.busy_object) {
+                (Some(n), Some(classes), Some(objects)) => Reply::TriedPair {
+                    tag: row.tag,
+                    n,
+                    classes: classes.clone(),
+                    objects: objects.clone(),
+                },
+                _ => return missing("n, busy_class or busy_object"),
+            },
+        };
+        match (statement.is_minting(), row.token) {
+            (false, _) => reply,
+            (true, Some(token)) => Reply::Minted {
+                reply: Box::new(reply),
+                token,
+            },
+            (true, None) => missing("timeline, flush or counter"),
         }
     }
 }

@@ -46,6 +46,7 @@ pub struct Config {
     pub(crate) order_check: OrderCheck,
     pub(crate) allow_standby: bool,
     pub(crate) statements: StatementMode,
+    pub(crate) fencing: bool,
 }
 
 /// How an adapter sends lockkit's statements.
@@ -170,6 +171,35 @@ impl Config {
     pub fn allow_standby(mut self, allow: bool) -> Self {
         self.allow_standby = allow;
         self
+    }
+
+    /// Mint a fencing token with every grant (off by default): each lock
+    /// call's guard ([`Held::fencing_token`](crate::Held::fencing_token),
+    /// [`HeldBatch::fencing_token`](crate::HeldBatch::fencing_token)) then
+    /// carries a number larger than every token minted before, for the
+    /// protected resource to refuse an older holder's write
+    /// ([`crate::fencing`]). The token is read in the lock statement
+    /// itself, after its locks: no round trip more. Needs lockkit's SQL
+    /// functions on the database ([`sql::install`](crate::sql::install));
+    /// without them a lock call fails with
+    /// [`ErrorKind::NotInstalled`](crate::ErrorKind::NotInstalled), and its
+    /// error aborts the transaction (or the call's savepoint).
+    ///
+    /// ```
+    /// use lockkit::Config;
+    ///
+    /// assert!(Config::default().fencing_tokens(true).mints_tokens());
+    /// assert!(!Config::default().mints_tokens());
+    /// ```
+    pub fn fencing_tokens(mut self, mint: bool) -> Self {
+        self.fencing = mint;
+        self
+    }
+
+    /// Whether every grant mints a fencing token
+    /// ([`fencing_tokens`](Self::fencing_tokens)).
+    pub fn mints_tokens(&self) -> bool {
+        self.fencing
     }
 }
 

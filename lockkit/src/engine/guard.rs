@@ -11,6 +11,7 @@ use std::marker::PhantomData;
 use std::ops::Deref;
 
 use crate::engine::plan::Mode;
+use crate::fencing::FencingToken;
 use crate::key::{AdvisoryKey, LockKey};
 
 /// Proof that the transaction holds the advisory lock of a `K` value.
@@ -32,6 +33,7 @@ pub struct Held<'t, K> {
     value: K,
     key: LockKey,
     mode: Mode,
+    token: Option<FencingToken>,
     _tx: PhantomData<&'t ()>,
 }
 
@@ -41,7 +43,20 @@ impl<K: fmt::Debug> fmt::Debug for Held<'_, K> {
             .field("value", &self.value)
             .field("key", &self.key)
             .field("mode", &self.mode)
+            .field("fencing_token", &self.token)
             .finish()
+    }
+}
+
+impl<K> Held<'_, K> {
+    /// The fencing token minted with this grant, when the locker mints
+    /// them ([`Config::fencing_tokens`](crate::Config::fencing_tokens)):
+    /// larger than every token minted before, for the protected resource to
+    /// refuse an older holder's write ([`crate::fencing`]). `None`
+    /// otherwise, and for a key the transaction held already (nothing was
+    /// sent for it).
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.token
     }
 }
 
@@ -98,10 +113,21 @@ impl<K> Deref for Held<'_, K> {
 #[derive(Debug)]
 pub struct HeldBatch<'t> {
     keys: Vec<(LockKey, Mode)>,
+    token: Option<FencingToken>,
     _tx: PhantomData<&'t ()>,
 }
 
 impl<'t> HeldBatch<'t> {
+    /// The fencing token minted with the batch's grant, after all its keys
+    /// were taken, when the locker mints them
+    /// ([`Config::fencing_tokens`](crate::Config::fencing_tokens)): larger
+    /// than every token minted before ([`crate::fencing`]). `None`
+    /// otherwise, and for a batch whose keys the transaction held already
+    /// (nothing was sent for it).
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.token
+    }
+
     /// The keys and the modes asked for, in the global lock order.
     pub fn keys(&self) -> &[(LockKey, Mode)] {
         &self.keys
@@ -125,6 +151,7 @@ impl<'t> HeldBatch<'t> {
                 value,
                 key,
                 mode,
+                token: self.token,
                 _tx: PhantomData,
             }),
             None => Err(value),
@@ -184,8 +211,14 @@ impl<K> Held<'_, K> {
             value,
             key,
             mode,
+            token: None,
             _tx: PhantomData,
         }
+    }
+
+    /// The guard with the fencing token minted with its grant.
+    pub(crate) fn with_token(self, token: Option<FencingToken>) -> Self {
+        Held { token, ..self }
     }
 }
 
@@ -193,8 +226,14 @@ impl HeldBatch<'_> {
     pub(crate) fn new(keys: Vec<(LockKey, Mode)>) -> Self {
         HeldBatch {
             keys,
+            token: None,
             _tx: PhantomData,
         }
+    }
+
+    /// The guard with the fencing token minted with its grant.
+    pub(crate) fn with_token(self, token: Option<FencingToken>) -> Self {
+        HeldBatch { token, ..self }
     }
 }
 

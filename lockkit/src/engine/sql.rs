@@ -98,6 +98,25 @@ pub(crate) const TRY_PERMIT: &str =
      WHERE pg_try_advisory_xact_lock(-1439830384, p.base | ((i + p.first) % p.n)) \
      LIMIT 1), 0)::int8 AS n";
 
+/// The three parts of a fencing token as `int8` columns `timeline`,
+/// `flush` and `counter`, appended to a lock statement's row by
+/// [`minting`] (docs/FENCING.md).
+const TOKEN_COLUMNS: &str = "('x' || substr(pg_catalog.pg_walfile_name(\
+     pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::int8 AS timeline, \
+     (pg_catalog.pg_current_wal_flush_lsn() - '0/0'::pg_catalog.pg_lsn)::int8 AS flush, \
+     pg_catalog.nextval('lockkit.fencing_counter'::pg_catalog.regclass) AS counter";
+
+/// The minting form of the lock statement `text`
+/// ([`Config::fencing_tokens`](crate::Config::fencing_tokens)): its row,
+/// then the token's three parts ([`TOKEN_COLUMNS`]), read after the
+/// statement ran. `OFFSET 0` keeps the statement a subquery of its own,
+/// which runs (and takes its locks) before the outer query reads its row;
+/// a statement that fails mints nothing. The same parameters, in the same
+/// order.
+pub(crate) fn minting(text: &str) -> String {
+    format!("/* lockkit:minting */ SELECT s.*, {TOKEN_COLUMNS} FROM ({text} OFFSET 0) AS s")
+}
+
 /// `$1 int8[], $2 bool[]` (shared?): lock every key in array order;
 /// `(tag, keys locked)`.
 pub(crate) const BATCH_BIGINT: &str = "/* lockkit:batch_bigint */ SELECT 7813573191525823497::int8 AS tag, \
@@ -803,6 +822,25 @@ mod tests {
             out.contains("SET LOCAL application_name = E'a''b'"),
             "{out}"
         );
+    }
+
+    /// A minting statement wraps the plain one whole, as a subquery that
+    /// runs first, and appends the token's three parts.
+    #[test]
+    fn minting_wraps_the_statement() {
+        let text = minting(LOCK_BIGINT);
+        assert!(
+            text.starts_with("/* lockkit:minting */ SELECT s.*, "),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(&format!("FROM ({LOCK_BIGINT} OFFSET 0) AS s")),
+            "{text}"
+        );
+        for column in ["AS timeline", "AS flush", "AS counter"] {
+            assert_eq!(text.matches(column).count(), 1, "{text}");
+        }
+        assert_eq!(text.matches("$1").count(), 1, "{text}");
     }
 
     /// A lease is whole milliseconds, never zero (which would turn the

@@ -6,6 +6,7 @@ use std::fmt;
 use smallvec::SmallVec;
 
 use crate::engine::sql;
+use crate::fencing::FencingToken;
 
 /// One of lockkit's statements. Its text, parameter types and reply shape
 /// are fixed; a driver may prepare each once per connection (see
@@ -183,6 +184,20 @@ impl Sql {
         }
     }
 
+    /// Whether the statement takes keys: a lock, a try, a batch or a
+    /// permit's try (not a timeout's setting or a savepoint's statement).
+    pub(crate) fn takes_keys(self) -> bool {
+        !matches!(
+            self,
+            Sql::SetTimeouts
+                | Sql::ArmTimeouts
+                | Sql::RestoreTimeouts
+                | Sql::Savepoint
+                | Sql::Release
+                | Sql::Rollback
+        )
+    }
+
     /// Whether the statement takes one key: a lock, or its try.
     pub(crate) fn is_one_key(self) -> bool {
         matches!(
@@ -196,6 +211,34 @@ impl Sql {
                 | Sql::TryPair
                 | Sql::TryPairShared
         )
+    }
+
+    /// The statement's text in its minting form ([`sql::minting`]), made
+    /// once per process.
+    fn minting_text(self) -> &'static str {
+        static TEXTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+        let texts = TEXTS.get_or_init(|| {
+            Sql::PREPARABLE
+                .iter()
+                .map(|sql| sql::minting(sql.text()))
+                .collect()
+        });
+        match Sql::PREPARABLE.iter().position(|s| *s == self) {
+            Some(i) => &texts[i],
+            // A simple-protocol statement answers no row to add a token to.
+            None => self.text(),
+        }
+    }
+
+    /// How many columns the statement's row has, before a minting form's
+    /// token.
+    fn columns(self) -> usize {
+        match self.reply() {
+            ReplyShape::Done => 0,
+            ReplyShape::Locked | ReplyShape::Tagged => 2,
+            ReplyShape::TriedBigint => 3,
+            ReplyShape::TriedPair => 4,
+        }
     }
 
     /// The tag the statement's row starts with (`None` for the
@@ -265,6 +308,7 @@ pub enum Param<'a> {
 pub struct Statement<'a> {
     sql: Sql,
     params: [Param<'a>; 3],
+    minting: bool,
 }
 
 impl<'a> Statement<'a> {
@@ -272,7 +316,25 @@ impl<'a> Statement<'a> {
         debug_assert_eq!(given.len(), sql.param_types().len(), "{sql:?}");
         let mut params = [Param::Int8(0); 3];
         params[..given.len()].copy_from_slice(given);
-        Statement { sql, params }
+        Statement {
+            sql,
+            params,
+            minting: false,
+        }
+    }
+
+    /// The statement in its minting form when `mint`: its row ends with a
+    /// fencing token's parts, read after it ran ([`sql::minting`]).
+    pub(crate) fn minting(self, mint: bool) -> Self {
+        debug_assert!(
+            !mint || self.sql.reply() != ReplyShape::Done,
+            "{:?}",
+            self.sql
+        );
+        Statement {
+            minting: mint,
+            ..self
+        }
     }
 
     /// Which statement.
@@ -280,9 +342,18 @@ impl<'a> Statement<'a> {
         self.sql
     }
 
+    /// Whether it is in its minting form: its text is not [`Sql::text`], so
+    /// a statement prepared from that text does not serve it.
+    pub fn is_minting(&self) -> bool {
+        self.minting
+    }
+
     /// Its text.
     pub fn text(&self) -> &'static str {
-        self.sql.text()
+        match self.minting {
+            false => self.sql.text(),
+            true => self.sql.minting_text(),
+        }
     }
 
     /// The parameter values.
@@ -370,6 +441,7 @@ impl fmt::Debug for Statement<'_> {
         f.debug_struct("Statement")
             .field("sql", &self.sql)
             .field("params", &self.params())
+            .field("minting", &self.minting)
             .finish()
     }
 }
@@ -401,9 +473,24 @@ impl<'a> Round<'a> {
         self.len += 1;
     }
 
-    /// The kind of each statement, in order.
-    pub(crate) fn kinds(&self) -> SmallVec<[Sql; Round::MAX]> {
-        self.iter().map(Statement::sql).collect()
+    /// The kind of each statement, in order, and whether it is in its
+    /// minting form.
+    pub(crate) fn kinds(&self) -> SmallVec<[(Sql, bool); Round::MAX]> {
+        self.iter().map(|s| (s.sql, s.minting)).collect()
+    }
+
+    /// Puts the round's last statement that takes keys in its minting form
+    /// when `mint`: its token is read after every lock of the round.
+    pub(crate) fn mint_last_take(&mut self, mint: bool) {
+        if !mint {
+            return;
+        }
+        let takes = self.statements[..self.len]
+            .iter()
+            .rposition(|s| s.sql.takes_keys());
+        if let Some(i) = takes {
+            self.statements[i].minting = true;
+        }
     }
 }
 
@@ -470,6 +557,14 @@ pub enum Reply {
     /// Anything else: no row, several rows, other columns or types. The text
     /// says what was seen.
     Malformed(String),
+    /// The row of a statement in its minting form: the statement's own
+    /// reply, then the token's parts (`timeline`, `flush`, `counter`).
+    Minted {
+        /// The statement's own reply.
+        reply: Box<Reply>,
+        /// Columns `timeline`, `flush` and `counter`.
+        token: [i64; 3],
+    },
 }
 
 /// One row as a driver returned it, read by column index: what an adapter
@@ -489,6 +584,28 @@ pub trait ReplyRow {
     fn int8_array(&self, i: usize) -> Result<Vec<i64>, Self::Error>;
     /// Column `i` as `int4[]`.
     fn int4_array(&self, i: usize) -> Result<Vec<i32>, Self::Error>;
+}
+
+/// The statement's own reply within `reply`, and the fencing token it
+/// carries when the statement was sent `minting` ([`Reply::Minted`]).
+///
+/// # Errors
+///
+/// What is wrong with the reply: a minting statement's reply without a
+/// token, or with one out of range; a token where none was asked.
+pub(crate) fn minted(
+    minting: bool,
+    reply: &Reply,
+) -> Result<(&Reply, Option<FencingToken>), &'static str> {
+    match (minting, reply) {
+        (true, Reply::Minted { reply, token }) => match FencingToken::from_columns(*token) {
+            Some(token) => Ok((reply, Some(token))),
+            None => Err("has a fencing token out of range"),
+        },
+        (true, _) => Err("has no fencing token"),
+        (false, Reply::Minted { .. }) => Err("has a fencing token nobody asked for"),
+        (false, reply) => Ok((reply, None)),
+    }
 }
 
 /// The reply to `statement` from the rows a driver returned for it (`None`
@@ -524,7 +641,18 @@ pub fn read_reply<R: ReplyRow>(statement: &Statement<'_>, rows: Option<&[R]>) ->
             ReplyShape::Done => Reply::Malformed("a row".into()),
         })
     };
-    read().unwrap_or_else(|e| Reply::Malformed(e.to_string()))
+    let reply = read().and_then(|reply| match statement.is_minting() {
+        false => Ok(reply),
+        true => {
+            let at = statement.sql().columns();
+            let token = [row.int8(at)?, row.int8(at + 1)?, row.int8(at + 2)?];
+            Ok(Reply::Minted {
+                reply: Box::new(reply),
+                token,
+            })
+        }
+    });
+    reply.unwrap_or_else(|e| Reply::Malformed(e.to_string()))
 }
 
 #[cfg(test)]
@@ -676,8 +804,128 @@ mod tests {
         round.push(Statement::new(Sql::Release, &[]));
         let kinds: Vec<Sql> = (&round).into_iter().map(|s| s.sql()).collect();
         assert_eq!(kinds, [Sql::Savepoint, Sql::Release]);
-        assert_eq!(round.kinds().as_slice(), kinds);
+        assert_eq!(
+            round.kinds().as_slice(),
+            [(Sql::Savepoint, false), (Sql::Release, false)]
+        );
         assert_eq!(format!("{round:?}").matches("Statement").count(), 2);
+    }
+
+    /// Minting puts the round's last statement that takes keys in its
+    /// minting form, and no other: not a timeout's or a savepoint's.
+    #[test]
+    fn a_round_mints_in_its_last_take() {
+        let take = Statement::new(Sql::LockBigint, &[Param::Int8(1)]);
+        let batch = Statement::new(
+            Sql::BatchPairExclusive,
+            &[Param::Int4Array(&[1]), Param::Int4Array(&[2])],
+        );
+        let mut round = Round::new();
+        for statement in [
+            Statement::new(Sql::Savepoint, &[]),
+            take,
+            batch,
+            Statement::new(Sql::RestoreTimeouts, &[]),
+            Statement::new(Sql::Release, &[]),
+        ] {
+            round.push(statement);
+        }
+        let mut plain = round.clone();
+        plain.mint_last_take(false);
+        assert!(plain.iter().all(|s| !s.is_minting()));
+        round.mint_last_take(true);
+        let minting: Vec<bool> = round.iter().map(Statement::is_minting).collect();
+        assert_eq!(minting, [false, false, true, false, false]);
+        assert_eq!(round[2].text(), sql::minting(sql::BATCH_PAIR_EXCLUSIVE));
+        assert_eq!(round[1].text(), sql::LOCK_BIGINT);
+    }
+
+    /// A minting statement's reply is its own row, then the token's parts
+    /// after its columns; a plain one's has none.
+    #[test]
+    fn a_minting_reply_reads_the_token_after_the_statements_columns() {
+        struct Row(Vec<i64>);
+        impl ReplyRow for Row {
+            type Error = String;
+            fn int8(&self, i: usize) -> Result<i64, String> {
+                self.0
+                    .get(i)
+                    .copied()
+                    .ok_or_else(|| format!("no column {i}"))
+            }
+            fn int4(&self, _: usize) -> Result<i32, String> {
+                Err("int4".into())
+            }
+            fn bool(&self, _: usize) -> Result<bool, String> {
+                Err("bool".into())
+            }
+            fn int8_array(&self, _: usize) -> Result<Vec<i64>, String> {
+                Ok(vec![])
+            }
+            fn int4_array(&self, _: usize) -> Result<Vec<i32>, String> {
+                Ok(vec![])
+            }
+        }
+        let tag = Sql::TryBigint.tag().unwrap();
+        let statement = Statement::new(Sql::TryBigint, &[Param::Int8(1)]);
+        let row = [Row(vec![tag, 1, 1, 50, 7])];
+        assert_eq!(
+            read_reply(&statement, Some(&row)),
+            Reply::Tagged { tag, n: 1 }
+        );
+        assert_eq!(
+            read_reply(&statement.minting(true), Some(&row)),
+            Reply::Minted {
+                reply: Box::new(Reply::Tagged { tag, n: 1 }),
+                token: [1, 50, 7]
+            }
+        );
+        let short = [Row(vec![tag, 1, 1])];
+        assert!(matches!(
+            read_reply(&statement.minting(true), Some(&short)),
+            Reply::Malformed(_)
+        ));
+        // A tried batch has three columns of its own before the token.
+        let tag = Sql::TryBatchBigint.tag().unwrap();
+        let statement = Statement::new(
+            Sql::TryBatchBigint,
+            &[Param::Int8Array(&[1]), Param::BoolArray(&[false])],
+        );
+        let row = [Row(vec![tag, 1, 0, 2, 60, 8])];
+        assert_eq!(
+            read_reply(&statement.minting(true), Some(&row)),
+            Reply::Minted {
+                reply: Box::new(Reply::TriedBigint {
+                    tag,
+                    n: 1,
+                    busy: vec![]
+                }),
+                token: [2, 60, 8]
+            }
+        );
+        assert_eq!(
+            minted(true, &read_reply(&statement.minting(true), Some(&row)))
+                .unwrap()
+                .1,
+            FencingToken::from_parts(2, 60, 8)
+        );
+        assert!(minted(true, &Reply::Done).is_err());
+        assert!(minted(
+            false,
+            &Reply::Minted {
+                reply: Box::new(Reply::Done),
+                token: [1, 1, 1]
+            }
+        )
+        .is_err());
+        assert!(minted(
+            true,
+            &Reply::Minted {
+                reply: Box::new(Reply::Done),
+                token: [-1, 1, 1]
+            }
+        )
+        .is_err());
     }
 
     /// A round's `Debug` lists its statements.

@@ -183,6 +183,8 @@ async fn send(
         *value = pg_value(param);
     }
     let values = &values[..params.len()];
+    // A minting form is another text: no prepared statement serves it.
+    let prepared = prepared.filter(|_| !stmt.is_minting());
     match prepared.and_then(|p| cached(p, stmt.sql())) {
         Some(statement) => {
             let stream = client.query_raw(statement, values.iter().copied()).await?;

@@ -12,7 +12,8 @@ use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::guard::Busy;
 use crate::engine::plan::{Mode, Plan};
 use crate::engine::sql::timeout_millis;
-use crate::engine::statement::{Param, Reply, ReplyShape, Round, Sql, Statement};
+use crate::engine::statement::{minted, Param, Reply, ReplyShape, Round, Sql, Statement};
+use crate::fencing::FencingToken;
 use crate::key::LockKey;
 
 impl TxState {
@@ -53,6 +54,8 @@ impl TxState {
             plan,
             request,
             wait,
+            mint: policy.config().mints_tokens(),
+            token: None,
             stage: if empty {
                 Stage::Finished(Ok(Granted::Now))
             } else {
@@ -84,6 +87,10 @@ pub(crate) struct Acquisition<'a> {
     plan: Plan,
     request: Request,
     wait: Wait,
+    /// Whether the round's last lock statement mints a fencing token.
+    mint: bool,
+    /// The token minted with the grant.
+    token: Option<FencingToken>,
     stage: Stage,
 }
 
@@ -138,6 +145,11 @@ impl Acquisition<'_> {
                     }
                 }
             },
+        }
+        // The token, read in the main round's last lock statement, after
+        // every lock of the call (inside its savepoint, where it has one).
+        if let Stage::Main = self.stage {
+            out.mint_last_take(self.mint);
         }
         Some(out)
     }
@@ -239,16 +251,22 @@ impl Acquisition<'_> {
     }
 
     /// [`Acquisition::receive`], with the kinds of the round's statements.
-    fn received(&mut self, sent: &[Sql], result: Result<&[Reply], DriverError>) {
+    fn received(&mut self, sent: &[(Sql, bool)], result: Result<&[Reply], DriverError>) {
         let stage = std::mem::replace(&mut self.stage, Stage::Main);
         self.stage = match (stage, result) {
             (Stage::Main, Ok(replies)) => match self.check(sent, replies) {
                 Err(e) => self.cut_off(e),
-                Ok(busy) => match self.wait {
-                    Wait::Try if self.plan.len() > 1 => Stage::Settle(busy),
-                    _ if busy.is_empty() => self.settled(Ok(Granted::Now), false),
-                    _ => self.settled(Ok(Granted::Busy(busy)), false),
-                },
+                Ok((_, None)) if self.mint => self.cut_off(Error::unexpected(
+                    "a lock call that mints fencing tokens got no token".into(),
+                )),
+                Ok((busy, token)) => {
+                    self.token = token;
+                    match self.wait {
+                        Wait::Try if self.plan.len() > 1 => Stage::Settle(busy),
+                        _ if busy.is_empty() => self.settled(Ok(Granted::Now), false),
+                        _ => self.settled(Ok(Granted::Busy(busy)), false),
+                    }
+                }
             },
             (Stage::Main, Err(e)) => match e.into_unexpected() {
                 // Not lockkit's statement: nothing is known any more.
@@ -281,6 +299,10 @@ impl Acquisition<'_> {
         let error = e
             .into_error_in(timed, self.plan.len())
             .with_key_types(self.plan.distinct_types(None));
+        let error = match self.mint {
+            true => Error::not_installed_or(error, "a fencing token"),
+            false => error,
+        };
         if self.uses_savepoint() {
             Stage::Recover(error)
         } else {
@@ -327,7 +349,11 @@ impl Acquisition<'_> {
 
     /// Checks every reply of a round against what was sent; returns the busy
     /// keys of a try.
-    fn check(&self, sent: &[Sql], replies: &[Reply]) -> Result<Vec<LockKey>, Error> {
+    fn check(
+        &self,
+        sent: &[(Sql, bool)],
+        replies: &[Reply],
+    ) -> Result<(Vec<LockKey>, Option<FencingToken>), Error> {
         if sent.len() != replies.len() {
             return Err(Error::unexpected(format!(
                 "{} replies to {} statements",
@@ -336,11 +362,19 @@ impl Acquisition<'_> {
             )));
         }
         let mut busy = Vec::new();
-        for (sql, reply) in sent.iter().zip(replies) {
+        let mut token = None;
+        for ((sql, minting), reply) in sent.iter().zip(replies) {
             let bad = |what: &str| {
                 Err(Error::unexpected(format!(
                     "the reply to lockkit's {sql:?} statement {what}: {reply:?}"
                 )))
+            };
+            let reply = match minted(*minting, reply) {
+                Ok((reply, minted)) => {
+                    token = minted.or(token);
+                    reply
+                }
+                Err(what) => return bad(what),
             };
             let tag_ok = |tag: &i64| Some(*tag) == sql.tag();
             match (sql.reply(), reply) {
@@ -393,7 +427,7 @@ impl Acquisition<'_> {
                 _ => return bad("is not its reply"),
             }
         }
-        Ok(busy)
+        Ok((busy, token))
     }
 
     /// How many keys a lock statement must report.
@@ -437,6 +471,7 @@ impl Acquisition<'_> {
                 Ok(Err(Busy::new(busy, key_types)))
             }
             Ok(Granted::Now) => Ok(Ok(Grant {
+                token: self.token,
                 key,
                 keys: match std::mem::replace(
                     &mut self.request.keys,

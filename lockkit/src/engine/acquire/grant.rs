@@ -6,6 +6,7 @@ use super::{Acquisition, Request, Wait};
 use crate::engine::error::Error;
 use crate::engine::guard::{Busy, Held, HeldBatch};
 use crate::engine::plan::Mode;
+use crate::fencing::FencingToken;
 use crate::key::{AdvisoryKey, LockKey};
 
 /// The proof that a lock call was granted, from which an adapter makes the
@@ -14,6 +15,9 @@ use crate::key::{AdvisoryKey, LockKey};
 pub(crate) struct Grant {
     pub(super) key: Option<(LockKey, Mode)>,
     pub(super) keys: Vec<(LockKey, Mode)>,
+    /// The fencing token minted with the grant, when the policy mints them
+    /// and a statement was sent.
+    pub(super) token: Option<FencingToken>,
 }
 
 impl Grant {
@@ -35,7 +39,7 @@ impl Grant {
     /// Gives `value` back when the grant is not of a one-key call.
     pub(crate) fn held<'t, K: AdvisoryKey>(self, value: K) -> Result<Held<'t, K>, K> {
         match self.key {
-            Some((key, mode)) => Ok(Held::new(value, key, mode)),
+            Some((key, mode)) => Ok(Held::new(value, key, mode).with_token(self.token)),
             None => Err(value),
         }
     }
@@ -48,7 +52,7 @@ impl Grant {
             Some(one) => vec![one],
             None => self.keys,
         };
-        HeldBatch::new(keys)
+        HeldBatch::new(keys).with_token(self.token)
     }
 
     /// What a one-key lock call that waits ([`Request::one`] with

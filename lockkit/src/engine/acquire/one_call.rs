@@ -16,7 +16,8 @@ use crate::engine::error::{DriverError, Error, ErrorKind};
 use crate::engine::guard::Busy;
 use crate::engine::observe::key_type;
 use crate::engine::plan::Mode;
-use crate::engine::statement::{Param, Reply, ReplyShape, Sql, Statement};
+use crate::engine::statement::{minted, Param, Reply, ReplyShape, Sql, Statement};
+use crate::fencing::FencingToken;
 use crate::key::{semaphore_base, AdvisoryKey, KeyForm, LockKey, SEMAPHORE_CLASS};
 
 impl TxState {
@@ -132,6 +133,8 @@ impl TxState {
             try_only,
             outcome,
             permit,
+            mint: policy.config().mints_tokens(),
+            token: None,
         })
     }
 }
@@ -213,6 +216,10 @@ pub(crate) struct OneCall<'a> {
     /// A permit try: its statement tries the semaphore's slots, and the
     /// key is the slot granted.
     permit: Option<PermitTry>,
+    /// Whether the statement mints a fencing token after its lock.
+    mint: bool,
+    /// The token minted with the grant.
+    token: Option<FencingToken>,
 }
 
 impl<'a> OneCall<'a> {
@@ -231,13 +238,14 @@ impl<'a> OneCall<'a> {
         }) = self.permit
         {
             let params = [base, permits.into(), offset.into()].map(Param::Int4);
-            return Some(Statement::new(Sql::TryPermit, &params));
+            return Some(Statement::new(Sql::TryPermit, &params).minting(self.mint));
         }
         let shared = self.mode == Mode::Shared;
-        Some(match self.key {
+        let statement = match self.key {
             LockKey::BigInt(k) => one_bigint(k, shared, self.try_only),
             LockKey::Pair(c, o) => one_pair(c, o, shared, self.try_only),
-        })
+        };
+        Some(statement.minting(self.mint))
     }
 
     /// Runs the call on an async driver: `send` sends
@@ -312,7 +320,7 @@ impl<'a> OneCall<'a> {
     ) {
         let key_type = self.ledger.key_type.name();
         let outcome = match answer {
-            Ok(answer) => match self.check(statement.sql(), &read(&statement, &answer)) {
+            Ok(answer) => match self.check(statement, &read(&statement, &answer)) {
                 Ok(granted) => {
                     let taken = std::iter::once((self.key, self.mode, key_type));
                     let outcome = Ok(match granted {
@@ -330,7 +338,12 @@ impl<'a> OneCall<'a> {
                 // The failed statement aborted the transaction.
                 Err(e) => {
                     let taken = std::iter::once((self.key, self.mode, key_type));
-                    let outcome = Err(e.into_error_in(None, 1).with_key_types(vec![key_type]));
+                    let error = e.into_error_in(None, 1).with_key_types(vec![key_type]);
+                    let error = match self.mint {
+                        true => Error::not_installed_or(error, "a fencing token"),
+                        false => error,
+                    };
+                    let outcome = Err(error);
                     self.ledger.settle(taken, &outcome, true);
                     outcome
                 }
@@ -340,8 +353,16 @@ impl<'a> OneCall<'a> {
     }
 
     /// Checks the reply to the call's statement: whether it was granted
-    /// (a permit try's key becomes the slot granted).
-    fn check(&mut self, sql: Sql, reply: &Reply) -> Result<bool, Error> {
+    /// (a permit try's key becomes the slot granted, and a minting
+    /// statement's token the grant's).
+    fn check(&mut self, statement: Statement<'_>, reply: &Reply) -> Result<bool, Error> {
+        let sql = statement.sql();
+        let (reply, token) = minted(statement.is_minting(), reply).map_err(|what| {
+            Error::unexpected(format!(
+                "the reply to lockkit's {sql:?} statement {what}: {reply:?}"
+            ))
+        })?;
+        self.token = token;
         let Some(permit) = self.permit else {
             return check_one(sql, reply);
         };
@@ -370,6 +391,7 @@ impl<'a> OneCall<'a> {
                 Ok(Err(Busy::new(busy, vec![self.ledger.key_type.name()])))
             }
             Some(Ok(Granted::Now)) => Ok(Ok(Grant {
+                token: self.token,
                 key: Some((self.key, self.held)),
                 keys: Vec::new(),
             })),

@@ -361,12 +361,26 @@ impl Error {
 
     /// The server's `source` error of a call that needs lockkit's SQL
     /// functions for `what`, when they are missing (no schema `lockkit`,
-    /// no such function or table: `3F000`, `42883`, `42P01`) as
+    /// no such function or table: `3F000`, `42883`, `42P01`; from a driver
+    /// that hides the SQLSTATE, Diesel's, an error that names
+    /// `lockkit.fencing_counter` or the schema) as
     /// [`ErrorKind::NotInstalled`]; any other error as it is.
-    #[cfg(feature = "tokio-postgres")]
     pub(crate) fn not_installed_or(source: Error, what: &str) -> Self {
-        match source.code() {
-            Some("3F000" | "42883" | "42P01") => Error::with_source(
+        let missing = match source.code() {
+            Some(code) => matches!(code, "3F000" | "42883" | "42P01"),
+            None => {
+                let mut text = source.to_string();
+                let mut cause = std::error::Error::source(&source);
+                while let Some(e) = cause {
+                    text.push_str(&e.to_string());
+                    cause = e.source();
+                }
+                text.contains("\"lockkit.fencing_counter\" does not exist")
+                    || text.contains("schema \"lockkit\" does not exist")
+            }
+        };
+        match missing {
+            true => Error::with_source(
                 ErrorKind::NotInstalled,
                 format!(
                     "{what} needs lockkit's SQL functions, which this database does not have \
@@ -375,7 +389,7 @@ impl Error {
                 ),
                 source,
             ),
-            _ => source,
+            false => source,
         }
     }
 

@@ -12,6 +12,7 @@ use crate::engine::statement::{Param, Reply, ReplyShape, Sql, Statement};
 use crate::key::{AdvisoryKey, LockKey};
 
 mod checks;
+mod minting;
 mod permit;
 
 #[derive(Debug)]
