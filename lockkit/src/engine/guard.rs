@@ -247,6 +247,28 @@ impl Busy {
 mod tests {
     use super::*;
 
+    /// A guard hands out the token its grant carried; a batch's proofs
+    /// carry the batch's.
+    #[test]
+    fn guards_carry_their_grants_token() {
+        let token = FencingToken::from_parts(1, 2, 3);
+        let held = Held::new(7_i64, LockKey::BigInt(7), Mode::Exclusive);
+        assert_eq!(held.fencing_token(), None);
+        assert_eq!(held.with_token(token).fencing_token(), token);
+        let batch = HeldBatch::new(vec![(LockKey::BigInt(7), Mode::Exclusive)]);
+        assert_eq!(batch.fencing_token(), None);
+        let batch = batch.with_token(token);
+        assert_eq!(batch.fencing_token(), token);
+        struct K;
+        impl AdvisoryKey for K {
+            const KEY_SPEC: crate::KeySpec<'static> = crate::KeySpec::new("K").raw();
+            fn lock_key(&self) -> LockKey {
+                LockKey::BigInt(7)
+            }
+        }
+        assert_eq!(batch.proof(K).ok().and_then(|p| p.fencing_token()), token);
+    }
+
     /// A batch's guard knows its keys, and gives a proof for each of them
     /// and for nothing else.
     #[test]

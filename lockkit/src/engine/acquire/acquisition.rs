@@ -256,9 +256,8 @@ impl Acquisition<'_> {
         self.stage = match (stage, result) {
             (Stage::Main, Ok(replies)) => match self.check(sent, replies) {
                 Err(e) => self.cut_off(e),
-                Ok((_, None)) if self.mint => self.cut_off(Error::unexpected(
-                    "a lock call that mints fencing tokens got no token".into(),
-                )),
+                // A minting round's token: `check` refuses a minting
+                // statement's reply without one.
                 Ok((busy, token)) => {
                     self.token = token;
                     match self.wait {
