@@ -144,6 +144,9 @@ const TEXT_TAGGED_LOCK: &str = "SELECT 'lockkit:lock_bigint'::text AS tag, 1::in
 struct Bench {
     client: Mutex<LockClient>,
     locker: Locker,
+    /// The default locker minting fencing tokens
+    /// (`Config::fencing_tokens`).
+    locker_minting: Locker,
     /// `SELECT pg_advisory_xact_lock($1)`, prepared once.
     lock: Statement,
     /// lockkit's exclusive batch statement, prepared once (diagnostic).
@@ -245,6 +248,10 @@ impl Bench {
         // prepared once per connection.
         let prepared = || Config::default().statements(StatementMode::Prepared);
         let locker_prepared = Locker::new(&client, prepared()).await.expect("locker");
+        lockkit::sql::install(&client).await.expect("install lockkit's SQL");
+        let locker_minting = Locker::new(&client, Config::default().fencing_tokens(true))
+            .await
+            .expect("locker");
         let table = format!("lockkit_bench_{}", std::process::id());
         client
             .batch_execute(&format!(
@@ -349,6 +356,7 @@ impl Bench {
         Bench {
             client: Mutex::new(LockClient::new(&locker_prepared, client)),
             locker,
+            locker_minting,
             lock,
             lock_unnest,
             lock_function_scan,
@@ -436,6 +444,22 @@ async fn single_lockkit_tx(b: &Bench, iters: u64, prepared: bool) -> Duration {
         let id = (i % RING as u64) as i64;
         let tx = begin!(b, client, prepared);
         let held = tx.lock(Item { id }).await.expect("lock");
+        black_box(&held);
+        drop(held);
+        tx.commit().await.expect("commit");
+    }
+    start.elapsed()
+}
+
+/// [`single_lockkit_tx`], unnamed, each lock minting a fencing token.
+async fn single_lockkit_tx_minting(b: &Bench, iters: u64) -> Duration {
+    let mut client = b.client.lock().await;
+    let start = Instant::now();
+    for i in 0..iters {
+        let id = (i % RING as u64) as i64;
+        let tx = b.locker_minting.begin(&mut client).await.expect("begin");
+        let held = tx.lock(Item { id }).await.expect("lock");
+        assert!(held.fencing_token().is_some());
         black_box(&held);
         drop(held);
         tx.commit().await.expect("commit");
@@ -1398,6 +1422,13 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
             Async(routine!(sqlx_single_raw)),
             false,
             None,
+        ),
+        pair(
+            "tp: one lock minting a fencing token vs without",
+            Async(routine!(single_lockkit_tx_minting)),
+            Async(routine!(single_lockkit_tx_unnamed)),
+            false,
+            Some(1.05),
         ),
         pair(
             "tp: one lock, default (unnamed) vs Prepared",
