@@ -248,7 +248,9 @@ impl Bench {
         // prepared once per connection.
         let prepared = || Config::default().statements(StatementMode::Prepared);
         let locker_prepared = Locker::new(&client, prepared()).await.expect("locker");
-        lockkit::sql::install(&client).await.expect("install lockkit's SQL");
+        lockkit::sql::install(&client)
+            .await
+            .expect("install lockkit's SQL");
         let locker_minting = Locker::new(&client, Config::default().fencing_tokens(true))
             .await
             .expect("locker");
