@@ -9,13 +9,24 @@
 //! apart: it remembers the newest token it has seen and refuses an older
 //! one.
 //!
-//! The server mints tokens with `lockkit.fencing_token()` and fences with
-//! `lockkit.fence(resource, token)`, functions of lockkit's SQL script
+//! Tokens are opt-in. Set to mint them, lockkit mints one with every
+//! grant, in the grant's own statement (no round trip more), and the guard
+//! hands it out:
+//!
+//! - transaction-scoped locks and permits, on every stack: a locker whose
+//!   [`Config`](crate::Config) says
+//!   [`fencing_tokens(true)`](crate::Config::fencing_tokens), then
+//!   [`Held::fencing_token`](crate::Held::fencing_token) and
+//!   [`HeldBatch::fencing_token`](crate::HeldBatch::fencing_token);
+//! - session locks and permits: a [`SessionLock`](crate::SessionLock) set to
+//!   [`fencing_tokens(true)`](crate::SessionLock::fencing_tokens), then
+//!   [`SessionGuard::fencing_token`](crate::SessionGuard::fencing_token).
+//!
+//! The counter and the fence are part of lockkit's SQL script
 //! ([`sql`](crate::sql), installed by [`sql::install`](crate::sql::install)
-//! or `lockkit sql install`). A [`SessionLock`](crate::SessionLock) set to
-//! [`fencing_tokens`](crate::SessionLock::fencing_tokens) mints one with
-//! every grant, in the grant's round trip, and its guard hands it out
-//! ([`SessionGuard::fencing_token`](crate::SessionGuard::fencing_token)).
+//! or `lockkit sql install`): `lockkit.fencing_token()` mints the same
+//! number for any other client, and `lockkit.fence(resource, token)` checks
+//! one.
 //!
 //! # The layout
 //!
