@@ -23,8 +23,8 @@
 //!   [`SessionGuard::fencing_token`](crate::SessionGuard::fencing_token).
 //!
 //! The counter and the fence are part of lockkit's SQL script
-//! ([`sql`](crate::sql), installed by [`sql::install`](crate::sql::install)
-//! or `lockkit sql install`): `lockkit.fencing_token()` mints the same
+//! ([`sql`](crate::sql), installed by `lockkit sql install`):
+//! `lockkit.fencing_token()` mints the same
 //! number for any other client, and `lockkit.fence(resource, token)` checks
 //! one.
 //!
@@ -106,6 +106,7 @@ impl FencingToken {
     /// name (`pg_walfile_name`, its first 8 hex digits the timeline), the
     /// flushed WAL position as `pg_lsn` prints it (`X/Y`, hexadecimal
     /// halves), and the counter in decimal.
+    #[cfg(feature = "tokio-postgres")]
     pub(crate) fn from_server(walfile: &str, flush: &str, counter: &str) -> Result<Self, String> {
         let bad = || format!("not a fencing token's parts: {walfile:?}, {flush:?}, {counter:?}");
         let timeline = walfile
@@ -227,6 +228,7 @@ mod tests {
 
     /// What a server answers for the parts reads as the same token as the
     /// number `lockkit.fencing_token()` computes from them.
+    #[cfg(feature = "tokio-postgres")]
     #[test]
     fn server_parts() {
         let token =

@@ -180,8 +180,8 @@ impl Config {
     /// protected resource to refuse an older holder's write
     /// ([`crate::fencing`]). The token is read in the lock statement
     /// itself, after its locks: no round trip more. Needs lockkit's SQL
-    /// functions on the database ([`sql::install`](crate::sql::install));
-    /// without them a lock call fails with
+    /// functions on the database (`lockkit sql install`, or the script of
+    /// [`sql`](crate::sql)); without them a lock call fails with
     /// [`ErrorKind::NotInstalled`](crate::ErrorKind::NotInstalled), and its
     /// error aborts the transaction (or the call's savepoint).
     ///

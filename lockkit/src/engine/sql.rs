@@ -512,6 +512,7 @@ pub(crate) fn session_lock(key: LockKey, mode: Mode, try_only: bool) -> &'static
 /// number as `lockkit.fencing_token()` (docs/FENCING.md), without its
 /// function call and `numeric` arithmetic, which cost the server several
 /// times more.
+#[cfg(feature = "tokio-postgres")]
 macro_rules! token_parts {
     () => {
         "pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), \
@@ -524,6 +525,7 @@ macro_rules! token_parts {
 /// token's parts minted right after the grant, in the same statement:
 /// `OFFSET 0` keeps the lock in a subquery of its own, which runs before
 /// the outer query reads its row.
+#[cfg(feature = "tokio-postgres")]
 macro_rules! minting {
     (wait $f:literal, $args:literal) => {
         concat!(

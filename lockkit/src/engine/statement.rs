@@ -342,8 +342,9 @@ impl<'a> Statement<'a> {
         self.sql
     }
 
-    /// Whether it is in its minting form: its text is not [`Sql::text`], so
-    /// a statement prepared from that text does not serve it.
+    /// Whether it is in its minting form: its text is not the plain
+    /// statement's, so a statement prepared from that text does not serve
+    /// it.
     pub fn is_minting(&self) -> bool {
         self.minting
     }

@@ -119,8 +119,8 @@ pub enum ErrorKind {
     Namespace,
     /// A call needs lockkit's SQL functions (fencing tokens, the fence) and
     /// the database has none, or older ones: install them with
-    /// `lockkit sql install` or [`sql::install`](crate::sql::install).
-    /// Nothing is held.
+    /// `lockkit sql install`, or the script of [`sql`](crate::sql). Nothing
+    /// is held.
     NotInstalled,
     /// Any other database or driver error.
     Database,

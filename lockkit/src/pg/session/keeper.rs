@@ -18,7 +18,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
 
 /// How many keepalive cadences a held lock's session may run no statement
-/// before the server ends it: its lease ([`lease_of`]).
+/// before the server ends it: its lease
+/// ([`SessionLock::lease`](super::SessionLock::lease)).
 pub const LEASE_CADENCES: u32 = 3;
 
 /// The shortest lease, whatever the cadence: a runtime busy for a moment
