@@ -2,8 +2,10 @@
 //! across a failover to a streaming standby: every token minted afterwards
 //! is larger than every token minted before, the ones the standby never
 //! received included; the guards held on the old primary resolve `lost()`;
-//! and a `SessionLock` of a multi-host configuration takes its next lock
-//! on the new primary. The controls: after the promotion, the counter and
+//! a transaction-scoped lock call on the dead primary fails as a lost
+//! connection, and its transaction's commit is refused; and a
+//! `SessionLock` of a multi-host configuration takes its next lock on the
+//! new primary. The controls: after the promotion, the counter and
 //! the flushed WAL position alone are both behind what the old primary
 //! handed out, so only the timeline keeps the order.
 
@@ -172,6 +174,18 @@ async fn tokens_and_session_locks_across_a_promotion() {
         old.push(guard.fencing_token().expect("minted"));
         held.push(guard);
     }
+    // And a transaction-scoped lock, in a transaction left open.
+    let config = lockkit::Config::default()
+        .fencing_tokens(true)
+        .order_check(lockkit::OrderCheck::Off);
+    let locker = lockkit::Locker::new(&primary.connect().await, config)
+        .await
+        .expect("locker");
+    let mut tx_client = lockkit::LockClient::new(&locker, primary.connect().await);
+    let tx = tx_client.begin().await.expect("begin");
+    let xact = tx.lock(Feed { id: 130 }).await.expect("lock");
+    old.push(xact.fencing_token().expect("minted"));
+    drop(xact);
     let unreplicated: bool = on_primary
         .query_one(
             "SELECT pg_current_wal_flush_lsn() > $1::text::pg_lsn",
@@ -189,6 +203,20 @@ async fn tokens_and_session_locks_across_a_promotion() {
             .await
             .expect("a lock held on the dead primary is lost");
     }
+    // The open transaction's next lock call fails as a lost connection, and
+    // its commit is refused: never a success on a server that is gone.
+    let next = tokio::time::timeout(PATIENT, tx.lock(Feed { id: 131 }))
+        .await
+        .expect("the lock call returns");
+    let e = next.expect_err("a lock granted by a dead primary");
+    assert!(e.is_connection_lost(), "{e}");
+    // The commit is refused: a lock call's error aborted the transaction
+    // (its rollback fails too, on no connection).
+    let e = tokio::time::timeout(PATIENT, tx.commit())
+        .await
+        .expect("the commit returns")
+        .expect_err("a commit on a dead primary");
+    assert_eq!(e.kind(), lockkit::ErrorKind::TransactionAborted, "{e}");
     let promoted: bool = on_standby
         .query_one("SELECT pg_promote()", &[])
         .await
