@@ -22,10 +22,13 @@ use crate::key::LockKey;
 /// The lock is held until [`release`](Self::release), until the guard drops
 /// (its task rolls the transaction back, or closes the connection), or
 /// until the connection is lost (a network failure, a server restart,
-/// `pg_terminate_backend`, `idle_in_transaction_session_timeout`): then the
-/// server has released the lock and another session may hold it. A leader
-/// must therefore stop acting as one as soon as [`lost`](Self::lost)
-/// resolves, and can ask [`is_held`](Self::is_held) at any time.
+/// `pg_terminate_backend`, the end of its [lease](super#the-lease) when the
+/// holder stopped answering): then the server has released the lock and
+/// another session may hold it. A leader must therefore stop acting as one
+/// as soon as [`lost`](Self::lost) resolves, and can ask
+/// [`is_held`](Self::is_held) at any time; where a stale holder's write
+/// must not land, fence it with a token
+/// ([`fencing_token`](Self::fencing_token)).
 ///
 /// Its [`SessionLock`](super::SessionLock)'s keeper task runs the keepalive on the connection
 /// (see the [module docs](super)); the guard is `Send + Sync` and
