@@ -364,7 +364,8 @@ impl Error {
     /// no such function or table: `3F000`, `42883`, `42P01`; from a driver
     /// that hides the SQLSTATE, Diesel's, an error that names
     /// `lockkit.fencing_counter` or the schema) as
-    /// [`ErrorKind::NotInstalled`]; any other error as it is.
+    /// [`ErrorKind::NotInstalled`], with the server's SQLSTATE; any other
+    /// error as it is.
     pub(crate) fn not_installed_or(source: Error, what: &str) -> Self {
         let missing = match source.code() {
             Some(code) => matches!(code, "3F000" | "42883" | "42P01"),
@@ -380,14 +381,17 @@ impl Error {
             }
         };
         match missing {
-            true => Error::with_source(
+            // The server's SQLSTATE kept: it answered, so the connection
+            // is alive and its transaction aborted.
+            true => Error::make(
                 ErrorKind::NotInstalled,
-                format!(
+                source.code().map(str::to_owned),
+                Detail::Text(format!(
                     "{what} needs lockkit's SQL functions, which this database does not have \
                      (or has in an older version): install them with `lockkit sql install` \
                      or lockkit::sql::install; nothing is held"
-                ),
-                source,
+                )),
+                Some(source.into()),
             ),
             false => source,
         }

@@ -176,6 +176,7 @@ fn a_missing_counter_is_not_installed() {
     call.receive(Err(missing()), |_, reply: &Reply| reply.clone());
     let e = call.finish().unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotInstalled, "{e}");
+    assert_eq!(e.code(), Some("42P01"), "{e}");
     assert!(e.to_string().contains("lockkit sql install"), "{e}");
 
     let state = TxState::new();
