@@ -53,7 +53,11 @@ async fn grants(sessions: &SessionLock, ids: std::ops::Range<i64>) -> Vec<Fencin
 /// and the locks held through it are lost.
 #[tokio::test(flavor = "multi_thread")]
 async fn tokens_grow_across_a_crash_of_the_server() {
-    let db = TestServer::builder().start();
+    // Committed work survives the crash (the install script's, above all):
+    // the harness's default `synchronous_commit=off` could lose it.
+    let db = TestServer::builder()
+        .setting("synchronous_commit", "on")
+        .start();
     let _log = db.guard();
     install(&db).await;
     let sessions = SessionLock::new(db.config()).fencing_tokens(true);
