@@ -98,23 +98,58 @@ pub(crate) const TRY_PERMIT: &str =
      WHERE pg_try_advisory_xact_lock(-1439830384, p.base | ((i + p.first) % p.n)) \
      LIMIT 1), 0)::int8 AS n";
 
-/// The three parts of a fencing token as `int8` columns `timeline`,
-/// `flush` and `counter`, appended to a lock statement's row by
-/// [`minting`] (docs/FENCING.md).
-const TOKEN_COLUMNS: &str = "('x' || substr(pg_catalog.pg_walfile_name(\
-     pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::int8 AS timeline, \
-     (pg_catalog.pg_current_wal_flush_lsn() - '0/0'::pg_catalog.pg_lsn)::int8 AS flush, \
-     pg_catalog.nextval('lockkit.fencing_counter'::pg_catalog.regclass) AS counter";
+/// The three parts of a fencing token as `int8` expressions: the
+/// timeline (the first 8 hex digits of the current WAL file's name), the
+/// flushed WAL position in bytes, and the counter's next value
+/// (docs/FENCING.md). Every statement that mints a token reads these, and
+/// [`FencingToken::from_columns`](crate::fencing::FencingToken::from_columns)
+/// reads them back: `token_part!(timeline)`, `token_part!(flush)`,
+/// `token_part!(counter)`.
+macro_rules! token_part {
+    (timeline) => {
+        "('x' || substr(pg_catalog.pg_walfile_name(\
+         pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::int8"
+    };
+    (flush) => {
+        "(pg_catalog.pg_current_wal_flush_lsn() - '0/0'::pg_catalog.pg_lsn)::int8"
+    };
+    (counter) => {
+        "pg_catalog.nextval('lockkit.fencing_counter'::pg_catalog.regclass)"
+    };
+}
+
+/// The three parts of a fencing token ([`token_part!`]) as the columns
+/// `timeline`, `flush` and `counter`, appended to a lock statement's row by
+/// [`minting`], and the whole row of [`FENCING_TOKEN`].
+macro_rules! token_columns {
+    () => {
+        concat!(
+            token_part!(timeline),
+            " AS timeline, ",
+            token_part!(flush),
+            " AS flush, ",
+            token_part!(counter),
+            " AS counter"
+        )
+    };
+}
 
 /// The minting form of the lock statement `text`
 /// ([`Config::fencing_tokens`](crate::Config::fencing_tokens)): its row,
-/// then the token's three parts ([`TOKEN_COLUMNS`]), read after the
+/// then the token's three parts ([`token_columns!`]), read after the
 /// statement ran. `OFFSET 0` keeps the statement a subquery of its own,
 /// which runs (and takes its locks) before the outer query reads its row;
 /// a statement that fails mints nothing. The same parameters, in the same
 /// order.
 pub(crate) fn minting(text: &str) -> String {
-    format!("/* lockkit:minting */ SELECT s.*, {TOKEN_COLUMNS} FROM ({text} OFFSET 0) AS s")
+    format!(
+        concat!(
+            "/* lockkit:minting */ SELECT s.*, ",
+            token_columns!(),
+            " FROM ({} OFFSET 0) AS s"
+        ),
+        text
+    )
 }
 
 /// `$1 int8[], $2 bool[]` (shared?): lock every key in array order;
@@ -505,22 +540,6 @@ pub(crate) fn session_lock(key: LockKey, mode: Mode, try_only: bool) -> &'static
     }
 }
 
-/// The three parts of a fencing token as `text` columns, read by
-/// [`FencingToken::from_server`](crate::fencing::FencingToken::from_server):
-/// the current WAL file's name (its first 8 hex digits are the timeline),
-/// the flushed WAL position (`X/Y`), and the counter's next value. The same
-/// number as `lockkit.fencing_token()` (docs/FENCING.md), without its
-/// function call and `numeric` arithmetic, which cost the server several
-/// times more.
-#[cfg(feature = "tokio-postgres")]
-macro_rules! token_parts {
-    () => {
-        "pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), \
-         pg_catalog.pg_current_wal_flush_lsn()::text, \
-         pg_catalog.nextval('lockkit.fencing_counter'::pg_catalog.regclass)::text"
-    };
-}
-
 /// Appends the waiting or trying lock `$f` of `$args` with a fencing
 /// token's parts minted right after the grant, in the same statement:
 /// `OFFSET 0` keeps the lock in a subquery of its own, which runs before
@@ -530,7 +549,7 @@ macro_rules! minting {
     (wait $f:literal, $args:literal) => {
         concat!(
             "SELECT true, ",
-            token_parts!(),
+            token_columns!(),
             " FROM (SELECT ",
             $f,
             "(",
@@ -540,12 +559,13 @@ macro_rules! minting {
     };
     (try $f:literal, $args:literal) => {
         concat!(
-            "SELECT t.granted, \
-             CASE WHEN t.granted THEN pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()) END, \
-             CASE WHEN t.granted THEN pg_catalog.pg_current_wal_flush_lsn()::text END, \
-             CASE WHEN t.granted THEN \
-             pg_catalog.nextval('lockkit.fencing_counter'::pg_catalog.regclass)::text END \
-             FROM (SELECT ",
+            "SELECT t.granted, CASE WHEN t.granted THEN ",
+            token_part!(timeline),
+            " END, CASE WHEN t.granted THEN ",
+            token_part!(flush),
+            " END, CASE WHEN t.granted THEN ",
+            token_part!(counter),
+            " END FROM (SELECT ",
             $f,
             "(",
             $args,
@@ -556,8 +576,8 @@ macro_rules! minting {
 
 /// [`session_lock`] with a fencing token minted with the grant
 /// ([`crate::fencing`]): every form returns one row, `granted bool`
-/// (always `true` when waiting) and the token's three parts as `text`
-/// ([`token_parts!`]; `NULL` when a try found the key busy, and then none
+/// (always `true` when waiting) and the token's three parts as `int8`
+/// ([`token_part!`]; `NULL` when a try found the key busy, and then none
 /// is minted).
 #[cfg(feature = "tokio-postgres")]
 pub(crate) fn session_lock_minting(key: LockKey, mode: Mode, try_only: bool) -> &'static str {
@@ -581,11 +601,11 @@ pub(crate) fn session_lock_minting(key: LockKey, mode: Mode, try_only: bool) -> 
     }
 }
 
-/// Mints a fencing token: its three parts ([`token_parts!`]) in one row.
+/// Mints a fencing token: its three parts ([`token_columns!`]) in one row.
 /// Sent after a default session lock's statements, in the same query, when
 /// its `SessionLock` mints tokens: one command.
 #[cfg(feature = "tokio-postgres")]
-pub(crate) const FENCING_TOKEN: &str = concat!("SELECT ", token_parts!());
+pub(crate) const FENCING_TOKEN: &str = concat!("SELECT ", token_columns!());
 
 /// [`lockkit::sql::fence`](crate::sql::fence): `$1` the resource (`text`),
 /// `$2` the token as its decimal `text`; returns one `bool` (`NULL` for a
