@@ -248,6 +248,7 @@ pub(crate) fn inspect_json(
                 "blocked_by": r.blocked_by,
                 "query": r.query,
                 "query_hidden": r.query_hidden,
+                "fencing_token": r.fencing_token.map(|t| t.to_string()),
                 "types": r.types.iter().map(|t| json!({"name": t.name(), "namespace": t.namespace()})).collect::<Vec<_>>(),
         })
     };
@@ -389,11 +390,15 @@ pub(crate) fn inspect_text(
         );
         for r in &others {
             let blocked: Vec<String> = r.blocked_by.iter().map(|&b| blocker_text(b)).collect();
-            let query = match (query_text(r, &calls), r.query_hidden) {
+            let mut query = match (query_text(r, &calls), r.query_hidden) {
                 (_, true) => "<hidden: needs pg_read_all_stats>".to_owned(),
                 (Some(q), false) => one_line(q, 60),
                 (None, false) => String::new(),
             };
+            if let Some(token) = r.fencing_token {
+                let sep = if query.is_empty() { "" } else { ", " };
+                let _ = write!(query, "{sep}fencing token {token}");
+            }
             let _ = writeln!(
                 out,
                 "{:<9} {:<app_width$} {:<9} {:<7} {:<11} {:<19} {:>8} {:>8} {:<12} {:<28} {:<16} {}",

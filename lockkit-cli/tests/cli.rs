@@ -1299,3 +1299,87 @@ fn inspect_and_check_over_tls() {
     assert!(err.contains("invalid sslmode"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Issue 45: `inspect` shows the fencing token a session lock holds its key
+/// with, in its table and in `--json`, once the lock's keepalive has run
+/// (which names the token). The control is a lock that mints none.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_shows_a_session_locks_fencing_token() {
+    use lockkit::SessionLock;
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let url = db.create_database("lockkit_cli_tokens").await;
+    let observer = connect_url(&url, "cli-observer").await;
+    lockkit::sql::install(&observer).await.unwrap();
+    let cadence = Duration::from_millis(200);
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let minting = SessionLock::new(config.clone())
+        .keepalive(cadence)
+        .fencing_tokens(true)
+        .lock(CliSessionType { id: 7 })
+        .await
+        .unwrap();
+    let plain = SessionLock::new(config)
+        .keepalive(cadence)
+        .lock(CliSessionType { id: 8 })
+        .await
+        .unwrap();
+    let token = minting.fencing_token().expect("minted").to_string();
+    // The event: each lock's connection ran its keepalive since the grant.
+    for pid in [minting.backend_pid(), plain.backend_pid()] {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let query: String = observer
+                .query_one("SELECT query FROM pg_stat_activity WHERE pid = $1", &[&pid])
+                .await
+                .unwrap()
+                .get(0);
+            if query.starts_with("SELECT 1") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no keepalive ran on {pid}: {query}"
+            );
+            tokio::time::sleep(cadence / 4).await;
+        }
+    }
+
+    let out = lockkit(&["--url", &url, "inspect"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let row = |pid: i32| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{pid} ")))
+            .unwrap_or_else(|| panic!("no row of {pid} in\n{text}"))
+    };
+    assert!(
+        row(minting.backend_pid()).contains(&format!("fencing token {token}")),
+        "{text}"
+    );
+    assert!(
+        !row(plain.backend_pid()).contains("fencing token"),
+        "{text}"
+    );
+
+    let out = lockkit(&["--url", &url, "inspect", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lock_of = |pid: i32| {
+        doc["locks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["pid"] == pid)
+            .unwrap_or_else(|| panic!("no lock of {pid} in {doc}"))
+            .clone()
+    };
+    assert_eq!(
+        lock_of(minting.backend_pid())["fencing_token"],
+        token.as_str()
+    );
+    assert_eq!(lock_of(plain.backend_pid())["fencing_token"], Value::Null);
+    assert!(minting.release().await.unwrap());
+    assert!(plain.release().await.unwrap());
+}

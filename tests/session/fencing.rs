@@ -9,8 +9,10 @@
 //! landing after B's.
 
 use std::num::NonZeroU8;
+use std::time::Duration;
 
 use lockkit::fencing::FencingToken;
+use lockkit::inspect::{AdvisoryLockRow, KeyRegistry};
 use lockkit::pg::{SessionForm, SessionGuard};
 use lockkit::AdvisoryKey;
 use lockkit::{ErrorKind, SessionLock};
@@ -297,4 +299,92 @@ async fn control_without_the_fence_a_stale_holder_overwrites() {
     let (wrote, last) = stale_holder("transaction", 951_300, false).await;
     assert_eq!(wrote, KEYS as u64);
     assert_eq!(last, vec!["holder"; KEYS as usize]);
+}
+
+fn keepalive_ran(row: &AdvisoryLockRow) -> bool {
+    row.query
+        .as_deref()
+        .is_some_and(|q| q.starts_with("SELECT 1"))
+}
+
+/// `lockkit inspect` shows the fencing token a session lock holds its key
+/// with, in every form and for a permit, from its first keepalive on; two
+/// keys on one multiplexed connection each show their own. The control:
+/// a `SessionLock` that does not mint shows none once its keepalive ran,
+/// and a released key has no row.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_shows_the_token_each_session_lock_holds_its_key_with() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let (url, observer) = installed(db, "lockkit_fencing_inspect").await;
+    let cadence = Duration::from_millis(200);
+    let until_keepalive = |guard: &SessionGuard<Feed>| {
+        let (observer, guard_key, pid) = (&observer, guard.key(), guard.backend_pid());
+        async move {
+            tokio::time::timeout(PATIENT, async {
+                loop {
+                    let registry = KeyRegistry::new();
+                    let rows = lockkit::inspect::advisory_locks(observer, &registry)
+                        .await
+                        .expect("inspect");
+                    let row = rows
+                        .into_iter()
+                        .find(|r| r.granted && r.pid == Some(pid) && r.key == guard_key)
+                        .expect("the lock has its row");
+                    if keepalive_ran(&row) {
+                        return row;
+                    }
+                    tokio::time::sleep(cadence / 4).await;
+                }
+            })
+            .await
+            .expect("no keepalive ran on the lock's connection")
+        }
+    };
+    for (i, form) in FORMS.iter().enumerate() {
+        let sessions = minting(&url, form).keepalive(cadence);
+        let first = take(
+            &sessions,
+            form,
+            Feed {
+                id: 950_300 + i as i64,
+            },
+        )
+        .await;
+        let second = match *form {
+            "multiplexed" => Some(
+                take(
+                    &sessions,
+                    form,
+                    Feed {
+                        id: 950_310 + i as i64,
+                    },
+                )
+                .await,
+            ),
+            _ => None,
+        };
+        for guard in std::iter::once(&first).chain(second.as_ref()) {
+            let row = until_keepalive(guard).await;
+            assert_eq!(
+                row.fencing_token,
+                guard.fencing_token(),
+                "{form}: {:?}",
+                row.query
+            );
+            assert!(row.fencing_token.is_some(), "{form}");
+        }
+        let key = first.key();
+        assert!(first.release().await.unwrap(), "{form}");
+        if let Some(second) = second {
+            assert!(second.release().await.unwrap(), "{form}");
+        }
+        assert_eq!(holders_elsewhere(&observer, key).await, 0, "{form}");
+    }
+    // The control: no token minted, none shown.
+    let plain = SessionLock::new(url.parse().unwrap()).keepalive(cadence);
+    let guard = plain.lock(Feed { id: 950_320 }).await.unwrap();
+    let row = until_keepalive(&guard).await;
+    assert_eq!(row.fencing_token, None, "{:?}", row.query);
+    assert!(guard.release().await.unwrap());
 }

@@ -197,10 +197,10 @@ fn slot_session(slot: u8, r: &AdvisoryLockRow) -> String {
             .map(|d| format!(", {:.1}s", d.as_secs_f64()))
             .unwrap_or_default()
     };
-    let slot = if r.granted {
-        format!("slot {slot}")
-    } else {
-        format!("for slot {slot}")
+    let slot = match (r.granted, r.fencing_token) {
+        (true, Some(token)) => format!("slot {slot}, fencing token {token}"),
+        (true, None) => format!("slot {slot}"),
+        (false, _) => format!("for slot {slot}"),
     };
     format!("{}{app} ({slot}{waited})", pid_text(r.pid))
 }

@@ -41,6 +41,8 @@ use std::fmt::{self, Write as _};
 use std::time::Duration;
 
 use crate::engine::plan::Mode;
+#[cfg(feature = "tokio-postgres")]
+use crate::fencing::FencingToken;
 use crate::key::LockKey;
 
 /// `$1 int8`: one exclusive `BigInt` lock; `(tag, void)`. The lock
@@ -440,6 +442,74 @@ impl fmt::Write for Escaped<'_> {
 /// `backend_xmin`, holding back VACUUM) until the next statement.
 pub(crate) const KEEPALIVE: &str = "SELECT 1";
 
+/// What opens the comment of [`keepalive_announcing`], which
+/// [`announced_token`] looks for.
+#[cfg(feature = "tokio-postgres")]
+const ANNOUNCE: &str = "/* lockkit:tokens";
+
+/// The most bytes [`keepalive_announcing`] writes: the server shows at most
+/// `track_activity_query_size` bytes of a query (1,024 by default).
+#[cfg(feature = "tokio-postgres")]
+const ANNOUNCE_MAX: usize = 1000;
+
+/// [`KEEPALIVE`] on a session lock's connection whose locks carry fencing
+/// tokens: a comment names each key and its token,
+/// `SELECT 1 /* lockkit:tokens 42=… 7/-3=… */` (a `Pair` key's halves split
+/// by `/`, tokens in decimal). `pg_stat_activity.query` shows it until the
+/// connection's next statement: that is how `lockkit inspect` shows a held
+/// lock's token ([`announced_token`]), at no cost to the lock calls. Keys
+/// that would take the text past [`ANNOUNCE_MAX`] bytes are left out, and
+/// ` …` says so.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) fn keepalive_announcing(
+    tokens: impl IntoIterator<Item = (LockKey, FencingToken)>,
+) -> String {
+    const CLOSE: &str = " */";
+    const MORE: &str = " \u{2026}";
+    let mut out = String::with_capacity(96);
+    out.push_str(KEEPALIVE);
+    out.push(' ');
+    out.push_str(ANNOUNCE);
+    let mut entry = String::with_capacity(64);
+    for (key, token) in tokens {
+        entry.clear();
+        let _ = match key {
+            LockKey::BigInt(v) => write!(entry, " {v}={token}"),
+            LockKey::Pair(class, object) => write!(entry, " {class}/{object}={token}"),
+        };
+        if out.len() + entry.len() + MORE.len() + CLOSE.len() > ANNOUNCE_MAX {
+            out.push_str(MORE);
+            break;
+        }
+        out.push_str(&entry);
+    }
+    out.push_str(CLOSE);
+    out
+}
+
+/// The fencing token that a session lock's keepalive
+/// ([`keepalive_announcing`]) names for `key` in `query`, the text
+/// `pg_stat_activity` shows; `None` when it names none (another statement,
+/// a key left out). A text the server cut short (no closing ` */`) loses
+/// its last entry, which may be cut: never a token other than the one
+/// minted.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) fn announced_token(query: &str, key: LockKey) -> Option<FencingToken> {
+    let rest = &query[query.find(ANNOUNCE)? + ANNOUNCE.len()..];
+    let body = match rest.find(" */") {
+        Some(end) => &rest[..end],
+        None => &rest[..rest.rfind(' ').unwrap_or(0)],
+    };
+    body.split(' ').find_map(|entry| {
+        let (named, token) = entry.split_once('=')?;
+        let named = match named.split_once('/') {
+            Some((class, object)) => LockKey::Pair(class.parse().ok()?, object.parse().ok()?),
+            None => LockKey::BigInt(named.parse().ok()?),
+        };
+        (named == key).then(|| token.parse().ok()).flatten()
+    })
+}
+
 /// Ends the transaction of a default session lock, and the lock with it.
 pub(crate) const SESSION_ROLLBACK: &str = "ROLLBACK";
 
@@ -780,6 +850,97 @@ mod tests {
         let mut out = String::new();
         write_timeout_setting(&mut out, timeout);
         out
+    }
+
+    /// A keepalive names each key's token, and the parser reads back
+    /// exactly those: every key form, any sign, and nothing for a key it
+    /// does not name or for another statement.
+    #[cfg(feature = "tokio-postgres")]
+    #[test]
+    fn a_keepalive_announces_tokens_that_read_back() {
+        let token = |n: u64| FencingToken::from_parts(1, 0x0300_0060, n).unwrap();
+        let held = [
+            (LockKey::BigInt(42), token(7)),
+            (LockKey::BigInt(i64::MIN), token(8)),
+            (LockKey::Pair(-3, 9), token(9)),
+            (LockKey::Pair(i32::MAX, i32::MIN), token(10)),
+        ];
+        let text = keepalive_announcing(held);
+        assert!(
+            text.starts_with("SELECT 1 /* lockkit:tokens 42=5192"),
+            "{text}"
+        );
+        assert!(text.ends_with(" */"), "{text}");
+        for (key, token) in held {
+            assert_eq!(announced_token(&text, key), Some(token), "{key} in {text}");
+        }
+        assert_eq!(announced_token(&text, LockKey::BigInt(9)), None);
+        assert_eq!(announced_token(&text, LockKey::Pair(9, -3)), None);
+        assert_eq!(announced_token(&text, LockKey::BigInt(-3)), None);
+        assert_eq!(announced_token(KEEPALIVE, LockKey::BigInt(42)), None);
+        assert_eq!(announced_token("SELECT 42=1", LockKey::BigInt(42)), None);
+    }
+
+    /// The text stays within what the server shows of a query; the keys
+    /// past it are left out and said to be; a text the server cut short
+    /// never reads as a cut token.
+    #[cfg(feature = "tokio-postgres")]
+    #[test]
+    fn an_announcement_stays_short_and_a_cut_one_reads_no_cut_token() {
+        let token = |n: u64| FencingToken::from_parts(1, 0x0300_0060, n).unwrap();
+        let text =
+            keepalive_announcing((0..1000).map(|k| (LockKey::BigInt(k), token(100 + k as u64))));
+        assert!(text.len() <= ANNOUNCE_MAX, "{}", text.len());
+        assert!(text.ends_with(" \u{2026} */"), "{text}");
+        assert_eq!(announced_token(&text, LockKey::BigInt(0)), Some(token(100)));
+        assert_eq!(announced_token(&text, LockKey::BigInt(999)), None);
+        let full = keepalive_announcing([
+            (LockKey::BigInt(1), token(1)),
+            (LockKey::BigInt(2), token(2)),
+        ]);
+        let last = full.rfind('=').unwrap();
+        for cut in last..full.len() {
+            let shown = &full[..cut];
+            assert_eq!(
+                announced_token(shown, LockKey::BigInt(1)),
+                Some(token(1)),
+                "{shown}"
+            );
+            // Whole only once the space after it is shown.
+            let whole = shown[last..].contains(' ');
+            let expected = whole.then(|| token(2));
+            assert_eq!(
+                announced_token(shown, LockKey::BigInt(2)),
+                expected,
+                "{shown}"
+            );
+        }
+        assert_eq!(announced_token(&full, LockKey::BigInt(2)), Some(token(2)));
+    }
+
+    /// An entry is named when it fits with room left for ` …` and the
+    /// close, to the byte: 25 entries of 37 bytes and one of 42 after the
+    /// 26 bytes of `SELECT 1 /* lockkit:tokens` leave exactly the 7 bytes
+    /// of ` … */` within the 1,000; the next entry does not fit.
+    #[cfg(feature = "tokio-postgres")]
+    #[test]
+    fn an_announcement_fills_its_bytes_exactly() {
+        let token = FencingToken::from_parts(1, 0x0300_0060, 7).unwrap();
+        assert_eq!(token.to_string().len(), 34);
+        let keys = std::iter::repeat_n(LockKey::BigInt(1), 25)
+            .chain([LockKey::BigInt(123_456), LockKey::BigInt(2)]);
+        let text = keepalive_announcing(keys.map(|k| (k, token)));
+        assert_eq!(text.len(), ANNOUNCE_MAX, "{text}");
+        assert!(
+            text.ends_with(" 123456=5192296858548994755000703029084167 \u{2026} */"),
+            "{text}"
+        );
+        assert_eq!(announced_token(&text, LockKey::BigInt(2)), None);
+        // One byte more (a key of 7 digits) does not fit.
+        let keys = std::iter::repeat_n(LockKey::BigInt(1), 25).chain([LockKey::BigInt(1_234_567)]);
+        let text = keepalive_announcing(keys.map(|k| (k, token)));
+        assert_eq!(announced_token(&text, LockKey::BigInt(1_234_567)), None);
+        assert!(text.ends_with("4167 \u{2026} */"), "{text}");
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //! applications published to the server
 //! ([`Locker::publish_key_types`](crate::Locker::publish_key_types)), for
 //! [`KeyRegistry::register_published`]. [`AdvisoryLockRow::lockkit_call`]
-//! names the lockkit call a session runs.
+//! names the lockkit call a session runs, and
+//! [`AdvisoryLockRow::fencing_token`] the token a session lock holds its
+//! key with.
 //!
 //! # Example
 //!
@@ -43,6 +45,8 @@ use tokio_postgres::Client;
 
 use crate::engine::error::Error;
 use crate::engine::plan::Mode;
+use crate::engine::sql;
+use crate::fencing::FencingToken;
 use crate::key::{AdvisoryKey, KeyForm, KeySpec, LockKey};
 
 pub use crate::pg::publish::{published_key_types, PublishedKeyType};
@@ -97,6 +101,18 @@ pub struct AdvisoryLockRow {
     /// when their tags collide, none when unknown (or a raw or `hashtext`
     /// key, which carry no tag).
     pub types: Vec<KeyType>,
+    /// The fencing token a [`SessionLock`](crate::SessionLock) holds this
+    /// key with ([`SessionLock::fencing_tokens`](crate::SessionLock::fencing_tokens)),
+    /// as its connection's keepalive names it in `pg_stat_activity.query`:
+    /// from the lock's first keepalive on, within one keepalive cadence of
+    /// the grant, and until its connection's next statement (a multiplexed
+    /// connection names the tokens of the keys that fit in 1,000 bytes).
+    /// `None` for any other lock, for an awaited one, and while the query
+    /// is another statement or hidden. A transaction-scoped lock's token
+    /// ([`Config::fencing_tokens`](crate::Config::fencing_tokens)) is never
+    /// shown: its transaction is the application's, and only the
+    /// application's statements show there.
+    pub fencing_token: Option<FencingToken>,
 }
 
 impl AdvisoryLockRow {
@@ -118,6 +134,7 @@ impl AdvisoryLockRow {
             query: None,
             query_hidden: false,
             types: Vec::new(),
+            fencing_token: None,
         }
     }
 }
@@ -301,6 +318,10 @@ pub async fn advisory_locks(
             transaction_age: seconds(row.try_get(12)?),
             waited: seconds(row.try_get(10)?),
             blocked_by: row.try_get(11)?,
+            fencing_token: query
+                .as_deref()
+                .filter(|_| granted && !query_hidden)
+                .and_then(|query| sql::announced_token(query, key)),
             query: if query_hidden { None } else { query },
             query_hidden,
             types: registry.decode(key).into_iter().cloned().collect(),

@@ -3,6 +3,7 @@
 //! ([`Shared`]), and the ways the lock ends (release, a dropped guard, a
 //! failed check, a failed keepalive).
 
+use std::borrow::Cow;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,6 +116,10 @@ pub(super) struct Shared {
     pub(super) form: SessionForm,
     pub(super) cadence: Duration,
     pub(super) backend_pid: i32,
+    /// The keepalive: [`sql::KEEPALIVE`], or, for a lock with a fencing
+    /// token, the one that names its token for `lockkit inspect`
+    /// ([`sql::keepalive_announcing`]).
+    pub(super) keepalive: Cow<'static, str>,
 }
 
 impl Shared {
@@ -141,7 +146,7 @@ impl Kept for Shared {
                 return; // released meanwhile
             };
             let reply = within_cadence(self.cadence, async {
-                Ok(lease.client().batch_execute(sql::KEEPALIVE).await?)
+                Ok(lease.client().batch_execute(&self.keepalive).await?)
             })
             .await;
             let Err(e) = reply else {
@@ -210,7 +215,10 @@ impl Drop for Ending<'_> {
 async fn check_now(shared: Arc<Shared>) -> Result<bool, Error> {
     let slot = shared.lease.lock().await;
     let answer = match slot.as_ref() {
-        Some(lease) => holds_now(lease.client(), shared.key, shared.cadence).await,
+        Some(lease) => {
+            let client = lease.client();
+            holds_now(client, shared.key, shared.cadence, &shared.keepalive).await
+        }
         None => return Ok(false),
     };
     if !matches!(answer, Ok(true)) {

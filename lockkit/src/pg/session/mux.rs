@@ -222,6 +222,9 @@ impl<'a> Multiplexed<'a> {
             if !granted {
                 return Ok(MuxTry::Busy(value));
             }
+            if let Some(token) = token {
+                conn.announce(key, token);
+            }
             let held = MuxHold(Some(Held { conn, claim, token }));
             return Ok(MuxTry::Held(value, held));
         }
@@ -287,7 +290,8 @@ impl MuxHold {
             if conn.is_lost() {
                 return Ok(false);
             }
-            let answer = holds_now(conn.lease.client(), key, conn.cadence).await;
+            let keepalive = conn.keepalive_text();
+            let answer = holds_now(conn.lease.client(), key, conn.cadence, &keepalive).await;
             if !matches!(answer, Ok(true)) {
                 conn.give_up(&"a check did not find the lock held");
             }
@@ -307,6 +311,7 @@ impl MuxHold {
             ));
         }
         let (key, mode) = (held.claim.key, held.claim.mode);
+        held.conn.forget_token(key);
         let flight = InFlight {
             conn: held.conn.clone(),
             claim: Some(held.claim),
@@ -320,6 +325,7 @@ impl MuxHold {
 impl Drop for MuxHold {
     fn drop(&mut self) {
         if let Some(held) = self.0.take() {
+            held.conn.forget_token(held.claim.key);
             // Unlocked on a task, the claim ending with its answer.
             settle(held.conn, held.claim);
         }

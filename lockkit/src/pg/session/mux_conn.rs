@@ -3,6 +3,7 @@
 //! unlock, the keepalive), the transaction made anew after a statement's
 //! error, and what its keeper's tick does on it.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -63,6 +64,9 @@ pub(super) struct MuxConn {
     /// Whether the server has `client_connection_check_interval`, for the
     /// set-up of a renewed transaction (shared with the `SessionLock`).
     check_interval_known: Arc<std::sync::atomic::AtomicBool>,
+    /// The fencing tokens of the locks held on it, named by its keepalive
+    /// for `lockkit inspect` ([`MuxConn::keepalive_text`]).
+    tokens: std::sync::Mutex<Vec<(LockKey, FencingToken)>>,
 }
 
 /// What a statement on a multiplexed connection does.
@@ -134,6 +138,7 @@ impl MuxConn {
             renewing: tokio::sync::Mutex::new(()),
             check_interval_known: settings.check_interval_known.clone(),
             snapshot: AtomicBool::new(false),
+            tokens: std::sync::Mutex::new(Vec::new()),
         });
         let kept: Arc<dyn Kept> = conn.clone();
         if let Some(ended) = ended {
@@ -145,6 +150,38 @@ impl MuxConn {
 
     pub(super) fn is_lost(&self) -> bool {
         *self.lost.borrow()
+    }
+
+    fn tokens(&self) -> std::sync::MutexGuard<'_, Vec<(LockKey, FencingToken)>> {
+        // Nothing under this mutex can panic half-way.
+        self.tokens
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Names `key`'s fencing token in the keepalives from now on, while
+    /// `key` is held on this connection (a key is claimed once per
+    /// `SessionLock`).
+    pub(super) fn announce(&self, key: LockKey, token: FencingToken) {
+        self.tokens().push((key, token));
+    }
+
+    /// Stops naming `key`'s token: its lock ends.
+    pub(super) fn forget_token(&self, key: LockKey) {
+        let mut tokens = self.tokens();
+        if let Some(at) = tokens.iter().position(|(held, _)| *held == key) {
+            tokens.swap_remove(at);
+        }
+    }
+
+    /// The keepalive: [`sql::KEEPALIVE`], or the one that names the tokens
+    /// of the locks held ([`sql::keepalive_announcing`]).
+    pub(super) fn keepalive_text(&self) -> Cow<'static, str> {
+        let tokens = self.tokens();
+        match tokens.is_empty() {
+            true => Cow::Borrowed(sql::KEEPALIVE),
+            false => Cow::Owned(sql::keepalive_announcing(tokens.iter().copied())),
+        }
     }
 
     /// Gives the connection up: its slot forgets it, it is closed, and
@@ -274,8 +311,9 @@ impl MuxConn {
     async fn keepalive(self: &Arc<Self>) -> Result<(), Error> {
         let send = || async {
             let client = self.lease.client();
+            let keepalive = self.keepalive_text();
             within_cadence(self.cadence, async {
-                Ok(client.batch_execute(sql::KEEPALIVE).await?)
+                Ok(client.batch_execute(&keepalive).await?)
             })
             .await
         };

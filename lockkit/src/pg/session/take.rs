@@ -3,6 +3,7 @@
 //! take, the form's lock, then the guard made of it, or the connection
 //! given back.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -170,6 +171,10 @@ impl<'a> Own<'a> {
             form,
             cadence: self.keeper.cadence,
             backend_pid,
+            keepalive: match token {
+                Some(token) => Cow::Owned(sql::keepalive_announcing([(key, token)])),
+                None => Cow::Borrowed(sql::KEEPALIVE),
+            },
         });
         // A connection lockkit opened tells when it ends: its lock is gone
         // at once. (It cost a connection and authentication; one more task

@@ -13,7 +13,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 
 use crate::engine::error::{Error, ErrorKind};
-use crate::engine::sql::{self, HOLDS};
+use crate::engine::sql::HOLDS;
 use crate::fencing::FencingToken;
 use crate::key::LockKey;
 
@@ -97,16 +97,17 @@ pub(super) fn granted_with_token(rows: &[Row]) -> Result<Option<FencingToken>, E
     }
 }
 
-/// Whether the lock's backend holds `key`, then the keepalive, which drops
-/// the check's portal (and snapshot), within one cadence; a lost
-/// connection, or no answer in time, answers `false`.
+/// Whether the lock's backend holds `key`, then the connection's
+/// `keepalive`, which drops the check's portal (and snapshot), within one
+/// cadence; a lost connection, or no answer in time, answers `false`.
 pub(super) async fn holds_now(
     client: &Client,
     key: LockKey,
     cadence: Duration,
+    keepalive: &str,
 ) -> Result<bool, Error> {
     let answer = within_cadence(cadence, async {
-        let (held, closed) = join(holds(client, key), client.batch_execute(sql::KEEPALIVE)).await;
+        let (held, closed) = join(holds(client, key), client.batch_execute(keepalive)).await;
         held.and_then(|held| closed.map(|()| held).map_err(Error::from))
     })
     .await;
