@@ -177,6 +177,76 @@ async fn a_stopped_holder_loses_its_session_level_locks_at_its_lease() {
     a_stopped_holder_loses_its_keys("level", 940_400).await;
 }
 
+/// On connections leased from the application's deadpool pool, where the
+/// lease is set for the lock's time and reset before the connection goes
+/// back (`session_level_leases_go_back_to_the_pool_reset`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_holder_loses_its_pooled_session_level_locks_at_its_lease() {
+    a_stopped_holder_loses_its_keys("level-pool", 940_500).await;
+}
+
+/// A session-level lock on a pooled connection sets its lease for the
+/// lock's time only: after a release, after a busy try, and after a wait
+/// that timed out, the pool's connection has the server's
+/// `idle_session_timeout` again. The first two go back to the pool (the
+/// same backend comes out again); the timed-out one is closed, as every
+/// connection after an error of its take.
+#[tokio::test(flavor = "multi_thread")]
+async fn session_level_leases_go_back_to_the_pool_reset() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = crate::pooler::pool_of(db.config(), 1);
+    async fn backend(client: &tokio_postgres::Client) -> (i32, String) {
+        let row = client
+            .query_one(
+                "SELECT pg_backend_pid(), current_setting('idle_session_timeout')",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    }
+    let first = {
+        let object = pool.get().await.unwrap();
+        backend(&object).await
+    };
+    assert_eq!(first.1, "0");
+    let sessions = SessionLock::from_pool(pool.clone())
+        .form(lockkit::pg::SessionForm::SessionLevel)
+        // A direct server; the probe would need a second connection.
+        .pooler_check(false)
+        .keepalive(Duration::from_millis(CADENCE_MS));
+    let key = Feed { id: 940_600 };
+    let guard = sessions.lock(key).await.unwrap();
+    assert!(guard.release().await.unwrap());
+    let after = {
+        let object = pool.get().await.unwrap();
+        backend(&object).await
+    };
+    assert_eq!(after, first, "after a release");
+
+    let rival = SessionLock::new(db.config());
+    let held = rival.lock(key).await.unwrap();
+    assert!(sessions.try_lock(key).await.unwrap().is_err());
+    let after = {
+        let object = pool.get().await.unwrap();
+        backend(&object).await
+    };
+    assert_eq!(after, first, "after a busy try");
+
+    let e = sessions
+        .lock_timeout(key, Duration::from_millis(50))
+        .await
+        .expect_err("held by the rival");
+    assert_eq!(e.kind(), lockkit::ErrorKind::Timeout, "{e}");
+    let after = {
+        let object = pool.get().await.unwrap();
+        backend(&object).await
+    };
+    assert_eq!(after.1, "0", "after a timed-out wait");
+    assert!(held.release().await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopped_holder_loses_its_session_permits_at_its_lease() {
     a_stopped_holder_loses_its_keys("permit", 940_200).await;

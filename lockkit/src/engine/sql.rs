@@ -379,7 +379,8 @@ pub(crate) fn write_session_setup(
 /// `SET LOCAL idle_in_transaction_session_timeout = …`
 /// ([`SettingScope::Transaction`], a held transaction's lease) or `SET
 /// idle_session_timeout = …` ([`SettingScope::Session`], a session-level
-/// lock's lease, on a connection of lockkit's own, PostgreSQL 14+) for
+/// lock's lease, PostgreSQL 14+; on a pooled connection for the lock's time,
+/// then [`RESET_SESSION_LEASE`]) for
 /// `lease`, appended to `out`, in whole milliseconds as [`timeout_millis`]
 /// renders them.
 #[cfg(feature = "tokio-postgres")]
@@ -391,6 +392,11 @@ pub(crate) fn write_lease(out: &mut String, scope: SettingScope, lease: Duration
     // Writing to a String cannot fail.
     let _ = write!(out, "{}", timeout_millis(lease));
 }
+
+/// Gives a pooled connection its own `idle_session_timeout` back after a
+/// session-level lock set its lease on it ([`write_lease`]).
+#[cfg(feature = "tokio-postgres")]
+pub(crate) const RESET_SESSION_LEASE: &str = "RESET idle_session_timeout";
 
 /// `SET application_name = E'…'`, session-wide, appended to `out`: how a
 /// session-level lock (not in a transaction) names its backend, on a

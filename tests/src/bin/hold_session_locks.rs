@@ -5,7 +5,8 @@
 //! `hold-session-locks <url> <count> <first id> [form [keepalive ms [fencing]]]`
 //! takes `count` keys [`Feed`] `first..first + count` in `form`
 //! (`multiplexed`, the default, over at most 8 connections; `transaction`,
-//! the default form; `level`, the session-level form; `permit`, a permit
+//! the default form; `level`, the session-level form; `level-pool`, the
+//! session-level form on connections leased from a deadpool pool; `permit`, a permit
 //! of a one-permit semaphore per key) through `url`, at a keepalive cadence
 //! of `keepalive ms` (60 s unless given), minting fencing tokens when the
 //! last argument is `fencing`. It prints `held <n> <backend pids> <tokens>`
@@ -45,14 +46,31 @@ async fn main() {
         Some(_) => panic!("{usage}"),
     };
     let config: tokio_postgres::Config = url.parse().expect("a connection URL");
-    let sessions = SessionLock::new(config.clone())
+    let source = match form.as_str() {
+        "level-pool" => {
+            let manager = deadpool_postgres::Manager::from_config(
+                config.clone(),
+                tokio_postgres::NoTls,
+                deadpool_postgres::ManagerConfig {
+                    recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+                },
+            );
+            let pool = deadpool_postgres::Pool::builder(manager)
+                .max_size(2 * usize::try_from(count).expect("a count") + 2)
+                .build()
+                .expect("pool");
+            SessionLock::from_pool(pool)
+        }
+        _ => SessionLock::new(config.clone()),
+    };
+    let sessions = source
         .connections(8)
         .keepalive(Duration::from_millis(keepalive))
         .fencing_tokens(fencing);
     let (sessions, permit) = match form.as_str() {
         "multiplexed" => (sessions.form(SessionForm::Multiplexed), false),
         "transaction" => (sessions.form(SessionForm::Transaction), false),
-        "level" => (sessions.form(SessionForm::SessionLevel), false),
+        "level" | "level-pool" => (sessions.form(SessionForm::SessionLevel), false),
         "permit" => (sessions, true),
         _ => panic!("{usage}"),
     };

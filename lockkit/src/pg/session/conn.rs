@@ -4,7 +4,7 @@
 //! every form takes its locks with ([`Settings`]).
 
 use std::fmt;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use tokio_postgres::{Client, Socket};
 use super::wire::within;
 use crate::driver::Canceller;
 use crate::engine::error::Error;
+use crate::engine::sql;
 
 /// How long opening a lock's connection may take, per host of the
 /// configuration, when its `connect_timeout` is not set: see
@@ -120,6 +121,10 @@ pub(super) struct Lease {
     pub(super) clean: bool,
     /// Closes an owned connection now, while its client is still shared.
     close: Option<Arc<Notify>>,
+    /// Whether the session-level form set its lease (`idle_session_timeout`)
+    /// on this pooled connection, for the lock's time: reset
+    /// ([`Lease::reset_session_lease`]) before the connection may go back.
+    pub(super) session_lease: AtomicBool,
 }
 
 enum Conn {
@@ -135,6 +140,7 @@ impl Lease {
             ended: Some(ended),
             clean: false,
             close: Some(close),
+            session_lease: AtomicBool::new(false),
         }
     }
 
@@ -145,6 +151,7 @@ impl Lease {
             ended: None,
             clean: false,
             close: None,
+            session_lease: AtomicBool::new(false),
         }
     }
 
@@ -159,6 +166,23 @@ impl Lease {
 
     pub(super) fn is_owned(&self) -> bool {
         matches!(self.conn, Some(Conn::Owned(_)))
+    }
+
+    /// Gives the pool's connection its own `idle_session_timeout` back, if
+    /// the session-level form set its lease on it: before the connection
+    /// may go back to its pool, where the lease would end its idle session.
+    ///
+    /// # Errors
+    ///
+    /// When the `RESET` fails: the connection must not go back.
+    pub(super) async fn reset_session_lease(&self) -> Result<(), Error> {
+        if self.session_lease.load(Ordering::Acquire) {
+            self.client()
+                .batch_execute(sql::RESET_SESSION_LEASE)
+                .await?;
+            self.session_lease.store(false, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// Closes an owned connection now, even while its client is shared

@@ -272,7 +272,9 @@ async fn end_lock(
         SessionForm::SessionLevel | SessionForm::Multiplexed => {
             let rows = key_query(client, sql::session_unlock(key, mode), key).await?;
             let was_held = one_bool(&rows)?;
-            // Unlocked what it took: nothing of this lock is left.
+            lease.reset_session_lease().await?;
+            // Unlocked what it took, and its lease reset: nothing of this
+            // lock is left.
             lease.clean = was_held;
             Ok(was_held)
         }

@@ -2,6 +2,7 @@
 //! `pg_advisory_lock` on the lock's session, after the pooler probe. One
 //! entry, [`lock`].
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::conn::{Lease, Settings};
@@ -19,7 +20,7 @@ use crate::key::LockKey;
 use crate::pg::locker::server_facts;
 
 /// The plain session-level form: facts, the pooler probe, the lock's
-/// name and (on a connection of lockkit's own, PostgreSQL 14+) its lease
+/// name (on a connection of lockkit's own) and (PostgreSQL 14+) its lease
 /// `lease_for` as `idle_session_timeout`, then `pg_advisory_lock` (with a
 /// fencing token when the settings mint them): the key granted with its
 /// token (`None`: busy) and the backend pid.
@@ -57,6 +58,15 @@ pub(super) async fn lock(
             setup.push_str("; ");
             sql::write_lease(&mut setup, SettingScope::Session, lease_for);
         }
+        client.batch_execute(&setup).await?;
+    } else if facts.server_version_num() >= 140000 {
+        // A connection leased from the application's pool keeps its own
+        // name and settings, save the lease, which it has for the lock's
+        // time only: reset before the connection goes back (flagged before
+        // it is sent, so that a cut-off `SET` is reset too).
+        let mut setup = String::with_capacity(48);
+        sql::write_lease(&mut setup, SettingScope::Session, lease_for);
+        lease.session_lease.store(true, Ordering::Release);
         client.batch_execute(&setup).await?;
     }
     let context = match wait {

@@ -63,11 +63,13 @@
 //! taker. A `SET LOCAL` lasts only as long as its transaction, so nothing
 //! of it outlives the lock on a pooled backend.
 //!
-//! The session-level form holds its lock outside a transaction: on a
-//! connection lockkit opened, on PostgreSQL 14+, it sets
-//! `idle_session_timeout` to the lease instead. A session-level lock on a
-//! leased pool connection, or on an older server, has no lease: use the
-//! default form where a stopped holder must lose its lock.
+//! The session-level form holds its lock outside a transaction: on
+//! PostgreSQL 14+ it sets `idle_session_timeout` to the lease instead, on
+//! a connection lockkit opened, or, on one leased from the application's
+//! pool, for the lock's time only: reset before the connection goes back
+//! (after a release or a busy try; after an error the connection is
+//! closed). On an older server it has no lease: use the default form where
+//! a stopped holder must lose its lock.
 //!
 //! **A lease does not stop a stale holder from acting.** The holder
 //! learns that its lease ended only when it runs again ([`lost()`]

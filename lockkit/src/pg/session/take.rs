@@ -145,8 +145,17 @@ impl<'a> Own<'a> {
                     .await
                     .is_ok()
             }
-            // A busy try took nothing; after an error, who knows.
-            SessionForm::SessionLevel => busy,
+            // A busy try took nothing (its lease reset, if it set one);
+            // after an error, who knows.
+            SessionForm::SessionLevel => {
+                busy && within(
+                    self.keeper.cadence,
+                    NOTHING_HELD,
+                    lease.reset_session_lease(),
+                )
+                .await
+                .is_ok()
+            }
         };
     }
 
