@@ -6,6 +6,9 @@
 //! session-level and the multiplexed forms and for a session permit. The control: a plain
 //! transaction-scoped lock whose client says nothing more keeps its key on
 //! the same server, so without the lease a stopped holder keeps its key.
+//! Behind a pgbouncer shared with an application, a lease ends its own lock
+//! only (its control: a naive session-wide timeout that ends the
+//! application's transaction).
 
 use std::future::Future;
 use std::io::{BufRead, BufReader};
@@ -277,4 +280,133 @@ async fn control_without_a_lease_a_silent_holder_keeps_its_key() {
         "the key was free: the server ended the silent holder's session by itself"
     );
     silent.batch_execute("ROLLBACK").await.unwrap();
+}
+
+/// The application's transaction on `app`: its backend, then whether it
+/// survived idling for `idle` and committed.
+async fn idle_past(
+    app: &mut tokio_postgres::Client,
+    idle: Duration,
+) -> (i32, Result<(), tokio_postgres::Error>) {
+    let tx = app.transaction().await.unwrap();
+    let pid: i32 = tx
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // Longer only makes the claim stronger.
+    tokio::time::sleep(idle).await;
+    let idled = async {
+        tx.query_one("SELECT 1", &[]).await?;
+        tx.commit().await
+    };
+    (pid, idled.await)
+}
+
+/// Behind a transaction-mode pgbouncer shared with an application that
+/// knows nothing of lockkit, a lease is its own lock's only:
+/// - released locks (default form, permit) hand their backend (a pool of
+///   one) to the application, whose transaction there idles past three
+///   leases and commits (the control: a lease set session-wide by a naive
+///   client ends it);
+/// - a holder stopped behind the pooler loses its keys (B takes them)
+///   while the application's transactions go on through the same pooler,
+///   none failing.
+#[tokio::test(flavor = "multi_thread")]
+async fn behind_a_shared_pooler_a_lease_ends_its_own_lock_only() {
+    use lockkit_tests::PgBouncer;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let cadence = Duration::from_millis(CADENCE_MS);
+    let connect = |config: tokio_postgres::Config| async move {
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+    };
+
+    let single = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .start();
+    let sessions = SessionLock::new(single.config()).keepalive(cadence);
+    let mut app = connect(single.config()).await;
+    for (i, permit) in [false, true].into_iter().enumerate() {
+        let key = Feed {
+            id: 940_700 + i as i64,
+        };
+        let guard = match permit {
+            true => sessions.acquire_permit(key, NonZeroU8::MIN).await,
+            false => sessions.lock(key).await,
+        }
+        .unwrap();
+        let pid = guard.backend_pid();
+        assert!(guard.release().await.unwrap());
+        let (backend, idled) = idle_past(&mut app, sessions.lease() * 3).await;
+        assert_eq!(backend, pid, "the pool of one hands on the backend");
+        idled.expect("the application's idle transaction was ended: the lease outlived its lock");
+    }
+    // The control: a lease set session-wide by a naive client outlives it
+    // on the pooled backend, and the application's transaction is ended.
+    let naive = connect(single.config()).await;
+    naive
+        .batch_execute("SET idle_in_transaction_session_timeout = '1s'")
+        .await
+        .unwrap();
+    let (_, idled) = idle_past(&mut app, Duration::from_secs(3)).await;
+    assert!(
+        idled.is_err(),
+        "the control's lease did not outlive its client"
+    );
+    drop(naive);
+    let shared = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(KEYS as u32 + 2)
+        .start();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let client = connect(shared.config()).await;
+        let (stop, done) = (stop.clone(), done.clone());
+        apps.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                client
+                    .batch_execute("BEGIN; SELECT pg_backend_pid(); COMMIT")
+                    .await
+                    .expect("the application's transaction");
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let first = 940_800;
+    let holder = Holder::start(&shared.url(), "transaction", first, &[]);
+    let held = holder.line("held").await;
+    assert!(held.starts_with(&format!("held {KEYS} ")), "{held:?}");
+    holder.signal("-STOP");
+    let before = done.load(Ordering::Relaxed);
+    let b = SessionLock::new(db.config());
+    let mut guards = Vec::new();
+    for id in first..first + KEYS {
+        let guard = tokio::time::timeout(PATIENT, b.lock(Feed { id }))
+            .await
+            .unwrap_or_else(|_| panic!("the stopped holder kept key {id}"))
+            .expect("B's lock");
+        guards.push(guard);
+    }
+    holder.signal("-CONT");
+    assert_eq!(holder.line("lost").await, format!("lost {KEYS}"));
+    stop.store(true, Ordering::Relaxed);
+    for app in apps {
+        app.await.expect("an application's transaction failed");
+    }
+    assert!(
+        done.load(Ordering::Relaxed) > before,
+        "the application ran no transaction while the holder was stopped"
+    );
+    for guard in guards {
+        assert!(guard.release().await.unwrap());
+    }
 }
