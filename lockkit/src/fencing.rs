@@ -101,6 +101,27 @@ impl FencingToken {
         ))
     }
 
+    /// The token of the three parts a server answers as text (lockkit's
+    /// lock statements read them, docs/FENCING.md): the current WAL file's
+    /// name (`pg_walfile_name`, its first 8 hex digits the timeline), the
+    /// flushed WAL position as `pg_lsn` prints it (`X/Y`, hexadecimal
+    /// halves), and the counter in decimal.
+    #[cfg(feature = "tokio-postgres")]
+    pub(crate) fn from_server(walfile: &str, flush: &str, counter: &str) -> Result<Self, String> {
+        let bad = || format!("not a fencing token's parts: {walfile:?}, {flush:?}, {counter:?}");
+        let timeline = walfile
+            .get(..8)
+            .filter(|_| walfile.len() == 24)
+            .and_then(|t| u32::from_str_radix(t, 16).ok())
+            .ok_or_else(bad)?;
+        let (high, low) = flush.split_once('/').ok_or_else(bad)?;
+        let half = |h: &str| u32::from_str_radix(h, 16).ok().filter(|_| !h.is_empty());
+        let flush =
+            (u64::from(half(high).ok_or_else(bad)?) << 32) | u64::from(half(low).ok_or_else(bad)?);
+        let counter = counter.parse().map_err(|_| bad())?;
+        FencingToken::from_parts(timeline, flush, counter).ok_or_else(bad)
+    }
+
     /// The token of the three `int8` columns a minting lock statement
     /// answers after its own (`timeline`, `flush`, `counter`), or `None`
     /// when a part is out of its range.
@@ -201,6 +222,37 @@ mod tests {
             assert_eq!(
                 token.to_padded_string().parse::<FencingToken>().unwrap(),
                 token
+            );
+        }
+    }
+
+    /// What a server answers for the parts reads as the same token as the
+    /// number `lockkit.fencing_token()` computes from them.
+    #[cfg(feature = "tokio-postgres")]
+    #[test]
+    fn server_parts() {
+        let token =
+            FencingToken::from_server("000000010000000000000003", "0/3000060", "7").unwrap();
+        assert_eq!(token.to_string(), "5192296858548994755000703029084167");
+        let token =
+            FencingToken::from_server("0000000200000001000000A7", "1/A7F00D08", "42").unwrap();
+        assert_eq!(
+            (token.timeline(), token.flush(), token.counter()),
+            (2, 0x1_A7F0_0D08, 42)
+        );
+        for (walfile, flush, counter) in [
+            ("00000001", "0/0", "1"),
+            ("0000000G0000000000000003", "0/0", "1"),
+            ("000000010000000000000003", "0", "1"),
+            ("000000010000000000000003", "/1", "1"),
+            ("000000010000000000000003", "1FFFFFFFF/0", "1"),
+            ("000000010000000000000003", "0/0", "-1"),
+            ("000000010000000000000003", "0/0", "281474976710656"),
+            ("000100000000000000000003", "0/0", "1"),
+        ] {
+            assert!(
+                FencingToken::from_server(walfile, flush, counter).is_err(),
+                "{walfile} {flush} {counter}"
             );
         }
     }

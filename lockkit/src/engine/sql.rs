@@ -100,31 +100,59 @@ pub(crate) const TRY_PERMIT: &str =
      WHERE pg_try_advisory_xact_lock(-1439830384, p.base | ((i + p.first) % p.n)) \
      LIMIT 1), 0)::int8 AS n";
 
-/// The three parts of a fencing token as `int8` expressions: the
-/// timeline (the first 8 hex digits of the current WAL file's name), the
-/// flushed WAL position in bytes, and the counter's next value
-/// (docs/FENCING.md). Every statement that mints a token reads these, and
-/// [`FencingToken::from_columns`](crate::fencing::FencingToken::from_columns)
-/// reads them back: `token_part!(timeline)`, `token_part!(flush)`,
-/// `token_part!(counter)`.
+/// The three parts of a fencing token (docs/FENCING.md), in the two
+/// renderings lockkit reads, side by side so that they cannot drift:
+/// - as `text`, `token_part!(timeline)` (the current WAL file's name: its
+///   first 8 hex digits are the timeline), `token_part!(flush)` (the
+///   flushed WAL position, `X/Y`) and `token_part!(counter)`, read by
+///   [`FencingToken::from_server`](crate::fencing::FencingToken::from_server):
+///   the session forms' statements;
+/// - as `int8`, `token_part!(int8 timeline)`, `token_part!(int8 flush)`
+///   and `token_part!(int8 counter)`, read by
+///   [`FencingToken::from_columns`](crate::fencing::FencingToken::from_columns):
+///   the engine's minting form ([`minting`]), whose reply every stack reads
+///   as typed columns.
+///
+/// The `text` one costs the server about half as much as the `int8` one
+/// (the timeline's `::bit(32)` cast above all): BENCHMARKS.md.
 macro_rules! token_part {
     (timeline) => {
+        "pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn())"
+    };
+    (flush) => {
+        "pg_catalog.pg_current_wal_flush_lsn()::text"
+    };
+    (counter) => {
+        "pg_catalog.nextval('lockkit.fencing_counter'::pg_catalog.regclass)::text"
+    };
+    (int8 timeline) => {
         "('x' || substr(pg_catalog.pg_walfile_name(\
          pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::int8"
     };
-    (flush) => {
+    (int8 flush) => {
         "(pg_catalog.pg_current_wal_flush_lsn() - '0/0'::pg_catalog.pg_lsn)::int8"
     };
-    (counter) => {
+    (int8 counter) => {
         "pg_catalog.nextval('lockkit.fencing_counter'::pg_catalog.regclass)"
     };
 }
 
 /// The three parts of a fencing token ([`token_part!`]) as the columns
-/// `timeline`, `flush` and `counter`, appended to a lock statement's row by
-/// [`minting`], and the whole row of [`FENCING_TOKEN`].
+/// `timeline`, `flush` and `counter`: `token_columns!(int8)`, appended to a
+/// lock statement's row by [`minting`]; `token_columns!(text)`, the whole
+/// row of [`FENCING_TOKEN`].
 macro_rules! token_columns {
-    () => {
+    (int8) => {
+        concat!(
+            token_part!(int8 timeline),
+            " AS timeline, ",
+            token_part!(int8 flush),
+            " AS flush, ",
+            token_part!(int8 counter),
+            " AS counter"
+        )
+    };
+    (text) => {
         concat!(
             token_part!(timeline),
             " AS timeline, ",
@@ -147,7 +175,7 @@ pub(crate) fn minting(text: &str) -> String {
     format!(
         concat!(
             "/* lockkit:minting */ SELECT s.*, ",
-            token_columns!(),
+            token_columns!(int8),
             " FROM ({} OFFSET 0) AS s"
         ),
         text
@@ -625,7 +653,7 @@ macro_rules! minting {
     (wait $f:literal, $args:literal) => {
         concat!(
             "SELECT true, ",
-            token_columns!(),
+            token_columns!(text),
             " FROM (SELECT ",
             $f,
             "(",
@@ -652,7 +680,7 @@ macro_rules! minting {
 
 /// [`session_lock`] with a fencing token minted with the grant
 /// ([`crate::fencing`]): every form returns one row, `granted bool`
-/// (always `true` when waiting) and the token's three parts as `int8`
+/// (always `true` when waiting) and the token's three parts as `text`
 /// ([`token_part!`]; `NULL` when a try found the key busy, and then none
 /// is minted).
 #[cfg(feature = "tokio-postgres")]
@@ -681,7 +709,7 @@ pub(crate) fn session_lock_minting(key: LockKey, mode: Mode, try_only: bool) -> 
 /// Sent after a default session lock's statements, in the same query, when
 /// its `SessionLock` mints tokens: one command.
 #[cfg(feature = "tokio-postgres")]
-pub(crate) const FENCING_TOKEN: &str = concat!("SELECT ", token_columns!());
+pub(crate) const FENCING_TOKEN: &str = concat!("SELECT ", token_columns!(text));
 
 /// [`lockkit::sql::fence`](crate::sql::fence): `$1` the resource (`text`),
 /// `$2` the token as its decimal `text`; returns one `bool` (`NULL` for a

@@ -336,20 +336,18 @@ async fn query_round(
 }
 
 /// The fencing token of [`sql::FENCING_TOKEN`]'s rows: one row, its three
-/// `int8` parts (as text: the simple protocol answers text).
+/// parts.
 fn read_token(rows: &[SimpleRow]) -> Result<FencingToken, Error> {
     one_row(rows, "the fencing token")?;
-    let bad = |e: &dyn std::fmt::Display| Error::unexpected(format!("the fencing token: {e}"));
+    let bad = |e: BadColumn| Error::unexpected(format!("the fencing token: {e}"));
     let row = &rows[0];
-    let mut parts = [0_i64; 3];
-    for (i, part) in parts.iter_mut().enumerate() {
-        let text = row.text(i).map_err(|e| bad(&e))?;
-        *part = text
-            .parse()
-            .map_err(|_| bad(&format_args!("part {i} is not an int8: {text:?}")))?;
-    }
-    FencingToken::from_columns(parts)
-        .ok_or_else(|| bad(&format_args!("its parts are out of range: {parts:?}")))
+    let (walfile, flush, counter) = (
+        row.text(0).map_err(bad)?,
+        row.text(1).map_err(bad)?,
+        row.text(2).map_err(bad)?,
+    );
+    FencingToken::from_server(walfile, flush, counter)
+        .map_err(|e| Error::unexpected(format!("the fencing token: {e}")))
 }
 
 /// Opens a held transaction on `client` and sets it up (named `name`), in

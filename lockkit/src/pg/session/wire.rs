@@ -79,17 +79,13 @@ pub(super) fn granted_with_token(rows: &[Row]) -> Result<Option<FencingToken>, E
     one_row(rows, "the lock statement")?;
     let row = &rows[0];
     let granted: Option<bool> = row.try_get(0)?;
-    let parts: [Option<i64>; 3] = [row.try_get(1)?, row.try_get(2)?, row.try_get(3)?];
+    let parts: [Option<&str>; 3] = [row.try_get(1)?, row.try_get(2)?, row.try_get(3)?];
     match (granted, parts) {
         (Some(false), [None, None, None]) => Ok(None),
-        (Some(true), [Some(timeline), Some(flush), Some(counter)]) => {
-            FencingToken::from_columns([timeline, flush, counter])
+        (Some(true), [Some(walfile), Some(flush), Some(counter)]) => {
+            FencingToken::from_server(walfile, flush, counter)
                 .map(Some)
-                .ok_or_else(|| {
-                    Error::unexpected(format!(
-                        "the lock statement's token parts are out of range: {parts:?}"
-                    ))
-                })
+                .map_err(|e| Error::unexpected(format!("the lock statement's token: {e}")))
         }
         (granted, parts) => Err(Error::unexpected(format!(
             "the lock statement answered granted {granted:?} with token parts {parts:?}"
