@@ -524,12 +524,15 @@ pub(crate) fn keepalive_announcing(
 /// The fencing token that a session lock's keepalive
 /// ([`keepalive_announcing`]) names for `key` in `query`, the text
 /// `pg_stat_activity` shows; `None` when it names none (another statement,
-/// a key left out). A text the server cut short (no closing ` */`) loses
-/// its last entry, which may be cut: never a token other than the one
-/// minted.
+/// even one that quotes the comment, or a key left out). A text the server
+/// cut short (no closing ` */`) loses its last entry, which may be cut:
+/// never a token other than the one minted.
 #[cfg(feature = "tokio-postgres")]
 pub(crate) fn announced_token(query: &str, key: LockKey) -> Option<FencingToken> {
-    let rest = &query[query.find(ANNOUNCE)? + ANNOUNCE.len()..];
+    let rest = query
+        .strip_prefix(KEEPALIVE)?
+        .strip_prefix(' ')?
+        .strip_prefix(ANNOUNCE)?;
     let body = match rest.find(" */") {
         Some(end) => &rest[..end],
         None => &rest[..rest.rfind(' ').unwrap_or(0)],
@@ -913,6 +916,11 @@ mod tests {
         assert_eq!(announced_token(&text, LockKey::BigInt(-3)), None);
         assert_eq!(announced_token(KEEPALIVE, LockKey::BigInt(42)), None);
         assert_eq!(announced_token("SELECT 42=1", LockKey::BigInt(42)), None);
+        // Only lockkit's keepalive, not a statement that quotes its comment.
+        let quoted = format!("SELECT 2; {text}");
+        assert_eq!(announced_token(&quoted, LockKey::BigInt(42)), None);
+        let quoted = format!("UPDATE t SET c = 1 {}", &text["SELECT 1 ".len()..]);
+        assert_eq!(announced_token(&quoted, LockKey::BigInt(42)), None);
     }
 
     /// The text stays within what the server shows of a query; the keys

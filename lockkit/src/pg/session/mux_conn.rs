@@ -4,6 +4,7 @@
 //! error, and what its keeper's tick does on it.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -66,7 +67,7 @@ pub(super) struct MuxConn {
     check_interval_known: Arc<std::sync::atomic::AtomicBool>,
     /// The fencing tokens of the locks held on it, named by its keepalive
     /// for `lockkit inspect` ([`MuxConn::keepalive_text`]).
-    tokens: std::sync::Mutex<Vec<(LockKey, FencingToken)>>,
+    tokens: std::sync::Mutex<HashMap<LockKey, FencingToken>>,
 }
 
 /// What a statement on a multiplexed connection does.
@@ -138,7 +139,7 @@ impl MuxConn {
             renewing: tokio::sync::Mutex::new(()),
             check_interval_known: settings.check_interval_known.clone(),
             snapshot: AtomicBool::new(false),
-            tokens: std::sync::Mutex::new(Vec::new()),
+            tokens: std::sync::Mutex::new(HashMap::new()),
         });
         let kept: Arc<dyn Kept> = conn.clone();
         if let Some(ended) = ended {
@@ -152,7 +153,7 @@ impl MuxConn {
         *self.lost.borrow()
     }
 
-    fn tokens(&self) -> std::sync::MutexGuard<'_, Vec<(LockKey, FencingToken)>> {
+    fn tokens(&self) -> std::sync::MutexGuard<'_, HashMap<LockKey, FencingToken>> {
         // Nothing under this mutex can panic half-way.
         self.tokens
             .lock()
@@ -163,15 +164,12 @@ impl MuxConn {
     /// `key` is held on this connection (a key is claimed once per
     /// `SessionLock`).
     pub(super) fn announce(&self, key: LockKey, token: FencingToken) {
-        self.tokens().push((key, token));
+        self.tokens().insert(key, token);
     }
 
     /// Stops naming `key`'s token: its lock ends.
     pub(super) fn forget_token(&self, key: LockKey) {
-        let mut tokens = self.tokens();
-        if let Some(at) = tokens.iter().position(|(held, _)| *held == key) {
-            tokens.swap_remove(at);
-        }
+        self.tokens().remove(&key);
     }
 
     /// The keepalive: [`sql::KEEPALIVE`], or the one that names the tokens
@@ -180,7 +178,9 @@ impl MuxConn {
         let tokens = self.tokens();
         match tokens.is_empty() {
             true => Cow::Borrowed(sql::KEEPALIVE),
-            false => Cow::Owned(sql::keepalive_announcing(tokens.iter().copied())),
+            false => Cow::Owned(sql::keepalive_announcing(
+                tokens.iter().map(|(&key, &token)| (key, token)),
+            )),
         }
     }
 
