@@ -4,7 +4,9 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use lockkit::{KeySpec, LockKey};
-use lockkit_tests::observe::{wait_until_waiting, wait_until_waiting_for, Awaited};
+use lockkit_tests::observe::{
+    wait_until_keepalive_ran, wait_until_waiting, wait_until_waiting_for, Awaited,
+};
 use lockkit_tests::TestServer;
 use serde_json::Value;
 use tokio_postgres::{Client, NoTls};
@@ -1328,22 +1330,7 @@ async fn inspect_shows_a_session_locks_fencing_token() {
     let token = minting.fencing_token().expect("minted").to_string();
     // The event: each lock's connection ran its keepalive since the grant.
     for pid in [minting.backend_pid(), plain.backend_pid()] {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let query: String = observer
-                .query_one("SELECT query FROM pg_stat_activity WHERE pid = $1", &[&pid])
-                .await
-                .unwrap()
-                .get(0);
-            if query.starts_with("SELECT 1") {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no keepalive ran on {pid}: {query}"
-            );
-            tokio::time::sleep(cadence / 4).await;
-        }
+        wait_until_keepalive_ran(&observer, pid).await;
     }
 
     let out = lockkit(&["--url", &url, "inspect"]);

@@ -357,6 +357,12 @@ async fn calls_on_a_held_key(db: &TestServer, cut_off: bool) -> Result<(), Strin
         task.await.expect("a client panicked");
     }
     holder.batch_execute("ROLLBACK").await.unwrap();
+    serving(&bouncer).await
+}
+
+/// Whether `bouncer` still serves a new client; when it does not, its
+/// log's `FATAL` lines.
+async fn serving(bouncer: &PgBouncer) -> Result<(), String> {
     let alive = match bouncer.config().connect(NoTls).await {
         Ok((client, conn)) => {
             tokio::spawn(conn);
@@ -514,25 +520,9 @@ async fn cancelled_queries(db: &TestServer, wait_for_close: bool) -> Result<(), 
     }
     let sent = sent.load(Ordering::Relaxed);
     assert!(sent > 0, "no cancel request was sent");
-    let alive = match bouncer.config().connect(NoTls).await {
-        Ok((client, conn)) => {
-            tokio::spawn(conn);
-            client.simple_query("SELECT 1").await.is_ok()
-        }
-        Err(_) => false,
-    };
-    eprintln!("{sent} cancel requests sent (waiting for the close: {wait_for_close}); pooler serving: {alive}");
-    match alive {
-        true => Ok(()),
-        false => Err(format!(
-            "pgbouncer no longer serves: {:?}",
-            bouncer
-                .log()
-                .lines()
-                .filter(|l| l.contains("FATAL"))
-                .collect::<Vec<_>>()
-        )),
-    }
+    let verdict = serving(&bouncer).await;
+    eprintln!("{sent} cancel requests sent (waiting for the close: {wait_for_close}): {verdict:?}");
+    verdict
 }
 
 /// What a fix must do, shown without lockkit: 320 cancel requests that stay

@@ -17,11 +17,12 @@ use lockkit::pg::{SessionForm, SessionGuard};
 use lockkit::AdvisoryKey;
 use lockkit::{ErrorKind, SessionLock};
 use lockkit_tests::fixtures::Feed;
-use lockkit_tests::observe::holders_elsewhere;
-use lockkit_tests::TestServer;
+use lockkit_tests::observe::{holders_elsewhere, wait_until_keepalive_ran};
+use lockkit_tests::{PgBouncer, TestServer};
 use tokio_postgres::{Client, NoTls};
 
 use crate::lease::{Holder, KEYS, PATIENT};
+use crate::pooler::Background;
 
 /// A database of its own on the shared server, with lockkit's SQL
 /// functions installed: its URL and a client.
@@ -301,10 +302,16 @@ async fn control_without_the_fence_a_stale_holder_overwrites() {
     assert_eq!(last, vec!["holder"; KEYS as usize]);
 }
 
-fn keepalive_ran(row: &AdvisoryLockRow) -> bool {
-    row.query
-        .as_deref()
-        .is_some_and(|q| q.starts_with("SELECT 1"))
+/// What `lockkit inspect` reads for the lock `guard` holds, once its
+/// connection's keepalive has run since the grant.
+async fn inspected(observer: &Client, guard: &SessionGuard<Feed>) -> AdvisoryLockRow {
+    wait_until_keepalive_ran(observer, guard.backend_pid()).await;
+    let rows = lockkit::inspect::advisory_locks(observer, &KeyRegistry::new())
+        .await
+        .expect("inspect");
+    rows.into_iter()
+        .find(|r| r.granted && r.pid == Some(guard.backend_pid()) && r.key == guard.key())
+        .expect("the lock has its row")
 }
 
 /// `lockkit inspect` shows the fencing token a session lock holds its key
@@ -318,29 +325,6 @@ async fn inspect_shows_the_token_each_session_lock_holds_its_key_with() {
     let _log = db.guard();
     let (url, observer) = installed(db, "lockkit_fencing_inspect").await;
     let cadence = Duration::from_millis(200);
-    let until_keepalive = |guard: &SessionGuard<Feed>| {
-        let (observer, guard_key, pid) = (&observer, guard.key(), guard.backend_pid());
-        async move {
-            tokio::time::timeout(PATIENT, async {
-                loop {
-                    let registry = KeyRegistry::new();
-                    let rows = lockkit::inspect::advisory_locks(observer, &registry)
-                        .await
-                        .expect("inspect");
-                    let row = rows
-                        .into_iter()
-                        .find(|r| r.granted && r.pid == Some(pid) && r.key == guard_key)
-                        .expect("the lock has its row");
-                    if keepalive_ran(&row) {
-                        return row;
-                    }
-                    tokio::time::sleep(cadence / 4).await;
-                }
-            })
-            .await
-            .expect("no keepalive ran on the lock's connection")
-        }
-    };
     for (i, form) in FORMS.iter().enumerate() {
         let sessions = minting(&url, form).keepalive(cadence);
         let first = take(
@@ -365,7 +349,7 @@ async fn inspect_shows_the_token_each_session_lock_holds_its_key_with() {
             _ => None,
         };
         for guard in std::iter::once(&first).chain(second.as_ref()) {
-            let row = until_keepalive(guard).await;
+            let row = inspected(&observer, guard).await;
             assert_eq!(
                 row.fencing_token,
                 guard.fencing_token(),
@@ -381,10 +365,50 @@ async fn inspect_shows_the_token_each_session_lock_holds_its_key_with() {
         }
         assert_eq!(holders_elsewhere(&observer, key).await, 0, "{form}");
     }
+    // Behind a transaction-mode pgbouncer that an application's short
+    // transactions share: the multiplexed and default forms' tokens show
+    // the same, and the application's transactions all succeed.
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(4)
+        .start();
+    let mut through = bouncer.config();
+    through.dbname("lockkit_fencing_inspect");
+    let apps = Background::start(&through, 2).await;
+    for (i, form) in ["multiplexed", "transaction"].into_iter().enumerate() {
+        let sessions = SessionLock::new(through.clone())
+            .fencing_tokens(true)
+            .keepalive(cadence)
+            .form(match form {
+                "multiplexed" => SessionForm::Multiplexed,
+                _ => SessionForm::Transaction,
+            });
+        let guard = take(
+            &sessions,
+            form,
+            Feed {
+                id: 950_330 + i as i64,
+            },
+        )
+        .await;
+        let row = inspected(&observer, &guard).await;
+        assert_eq!(
+            row.fencing_token,
+            guard.fencing_token(),
+            "{form} behind the pooler"
+        );
+        assert!(row.fencing_token.is_some(), "{form} behind the pooler");
+        assert!(guard.release().await.unwrap(), "{form}");
+    }
+    assert!(
+        apps.finish().await > 0,
+        "the application ran no transaction"
+    );
+
     // The control: no token minted, none shown.
     let plain = SessionLock::new(url.parse().unwrap()).keepalive(cadence);
     let guard = plain.lock(Feed { id: 950_320 }).await.unwrap();
-    let row = until_keepalive(&guard).await;
+    let row = inspected(&observer, &guard).await;
     assert_eq!(row.fencing_token, None, "{:?}", row.query);
     assert!(guard.release().await.unwrap());
 }

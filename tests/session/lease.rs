@@ -116,6 +116,17 @@ impl Drop for Holder {
 async fn a_stopped_holder_loses_its_keys(form: &str, first: i64) {
     let db = TestServer::shared();
     let _log = db.guard();
+    a_stopped_holder_loses_its_keys_through(db, db.url(), form, first).await;
+}
+
+/// [`a_stopped_holder_loses_its_keys`], the holder connected through
+/// `url` (the server's, or a pooler's in front of it), B directly.
+async fn a_stopped_holder_loses_its_keys_through(
+    db: &TestServer,
+    url: &str,
+    form: &str,
+    first: i64,
+) {
     let observer = db.connect().await;
     for setting in [
         "idle_in_transaction_session_timeout",
@@ -128,7 +139,7 @@ async fn a_stopped_holder_loses_its_keys(form: &str, first: i64) {
             "{setting}: the server must have no idle timeout of its own"
         );
     }
-    let holder = Holder::start(db.url(), form, first, &[]);
+    let holder = Holder::start(url, form, first, &[]);
     let held = holder.line("held").await;
     assert!(
         held.starts_with(&format!("held {KEYS} ")),
@@ -199,20 +210,20 @@ async fn session_level_leases_go_back_to_the_pool_reset() {
     let db = TestServer::shared();
     let _log = db.guard();
     let pool = crate::pooler::pool_of(db.config(), 1);
-    async fn backend(client: &tokio_postgres::Client) -> (i32, String) {
-        let row = client
+    // The backend of the connection the pool hands out next, and its
+    // `idle_session_timeout`.
+    let next_from_pool = || async {
+        let object = pool.get().await.unwrap();
+        let row = object
             .query_one(
                 "SELECT pg_backend_pid(), current_setting('idle_session_timeout')",
                 &[],
             )
             .await
             .unwrap();
-        (row.get(0), row.get(1))
-    }
-    let first = {
-        let object = pool.get().await.unwrap();
-        backend(&object).await
+        (row.get::<_, i32>(0), row.get::<_, String>(1))
     };
+    let first = next_from_pool().await;
     assert_eq!(first.1, "0");
     let sessions = SessionLock::from_pool(pool.clone())
         .form(lockkit::pg::SessionForm::SessionLevel)
@@ -222,30 +233,23 @@ async fn session_level_leases_go_back_to_the_pool_reset() {
     let key = Feed { id: 940_600 };
     let guard = sessions.lock(key).await.unwrap();
     assert!(guard.release().await.unwrap());
-    let after = {
-        let object = pool.get().await.unwrap();
-        backend(&object).await
-    };
-    assert_eq!(after, first, "after a release");
+    assert_eq!(next_from_pool().await, first, "after a release");
 
     let rival = SessionLock::new(db.config());
     let held = rival.lock(key).await.unwrap();
     assert!(sessions.try_lock(key).await.unwrap().is_err());
-    let after = {
-        let object = pool.get().await.unwrap();
-        backend(&object).await
-    };
-    assert_eq!(after, first, "after a busy try");
+    assert_eq!(next_from_pool().await, first, "after a busy try");
 
     let e = sessions
         .lock_timeout(key, Duration::from_millis(50))
         .await
         .expect_err("held by the rival");
     assert_eq!(e.kind(), lockkit::ErrorKind::Timeout, "{e}");
-    let after = {
-        let object = pool.get().await.unwrap();
-        backend(&object).await
-    };
+    let after = next_from_pool().await;
+    assert_ne!(
+        after.0, first.0,
+        "the timed-out take's connection went back to the pool"
+    );
     assert_eq!(after.1, "0", "after a timed-out wait");
     assert!(held.release().await.unwrap());
 }
@@ -310,13 +314,12 @@ async fn idle_past(
 ///   leases and commits (the control: a lease set session-wide by a naive
 ///   client ends it);
 /// - a holder stopped behind the pooler loses its keys (B takes them)
-///   while the application's transactions go on through the same pooler,
-///   none failing.
+///   while the application's transactions go on through the same pooler
+///   (some run meanwhile), none failing.
 #[tokio::test(flavor = "multi_thread")]
 async fn behind_a_shared_pooler_a_lease_ends_its_own_lock_only() {
+    use crate::pooler::Background;
     use lockkit_tests::PgBouncer;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
 
     let db = TestServer::shared();
     let _log = db.guard();
@@ -361,52 +364,19 @@ async fn behind_a_shared_pooler_a_lease_ends_its_own_lock_only() {
         "the control's lease did not outlive its client"
     );
     drop(naive);
+
     let shared = PgBouncer::builder(db)
         .pool_mode("transaction")
         .default_pool_size(KEYS as u32 + 2)
         .start();
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut apps = Vec::new();
-    for _ in 0..2 {
-        let client = connect(shared.config()).await;
-        let (stop, done) = (stop.clone(), done.clone());
-        apps.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                client
-                    .batch_execute("BEGIN; SELECT pg_backend_pid(); COMMIT")
-                    .await
-                    .expect("the application's transaction");
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
-    let first = 940_800;
-    let holder = Holder::start(&shared.url(), "transaction", first, &[]);
-    let held = holder.line("held").await;
-    assert!(held.starts_with(&format!("held {KEYS} ")), "{held:?}");
-    holder.signal("-STOP");
-    let before = done.load(Ordering::Relaxed);
-    let b = SessionLock::new(db.config());
-    let mut guards = Vec::new();
-    for id in first..first + KEYS {
-        let guard = tokio::time::timeout(PATIENT, b.lock(Feed { id }))
-            .await
-            .unwrap_or_else(|_| panic!("the stopped holder kept key {id}"))
-            .expect("B's lock");
-        guards.push(guard);
-    }
-    holder.signal("-CONT");
-    assert_eq!(holder.line("lost").await, format!("lost {KEYS}"));
-    stop.store(true, Ordering::Relaxed);
-    for app in apps {
-        app.await.expect("an application's transaction failed");
-    }
+    let apps = Background::start(&shared.config(), 2).await;
+    let before = apps.transactions();
+    a_stopped_holder_loses_its_keys_through(db, &shared.url(), "transaction", 940_800).await;
+    let during = apps.transactions();
+    // Every transaction succeeded (a failed one panics its client).
+    apps.finish().await;
     assert!(
-        done.load(Ordering::Relaxed) > before,
-        "the application ran no transaction while the holder was stopped"
+        during > before,
+        "the application ran no transaction meanwhile"
     );
-    for guard in guards {
-        assert!(guard.release().await.unwrap());
-    }
 }

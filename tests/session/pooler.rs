@@ -66,16 +66,17 @@ pub(crate) fn pool_of(config: tokio_postgres::Config, size: usize) -> Pool {
     Pool::builder(manager).max_size(size).build().expect("pool")
 }
 
-/// Clients doing short transactions through `config` until dropped, so a
-/// transaction-mode pooler hands its backends around.
-struct Background {
+/// Clients doing short transactions through `config` until finished, so a
+/// transaction-mode pooler hands its backends around; a transaction that
+/// fails panics its client, which [`finish`](Self::finish) reports.
+pub(crate) struct Background {
     stop: Arc<AtomicBool>,
     done: Arc<AtomicU64>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Background {
-    async fn start(config: &tokio_postgres::Config, clients: usize) -> Self {
+    pub(crate) async fn start(config: &tokio_postgres::Config, clients: usize) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
@@ -96,8 +97,13 @@ impl Background {
         Background { stop, done, tasks }
     }
 
+    /// How many transactions the clients have run so far.
+    pub(crate) fn transactions(&self) -> u64 {
+        self.done.load(Ordering::Relaxed)
+    }
+
     /// Stops the clients; answers how many transactions they ran.
-    async fn finish(self) -> u64 {
+    pub(crate) async fn finish(self) -> u64 {
         self.stop.store(true, Ordering::Relaxed);
         for task in self.tasks {
             task.await.expect("background client panicked");

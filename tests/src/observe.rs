@@ -211,6 +211,30 @@ pub async fn wait_until_idle_in_transaction(observer: &Client, pid: i32) {
     }
 }
 
+/// Waits (up to 60 s, else panics) until backend `pid`'s last statement
+/// is a session lock's keepalive (`SELECT 1`, with or without its comment
+/// naming fencing tokens): the event after which `pg_stat_activity`
+/// shows what the keepalive says. The deadline guards a hang and is no
+/// timing claim.
+pub async fn wait_until_keepalive_ran(observer: &Client, pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let query: Option<String> = observer
+            .query_one("SELECT query FROM pg_stat_activity WHERE pid = $1", &[&pid])
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        if query.as_deref().is_some_and(|q| q.starts_with("SELECT 1")) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no keepalive ran on backend {pid} (last statement {query:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Whether some session waits for advisory lock `key`.
 pub async fn key_waited(observer: &Client, key: LockKey) -> bool {
     let id = key.to_pg_locks();

@@ -102,9 +102,10 @@ pub(crate) const TRY_PERMIT: &str =
 
 /// The three parts of a fencing token (docs/FENCING.md), in the two
 /// renderings lockkit reads, side by side so that they cannot drift:
-/// - as `text`, `token_part!(timeline)` (the current WAL file's name: its
-///   first 8 hex digits are the timeline), `token_part!(flush)` (the
-///   flushed WAL position, `X/Y`) and `token_part!(counter)`, read by
+/// - as `text`, `token_part!(text timeline)` (the current WAL file's
+///   name: its first 8 hex digits are the timeline), `token_part!(text
+///   flush)` (the flushed WAL position, `X/Y`) and `token_part!(text
+///   counter)`, read by
 ///   [`FencingToken::from_server`](crate::fencing::FencingToken::from_server):
 ///   the session forms' statements;
 /// - as `int8`, `token_part!(int8 timeline)`, `token_part!(int8 flush)`
@@ -116,13 +117,13 @@ pub(crate) const TRY_PERMIT: &str =
 /// The `text` one costs the server about half as much as the `int8` one
 /// (the timeline's `::bit(32)` cast above all): BENCHMARKS.md.
 macro_rules! token_part {
-    (timeline) => {
+    (text timeline) => {
         "pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn())"
     };
-    (flush) => {
+    (text flush) => {
         "pg_catalog.pg_current_wal_flush_lsn()::text"
     };
-    (counter) => {
+    (text counter) => {
         "pg_catalog.nextval('lockkit.fencing_counter'::pg_catalog.regclass)::text"
     };
     (int8 timeline) => {
@@ -142,23 +143,13 @@ macro_rules! token_part {
 /// lock statement's row by [`minting`]; `token_columns!(text)`, the whole
 /// row of [`FENCING_TOKEN`].
 macro_rules! token_columns {
-    (int8) => {
+    ($rendering:ident) => {
         concat!(
-            token_part!(int8 timeline),
+            token_part!($rendering timeline),
             " AS timeline, ",
-            token_part!(int8 flush),
+            token_part!($rendering flush),
             " AS flush, ",
-            token_part!(int8 counter),
-            " AS counter"
-        )
-    };
-    (text) => {
-        concat!(
-            token_part!(timeline),
-            " AS timeline, ",
-            token_part!(flush),
-            " AS flush, ",
-            token_part!(counter),
+            token_part!($rendering counter),
             " AS counter"
         )
     };
@@ -667,11 +658,11 @@ macro_rules! minting {
     (try $f:literal, $args:literal) => {
         concat!(
             "SELECT t.granted, CASE WHEN t.granted THEN ",
-            token_part!(timeline),
+            token_part!(text timeline),
             " END, CASE WHEN t.granted THEN ",
-            token_part!(flush),
+            token_part!(text flush),
             " END, CASE WHEN t.granted THEN ",
-            token_part!(counter),
+            token_part!(text counter),
             " END FROM (SELECT ",
             $f,
             "(",

@@ -311,7 +311,9 @@ impl MuxHold {
             ));
         }
         let (key, mode) = (held.claim.key, held.claim.mode);
-        held.conn.forget_token(key);
+        if held.token.is_some() {
+            held.conn.forget_token(key);
+        }
         let flight = InFlight {
             conn: held.conn.clone(),
             claim: Some(held.claim),
@@ -325,7 +327,9 @@ impl MuxHold {
 impl Drop for MuxHold {
     fn drop(&mut self) {
         if let Some(held) = self.0.take() {
-            held.conn.forget_token(held.claim.key);
+            if held.token.is_some() {
+                held.conn.forget_token(held.claim.key);
+            }
             // Unlocked on a task, the claim ending with its answer.
             settle(held.conn, held.claim);
         }
