@@ -259,3 +259,30 @@ pub async fn wait_until_key_waited(observer: &Client, key: LockKey) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Waits (up to 30 s) until no session waits for advisory lock `key`;
+/// after 30 s, an error that says how many still do. The deadline guards a
+/// hang and is no timing claim: a wait that nothing ends lasts until the
+/// key's holder lets go.
+pub async fn until_key_not_waited(observer: &Client, key: LockKey) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while key_waited(observer, key).await {
+        if Instant::now() >= deadline {
+            let id = key.to_pg_locks();
+            let waiters: i64 = observer
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                     AND NOT granted AND classid = $1 AND objid = $2 AND objsubid = $3",
+                    &[&id.classid, &id.objid, &id.objsubid],
+                )
+                .await
+                .expect("pg_locks")
+                .get(0);
+            return Err(format!(
+                "{waiters} sessions still wait for {key} after 30 s"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}

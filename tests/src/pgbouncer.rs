@@ -74,6 +74,7 @@ impl PgBouncer {
             default_pool_size: 2,
             users: vec!["postgres".into()],
             settings: Vec::new(),
+            client_tls: None,
         }
     }
 
@@ -152,9 +153,19 @@ pub struct PgBouncerBuilder {
     default_pool_size: u32,
     users: Vec<String>,
     settings: Vec<(String, String)>,
+    /// The certificate and key (PEM) clients must use TLS with.
+    client_tls: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl PgBouncerBuilder {
+    /// Takes clients over TLS only (`client_tls_sslmode = require`), with
+    /// certificate `cert` and its `key` (PEM), e.g. from
+    /// [`tls::certificate`](crate::tls::certificate).
+    pub fn client_tls(mut self, cert: Vec<u8>, key: Vec<u8>) -> Self {
+        self.client_tls = Some((cert, key));
+        self
+    }
+
     /// `pool_mode`: `session`, `transaction` (the default) or `statement`.
     pub fn pool_mode(mut self, mode: &str) -> Self {
         self.pool_mode = mode.to_owned();
@@ -224,8 +235,15 @@ impl PgBouncerBuilder {
             let _ = writeln!(userlist, "\"{user}\" \"\"");
         }
         fs::write(root.join("userlist.txt"), userlist)?;
+        let mut files = vec![ini.clone(), root.join("userlist.txt")];
+        if let Some((cert, key)) = &self.client_tls {
+            fs::write(root.join("client.crt"), cert)?;
+            fs::write(root.join("client.key"), key)?;
+            files.extend([root.join("client.crt"), root.join("client.key")]);
+        }
         if let Some(account) = account {
-            for path in [&root, &ini, &root.join("userlist.txt")] {
+            chown(&root, Some(account.uid), Some(account.gid))?;
+            for path in &files {
                 chown(path, Some(account.uid), Some(account.gid))?;
             }
         }
@@ -269,11 +287,19 @@ rm -rf "$3""#;
 
     fn ini(&self, root: &Path, port: u16) -> String {
         let root = root.display();
-        let extra: String = self
+        let mut extra: String = self
             .settings
             .iter()
             .map(|(name, value)| format!("{name} = {value}\n"))
             .collect();
+        if self.client_tls.is_some() {
+            let _ = write!(
+                extra,
+                "client_tls_sslmode = require\n\
+                 client_tls_cert_file = {root}/client.crt\n\
+                 client_tls_key_file = {root}/client.key\n"
+            );
+        }
         format!(
             "[databases]\n\
              * = host={host} port={server_port}\n\

@@ -3,14 +3,21 @@
 //! adapter, and for adapters of other stacks built on tokio-postgres
 //! (lockkit-diesel-async).
 
+use std::any::TypeId;
+use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
-#[cfg(feature = "tokio-postgres")]
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 #[cfg(feature = "tokio-postgres")]
 use futures_util::{FutureExt, StreamExt};
-use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::sync::oneshot;
+use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 #[cfg(feature = "tokio-postgres")]
 use tokio_postgres::Client;
 use tokio_postgres::{CancelToken, NoTls, Socket};
@@ -24,6 +31,12 @@ const RESEND_FIRST: Duration = Duration::from_millis(100);
 /// The longest delay between two cancel requests for the same statements.
 #[cfg(feature = "tokio-postgres")]
 const RESEND_MAX: Duration = Duration::from_secs(1);
+/// How long a cancel request's connection may take to open, when the
+/// connections' configuration sets no `connect_timeout`.
+const CONNECT_BOUND: Duration = Duration::from_secs(10);
+/// How long a cancel request's connection stays open for the server (or
+/// the pooler) to close it, which says that it processed the request.
+const CLOSE_BOUND: Duration = Duration::from_secs(10);
 
 /// A TLS connector that a cancel request can be sent through: what
 /// tokio-postgres's `CancelToken::cancel_query` takes (postgres-openssl's
@@ -74,6 +87,17 @@ impl CancellingPolicy {
         }
     }
 
+    /// The same policy, with plain-text cancel requests sent to the hosts
+    /// of `config`, the configuration the connections are made with, on a
+    /// connection kept open until the server closes it (see
+    /// [`Locker::cancel_to`](crate::Locker::cancel_to)).
+    pub fn cancel_to(self, config: &tokio_postgres::Config) -> Self {
+        CancellingPolicy {
+            canceller: self.canceller.to(config),
+            ..self
+        }
+    }
+
     /// The policy.
     pub fn policy(&self) -> &Policy {
         &self.policy
@@ -110,36 +134,84 @@ impl AsRef<Policy> for CancellingPolicy {
 }
 
 /// How a cancel request reaches the server: in plain text, or through the
-/// TLS connector the connection was made with.
+/// TLS connector the connection was made with; and where it goes.
 ///
 /// PostgreSQL reads a cancel request before any TLS negotiation, so plain
 /// text works with `sslmode` `disable` and `prefer`. With `require` (and
 /// the `verify-*` modes), tokio-postgres negotiates TLS for the request as
 /// for the connection, so the request needs the connector.
 ///
-/// The tokio-postgres adapter's lockers take one with
+/// A request's connection stays open until the server (or the pooler)
+/// closes it, as libpq's does: that close says the request was processed,
+/// and pgbouncer before 1.19 dies of a cancel request whose client left
+/// first (pgbouncer's issue 801), taking every client of the pooler with
+/// it. tokio-postgres's own `CancelToken::cancel_query` closes at once, so
+/// lockkit opens the connection itself: through the TLS connector, it
+/// takes the stream tokio-postgres opened; in plain text it needs the
+/// address, which tokio-postgres keeps private, so it takes it from the
+/// connections' `tokio_postgres::Config`
+/// ([`Locker::cancel_to`](crate::Locker::cancel_to); a
+/// [`SessionLock`](crate::SessionLock) knows its own). With neither, the
+/// request goes as tokio-postgres sends it.
+///
+/// The tokio-postgres adapter's lockers take a connector with
 /// [`Locker::cancel_tls`](crate::Locker::cancel_tls) and
 /// [`SessionLock::with_tls`](crate::SessionLock::with_tls); adapters on
 /// other stacks that run on tokio-postgres (lockkit-diesel-async) send
 /// their cancel requests through it too.
 #[derive(Clone, Default)]
-pub(crate) struct Canceller(Option<Arc<SendCancel>>);
+pub(crate) struct Canceller {
+    tls: Option<Arc<SendCancel>>,
+    to: Option<Arc<Address>>,
+}
 
-type SendCancel =
-    dyn Fn(CancelToken) -> BoxFuture<'static, Result<(), tokio_postgres::Error>> + Send + Sync;
+type SendCancel = dyn Fn(CancelToken) -> BoxFuture<'static, Result<(), SendError>> + Send + Sync;
+
+/// Why a cancel request could not be sent.
+type SendError = Box<dyn std::error::Error + Send + Sync>;
 
 impl Canceller {
     /// In plain text (`NoTls`), the default.
     pub(crate) const fn plain() -> Canceller {
-        Canceller(None)
+        Canceller {
+            tls: None,
+            to: None,
+        }
     }
 
-    /// Through `tls`, the connector the connections are made with.
-    pub(crate) fn tls(tls: impl CancelTls) -> Canceller {
-        Canceller(Some(Arc::new(move |token: CancelToken| {
+    /// Through `tls`, the connector the connections are made with (`NoTls`
+    /// is plain text).
+    pub(crate) fn tls<T: CancelTls>(tls: T) -> Canceller {
+        if TypeId::of::<T>() == TypeId::of::<NoTls>() {
+            return Canceller::plain();
+        }
+        let send = move |token: CancelToken| {
             let tls = tls.clone();
-            Box::pin(async move { token.cancel_query(tls).await }) as BoxFuture<'static, _>
-        })))
+            Box::pin(async move {
+                let (back, stream) = oneshot::channel();
+                token.cancel_query(KeepOpen { tls, back }).await?;
+                // Only a stream that negotiated TLS comes back: one the
+                // server answered `N` went in plain text and is closed.
+                if let Ok(stream) = stream.await {
+                    until_closed(stream).await;
+                }
+                Ok(())
+            }) as BoxFuture<'static, _>
+        };
+        Canceller {
+            tls: Some(Arc::new(send)),
+            to: None,
+        }
+    }
+
+    /// The same, with plain-text requests sent to the hosts of `config`,
+    /// which the connections were made with; with `sslmode=disable`, every
+    /// request.
+    pub(crate) fn to(self, config: &tokio_postgres::Config) -> Canceller {
+        Canceller {
+            to: Address::of(config).map(Arc::new),
+            ..self
+        }
     }
 
     /// Sends the cancel request for `token`'s connection in the background,
@@ -157,10 +229,14 @@ impl Canceller {
         });
     }
 
-    fn send(&self, token: CancelToken) -> BoxFuture<'static, Result<(), tokio_postgres::Error>> {
-        match &self.0 {
-            None => Box::pin(async move { token.cancel_query(NoTls).await }),
-            Some(send) => send(token),
+    /// Sends the cancel request for `token`'s connection, and waits until
+    /// the server closes the request's connection (within
+    /// [`CLOSE_BOUND`]), unless it goes as tokio-postgres sends it.
+    fn send(&self, token: CancelToken) -> BoxFuture<'static, Result<(), SendError>> {
+        match (&self.tls, &self.to) {
+            (Some(send), to) if to.as_ref().is_none_or(|to| !to.plain) => send(token),
+            (_, Some(to)) => Box::pin(to.clone().send(token)),
+            (_, None) => Box::pin(async move { Ok(token.cancel_query(NoTls).await?) }),
         }
     }
 
@@ -185,9 +261,10 @@ impl Canceller {
     ///
     /// A request processed late (one sent just before the answer, or the
     /// server's second delivery of one) can still cancel the statement
-    /// running when it arrives, which then fails with `57014`:
-    /// tokio-postgres does not wait for the server to process a request,
-    /// and does not expose the server's address to wait on it.
+    /// running when it arrives, which then fails with `57014`: each request
+    /// is waited for (where the request's connection stays open, see
+    /// [`Canceller`]) before the next one goes, but what the application
+    /// sends next does not wait for any.
     #[cfg(feature = "tokio-postgres")]
     pub(crate) fn cancel_until_answered(&self, client: &Client) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -231,7 +308,262 @@ impl Canceller {
     }
 }
 
-fn warn_not_sent(e: &tokio_postgres::Error) {
+/// Where plain-text cancel requests go: the hosts of the connections'
+/// configuration.
+#[derive(Debug)]
+struct Address {
+    /// Each host, its port, and its `hostaddr` when the configuration sets
+    /// one (connected to instead of looking the name up).
+    hosts: Vec<(Host, Option<IpAddr>, u16)>,
+    connect_timeout: Duration,
+    /// Whether the connections are in plain text (`sslmode=disable`).
+    plain: bool,
+}
+
+impl Address {
+    /// The hosts of `config`, as tokio-postgres connects to them; `None`
+    /// when it names none.
+    fn of(config: &tokio_postgres::Config) -> Option<Address> {
+        let (names, addrs, ports) = (
+            config.get_hosts(),
+            config.get_hostaddrs(),
+            config.get_ports(),
+        );
+        // As tokio-postgres picks them: the host's own port, else the
+        // first, else PostgreSQL's.
+        let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+        let hosts: Vec<_> = match names {
+            [] => addrs
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (Host::Tcp(a.to_string()), Some(*a), port(i)))
+                .collect(),
+            names => names
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (h.clone(), addrs.get(i).copied(), port(i)))
+                .collect(),
+        };
+        (!hosts.is_empty()).then(|| Address {
+            hosts,
+            connect_timeout: config
+                .get_connect_timeout()
+                .copied()
+                .unwrap_or(CONNECT_BOUND),
+            plain: config.get_ssl_mode() == SslMode::Disable,
+        })
+    }
+
+    /// Sends the request in plain text to every host at once (the key
+    /// matches on one server only; the others ignore it), each on a
+    /// connection that stays open until the server closes it. An error
+    /// only when no host could be reached.
+    async fn send(self: Arc<Self>, token: CancelToken) -> Result<(), SendError> {
+        let sends = self
+            .hosts
+            .iter()
+            .map(|(host, addr, port)| self.send_to(&token, host, *addr, *port));
+        let results = futures_util::future::join_all(sends).await;
+        let reached = results.iter().any(Result::is_ok);
+        match results.into_iter().find_map(Result::err) {
+            Some(e) if !reached => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    async fn send_to(
+        &self,
+        token: &CancelToken,
+        host: &Host,
+        addr: Option<IpAddr>,
+        port: u16,
+    ) -> Result<(), SendError> {
+        use tokio::net::TcpStream;
+        match (host, addr) {
+            (_, Some(addr)) => self.send_on(token, TcpStream::connect((addr, port))).await,
+            (Host::Tcp(name), None) => {
+                self.send_on(token, TcpStream::connect((name.as_str(), port)))
+                    .await
+            }
+            #[cfg(unix)]
+            (Host::Unix(dir), None) => {
+                let path = dir.join(format!(".s.PGSQL.{port}"));
+                self.send_on(token, tokio::net::UnixStream::connect(path))
+                    .await
+            }
+            #[cfg(not(unix))]
+            (Host::Unix(_), None) => Err(io::Error::from(io::ErrorKind::Unsupported).into()),
+        }
+    }
+
+    /// Sends the request on the connection `connect` opens, within the
+    /// connect timeout, and reads it until the server closes it.
+    async fn send_on<S>(
+        &self,
+        token: &CancelToken,
+        connect: impl std::future::Future<Output = io::Result<S>>,
+    ) -> Result<(), SendError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let stream = tokio::time::timeout(self.connect_timeout, connect)
+            .await
+            .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut)))?;
+        let (back, kept) = oneshot::channel();
+        let held = Held {
+            inner: Some(stream),
+            back: Some(back),
+        };
+        token.cancel_query_raw(held, NoTls).await?;
+        if let Ok(stream) = kept.await {
+            until_closed(stream).await;
+        }
+        Ok(())
+    }
+}
+
+/// Reads `stream` until the server closes it, within [`CLOSE_BOUND`].
+async fn until_closed<S: AsyncRead + Unpin>(mut stream: S) {
+    let mut sink = [0_u8; 64];
+    let closed = async { while let Ok(1..) = stream.read(&mut sink).await {} };
+    let _ = tokio::time::timeout(CLOSE_BOUND, closed).await;
+}
+
+/// A stream that tokio-postgres writes a cancel request on, and that comes
+/// back through `back` when tokio-postgres drops it, still open: its
+/// shutdown does nothing, so the server closes it first.
+struct Held<S> {
+    inner: Option<S>,
+    back: Option<oneshot::Sender<S>>,
+}
+
+impl<S> Held<S> {
+    fn inner(&mut self) -> io::Result<&mut S> {
+        self.inner
+            .as_mut()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))
+    }
+}
+
+impl<S> Drop for Held<S> {
+    fn drop(&mut self) {
+        if let (Some(stream), Some(back)) = (self.inner.take(), self.back.take()) {
+            let _ = back.send(stream);
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Held<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut().inner() {
+            Ok(s) => Pin::new(s).poll_read(cx, buf),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Held<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut().inner() {
+            Ok(s) => Pin::new(s).poll_write(cx, buf),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut().inner() {
+            Ok(s) => Pin::new(s).poll_flush(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    /// Nothing: the server closes the connection once it has processed the
+    /// request.
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: TlsStream + Unpin> TlsStream for Held<S> {
+    fn channel_binding(&self) -> ChannelBinding {
+        match &self.inner {
+            Some(s) => s.channel_binding(),
+            None => ChannelBinding::none(),
+        }
+    }
+}
+
+/// A TLS connector whose streams come back through `back` (see [`Held`]).
+struct KeepOpen<T, S> {
+    tls: T,
+    back: oneshot::Sender<S>,
+}
+
+impl<T> MakeTlsConnect<Socket> for KeepOpen<T, T::Stream>
+where
+    T: MakeTlsConnect<Socket>,
+{
+    type Stream = Held<T::Stream>;
+    type TlsConnect = KeepOpen<T::TlsConnect, T::Stream>;
+    type Error = T::Error;
+
+    fn make_tls_connect(&mut self, domain: &str) -> Result<Self::TlsConnect, T::Error> {
+        // tokio-postgres makes one connector per request.
+        let (back, _) = oneshot::channel();
+        let back = std::mem::replace(&mut self.back, back);
+        Ok(KeepOpen {
+            tls: self.tls.make_tls_connect(domain)?,
+            back,
+        })
+    }
+}
+
+impl<T> TlsConnect<Socket> for KeepOpen<T, T::Stream>
+where
+    T: TlsConnect<Socket>,
+{
+    type Stream = Held<T::Stream>;
+    type Error = T::Error;
+    type Future = Connecting<T::Future, T::Stream>;
+
+    fn connect(self, socket: Socket) -> Self::Future {
+        Connecting {
+            connect: Box::pin(self.tls.connect(socket)),
+            back: Some(self.back),
+        }
+    }
+}
+
+/// [`KeepOpen`]'s handshake: the connector's, its stream then [`Held`].
+struct Connecting<F, S> {
+    connect: Pin<Box<F>>,
+    back: Option<oneshot::Sender<S>>,
+}
+
+impl<F, S, E> std::future::Future for Connecting<F, S>
+where
+    F: std::future::Future<Output = Result<S, E>>,
+{
+    type Output = Result<Held<S>, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let stream = std::task::ready!(self.connect.as_mut().poll(cx))?;
+        Poll::Ready(Ok(Held {
+            inner: Some(stream),
+            back: self.back.take(),
+        }))
+    }
+}
+
+fn warn_not_sent(e: &SendError) {
     tracing::warn!(
         error = %e,
         "lockkit: could not send the cancel request of a dropped lock call \
@@ -242,9 +574,81 @@ fn warn_not_sent(e: &tokio_postgres::Error) {
 
 impl std::fmt::Debug for Canceller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self.0 {
-            None => "Canceller(plain text)",
-            Some(_) => "Canceller(TLS)",
-        })
+        f.debug_struct("Canceller")
+            .field("tls", &self.tls.is_some())
+            .field("to", &self.to)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::*;
+
+    fn hosts(url: &str) -> Option<Vec<(Host, Option<IpAddr>, u16)>> {
+        let config = tokio_postgres::Config::from_str(url).unwrap();
+        Address::of(&config).map(|a| a.hosts)
+    }
+
+    fn tcp(name: &str) -> Host {
+        Host::Tcp(name.to_owned())
+    }
+
+    #[test]
+    fn the_address_is_each_host_with_its_port() {
+        assert_eq!(
+            hosts("host=db port=6432"),
+            Some(vec![(tcp("db"), None, 6432)])
+        );
+        // No port: PostgreSQL's.
+        assert_eq!(hosts("host=db"), Some(vec![(tcp("db"), None, 5432)]));
+        // One port for every host, or one each.
+        assert_eq!(
+            hosts("host=a,b port=6432"),
+            Some(vec![(tcp("a"), None, 6432), (tcp("b"), None, 6432)])
+        );
+        assert_eq!(
+            hosts("host=a,b port=6432,7432"),
+            Some(vec![(tcp("a"), None, 6432), (tcp("b"), None, 7432)])
+        );
+        // A hostaddr is connected to instead of the name.
+        let ip: IpAddr = "10.0.0.7".parse().unwrap();
+        assert_eq!(
+            hosts("host=db hostaddr=10.0.0.7 port=6432"),
+            Some(vec![(tcp("db"), Some(ip), 6432)])
+        );
+        assert_eq!(
+            hosts("hostaddr=10.0.0.7"),
+            Some(vec![(tcp("10.0.0.7"), Some(ip), 5432)])
+        );
+        // A Unix socket's directory.
+        assert_eq!(
+            hosts("host=/run/postgresql port=6432"),
+            Some(vec![(Host::Unix("/run/postgresql".into()), None, 6432)])
+        );
+        // No host: nowhere to send.
+        assert_eq!(hosts("user=app"), None);
+    }
+
+    #[test]
+    fn the_address_knows_plain_text_and_its_connect_timeout() {
+        let config =
+            |url: &str| Address::of(&tokio_postgres::Config::from_str(url).unwrap()).unwrap();
+        assert!(config("host=db sslmode=disable").plain);
+        assert!(!config("host=db sslmode=prefer").plain);
+        assert!(!config("host=db").plain);
+        assert_eq!(config("host=db").connect_timeout, CONNECT_BOUND);
+        assert_eq!(
+            config("host=db connect_timeout=3").connect_timeout,
+            Duration::from_secs(3)
+        );
+    }
+
+    #[test]
+    fn no_tls_is_plain_text() {
+        assert!(Canceller::tls(NoTls).tls.is_none());
+        assert!(Canceller::plain().tls.is_none());
     }
 }

@@ -75,6 +75,30 @@ macro_rules! locker_basics {
                     inner: self.inner.tls(tls),
                 }
             }
+
+            /// Sends the plain-text cancel request of a dropped lock call to
+            /// the hosts of `config`, the `tokio_postgres::Config` the
+            /// connections are made with, on a connection that stays open
+            /// until the server (or the pooler) closes it, as libpq's does.
+            ///
+            /// Give it behind pgbouncer older than 1.19 (1.18 is Debian's and
+            /// Ubuntu's): such a pgbouncer dies of a cancel request whose
+            /// client closed it before the pooler forwarded it (pgbouncer's
+            /// issue 801), and every client of the pooler loses its
+            /// connection. Without `config`, lockkit cannot know where the
+            /// connection went (tokio-postgres keeps the address private),
+            /// and a plain-text request goes as tokio-postgres sends it,
+            /// closed at once: which PostgreSQL and pgbouncer 1.19+ handle.
+            /// Through [`cancel_tls`](Self::cancel_tls), requests already
+            /// stay open until the server closes them.
+            ///
+            /// With several hosts, the request goes to each: only the server
+            /// whose session it names acts on it.
+            pub fn cancel_to(self, config: &::tokio_postgres::Config) -> $locker {
+                $locker {
+                    inner: self.inner.cancel_to(config),
+                }
+            }
         }
     };
 }

@@ -225,8 +225,10 @@ impl<'c> LockTx<'c> {
     /// also arrive after the statement it was sent for ended, and cancel the
     /// `ROLLBACK`; a transaction's `ROLLBACK` is then sent again (up to five
     /// times), and a dropped transaction queues two, so the connection is
-    /// not left in a transaction. tokio-postgres sends a cancel request
-    /// without waiting for the server to process it (libpq waits), so on a
+    /// not left in a transaction. This rollback does not wait for the
+    /// server to process the requests (lockkit waits for that only before
+    /// sending the next request, and only where it knows the connection's
+    /// address: [`Locker::cancel_to`](crate::Locker::cancel_to)), so on a
     /// loaded server a request processed late can still cancel a statement
     /// sent after this rollback: a later statement on the connection may
     /// fail once with [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled).

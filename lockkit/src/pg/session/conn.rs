@@ -286,7 +286,7 @@ where
     }
 
     fn canceller(&self) -> Canceller {
-        Canceller::tls(self.tls.clone())
+        Canceller::tls(self.tls.clone()).to(&self.config)
     }
 
     fn config(&self) -> &tokio_postgres::Config {
