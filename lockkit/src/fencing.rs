@@ -55,6 +55,29 @@
 //!  WHERE id = 42 AND lockkit.fence('invoice:42', $1::numeric);
 //! ```
 //!
+//! The same from Rust, with a session lock's token:
+//!
+//! ```no_run
+//! # async fn run(config: tokio_postgres::Config, client: &mut tokio_postgres::Client)
+//! #     -> Result<(), lockkit::Error> {
+//! use lockkit::key::HashText;
+//! use lockkit::SessionLock;
+//!
+//! let sessions = SessionLock::new(config).fencing_tokens(true);
+//! let guard = sessions.lock(HashText("report-42")).await?;
+//! let token = guard.fencing_token().expect("minted with the grant");
+//! // Later, maybe after a pause past the lease: the write lands only if
+//! // no newer holder has written since.
+//! let tx = client.transaction().await?;
+//! if lockkit::sql::fence(&tx, "report:42", token).await? {
+//!     tx.execute("UPDATE reports SET done = true WHERE id = 42", &[]).await?;
+//!     tx.commit().await?;
+//! }
+//! # Ok(())
+//! # }
+//!
+//! ```
+//!
 //! For another resource (an object store's conditional write, a service's
 //! API), send the token with the write and have the resource keep the
 //! newest it has seen per resource and refuse an older one: as a decimal

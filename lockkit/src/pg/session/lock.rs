@@ -29,25 +29,16 @@ use crate::engine::plan::Mode;
 use crate::engine::Wait;
 use crate::key::AdvisoryKey;
 
-/// Takes session-duration advisory locks, each on a connection of its own.
+/// Takes session-duration advisory locks, each on a connection of its own
+/// (from a `tokio_postgres::Config`: [`new`](Self::new),
+/// [`with_tls`](Self::with_tls); or leased from a pool: `from_pool`), in a
+/// transaction held open by default (the [module docs](super) say how);
+/// the [`SessionGuard`] keeps it until it is released, dropped or lost.
 ///
-/// Every lock opens its own connection from a `tokio_postgres::Config`
-/// ([`new`](Self::new), or [`with_tls`](Self::with_tls)), or leases one
-/// from the application's deadpool-postgres pool (`from_pool`, feature
-/// `deadpool`), for the life of the lock. In the default
-/// [`SessionForm::Transaction`] it opens a transaction there and takes
-/// `pg_advisory_xact_lock` inside (see the [module docs](super)); the
-/// [`SessionGuard`] it hands back keeps the transaction open, with a
-/// keepalive, until it is released, dropped or lost.
-///
-/// Before handing out a lock it refuses:
-/// - a hot standby ([`ErrorKind::HotStandby`]; see
-///   [`allow_standby`](Self::allow_standby)): locks there exclude nothing on
-///   the primary;
-/// - `HashText` keys when the server's `hashtext` differs from lockkit's
-///   ([`ErrorKind::HashtextMismatch`]);
-/// - in the [`SessionForm::SessionLevel`] form only, a transaction-mode
-///   pooler ([`ErrorKind::PooledConnection`]; see [`probe_pooler`]).
+/// Before handing out a lock it refuses a hot standby (locks there exclude
+/// nothing on the primary; [`allow_standby`](Self::allow_standby)),
+/// `HashText` keys when the server's `hashtext` differs from lockkit's, and
+/// in the session-level form a transaction-mode pooler ([`probe_pooler`]).
 ///
 /// # Example
 ///
@@ -81,14 +72,11 @@ pub struct SessionLock {
     /// Where the connections come from, and the checks before a lock.
     settings: Settings,
     form: SessionForm,
-    /// Keeps the held locks alive at the cadence
-    /// ([`keepalive`](Self::keepalive)); shared by clones.
+    /// Keeps the held locks alive ([`keepalive`](Self::keepalive)); shared.
     keeper: Arc<Keeper>,
-    /// The multiplexed form's connections and claimed keys; shared by
-    /// clones.
+    /// The multiplexed form's connections and claimed keys; shared.
     mux: Arc<Mux<MuxConn>>,
-    /// The most keys the multiplexed form holds at once
-    /// ([`multiplexed_budget`](Self::multiplexed_budget)); `None`: half the
+    /// [`multiplexed_budget`](Self::multiplexed_budget); `None`: half the
     /// server's shared lock table.
     mux_budget: Option<usize>,
 }
@@ -131,19 +119,8 @@ impl SessionLock {
 
     /// Session locks on connections leased from the application's
     /// deadpool-postgres `pool` for the life of each lock (feature
-    /// `deadpool`).
-    ///
-    /// A release rolls the lock's transaction back and returns the
-    /// connection to the pool. A guard dropped without release rolls back
-    /// on its task and returns the connection only when the rollback
-    /// completed; otherwise (a failed or cut-short rollback, a lost
-    /// connection, the runtime shutting down) the connection is detached
-    /// from the pool and closed, which ends the transaction on the server.
-    /// A connection is never returned with a lock on it.
-    ///
-    /// A pooled connection keeps its own name: a lock's
-    /// `application_name` is set transaction-locally, as on every
-    /// connection.
+    /// `deadpool`): never returned with a lock on them; see the [module
+    /// docs](super#connections-leased-from-a-pool).
     #[cfg(feature = "deadpool")]
     pub fn from_pool(pool: deadpool_postgres::Pool) -> Self {
         Self::from_source(Source::Pool(pool))
@@ -217,19 +194,15 @@ impl SessionLock {
     }
 
     /// The keepalive cadence of each lock's connection (5 s by default; at
-    /// least 1 ms), and with it each lock's [lease](Self::lease): a holder
-    /// that stops answering loses its lock on the server after
-    /// [`LEASE_CADENCES`](super::LEASE_CADENCES) cadences (see the [module docs](super#the-lease)).
-    /// [`SessionGuard::lost`] resolves within one cadence of the lock being
-    /// gone. One task keeps
-    /// all the held locks of this `SessionLock` and of its clones made
-    /// after this call; clones made before keep their own cadence. It runs
-    /// on the runtime of the lock that started it: should that runtime
-    /// shut down while locks taken on another runtime are held, they are
-    /// given up (`lost()` resolves, their connections close), so use one
-    /// `SessionLock` per runtime. The cadence is also how long a try waits
-    /// for the server's answers once connected (see
-    /// [Bounded waits](super#bounded-waits)).
+    /// least 1 ms), and with it each lock's [lease](Self::lease) (the
+    /// [module docs](super#the-lease)); [`SessionGuard::lost`] resolves
+    /// within one cadence of the lock being gone, and a try waits that long
+    /// for the server's answers once connected ([Bounded
+    /// waits](super#bounded-waits)). One task keeps the held locks of this
+    /// `SessionLock` and of its clones made after this call, on the runtime
+    /// of the lock that started it: should that runtime shut down while
+    /// locks taken on another runtime are held, they are given up, so use
+    /// one `SessionLock` per runtime.
     pub fn keepalive(mut self, cadence: Duration) -> Self {
         // A keeper of its own: the clones made before keep their cadence.
         self.keeper = Keeper::new(cadence.max(Duration::from_millis(1)));
@@ -245,27 +218,7 @@ impl SessionLock {
     /// ([`sql::install`](crate::sql::install) or `lockkit sql install`);
     /// without them a lock call fails with
     /// [`ErrorKind::NotInstalled`](crate::ErrorKind::NotInstalled) and
-    /// nothing is held. See [`crate::fencing`].
-    ///
-    /// ```no_run
-    /// # async fn run(config: tokio_postgres::Config, client: &mut tokio_postgres::Client)
-    /// #     -> Result<(), lockkit::Error> {
-    /// use lockkit::key::HashText;
-    /// use lockkit::SessionLock;
-    ///
-    /// let sessions = SessionLock::new(config).fencing_tokens(true);
-    /// let guard = sessions.lock(HashText("report-42")).await?;
-    /// let token = guard.fencing_token().expect("minted with the grant");
-    /// // Later, maybe after a pause past the lease: the write lands only if
-    /// // no newer holder has written since.
-    /// let tx = client.transaction().await?;
-    /// if lockkit::sql::fence(&tx, "report:42", token).await? {
-    ///     tx.execute("UPDATE reports SET done = true WHERE id = 42", &[]).await?;
-    ///     tx.commit().await?;
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// nothing is held. See [`crate::fencing`], with an example.
     pub fn fencing_tokens(mut self, mint: bool) -> Self {
         self.settings.fencing = mint;
         self
@@ -467,17 +420,15 @@ impl SessionLock {
             }
         }
     }
-}
 
-/// A semaphore's permits, held for a session: see
-/// [`LockTx::acquire_permit`](crate::LockTx::acquire_permit) for the
-/// semaphore itself (slots, waiting, fairness). Each permit holds a
-/// connection of its own, in the default form (whatever
-/// [`form`](SessionLock::form) says), and its guard names the slot's key.
-impl SessionLock {
     /// Takes a permit of the semaphore of `permits` permits named by `key`,
     /// waiting as long as it takes. A free slot is taken in the one query
     /// that opens the permit's transaction.
+    ///
+    /// The semaphore is [`LockTx::acquire_permit`](crate::LockTx::acquire_permit)'s
+    /// (slots, waiting, fairness). Each permit holds a connection of its
+    /// own, in the default form whatever [`form`](Self::form) says, and its
+    /// guard names the slot's key.
     ///
     /// # Errors
     ///

@@ -191,6 +191,26 @@
 //! backend shows the same `application_name` as the default form's, set
 //! session-wide once the probe has passed, on connections lockkit opens
 //! (a leased pool connection keeps its own).
+//!
+//! # Connections leased from a pool
+//!
+//! With `from_pool` (feature `deadpool`), each lock leases a connection
+//! from the application's deadpool-postgres pool for its life. A release
+//! rolls the lock's transaction back and returns the connection to the
+//! pool. A guard dropped without release rolls back on its task and
+//! returns the connection only when the rollback completed; otherwise (a
+//! failed or cut-short rollback, a lost connection, the runtime shutting
+//! down) the connection is detached from the pool and closed, which ends
+//! the transaction on the server. A connection is never returned with a
+//! lock on it, and keeps its own name: a lock's `application_name` is set
+//! transaction-locally, as on every connection.
+//!
+//! deadpool-postgres keeps its pool's configuration private, so the cancel
+//! request of a lock call cut off on a leased connection goes as
+//! tokio-postgres sends it, closed at once, not kept open until the server
+//! closes it as on the connections lockkit opens: behind a pgbouncer older
+//! than 1.19, bound such waits on the server (`lock_timeout`, `try_lock`)
+//! rather than cutting them off (the README's pooler section).
 
 #[cfg(doc)]
 use crate::engine::error::ErrorKind;

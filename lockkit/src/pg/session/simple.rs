@@ -12,11 +12,10 @@ use std::num::NonZeroU8;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, SimpleQueryMessage};
+use tokio_postgres::Client;
 
-use super::wire::{one_row, AppName};
+use super::wire::{one_row, simple_round, AppName, Completed};
 use crate::driver::{drive, run_one, Async, Driver};
 use crate::engine::error::{DriverError, Error};
 use crate::engine::facts::ServerFacts;
@@ -452,102 +451,4 @@ fn read_setup(
         check_interval_known.store(true, Ordering::Relaxed);
     }
     Ok(setup)
-}
-
-/// Sends `query` (statements joined by `;`) with the simple query
-/// protocol: one `Query` message, sent at the first poll. Answers the rows
-/// of each command that completed, in order, and the error that stopped
-/// the query, if any (the server runs no command after a failed one, so
-/// the failed one is the next after those completed).
-pub(super) async fn simple_round(
-    client: &Client,
-    query: &str,
-) -> (Completed, Option<tokio_postgres::Error>) {
-    // Two vectors for the whole query, not one per command.
-    let mut done = Completed {
-        rows: Vec::with_capacity(4),
-        ends: Vec::with_capacity(8),
-    };
-    let stream = match client.simple_query_raw(query).await {
-        Ok(stream) => stream,
-        Err(e) => return (done, Some(e)),
-    };
-    let mut stream = std::pin::pin!(stream);
-    while let Some(message) = stream.next().await {
-        match message {
-            Ok(SimpleQueryMessage::Row(row)) => done.rows.push(SimpleRow(row)),
-            Ok(SimpleQueryMessage::CommandComplete(_)) => done.ends.push(done.rows.len()),
-            Ok(_) => {}
-            Err(e) => return (done, Some(e)),
-        }
-    }
-    (done, None)
-}
-
-/// The commands of a simple query that completed, in order, with their
-/// rows in one vector: command `i` answered `rows[ends[i - 1]..ends[i]]`
-/// (rows after the last completed command, of a failed one, are ignored).
-pub(super) struct Completed {
-    rows: Vec<SimpleRow>,
-    ends: Vec<usize>,
-}
-
-impl Completed {
-    /// Forgets the first command (its rows, which the caller has read).
-    fn skip_first(&mut self) {
-        if self.ends.is_empty() {
-            return;
-        }
-        let first = self.ends.remove(0);
-        self.rows.drain(..first);
-        for end in &mut self.ends {
-            *end -= first;
-        }
-    }
-
-    /// How many commands completed.
-    fn len(&self) -> usize {
-        self.ends.len()
-    }
-
-    /// Where the rows of the first `i` commands end.
-    fn end(&self, i: usize) -> usize {
-        match i.min(self.ends.len()) {
-            0 => 0,
-            i => self.ends[i - 1],
-        }
-    }
-
-    /// The rows of commands `from..to` (none for commands that did not
-    /// complete).
-    fn rows(&self, from: usize, to: usize) -> &[SimpleRow] {
-        self.rows
-            .get(self.end(from)..self.end(to))
-            .unwrap_or_default()
-    }
-
-    /// The rows of each statement after the first `prefix` commands, given
-    /// how many commands each statement is: a statement of several
-    /// commands (a savepoint rollback) answers the rows of all of them.
-    fn into_answers(
-        self,
-        prefix: usize,
-        commands: impl Iterator<Item = usize>,
-    ) -> Vec<Vec<SimpleRow>> {
-        let (mut next, mut taken) = (prefix, self.end(prefix));
-        let ends: Vec<usize> = commands
-            .map(|n| {
-                next += n;
-                self.end(next)
-            })
-            .collect();
-        let mut rows = self.rows.into_iter().skip(taken);
-        ends.into_iter()
-            .map(|end| {
-                let statement = rows.by_ref().take(end - taken).collect();
-                taken = end;
-                statement
-            })
-            .collect()
-    }
 }

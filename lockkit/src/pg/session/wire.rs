@@ -1,21 +1,24 @@
 //! What every form sends and reads on a lock's connection, below them all:
 //! the lock's `application_name`, a one-key statement and the rows it
-//! answers, the check whether a backend holds a key, and the bounds on
-//! every wait for the server ([`within`], [`within_cadence`],
-//! [`within_take`]).
+//! answers, a simple-protocol query and the rows of each of its commands
+//! ([`simple_round`], [`Completed`]), the check whether a backend holds a
+//! key, and the bounds on every wait for the server ([`within`],
+//! [`within_cadence`], [`within_take`]).
 
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
 use futures_util::future::join;
+use futures_util::StreamExt;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row};
+use tokio_postgres::{Client, Row, SimpleQueryMessage};
 
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::sql::HOLDS;
 use crate::fencing::FencingToken;
 use crate::key::LockKey;
+use crate::pg::text_row::SimpleRow;
 
 /// The `application_name` of a lock's connection,
 /// `lockkit session lock <namespace> <key>` (the key type's namespace
@@ -202,5 +205,103 @@ async fn bounded<T>(
     match tokio::time::timeout(bound, work).await {
         Ok(result) => result,
         Err(_) => Err(elapsed()),
+    }
+}
+
+/// Sends `query` (statements joined by `;`) with the simple query
+/// protocol: one `Query` message, sent at the first poll. Answers the rows
+/// of each command that completed, in order, and the error that stopped
+/// the query, if any (the server runs no command after a failed one, so
+/// the failed one is the next after those completed).
+pub(super) async fn simple_round(
+    client: &Client,
+    query: &str,
+) -> (Completed, Option<tokio_postgres::Error>) {
+    // Two vectors for the whole query, not one per command.
+    let mut done = Completed {
+        rows: Vec::with_capacity(4),
+        ends: Vec::with_capacity(8),
+    };
+    let stream = match client.simple_query_raw(query).await {
+        Ok(stream) => stream,
+        Err(e) => return (done, Some(e)),
+    };
+    let mut stream = std::pin::pin!(stream);
+    while let Some(message) = stream.next().await {
+        match message {
+            Ok(SimpleQueryMessage::Row(row)) => done.rows.push(SimpleRow(row)),
+            Ok(SimpleQueryMessage::CommandComplete(_)) => done.ends.push(done.rows.len()),
+            Ok(_) => {}
+            Err(e) => return (done, Some(e)),
+        }
+    }
+    (done, None)
+}
+
+/// The commands of a simple query that completed, in order, with their
+/// rows in one vector: command `i` answered `rows[ends[i - 1]..ends[i]]`
+/// (rows after the last completed command, of a failed one, are ignored).
+pub(super) struct Completed {
+    rows: Vec<SimpleRow>,
+    ends: Vec<usize>,
+}
+
+impl Completed {
+    /// Forgets the first command (its rows, which the caller has read).
+    pub(super) fn skip_first(&mut self) {
+        if self.ends.is_empty() {
+            return;
+        }
+        let first = self.ends.remove(0);
+        self.rows.drain(..first);
+        for end in &mut self.ends {
+            *end -= first;
+        }
+    }
+
+    /// How many commands completed.
+    pub(super) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Where the rows of the first `i` commands end.
+    fn end(&self, i: usize) -> usize {
+        match i.min(self.ends.len()) {
+            0 => 0,
+            i => self.ends[i - 1],
+        }
+    }
+
+    /// The rows of commands `from..to` (none for commands that did not
+    /// complete).
+    pub(super) fn rows(&self, from: usize, to: usize) -> &[SimpleRow] {
+        self.rows
+            .get(self.end(from)..self.end(to))
+            .unwrap_or_default()
+    }
+
+    /// The rows of each statement after the first `prefix` commands, given
+    /// how many commands each statement is: a statement of several
+    /// commands (a savepoint rollback) answers the rows of all of them.
+    pub(super) fn into_answers(
+        self,
+        prefix: usize,
+        commands: impl Iterator<Item = usize>,
+    ) -> Vec<Vec<SimpleRow>> {
+        let (mut next, mut taken) = (prefix, self.end(prefix));
+        let ends: Vec<usize> = commands
+            .map(|n| {
+                next += n;
+                self.end(next)
+            })
+            .collect();
+        let mut rows = self.rows.into_iter().skip(taken);
+        ends.into_iter()
+            .map(|end| {
+                let statement = rows.by_ref().take(end - taken).collect();
+                taken = end;
+                statement
+            })
+            .collect()
     }
 }

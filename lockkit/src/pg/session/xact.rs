@@ -11,9 +11,9 @@ use futures_util::future::join;
 use super::conn::{Lease, Settings};
 #[cfg(doc)]
 use super::form::SessionForm;
-#[cfg(doc)]
-use super::simple::simple_round;
 use super::simple::{take_permit, take_xact_lock, Granted, HeldTx, Taken};
+#[cfg(doc)]
+use super::wire::simple_round;
 use super::wire::AppName;
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
