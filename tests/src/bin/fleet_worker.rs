@@ -76,6 +76,9 @@ const PERMITS: NonZeroU8 = match NonZeroU8::new(3) {
 
 /// The bound of the `_timeout` calls: short, so some expire.
 const TIMED: Duration = Duration::from_millis(30);
+/// How long a session lock's holder waits for the server connection of its
+/// critical section's writes before it lets its locks go.
+const SERVER_WAIT: Duration = Duration::from_secs(3);
 
 /// The first statement of the hand-off check: a setting for the rest of
 /// the transaction (`tests/conformance/handoff.rs`, `PROBE`), sent in the
@@ -242,7 +245,15 @@ impl Tally {
     /// `what` (where it happened).
     fn error(&self, role: &str, what: &str, e: &Error) -> Cause {
         let mut cause = classify(e);
-        if cause == Cause::Unexpected && is_name_clash(e) {
+        // diesel-async's connection set-up sends two named prepared
+        // statements at once, outside a transaction (`SET TIME ZONE`,
+        // `SET CLIENT_ENCODING`), before lockkit has a part in it: behind a
+        // transaction-mode pgbouncer 1.18 they can end on different server
+        // connections, which tokio-postgres reports as a clash or as an
+        // unexpected message.
+        let setup =
+            role == "diesel-async" && format!("{e:?}").contains("CouldntSetupConfiguration");
+        if cause == Cause::Unexpected && (is_name_clash(e) || setup) {
             if role == "diesel-async" {
                 cause = Cause::Clash;
             } else if role == "sqlx" && what == "Locker::new" {
@@ -703,35 +714,38 @@ async fn session(ctx: Arc<Ctx>, task: u64, multiplexed: bool) {
             }
         }
         let linger = dice.linger();
-        let written: Result<(), tokio_postgres::Error> = async {
-            let tx = work.transaction().await?;
-            for guard in &guards {
-                rmw_tp(&tx, guard.value().id, &ctx.role, linger).await?;
+        // The critical section needs a second server connection while its
+        // lock pins one; with every other one taken by waits for the keys
+        // held here, it would wait for pgbouncer's query_wait_timeout (the
+        // README's pooler section). So its wait for a server connection is
+        // bounded: past it, nothing was written, and the locks go.
+        let written: Option<Result<(), tokio_postgres::Error>> =
+            match tokio::time::timeout(SERVER_WAIT, work.transaction()).await {
+                Err(_) => None,
+                Ok(begun) => Some(
+                    async {
+                        let tx = begun?;
+                        for guard in &guards {
+                            rmw_tp(&tx, guard.value().id, &ctx.role, linger).await?;
+                        }
+                        tx.commit().await
+                    }
+                    .await,
+                ),
+            };
+        let Some(written) = written else {
+            // The cut-off BEGIN may still wait in pgbouncer's queue: the
+            // connection goes, and nothing was written.
+            Tally::add(&ctx.tally.timeouts, 1);
+            release_all(&ctx, guards).await;
+            match ctx.connect().await {
+                Some(client) => work = client,
+                None => return,
             }
-            tx.commit().await
-        }
-        .await;
+            continue;
+        };
         let n = guards.len() as u64;
-        let mut all_held = true;
-        for guard in guards {
-            let id = guard.value().id;
-            match guard.release().await {
-                Ok(true) => {}
-                Ok(false) => {
-                    all_held = false;
-                    // The runner never terminates the backend of a session
-                    // lock on an Account key: nothing else ends it.
-                    ctx.tally.unexpected(
-                        &ctx.role,
-                        &format!("the session lock of Account {id} was lost while held"),
-                    );
-                }
-                Err(e) => {
-                    all_held = false;
-                    ctx.tally.error(&ctx.role, "release", &e);
-                }
-            }
-        }
+        let all_held = release_all(&ctx, guards).await;
         match written {
             Ok(()) if all_held => {
                 Tally::add(&ctx.tally.txs, 1);
@@ -750,6 +764,31 @@ async fn session(ctx: Arc<Ctx>, task: u64, multiplexed: bool) {
             }
         }
     }
+}
+
+/// Releases `guards`; whether each was still held. A lost one is
+/// unexpected: the runner never terminates the backend of a session lock on
+/// an Account key, and nothing else ends it.
+async fn release_all(ctx: &Ctx, guards: Vec<lockkit::SessionGuard<Account>>) -> bool {
+    let mut all_held = true;
+    for guard in guards {
+        let id = guard.value().id;
+        match guard.release().await {
+            Ok(true) => {}
+            Ok(false) => {
+                all_held = false;
+                ctx.tally.unexpected(
+                    &ctx.role,
+                    &format!("the session lock of Account {id} was lost while held"),
+                );
+            }
+            Err(e) => {
+                all_held = false;
+                ctx.tally.error(&ctx.role, "release", &e);
+            }
+        }
+    }
+    all_held
 }
 
 /// Counts a session permit's outcome and releases it after a moment.
