@@ -646,9 +646,41 @@ mod tests {
         );
     }
 
+    /// A connector of another type than `NoTls` (it makes `NoTls`'s).
+    #[derive(Clone)]
+    struct OtherTls;
+
+    impl MakeTlsConnect<Socket> for OtherTls {
+        type Stream = tokio_postgres::tls::NoTlsStream;
+        type TlsConnect = NoTls;
+        type Error = tokio_postgres::tls::NoTlsError;
+
+        fn make_tls_connect(&mut self, _: &str) -> Result<NoTls, Self::Error> {
+            Ok(NoTls)
+        }
+    }
+
     #[test]
     fn no_tls_is_plain_text() {
         assert!(Canceller::tls(NoTls).tls.is_none());
         assert!(Canceller::plain().tls.is_none());
+        assert!(Canceller::tls(OtherTls).tls.is_some());
+    }
+
+    #[test]
+    #[cfg(feature = "tokio-postgres")]
+    fn a_policy_keeps_its_connector_and_its_address() {
+        let config = tokio_postgres::Config::from_str("host=db port=6432").unwrap();
+        let policy = CancellingPolicy::new(Policy::new(
+            crate::Config::default(),
+            crate::ServerFacts::assumed(64, 100, 0),
+        ));
+        assert!(policy.canceller().tls.is_none() && policy.canceller().to.is_none());
+        let policy = policy.tls(OtherTls).cancel_to(&config);
+        assert!(policy.canceller().tls.is_some());
+        let to = policy.canceller().to.as_ref().expect("the address");
+        assert_eq!(to.hosts, vec![(tcp("db"), None, 6432)]);
+        // The address keeps the connector.
+        assert!(Canceller::tls(OtherTls).to(&config).tls.is_some());
     }
 }
