@@ -12,6 +12,7 @@ mod guards_ui;
 mod hashtext;
 mod inspect;
 mod migrate;
+mod misrouted;
 mod named;
 mod observe;
 mod order;

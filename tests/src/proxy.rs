@@ -35,7 +35,16 @@ pub enum Cut {
     /// Both sides of every connection are kept open, and nothing flows.
     /// New connections are accepted and kept silent too.
     Blackhole,
+    /// Bytes flow both ways, and on every connection open now, the next
+    /// request's reply comes after a message that is not its own (a
+    /// `NoData`, which no reply starts with): what a client sees when a
+    /// pooler routes another client's reply to it. Once per connection;
+    /// connections opened later are not touched.
+    StrayReply,
 }
+
+/// The message [`Cut::StrayReply`] puts before a reply: `NoData`.
+const STRAY: [u8; 5] = [b'n', 0, 0, 0, 4];
 
 /// A TCP proxy on a loopback port in front of a server, on a thread and
 /// runtime of its own (so a test's runtime, blocked or busy, cannot stall
@@ -161,12 +170,14 @@ impl Proxy {
     pub async fn cut(&self, how: Cut) {
         let (acks, forwarding) = {
             let mut state = lock(&self.state);
-            state.cut = how;
-            let forwarding = if how == Cut::Open {
-                state.forwarding.clone()
-            } else {
-                std::mem::take(&mut state.forwarding)
+            let forwarding = match how {
+                // Once, on the connections open now: the proxy stays open.
+                Cut::Open | Cut::StrayReply => state.forwarding.clone(),
+                _ => std::mem::take(&mut state.forwarding),
             };
+            if how != Cut::StrayReply {
+                state.cut = how;
+            }
             (Vec::new(), forwarding)
         };
         let mut acks = acks;
@@ -235,12 +246,14 @@ async fn forward(
 ) {
     let mut up = vec![0u8; 16 * 1024];
     let mut down = vec![0u8; 16 * 1024];
+    let mut stray = false;
     loop {
         tokio::select! {
             biased;
             order = orders.recv() => {
                 let Some((cut, ack)) = order else { return };
-                if cut == Cut::Open {
+                if matches!(cut, Cut::Open | Cut::StrayReply) {
+                    stray |= cut == Cut::StrayReply;
                     let _ = ack.send(());
                     continue;
                 }
@@ -251,6 +264,11 @@ async fn forward(
             n = client.read(&mut up) => match n {
                 Ok(n) if n > 0 => {
                     if server.write_all(&up[..n]).await.is_err() {
+                        return;
+                    }
+                    // Written before the server's reply is read (this task
+                    // reads it), so the stray message comes first.
+                    if std::mem::take(&mut stray) && client.write_all(&STRAY).await.is_err() {
                         return;
                     }
                 }

@@ -9,7 +9,13 @@
 //! error is a closed connection ([`ErrorKind::ConnectionLost`]), never a
 //! bare database error.
 //!
+//! tokio-postgres's "unexpected message from server", a protocol message
+//! that does not fit the reply being read, is a reply that is not this
+//! statement's: behind a transaction-mode pooler, another client's. It is
+//! [`ErrorKind::UnexpectedReply`], never a bare database error.
+//!
 //! [`ErrorKind::ConnectionLost`]: crate::ErrorKind::ConnectionLost
+//! [`ErrorKind::UnexpectedReply`]: crate::ErrorKind::UnexpectedReply
 
 use crate::driver::DriverError;
 use crate::Error;
@@ -20,6 +26,7 @@ impl From<&tokio_postgres::Error> for DriverError {
             .code(e.code().map(tokio_postgres::error::SqlState::code))
             .message(e.as_db_error().map(|d| d.message()))
             .closed(ends_session(e))
+            .foreign_reply(unexpected_message(e))
     }
 }
 
@@ -28,10 +35,12 @@ impl From<tokio_postgres::Error> for DriverError {
         let code = e.code().map(|c| c.code().to_owned());
         let message = e.as_db_error().map(|d| d.message().to_owned());
         let closed = ends_session(&e);
+        let foreign = unexpected_message(&e);
         DriverError::new(e)
             .code(code.as_deref())
             .message(message.as_deref())
             .closed(closed)
+            .foreign_reply(foreign)
     }
 }
 
@@ -46,6 +55,14 @@ fn ends_session(e: &tokio_postgres::Error) -> bool {
                 Some(severity) => matches!(severity, Severity::Fatal | Severity::Panic),
                 None => matches!(db.severity(), "FATAL" | "PANIC"),
             })
+}
+
+/// Whether `e` is tokio-postgres's "unexpected message from server", which
+/// it exposes by its text only (no kind, no source).
+pub(crate) fn unexpected_message(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_none()
+        && std::error::Error::source(e).is_none()
+        && e.to_string() == "unexpected message from server"
 }
 
 impl From<tokio_postgres::Error> for Error {

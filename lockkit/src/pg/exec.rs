@@ -251,20 +251,23 @@ pub(crate) fn reply(stmt: &Statement<'_>, answer: &Answer) -> Reply {
     }
 }
 
-/// Whether tokio-postgres could not read a row as the prepared statement's:
-/// the statement of that name on the server is not the one prepared (a
-/// foreign statement behind a pooler), so the reply is not lockkit's.
-/// tokio-postgres does not expose its error kinds; its `Parse` error keeps
-/// the `io::Error` that names the mismatch.
+/// Whether tokio-postgres could not read the reply as this statement's: a
+/// row not in the prepared statement's shape (the statement of that name on
+/// the server is not the one prepared: a foreign statement behind a
+/// pooler), or a message that does not fit the reply at all (another
+/// client's reply, routed here by a pooler). Either way the reply is not
+/// lockkit's. tokio-postgres does not expose its error kinds; its `Parse`
+/// error keeps the `io::Error` that names the mismatch.
 fn foreign_row(e: &tokio_postgres::Error) -> bool {
-    e.as_db_error().is_none()
+    let wrong_shape = e.as_db_error().is_none()
         && !e.is_closed()
         && std::error::Error::source(e)
             .and_then(|s| s.downcast_ref::<std::io::Error>())
             .is_some_and(|io| {
                 io.kind() == std::io::ErrorKind::InvalidData
                     && io.to_string().starts_with("DataRow field count")
-            })
+            });
+    wrong_shape || crate::pg::error::unexpected_message(e)
 }
 
 /// tokio-postgres as a [`Driver`]: the engine's statements on the

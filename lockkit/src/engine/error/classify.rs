@@ -51,6 +51,9 @@ impl DriverError {
             Some(PROTOCOL_VIOLATION) if !closed => ErrorKind::Database,
             Some(c) if c.starts_with("08") => ErrorKind::ConnectionLost,
             _ if closed => ErrorKind::ConnectionLost,
+            // A reply the driver could not read in the shape it expected:
+            // not this statement's.
+            _ if self.foreign_reply => ErrorKind::UnexpectedReply,
             _ => ErrorKind::Database,
         }
     }

@@ -230,3 +230,17 @@ fn a_pool_timeout_is_a_timeout_that_says_so() {
     assert!(text.contains("the pool handed out no connection"), "{text}");
     assert!(!text.contains("aborted"), "{text}");
 }
+
+#[test]
+fn a_reply_the_driver_could_not_read_is_an_unexpected_reply() {
+    let foreign = DriverError::new("unexpected message from server").foreign_reply(true);
+    assert_eq!(foreign.into_error().kind(), ErrorKind::UnexpectedReply);
+    // Without a code it is no database error; a code or a closed connection
+    // says more, and wins.
+    let plain = DriverError::new("unexpected message from server");
+    assert_eq!(plain.into_error().kind(), ErrorKind::Database);
+    let closed = DriverError::new("closed").foreign_reply(true).closed(true);
+    assert_eq!(closed.into_error().kind(), ErrorKind::ConnectionLost);
+    let deadlock = err("40P01", "deadlock detected").foreign_reply(true);
+    assert_eq!(deadlock.into_error().kind(), ErrorKind::Deadlock);
+}
