@@ -158,8 +158,14 @@ async fn dropped_lock_future_frees_the_connection_while_the_key_is_held() {
     println!("slowest rollback after a dropped lock call: {slowest:?} (holder still holding)");
 
     // The control: a raw statement dropped the same way keeps the server
-    // waiting, so the rollback cannot finish while the key is held.
-    let raw = b.transaction().await.unwrap();
+    // waiting, so the rollback cannot finish while the key is held. On a
+    // connection of its own: a cancel request of the rounds above that the
+    // server processes late (the default locker sends them as
+    // tokio-postgres does, without waiting for that) would cancel a
+    // statement of `b`'s, and end the control's wait.
+    let mut c = db.connect().await;
+    let pid = backend_pid(&c).await;
+    let raw = c.transaction().await.unwrap();
     {
         let key = match busy.lock_key() {
             LockKey::BigInt(k) => k,
