@@ -15,7 +15,7 @@
 //! - **A [`LockClient`]** per connection prepares lockkit's statements once;
 //!   its [`begin`](LockClient::begin) opens a [`LockTx`], a
 //!   `tokio_postgres::Transaction` that takes locks. ([`Locker::begin`] and
-//!   [`Locker::lock_tx`] serve plain clients and pooled transactions.)
+//!   [`Locker::wrap`] serve plain clients and pooled transactions.)
 //! - **Locks live as long as the transaction** (`pg_advisory_xact_lock`):
 //!   released at `COMMIT` or `ROLLBACK`, never leaked into a pool. A lock
 //!   call returns a guard, [`Held`] or [`HeldBatch`], which borrows the
@@ -106,7 +106,7 @@
 //!
 //! | stack | a `LockTx` over a transaction | a closure in a new transaction |
 //! | --- | --- | --- |
-//! | tokio-postgres (`lockkit`) | `conn.begin().await?` on a [`LockClient`] (statements unnamed by default, or prepared once per connection with `StatementMode::Prepared`); [`locker.begin(&mut client).await?`](Locker::begin); [`locker.lock_tx(tx)`](Locker::lock_tx) over an open `tokio_postgres::Transaction` | — |
+//! | tokio-postgres (`lockkit`) | `conn.begin().await?` on a [`LockClient`] (statements unnamed by default, or prepared once per connection with `StatementMode::Prepared`); [`locker.begin(&mut client).await?`](Locker::begin); [`locker.wrap(tx)`](Locker::wrap), taking over an open `tokio_postgres::Transaction` | — |
 //! | sqlx (`lockkit-sqlx`) | `locker.lock_tx(&mut tx)?` over `pool.begin().await?` | `locker.transaction(&pool, \|tx\| Box::pin(async move { … }))` |
 //! | diesel-async (`lockkit-diesel-async`) | `locker.lock_tx(conn)?` inside `conn.transaction(async \|conn\| …)` | `locker.transaction(conn, \|tx\| Box::pin(async move { … }))` |
 //! | Diesel (`lockkit-diesel`) | `locker.lock_tx(conn)?` inside `conn.transaction(\|conn\| …)` | `locker.transaction(conn, \|tx\| { … })` |

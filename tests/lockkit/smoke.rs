@@ -229,7 +229,7 @@ async fn wrap_takes_locks_in_the_callers_transaction() {
     raw.execute("SET LOCAL application_name = 'wrapped'", &[])
         .await
         .unwrap();
-    let tx = locker.lock_tx(raw);
+    let tx = locker.wrap(raw);
     let batch = Batch::new().with(&one).with(&two);
     let held = tx.lock_batch(&batch).await.unwrap();
     assert!(held.contains(&one) && held.contains(&two));
@@ -247,7 +247,7 @@ async fn wrap_takes_locks_in_the_callers_transaction() {
     tx.commit().await.unwrap();
     assert_eq!(advisory_rows(&observer, pid).await, 0, "commit releases");
 
-    let tx = locker.lock_tx(a.transaction().await.unwrap());
+    let tx = locker.wrap(a.transaction().await.unwrap());
     let _ = tx.lock(one).await.unwrap();
     assert!(held_by(&observer, pid, one.lock_key()).await);
     tx.rollback().await.unwrap();

@@ -27,7 +27,7 @@ use crate::{AdvisoryKey, Batch, Busy, Held, HeldBatch, Mode};
 /// Made by [`LockClient::begin`](crate::LockClient::begin) (lockkit's
 /// statements unnamed by default; with `StatementMode::Prepared`, prepared
 /// once per connection),
-/// [`Locker::begin`] or [`Locker::lock_tx`]. It dereferences to
+/// [`Locker::begin`] or [`Locker::wrap`]. It dereferences to
 /// [`tokio_postgres::Transaction`] for queries.
 ///
 /// Locks are released by the server at `COMMIT` or `ROLLBACK` (or a

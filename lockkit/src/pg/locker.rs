@@ -88,16 +88,52 @@ impl Locker {
     /// the transaction back before the client's next statement.
     pub async fn begin<'c>(&self, client: &'c mut Client) -> Result<LockTx<'c>, Error> {
         let tx = client.transaction().await?;
-        Ok(self.lock_tx(tx))
+        Ok(self.wrap(tx))
     }
 
-    /// Wraps a `tokio_postgres::Transaction` that is already open, with
-    /// lockkit's statements sent unnamed. It must not hold advisory locks
-    /// taken outside lockkit, or the budget will not count them. (A
+    /// Wraps a `tokio_postgres::Transaction` that is already open, taking
+    /// it over (the [`LockTx`] commits or rolls it back), with lockkit's
+    /// statements sent unnamed. It must not hold advisory locks taken
+    /// outside lockkit, or the budget will not count them. (A
     /// deadpool-postgres `Transaction` is a wrapper that cannot be taken
     /// apart: on a pooled connection use [`begin`](Self::begin).)
-    pub fn lock_tx<'c>(&self, tx: Transaction<'c>) -> LockTx<'c> {
+    ///
+    /// The other adapters' `Locker::lock_tx(&mut conn)` borrows a
+    /// connection inside a transaction the application ends; this one owns
+    /// the transaction, hence its own name.
+    ///
+    /// ```no_run
+    /// use lockkit::{AdvisoryKey, Locker};
+    ///
+    /// #[derive(AdvisoryKey)]
+    /// struct Order {
+    ///     id: i64,
+    /// }
+    ///
+    /// # async fn run(client: &mut tokio_postgres::Client, locker: &Locker)
+    /// # -> Result<(), Box<dyn std::error::Error>> {
+    /// let tx = client.transaction().await?;
+    /// tx.execute("SET LOCAL statement_timeout = '5s'", &[]).await?;
+    /// let tx = locker.wrap(tx);
+    /// let order = tx.lock(Order { id: 42 }).await?;
+    /// drop(order);
+    /// tx.commit().await?; // releases the lock
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn wrap<'c>(&self, tx: Transaction<'c>) -> LockTx<'c> {
         LockTx::new(self.clone(), tx, None)
+    }
+
+    /// The former name of [`wrap`](Self::wrap), which says that the
+    /// transaction is taken over, where the other adapters' `lock_tx`
+    /// borrows a connection.
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed `wrap`: it takes the transaction over"
+    )]
+    pub fn lock_tx<'c>(&self, tx: Transaction<'c>) -> LockTx<'c> {
+        self.wrap(tx)
     }
 }
 
