@@ -417,6 +417,31 @@ async fn refused_on_a_hot_standby_unless_allowed() {
     assert!(guard.release().await.unwrap());
 }
 
+/// A refusal rests on facts read for it: a `SessionLock` whose first
+/// locks were refused on a hot standby (its facts on hand say so) takes
+/// its lock there once the standby is promoted, as a fresh `SessionLock`
+/// would.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_standby_that_refused_a_lock_grants_it_once_promoted() {
+    let primary = TestServer::builder().start();
+    let standby = primary.standby();
+    let sessions = SessionLock::new(standby.config());
+    for _ in 0..2 {
+        let err = sessions.lock(Job { id: 12 }).await.unwrap_err();
+        assert!(err.kind() == ErrorKind::HotStandby, "{err}");
+    }
+    let on_standby = standby.connect().await;
+    let promoted: bool = on_standby
+        .query_one("SELECT pg_promote()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(promoted);
+    let guard = sessions.lock(Job { id: 12 }).await.unwrap();
+    assert!(guard.check().await.unwrap());
+    assert!(guard.release().await.unwrap());
+}
+
 /// A raw key, so the test picks the exact `LockKey`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Raw(LockKey);

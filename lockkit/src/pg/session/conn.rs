@@ -5,7 +5,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -16,6 +16,7 @@ use tokio_postgres::{Client, Socket};
 use super::wire::within;
 use crate::driver::Canceller;
 use crate::engine::error::Error;
+use crate::engine::facts::ServerFacts;
 use crate::engine::sql;
 
 /// How long opening a lock's connection may take, per host of the
@@ -42,6 +43,10 @@ pub(super) struct Settings {
     /// Shared by clones; cleared when that form fails because the server
     /// has no such setting.
     pub(super) check_interval_known: Arc<AtomicBool>,
+    /// The server's facts as the default form last read them (`None`
+    /// until its first lock): its locks run the engine under the policy
+    /// of these facts ([`xact::policy`](super::xact)). Shared by clones.
+    pub(super) facts: Arc<Mutex<Option<ServerFacts>>>,
 }
 
 impl Settings {
@@ -56,6 +61,7 @@ impl Settings {
             probe_timeout,
             fencing: false,
             check_interval_known: Arc::new(AtomicBool::new(false)),
+            facts: Arc::new(Mutex::new(None)),
         }
     }
 }

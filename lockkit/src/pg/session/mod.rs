@@ -16,6 +16,14 @@
 //! server restart) ends the transaction and the lock with it. No pooler
 //! detection is needed for safety.
 //!
+//! Its lock goes through the lock engine under the same policy as a
+//! [`Locker`]'s: the server's facts, read at a
+//! `SessionLock`'s first lock in this form (one round trip more, once;
+//! clones share them) and read again before any refusal, are checked
+//! before anything is sent (a hot standby refused unless
+//! [`SessionLock::allow_standby`], another server's `hashtext` for a
+//! `HashText` key, the lock budget).
+//!
 //! # What an operator sees
 //!
 //! The lock's backend is `idle in transaction` in `pg_stat_activity`, with

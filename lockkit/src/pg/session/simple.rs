@@ -7,7 +7,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::num::NonZeroU8;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -18,7 +17,6 @@ use tokio_postgres::Client;
 use super::wire::{one_row, simple_round, AppName, Completed};
 use crate::driver::{drive, run_one, Async, Driver};
 use crate::engine::error::{DriverError, Error};
-use crate::engine::facts::ServerFacts;
 use crate::engine::guard::Busy;
 use crate::engine::sql;
 use crate::engine::{
@@ -28,18 +26,6 @@ use crate::fencing::FencingToken;
 use crate::key::{AdvisoryKey, LockKey};
 use crate::pg::text_row::{BadColumn, SimpleRow};
 use crate::StatementMode::{self, Unnamed};
-
-/// The policy of a session lock's calls: the standby and `hashtext` checks
-/// are the caller's, and the statements go unnamed (simple protocol).
-static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(|| {
-    Policy::new(
-        crate::Config::default()
-            .allow_standby(true)
-            .order_check(crate::OrderCheck::Off)
-            .statements(crate::StatementMode::Unnamed),
-        ServerFacts::assumed(1, 1, 0),
-    )
-});
 
 /// How a held transaction is set up, beside its name: whether the server
 /// is known to have `client_connection_check_interval` (shared by a
@@ -64,26 +50,26 @@ pub(super) type Taken = ((bool, i32), Result<Option<Granted>, Error>);
 pub(super) type Granted = (LockKey, Option<FencingToken>);
 
 /// Opens the lock's transaction on `client`, sets it up (named `name`) and
-/// takes the transaction-scoped lock inside it through the lock engine (its
-/// statements, reply checks and timeouts), all in one simple-protocol
-/// query; later rounds of the engine (a timeout's savepoint rollback) go
-/// the same way. The standby and `hashtext` checks are the caller's.
+/// takes the transaction-scoped lock inside it through the lock engine
+/// under `policy` (its checks, statements, reply checks and timeouts), all
+/// in one simple-protocol query; later rounds of the engine (a timeout's
+/// savepoint rollback) go the same way.
 ///
 /// # Errors
 ///
 /// The outer error when `BEGIN` or the set-up failed, or their reply was
 /// not what they answer: then the engine never saw a reply.
 pub(super) async fn take_xact_lock(
-    client: &Client,
+    (client, policy): (&Client, &Policy),
     request: Request,
     wait: Wait,
     name: &AppName,
     held: HeldTx<'_>,
 ) -> Result<Taken, Error> {
     let state = TxState::new();
-    let call = state.acquire(&POLICY, 0, request, wait)?;
+    let call = state.acquire(policy, 0, request, wait)?;
     let mut conn = SimpleConn::new(client, Some((name, held)));
-    let outcome = drive::<Simple<'_>>(&mut conn, &Simple::default(), Unnamed, call).await;
+    let outcome = drive::<Simple<'_>>(&mut conn, &Simple(policy), Unnamed, call).await;
     let setup = conn.set_up()?;
     Ok((setup, conn.granted(outcome)))
 }
@@ -97,22 +83,22 @@ pub(super) async fn take_xact_lock(
 ///
 /// As [`take_xact_lock`].
 pub(super) async fn take_permit<K: AdvisoryKey>(
-    client: &Client,
+    (client, policy): (&Client, &Policy),
     (value, permits): (&K, NonZeroU8),
     wait: Wait,
     name: &AppName,
     held: HeldTx<'_>,
 ) -> Result<Taken, Error> {
     let state = TxState::new();
-    let call = state.acquire_permit(&POLICY, 0, (value, permits), None)?;
+    let call = state.acquire_permit(policy, 0, (value, permits), None)?;
     let mut conn = SimpleConn::new(client, Some((name, held)));
-    let outcome = run_one::<Simple<'_>>(&mut conn, &Simple::default(), call).await;
+    let outcome = run_one::<Simple<'_>>(&mut conn, &Simple(policy), call).await;
     let setup = conn.set_up()?;
     let outcome = match (outcome, wait) {
         (Ok(Err(_busy)), Wait::Forever | Wait::Timeout(_)) => {
             let request = Request::permit_slot(value, permits);
-            let call = state.acquire(&POLICY, 0, request, wait)?;
-            let outcome = drive::<Simple<'_>>(&mut conn, &Simple::default(), Unnamed, call).await;
+            let call = state.acquire(policy, 0, request, wait)?;
+            let outcome = drive::<Simple<'_>>(&mut conn, &Simple(policy), Unnamed, call).await;
             // A query that did not answer its commands: the call's own
             // error, as in the first round.
             if let Some(Err(e)) = conn.setup.take() {
@@ -127,14 +113,14 @@ pub(super) async fn take_permit<K: AdvisoryKey>(
 
 /// Session locks' runner, as a [`Driver`]: each round of the engine is one
 /// simple-protocol query (one `Query` message, one round trip), the first
-/// behind `BEGIN` and the session set-up. Its connection is a
-/// [`SimpleConn`].
-#[derive(Clone, Copy, Debug, Default)]
-struct Simple<'c>(PhantomData<&'c Client>);
+/// behind `BEGIN` and the session set-up, under the lock's policy. Its
+/// connection is a [`SimpleConn`].
+#[derive(Clone, Copy, Debug)]
+struct Simple<'c>(&'c Policy);
 
 impl AsRef<Policy> for Simple<'_> {
     fn as_ref(&self) -> &Policy {
-        &POLICY
+        self.0
     }
 }
 

@@ -4,9 +4,11 @@
 
 use std::future::Future;
 use std::num::NonZeroU8;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::join;
+use tokio_postgres::Client;
 
 use super::conn::{Lease, Settings};
 #[cfg(doc)]
@@ -18,9 +20,10 @@ use super::wire::AppName;
 use crate::engine::error::{Error, ErrorKind};
 use crate::engine::facts::ServerFacts;
 use crate::engine::plan::Mode;
-use crate::engine::{Request, Wait};
+use crate::engine::{Policy, Request, Wait};
 use crate::key::{AdvisoryKey, LockKey};
 use crate::pg::locker::server_facts;
+use crate::{Config, OrderCheck, StatementMode};
 
 /// What a lock on a connection of its own takes: a key in a mode, or a
 /// permit of the semaphore of this many permits the key names.
@@ -44,6 +47,7 @@ pub(super) async fn lock<K: AdvisoryKey>(
     hashtext: bool,
 ) -> Result<(Option<Granted>, i32), Error> {
     let client = lease.client();
+    let policy = policy(settings, client, hashtext).await?;
     let known = HeldTx {
         check_interval_known: &settings.check_interval_known,
         lease: lease_for,
@@ -53,21 +57,65 @@ pub(super) async fn lock<K: AdvisoryKey>(
     match take {
         Take::Key(mode) => {
             let request = Request::key_of::<K>(key, mode);
-            let take = take_xact_lock(client, request, wait, name, known);
+            let take = take_xact_lock((client, &policy), request, wait, name, known);
             lock_in_transaction(lease, take, hashtext, allow_standby).await
         }
         Take::Permit(permits) => {
-            let take = take_permit(client, (value, permits), wait, name, known);
+            let take = take_permit((client, &policy), (value, permits), wait, name, known);
             lock_in_transaction(lease, take, hashtext, allow_standby).await
         }
     }
 }
 
+/// The default form's policy: the lock's settings (a standby refused
+/// unless allowed; one key per transaction, so no order to check; the
+/// statements unnamed, in the simple protocol) on the server's facts,
+/// which the engine checks before anything is sent (the standby, the
+/// `hashtext` of a `HashText` key, the lock budget).
+///
+/// The facts are read at the `SessionLock`'s first lock in this form
+/// (one round trip; its clones share them), and again whenever the facts
+/// on hand would refuse the lock (a standby since promoted, another
+/// server's `hashtext`): a refusal always rests on facts read for it. A
+/// lock the facts on hand let through is checked again on what its own
+/// query answers ([`lock_in_transaction`]).
+///
+/// # Errors
+///
+/// When the facts cannot be read.
+async fn policy(settings: &Settings, client: &Client, hashtext: bool) -> Result<Policy, Error> {
+    let config = Config::default()
+        .allow_standby(settings.allow_standby)
+        .order_check(OrderCheck::Off)
+        .statements(StatementMode::Unnamed);
+    let refuses = |facts: &ServerFacts| {
+        (facts.in_recovery() && !settings.allow_standby)
+            || (hashtext && facts.check_hashtext().is_err())
+    };
+    let on_hand = cached(&settings.facts).clone();
+    let facts = match on_hand {
+        Some(facts) if !refuses(&facts) => facts,
+        _ => {
+            let facts = ServerFacts::from(&server_facts(client).await?);
+            *cached(&settings.facts) = Some(facts.clone());
+            facts
+        }
+    };
+    Ok(Policy::new(config, facts))
+}
+
+/// The facts on hand, whatever a panic elsewhere left (a whole value).
+fn cached(facts: &Mutex<Option<ServerFacts>>) -> MutexGuard<'_, Option<ServerFacts>> {
+    facts.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// The default form: `take` opens the transaction, sets it up and
 /// takes the lock in one simple-protocol query (one message, one round
-/// trip; see [`simple_round`]); then the server's facts are checked.
-/// Answers the key granted with its token (`None`: busy) and the backend
-/// pid.
+/// trip; see [`simple_round`]); then what can have changed since the
+/// policy's facts were read is checked on fresh answers: the standby on
+/// the query's set-up row (a failover), and a `HashText` key's `hashtext`
+/// on facts read beside the query (another server). Answers the key
+/// granted with its token (`None`: busy) and the backend pid.
 async fn lock_in_transaction(
     lease: &Lease,
     take: impl Future<Output = Result<Taken, Error>>,
