@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lockkit::key::HashText;
 use lockkit::pg::{probe_pooler, SessionForm, SessionGuard};
 use lockkit::{AdvisoryKey, Config, ErrorKind, LockKey, Mode, SessionLock};
 use lockkit_tests::observe::granted_elsewhere;
@@ -440,6 +441,53 @@ async fn a_standby_that_refused_a_lock_grants_it_once_promoted() {
     let guard = sessions.lock(Job { id: 12 }).await.unwrap();
     assert!(guard.check().await.unwrap());
     assert!(guard.release().await.unwrap());
+}
+
+/// The facts cost one round trip per `SessionLock`, not per lock: the
+/// server logs every statement, and after locks by the `SessionLock`, by
+/// a clone and a try that finds the key busy, the facts query was sent
+/// once; a `HashText` key adds the one read beside its own query, no more.
+/// (Facts that allow the lock are not read again; the test above shows
+/// that facts that refuse it are.)
+#[tokio::test(flavor = "multi_thread")]
+async fn the_default_form_reads_the_servers_facts_once_per_session_lock() {
+    let server = TestServer::builder()
+        .setting("log_statement", "all")
+        .start();
+    let log_path = server.log_path().unwrap().to_owned();
+    let from = std::fs::metadata(&log_path).unwrap().len() as usize;
+    let sessions = SessionLock::new(server.config());
+    let guard = sessions.lock(Job { id: 14 }).await.unwrap();
+    assert!(sessions
+        .clone()
+        .try_lock(Job { id: 14 })
+        .await
+        .unwrap()
+        .is_err());
+    assert!(guard.release().await.unwrap());
+    for id in [14, 15] {
+        let guard = sessions.clone().lock(Job { id }).await.unwrap();
+        assert!(guard.release().await.unwrap());
+    }
+    let facts_reads = |log: &str| {
+        log.matches("current_setting('max_locks_per_transaction')")
+            .count()
+    };
+    let log = std::fs::read(&log_path).unwrap();
+    let log = String::from_utf8_lossy(&log[from..]).into_owned();
+    let locks = log.matches("pg_advisory_xact_lock(").count()
+        + log.matches("pg_try_advisory_xact_lock(").count();
+    assert!(locks >= 4, "the log shows {locks} lock statements:\n{log}");
+    assert_eq!(facts_reads(&log), 1, "the facts query, in the log:\n{log}");
+
+    let from = std::fs::metadata(&log_path).unwrap().len() as usize;
+    for text in ["lockkit-tests/facts/a", "lockkit-tests/facts/b"] {
+        let guard = sessions.lock(HashText(text)).await.unwrap();
+        assert!(guard.release().await.unwrap());
+    }
+    let log = std::fs::read(&log_path).unwrap();
+    let log = String::from_utf8_lossy(&log[from..]).into_owned();
+    assert_eq!(facts_reads(&log), 2, "the facts query, in the log:\n{log}");
 }
 
 /// A raw key, so the test picks the exact `LockKey`.
