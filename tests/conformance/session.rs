@@ -98,6 +98,8 @@ pub(crate) enum Op {
     TryLockDrifting(i64),
     /// `holds` (lockkit's bookkeeping).
     Holds(Key, Mode),
+    /// `held_count` (lockkit's bookkeeping): [`Out::Count`].
+    HeldCount,
     /// `try_acquire_permit` of the semaphore of this many permits named
     /// by this `BigInt` key: the slot's key, or `Bool(false)`.
     TryPermit(i64, u8),
@@ -143,6 +145,8 @@ pub(crate) enum Out {
     Done,
     /// The fencing token of the call's guard (`None`: none, or busy).
     Token(Option<lockkit::fencing::FencingToken>),
+    /// How many keys the transaction holds, by `held_count`.
+    Count(usize),
 }
 
 /// How a transaction (or, for `Commit` and `Rollback`, a savepoint) ends.
@@ -437,6 +441,13 @@ impl Session {
         bool_of(self.op(Op::Holds(key, mode)).await.expect("holds"))
     }
 
+    pub(crate) async fn held_count(&self) -> usize {
+        match self.op(Op::HeldCount).await.expect("held_count") {
+            Out::Count(n) => n,
+            other => panic!("held_count returned {other:?}"),
+        }
+    }
+
     pub(crate) async fn increment(&self, row: i64) -> Result<(), Error> {
         self.op(Op::Increment(row))
             .await
@@ -584,6 +595,7 @@ macro_rules! exec_op {
             Op::Permit(id, n, Some(t)) => tx.acquire_permit_timeout(Big { id }, n.try_into().expect("permits"), t) $($aw)* .map(|held| Out::Guard(held.key())),
             Op::Holds(Key::Big(id), mode) => Ok(Out::Bool(tx.holds(&Big { id }, mode))),
             Op::Holds(Key::Pair(id), mode) => Ok(Out::Bool(tx.holds(&Pair { id }, mode))),
+            Op::HeldCount => Ok(Out::Count(tx.held_count())),
             Op::Increment(row) => $increment(tx, row) $($aw)* .map(|()| Out::Done),
             Op::Execute(sql) => $execute(tx, sql) $($aw)* .map(|()| Out::Done),
             Op::Token(call) => {

@@ -730,9 +730,11 @@ pub(crate) async fn savepoints<A: Adapter>() {
     s.lock(inside[0], Mode::Exclusive).await.unwrap();
     s.lock_batch(&[(inside[1], Mode::Shared)]).await.unwrap();
     assert!(held_by(&observer, s.pid(), inside[0]).await);
+    assert_eq!(s.held_count().await, 3);
     s.end(End::Rollback).await.unwrap();
     assert!(held_by(&observer, s.pid(), before).await, "kept");
     assert!(s.holds(before, Mode::Exclusive).await);
+    assert_eq!(s.held_count().await, 1, "the savepoint's keys forgotten");
     for key in inside {
         assert!(!held_by(&observer, s.pid(), key).await, "{key:?} released");
     }
@@ -746,6 +748,7 @@ pub(crate) async fn savepoints<A: Adapter>() {
         "released savepoint"
     );
     assert!(s.holds(kept, Mode::Shared).await);
+    assert_eq!(s.held_count().await, 2, "the released savepoint's key kept");
     assert_eq!(advisory_rows(&observer, s.pid()).await, 2);
     s.commit().await.unwrap();
     assert_eq!(advisory_rows(&observer, s.pid()).await, 0);

@@ -95,6 +95,63 @@ async fn a_savepoint_dropped_during_its_rollback_does_not_report_its_locks_held(
     panic!("the savepoint's ROLLBACK TO was answered within the poll that sent it, for a minute");
 }
 
+/// The savepoint future is dropped while its closure waits, a lock taken
+/// inside it: sqlx queues the savepoint's `ROLLBACK TO`, which its next
+/// statement runs first, so the savepoint's end is known (rolled back).
+/// The transaction goes on, not poisoned: the savepoint's key is not
+/// reported held, the server releases it, and the next lock is taken.
+#[tokio::test(flavor = "current_thread")]
+async fn a_savepoint_dropped_while_its_closure_waits_is_rolled_back_and_the_transaction_goes_on() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 1).await;
+    let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+    let observer = db.connect().await;
+    let mut conn = connect(db).await;
+    let pid = backend_pid(&mut conn).await;
+    let (before, inside, after) = (
+        Item { id: 300_000 },
+        Item { id: 300_001 },
+        Item { id: 300_002 },
+    );
+    let mut tx = conn.begin().await.unwrap();
+    let mut ltx = locker.lock_tx(&mut tx).unwrap();
+    let _ = ltx.lock(before).await.unwrap();
+    let locked = Arc::new(AtomicBool::new(false));
+    {
+        let locked2 = Arc::clone(&locked);
+        let savepoint = ltx.savepoint(move |sp| {
+            Box::pin(async move {
+                let _ = sp.lock(inside).await?;
+                locked2.store(true, SeqCst);
+                std::future::pending::<Result<(), Error>>().await
+            })
+        });
+        let mut savepoint = std::pin::pin!(savepoint);
+        std::future::poll_fn(|cx| match savepoint.as_mut().poll(cx) {
+            Poll::Ready(r) => panic!("the savepoint ended: {r:?}"),
+            Poll::Pending if locked.load(SeqCst) => Poll::Ready(()),
+            Poll::Pending => Poll::Pending,
+        })
+        .await;
+        assert!(held_by(&observer, pid, inside.lock_key()).await);
+    } // The savepoint future is dropped here.
+    assert!(!ltx.is_poisoned(), "a savepoint rolled back is a known end");
+    assert!(!ltx.holds(&inside, Mode::Exclusive));
+    assert!(ltx.holds(&before, Mode::Exclusive));
+    assert_eq!(ltx.held_count(), 1);
+    let _ = ltx.lock(after).await.unwrap();
+    assert!(
+        !held_by(&observer, pid, inside.lock_key()).await,
+        "ROLLBACK TO released it"
+    );
+    assert!(held_by(&observer, pid, before.lock_key()).await);
+    assert!(held_by(&observer, pid, after.lock_key()).await);
+    drop(ltx);
+    tx.commit().await.unwrap();
+    assert!(!held_by(&observer, pid, after.lock_key()).await);
+}
+
 /// A closure form whose lock call was cut off in flight (here by
 /// `now_or_never`, while another session holds the key) and whose closure
 /// then returns `Ok` must not report the transaction committed: whether
