@@ -3,11 +3,13 @@
 //! terminated and after a server restart: directly, from a deadpool pool,
 //! and through transaction- and session-mode pgbouncer. A held lock runs
 //! under its own lease, whatever the server's
-//! `idle_in_transaction_session_timeout`.
+//! `idle_in_transaction_session_timeout`. On a connection lockkit opened,
+//! `lost()` does not wait for the keepalive; a dropped guard gives a
+//! pooled connection back.
 
 use std::time::Duration;
 
-use lockkit::pg::SessionGuard;
+use lockkit::pg::{SessionForm, SessionGuard};
 use lockkit::{AdvisoryKey, SessionLock};
 use lockkit_tests::{PgBouncer, TestServer};
 
@@ -140,6 +142,66 @@ async fn lost_after_a_server_restart() {
     db.restart();
     expect_lost(&guards, CADENCE + MARGIN).await;
     expect_free(&db, &guards).await;
+}
+
+/// On a connection lockkit opened, `lost()` resolves when the connection
+/// ends, not at the next keepalive: with a cadence of an hour, a lock
+/// whose backend is terminated (default and session-level forms) is lost
+/// within the margin.
+#[tokio::test(flavor = "multi_thread")]
+async fn lost_at_once_when_the_connection_lockkit_opened_ends() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let hour = Duration::from_secs(3600);
+    for (i, form) in [SessionForm::Transaction, SessionForm::SessionLevel]
+        .into_iter()
+        .enumerate()
+    {
+        let sessions = SessionLock::new(db.config()).keepalive(hour).form(form);
+        let guard = sessions.lock(Duty { id: 400 + i as i64 }).await.unwrap();
+        let killed: bool = observer
+            .query_one("SELECT pg_terminate_backend($1)", &[&guard.backend_pid()])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(killed, "{form:?}");
+        tokio::time::timeout(MARGIN, guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{form:?}: lost() waits for the keepalive"));
+        assert!(!guard.is_held(), "{form:?}");
+    }
+}
+
+/// A guard dropped without release gives a pooled connection back to its
+/// pool, clean, in both forms that lease one: the next lock from a pool
+/// of one runs on the same backend. (Had the drop closed the connection,
+/// the pool would open another.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_guard_gives_its_pooled_connection_back() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    for (i, form) in [SessionForm::Transaction, SessionForm::SessionLevel]
+        .into_iter()
+        .enumerate()
+    {
+        // A direct server: no pooler to probe for (the probe would lease
+        // a second connection from the pool of one).
+        let sessions = SessionLock::from_pool(pool_of(db.config(), 1))
+            .form(form)
+            .pooler_check(false);
+        let base = 410 + 10 * i as i64;
+        let guard = sessions.lock(Duty { id: base }).await.unwrap();
+        let pid = guard.backend_pid();
+        drop(guard);
+        let next = sessions.lock(Duty { id: base + 1 }).await.unwrap();
+        assert_eq!(next.backend_pid(), pid, "{form:?}: another connection");
+        // The dropped guard's key is free again.
+        let other = SessionLock::new(db.config());
+        let again = other.lock_timeout(Duty { id: base }, MARGIN).await;
+        assert!(again.unwrap().release().await.unwrap(), "{form:?}");
+        assert!(next.release().await.unwrap(), "{form:?}");
+    }
 }
 
 /// A held lock's transaction runs under its own lease, whatever the
