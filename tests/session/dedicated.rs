@@ -372,6 +372,8 @@ async fn refused_behind_a_transaction_pooler() {
     assert!(!granted_elsewhere(&observer, Job { id: 10 }.lock_key()).await);
     let probe = probe_pooler(&bouncer.config()).await.unwrap();
     assert!(probe.is_transaction_pooled(), "{probe:?}");
+    // What gave it away, for the operator.
+    assert!(probe.evidence().is_some_and(|e| !e.is_empty()), "{probe:?}");
 
     // With a pool of one server connection the probe still sees it.
     let single = PgBouncer::builder(db).default_pool_size(1).start();
@@ -386,6 +388,7 @@ async fn refused_behind_a_transaction_pooler() {
     // in the way that breaks session locks.
     let direct = probe_pooler(&db.config()).await.unwrap();
     assert!(!direct.is_transaction_pooled(), "{direct:?}");
+    assert_eq!(direct.evidence(), None, "{direct:?}");
     let session_mode = PgBouncer::builder(db).pool_mode("session").start();
     let probe = probe_pooler(&session_mode.config()).await.unwrap();
     assert!(!probe.is_transaction_pooled(), "{probe:?}");

@@ -513,6 +513,41 @@ async fn waits_take_a_connection_of_their_own() {
     assert!(a.release().await.unwrap() && b.release().await.unwrap());
 }
 
+/// A multiplexed connection is closed once it has held nothing for a
+/// keepalive cadence, and kept while it holds a lock: keys on two
+/// connections, the first's released, the second's held; the first's
+/// backend ends, the second's holds its keys still, until their release.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_that_held_nothing_for_a_cadence_is_closed() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let cadence = Duration::from_millis(200);
+    let sessions = multiplexed(db.config(), 2).keepalive(cadence);
+    let guards: Vec<_> = futures_util::stream::iter(931_000..931_200)
+        .map(|id| sessions.try_lock(Feed { id }))
+        .buffer_unordered(64)
+        .map(|taken| taken.expect("try").expect("free"))
+        .collect()
+        .await;
+    let idle_pid = guards[0].backend_pid();
+    let (released, held): (Vec<_>, Vec<_>) = guards
+        .into_iter()
+        .partition(|g| g.backend_pid() == idle_pid);
+    assert!(!held.is_empty(), "the keys went to one connection");
+    for guard in released {
+        assert!(guard.release().await.unwrap());
+    }
+    wait_until_gone(&observer, &[idle_pid], "the idle connection").await;
+    // The other one, holding its keys, outlived the idle one's cadences.
+    let held_pid = held[0].backend_pid();
+    for guard in held {
+        assert!(guard.check().await.unwrap());
+        assert!(guard.release().await.unwrap());
+    }
+    wait_until_gone(&observer, &[held_pid], "the last connection").await;
+}
+
 /// A multiplexed connection that ends (`pg_terminate_backend`) is reported
 /// to every guard on it, at once; guards on the other connections still
 /// hold, and a lost guard's release says the lock was gone.
