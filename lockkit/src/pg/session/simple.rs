@@ -255,8 +255,8 @@ async fn query_round(
         }
         None => 0,
     };
-    for (i, statement) in round.iter().enumerate() {
-        if i > 0 || prefix > 0 {
+    for statement in round {
+        if !query.is_empty() {
             query.push_str("; ");
         }
         statement.write_simple(&mut query);
