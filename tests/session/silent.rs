@@ -219,6 +219,12 @@ async fn take_case(
     }
     .form(form)
     .keepalive(CADENCE);
+    // Only the session-level form runs the pooler probe, and only its
+    // bound counts the probe's: another form's take does not wait for it.
+    let sessions = match form {
+        SessionForm::SessionLevel => sessions,
+        _ => sessions.probe_timeout(Duration::from_secs(3600)),
+    };
     let held = match conn {
         Conn::OpenedWithOneHeld => Some(sessions.lock(Feed { id: -id }).await.unwrap()),
         Conn::Opened | Conn::Pool => None,
