@@ -7,10 +7,11 @@
 //! `form` (`transaction`, `level` or `multiplexed`), each with a bounded
 //! wait; once granted it confirms the lock with the server
 //! (`SessionGuard::check`) and inserts `(key, token)` into `token_log` on
-//! its own connection to `log url`, then releases. Errors (a restarted
-//! server, a busy key) are counted, not fatal; the log connection is made
-//! anew on the next grant after it fails, so a holder whose lock ended with
-//! the server cannot record after the server came back. It prints
+//! its own connection to `log url`, confirms the lock again and marks the
+//! row confirmed, then releases. Errors (a restarted server, a busy key)
+//! are counted, not fatal; the log connection is made anew on the next
+//! grant after it fails, so a holder whose lock ended with the server
+//! cannot record after the server came back. It prints
 //! `granted <n> logged <n> errors <n>` when its time is up.
 
 use std::time::{Duration, Instant};
@@ -80,10 +81,29 @@ async fn main() {
             errors += 1;
             continue;
         };
+        let row = match client
+            .query_one(
+                "INSERT INTO token_log (key, token) VALUES ($1, $2::text::numeric) RETURNING n",
+                &[&id, &token],
+            )
+            .await
+        {
+            Ok(row) => row.get::<_, i64>(0),
+            Err(_) => {
+                errors += 1;
+                log = None;
+                continue;
+            }
+        };
+        // Held from the grant through the write: the row is in grant order.
+        if !matches!(guard.check().await, Ok(true)) {
+            errors += 1;
+            continue;
+        }
         match client
             .execute(
-                "INSERT INTO token_log (key, token) VALUES ($1, $2::text::numeric)",
-                &[&id, &token],
+                "UPDATE token_log SET confirmed = true WHERE n = $1",
+                &[&row],
             )
             .await
         {
