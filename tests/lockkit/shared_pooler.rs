@@ -333,9 +333,10 @@ enum Calls {
     /// pooler closes it.
     CutOffTo,
     /// The same through a pooler that takes clients over TLS only, with
-    /// the locker given the connector (`Locker::cancel_tls`): the request
-    /// goes over TLS on the stream tokio-postgres opened, kept open until
-    /// the pooler closes it.
+    /// the locker given the connector (`Locker::cancel_tls`) and the
+    /// pooler's address with `sslmode=require` (`Locker::cancel_to`): the
+    /// request goes over TLS on the stream tokio-postgres opened, kept open
+    /// until the pooler closes it.
     CutOffTls,
     /// `lock_timeout`: the server ends the wait, nothing is cancelled.
     Bounded,
@@ -400,7 +401,13 @@ async fn calls_on_a_held_key(db: &TestServer, calls: Calls) -> Result<(), String
     drop(first);
     match (calls, &tls) {
         (Calls::CutOffTo, _) => locker = locker.cancel_to(&bouncer.config()),
-        (Calls::CutOffTls, Some(tls)) => locker = locker.cancel_tls(tls.clone()),
+        (Calls::CutOffTls, Some(tls)) => {
+            // Its address too, which says TLS: the request must still go
+            // over TLS (the pooler refuses plain text).
+            let mut to = bouncer.config();
+            to.ssl_mode(SslMode::Require);
+            locker = locker.cancel_tls(tls.clone()).cancel_to(&to);
+        }
         _ => {}
     }
     let calls_made = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -505,9 +512,10 @@ async fn cut_off_lock_calls_do_not_crash_the_shared_pooler() {
 }
 
 /// The same through a pgbouncer 1.18 that takes clients over TLS only, the
-/// locker given the connector (`Locker::cancel_tls`): each cancel request
-/// goes over TLS, its stream kept open until the pooler closes it, and the
-/// pooler keeps serving.
+/// locker given the connector (`Locker::cancel_tls`) and the address
+/// (`Locker::cancel_to`, `sslmode=require`): each cancel request goes over
+/// TLS, its stream kept open until the pooler closes it, and the pooler
+/// keeps serving.
 #[tokio::test(flavor = "multi_thread")]
 async fn cut_off_lock_calls_over_tls_leave_the_shared_pooler_serving() {
     let db = TestServer::shared();
