@@ -356,4 +356,24 @@ mod tests {
         assert!(english("") && english("C") && english("en_US.UTF-8") && english("C.UTF-8"));
         assert!(!english("de_DE.UTF-8") && !english("fr_FR"));
     }
+
+    /// Each kind Diesel names carries its SQLSTATE into lockkit's error (a
+    /// deferred constraint's violation at `COMMIT` is reported by code).
+    #[test]
+    fn diesels_error_kinds_keep_their_sqlstate() {
+        use diesel::result::{DatabaseErrorKind as Kind, Error as D};
+        for (kind, code) in [
+            (Kind::UniqueViolation, "23505"),
+            (Kind::ForeignKeyViolation, "23503"),
+            (Kind::NotNullViolation, "23502"),
+            (Kind::CheckViolation, "23514"),
+            (Kind::RestrictViolation, "23001"),
+            (Kind::ExclusionViolation, "23P01"),
+            (Kind::SerializationFailure, "40001"),
+            (Kind::ReadOnlyTransaction, "25006"),
+        ] {
+            let e = Error::from(D::DatabaseError(kind, Box::new(String::from("violated"))));
+            assert_eq!(e.code(), Some(code), "{kind:?}: {e}");
+        }
+    }
 }
