@@ -434,13 +434,7 @@ async fn a_standby_that_refused_a_lock_grants_it_once_promoted() {
         let err = sessions.lock(Job { id: 12 }).await.unwrap_err();
         assert!(err.kind() == ErrorKind::HotStandby, "{err}");
     }
-    let on_standby = standby.connect().await;
-    let promoted: bool = on_standby
-        .query_one("SELECT pg_promote()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(promoted);
+    standby.promote().await;
     let guard = sessions.lock(Job { id: 12 }).await.unwrap();
     assert!(guard.check().await.unwrap());
     assert!(guard.release().await.unwrap());
@@ -457,8 +451,7 @@ async fn the_default_form_reads_the_servers_facts_once_per_session_lock() {
     let server = TestServer::builder()
         .setting("log_statement", "all")
         .start();
-    let log_path = server.log_path().unwrap().to_owned();
-    let from = std::fs::metadata(&log_path).unwrap().len() as usize;
+    let from = server.log_offset();
     let sessions = SessionLock::new(server.config());
     let guard = sessions.lock(Job { id: 14 }).await.unwrap();
     assert!(sessions
@@ -476,21 +469,20 @@ async fn the_default_form_reads_the_servers_facts_once_per_session_lock() {
         log.matches("current_setting('max_locks_per_transaction')")
             .count()
     };
-    let log = std::fs::read(&log_path).unwrap();
-    let log = String::from_utf8_lossy(&log[from..]).into_owned();
+    let log = server.log_since(from);
     let locks = log.matches("pg_advisory_xact_lock(").count()
         + log.matches("pg_try_advisory_xact_lock(").count();
     assert!(locks >= 4, "the log shows {locks} lock statements:\n{log}");
     assert_eq!(facts_reads(&log), 1, "the facts query, in the log:\n{log}");
 
-    let from = std::fs::metadata(&log_path).unwrap().len() as usize;
+    let from = server.log_offset();
     for text in ["lockkit-tests/facts/a", "lockkit-tests/facts/b"] {
         let guard = sessions.lock(HashText(text)).await.unwrap();
         assert!(guard.release().await.unwrap());
     }
-    let log = std::fs::read(&log_path).unwrap();
-    let log = String::from_utf8_lossy(&log[from..]).into_owned();
+    let log = server.log_since(from);
     assert_eq!(facts_reads(&log), 2, "the facts query, in the log:\n{log}");
+
 }
 
 /// A raw key, so the test picks the exact `LockKey`.

@@ -117,6 +117,50 @@ impl TestServer {
         self.instance.as_ref().map(Instance::log_path)
     }
 
+    /// Where the server log ends now: what [`log_since`](Self::log_since)
+    /// reads from.
+    ///
+    /// # Panics
+    ///
+    /// For a server from `DATABASE_URL` (no log), or if the log cannot be
+    /// read.
+    pub fn log_offset(&self) -> usize {
+        let path = self.log_path().expect("a server started by the tests");
+        std::fs::metadata(path).expect("the server log").len() as usize
+    }
+
+    /// What the server logged since `offset` (from
+    /// [`log_offset`](Self::log_offset)), lossily as text.
+    ///
+    /// # Panics
+    ///
+    /// As [`log_offset`](Self::log_offset).
+    pub fn log_since(&self, offset: usize) -> String {
+        let path = self.log_path().expect("a server started by the tests");
+        let log = std::fs::read(path).expect("the server log");
+        String::from_utf8_lossy(log.get(offset..).unwrap_or_default()).into_owned()
+    }
+
+    /// Promotes this standby (`pg_promote()`, which waits until it is
+    /// done) on a connection of its own.
+    ///
+    /// # Panics
+    ///
+    /// If the connection fails or the server does not say it was promoted.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped, the promotion may or may not happen.
+    pub async fn promote(&self) {
+        let client = self.connect().await;
+        let promoted: bool = client
+            .query_one("SELECT pg_promote()", &[])
+            .await
+            .expect("pg_promote()")
+            .get(0);
+        assert!(promoted, "pg_promote() returned false");
+    }
+
     /// Connects as the superuser `postgres`, running the connection on a
     /// spawned tokio task.
     ///

@@ -88,15 +88,14 @@ async fn immediate_restart_recovers_committed_data() {
     tx.batch_execute("INSERT INTO kept VALUES (2)")
         .await
         .unwrap();
-    let from = std::fs::metadata(server.log_path().unwrap()).unwrap().len();
+    let from = server.log_offset();
     server.restart_with(StopMode::Immediate);
     assert!(
         client.simple_query("SELECT 1").await.is_err(),
         "old session ended"
     );
     drop(tx);
-    let log = std::fs::read(server.log_path().unwrap()).unwrap();
-    let log = String::from_utf8_lossy(&log[from as usize..]);
+    let log = server.log_since(from);
     assert!(
         log.contains("not properly shut down"),
         "no crash recovery in the log:\n{log}"
