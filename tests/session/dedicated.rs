@@ -443,9 +443,10 @@ async fn a_standby_that_refused_a_lock_grants_it_once_promoted() {
 /// The facts cost one round trip per `SessionLock`, not per lock: the
 /// server logs every statement, and after locks by the `SessionLock`, by
 /// a clone and a try that finds the key busy, the facts query was sent
-/// once; a `HashText` key adds the one read beside its own query, no more.
-/// (Facts that allow the lock are not read again; the test above shows
-/// that facts that refuse it are.)
+/// once; a `HashText` key adds the one read beside its own query, no more,
+/// and a `SessionLock` whose first lock is a `HashText` key reads them
+/// once for it. (Facts that allow the lock are not read again; the test
+/// above shows that facts that refuse it are.)
 #[tokio::test(flavor = "multi_thread")]
 async fn the_default_form_reads_the_servers_facts_once_per_session_lock() {
     let server = TestServer::builder()
@@ -483,6 +484,12 @@ async fn the_default_form_reads_the_servers_facts_once_per_session_lock() {
     let log = server.log_since(from);
     assert_eq!(facts_reads(&log), 2, "the facts query, in the log:\n{log}");
 
+    let from = server.log_offset();
+    let first = SessionLock::new(server.config());
+    let guard = first.lock(HashText("lockkit-tests/facts/c")).await.unwrap();
+    assert!(guard.release().await.unwrap());
+    let log = server.log_since(from);
+    assert_eq!(facts_reads(&log), 1, "the facts query, in the log:\n{log}");
 }
 
 /// A raw key, so the test picks the exact `LockKey`.

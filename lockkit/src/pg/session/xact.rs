@@ -47,7 +47,10 @@ pub(super) async fn lock<K: AdvisoryKey>(
     hashtext: bool,
 ) -> Result<(Option<Granted>, i32), Error> {
     let client = lease.client();
-    let policy = policy(settings, client, hashtext).await?;
+    let (policy, fresh) = policy(settings, client, hashtext).await?;
+    // Facts read for this lock, on this connection, need no second read
+    // beside its query.
+    let hashtext = hashtext && !fresh;
     let known = HeldTx {
         check_interval_known: &settings.check_interval_known,
         lease: lease_for,
@@ -78,12 +81,17 @@ pub(super) async fn lock<K: AdvisoryKey>(
 /// on hand would refuse the lock (a standby since promoted, another
 /// server's `hashtext`): a refusal always rests on facts read for it. A
 /// lock the facts on hand let through is checked again on what its own
-/// query answers ([`lock_in_transaction`]).
+/// query answers ([`lock_in_transaction`]). Answers the policy, and
+/// whether its facts were read for this lock (then already fresh).
 ///
 /// # Errors
 ///
 /// When the facts cannot be read.
-async fn policy(settings: &Settings, client: &Client, hashtext: bool) -> Result<Policy, Error> {
+async fn policy(
+    settings: &Settings,
+    client: &Client,
+    hashtext: bool,
+) -> Result<(Policy, bool), Error> {
     let config = Config::default()
         .allow_standby(settings.allow_standby)
         .order_check(OrderCheck::Off)
@@ -93,15 +101,15 @@ async fn policy(settings: &Settings, client: &Client, hashtext: bool) -> Result<
             || (hashtext && facts.check_hashtext().is_err())
     };
     let on_hand = cached(&settings.facts).clone();
-    let facts = match on_hand {
-        Some(facts) if !refuses(&facts) => facts,
+    let (facts, fresh) = match on_hand {
+        Some(facts) if !refuses(&facts) => (facts, false),
         _ => {
             let facts = ServerFacts::from(&server_facts(client).await?);
             *cached(&settings.facts) = Some(facts.clone());
-            facts
+            (facts, true)
         }
     };
-    Ok(Policy::new(config, facts))
+    Ok((Policy::new(config, facts), fresh))
 }
 
 /// The facts on hand, whatever a panic elsewhere left (a whole value).
@@ -113,8 +121,9 @@ fn cached(facts: &Mutex<Option<ServerFacts>>) -> MutexGuard<'_, Option<ServerFac
 /// takes the lock in one simple-protocol query (one message, one round
 /// trip; see [`simple_round`]); then what can have changed since the
 /// policy's facts were read is checked on fresh answers: the standby on
-/// the query's set-up row (a failover), and a `HashText` key's `hashtext`
-/// on facts read beside the query (another server). Answers the key
+/// the query's set-up row (a failover), and, when `hashtext`, a `HashText`
+/// key's `hashtext` on facts read beside the query (another server; not
+/// asked when the policy's facts were read for this lock). Answers the key
 /// granted with its token (`None`: busy) and the backend pid.
 async fn lock_in_transaction(
     lease: &Lease,
