@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::task::Poll;
 
-use lockkit_sqlx::{AdvisoryKey, Config, Error, Mode, OrderCheck};
+use lockkit_sqlx::{AdvisoryKey, Config, Error, Locker, Mode, OrderCheck};
 use lockkit_tests::observe::held_by;
-use lockkit_tests::TestServer;
-use sqlx::Connection;
+use lockkit_tests::{LogGuard, TestServer};
+use sqlx::{Connection, PgPool};
 
 use crate::common::{backend_pid, connect, locker, pool};
 
@@ -20,6 +20,31 @@ struct Item {
     id: i64,
 }
 
+/// What each test here starts from: the shared server, its log printed
+/// should the test fail, a pool of one connection and its locker, with
+/// the order check off (the tests choose their keys' order).
+struct Setup {
+    db: &'static TestServer,
+    _log: LogGuard<'static>,
+    pool: PgPool,
+    locker: Locker,
+}
+
+impl Setup {
+    async fn new() -> Setup {
+        let db = TestServer::shared();
+        let _log = db.guard();
+        let pool = pool(db, 1).await;
+        let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+        Setup {
+            db,
+            _log,
+            pool,
+            locker,
+        }
+    }
+}
+
 /// The savepoint future is dropped after its closure returned `Err`, while
 /// its `ROLLBACK TO` is in flight: the server releases the savepoint's
 /// locks (and sqlx queues another `ROLLBACK TO`), so the bookkeeping must
@@ -27,10 +52,12 @@ struct Item {
 /// savepoint end anyway is retried.
 #[tokio::test(flavor = "current_thread")]
 async fn a_savepoint_dropped_during_its_rollback_does_not_report_its_locks_held() {
-    let db = TestServer::shared();
-    let _log = db.guard();
-    let pool = pool(db, 1).await;
-    let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+    let Setup {
+        db,
+        _log,
+        pool: _pool,
+        locker,
+    } = Setup::new().await;
     let observer = db.connect().await;
     let mut conn = connect(db).await;
     let pid = backend_pid(&mut conn).await;
@@ -102,10 +129,12 @@ async fn a_savepoint_dropped_during_its_rollback_does_not_report_its_locks_held(
 /// reported held, the server releases it, and the next lock is taken.
 #[tokio::test(flavor = "current_thread")]
 async fn a_savepoint_dropped_while_its_closure_waits_is_rolled_back_and_the_transaction_goes_on() {
-    let db = TestServer::shared();
-    let _log = db.guard();
-    let pool = pool(db, 1).await;
-    let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+    let Setup {
+        db,
+        _log,
+        pool: _pool,
+        locker,
+    } = Setup::new().await;
     let observer = db.connect().await;
     let mut conn = connect(db).await;
     let pid = backend_pid(&mut conn).await;
@@ -161,10 +190,12 @@ async fn a_savepoint_dropped_while_its_closure_waits_is_rolled_back_and_the_tran
 #[tokio::test(flavor = "multi_thread")]
 async fn a_closure_whose_lock_call_was_cut_off_is_not_committed() {
     use futures_util::FutureExt;
-    let db = TestServer::shared();
-    let _log = db.guard();
-    let pool = pool(db, 1).await;
-    let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+    let Setup {
+        db,
+        _log,
+        pool,
+        locker,
+    } = Setup::new().await;
     let holder = db.connect().await;
     let observer = db.connect().await;
     observer
