@@ -18,6 +18,31 @@ use tokio_postgres::{Client, NoTls};
 /// `KEYS`).
 const KEYS: i64 = 16;
 
+/// Where to copy pgbouncer's log, with every packet it read, at the end of
+/// a run (unset: not copied, and pgbouncer logs at its default level).
+const POOLER_LOG: &str = "LOCKKIT_FLEET_PGBOUNCER_LOG";
+
+/// Which faults the runner causes in a `Chaos::On` run: `all` (the
+/// default), `kill` (SIGKILLs only), `terminate` (terminated backends
+/// only) or `none` (the `lockkit` runs only), to tell which one a failure
+/// comes from.
+const CHAOS: &str = "LOCKKIT_FLEET_CHAOS";
+
+/// The time of day (UTC, milliseconds), as pgbouncer's log prints it.
+fn utc_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let day = now.as_millis() % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        day / 3_600_000,
+        day / 60_000 % 60,
+        day / 1000 % 60,
+        day % 1000
+    )
+}
+
 /// The `application_name` of the runner's own connections, which it never
 /// terminates.
 const RUNNER: &str = "fleet-runner";
@@ -210,10 +235,16 @@ impl Fleet {
         let db = TestServer::builder()
             .setting("max_connections", "300")
             .start();
-        let bouncer = PgBouncer::builder(&db)
+        let mut bouncer = PgBouncer::builder(&db)
             .pool_mode("transaction")
-            .default_pool_size(pool)
-            .start();
+            .default_pool_size(pool);
+        if std::env::var_os(POOLER_LOG).is_some() {
+            // Every packet pgbouncer reads, from which client or server
+            // (`verbose = 2`), and its debug lines, which say when a server
+            // connection is linked to a client and released.
+            bouncer = bouncer.setting("verbose", "2");
+        }
+        let bouncer = bouncer.start();
         let mut config = db.config();
         config.application_name(RUNNER);
         let observer = connect(&config).await;
@@ -285,6 +316,7 @@ impl Fleet {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start fleet-worker");
+        let pid = child.id();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
@@ -297,6 +329,14 @@ impl Fleet {
                 };
                 let mut seen = seen2.lock().unwrap();
                 if let Some(message) = v.get("unexpected").and_then(Value::as_str) {
+                    // At once, with the time of day, to set beside the
+                    // pooler's log (`LOCKKIT_FLEET_PGBOUNCER_LOG`).
+                    eprintln!(
+                        "fleet: {} unexpected, {} worker {pid}: {}",
+                        utc_now(),
+                        role.arg(),
+                        short(message)
+                    );
                     seen.unexpected.push(message.to_owned());
                 } else {
                     seen.finished = v["final"].as_bool().unwrap_or(false);
@@ -347,11 +387,23 @@ impl Fleet {
                 report.failures.push(format!("CI=true and {reason}"));
             }
         }
+        let faults = std::env::var(CHAOS).unwrap_or_else(|_| "all".into());
+        let (kills, terminations) = match faults.as_str() {
+            "all" => (true, true),
+            "kill" => (true, false),
+            "terminate" => (false, true),
+            "none" => (false, false),
+            other => panic!("{CHAOS}={other:?}: all, kill, terminate or none"),
+        };
         let mut next_cli = Instant::now() + Duration::from_secs(5);
         let mut cli_turn = 0;
         while chaos == Chaos::On && Instant::now() + Duration::from_secs(3) < deadline {
             tokio::time::sleep(Duration::from_millis(rng.u64(1_000..3_000))).await;
-            if rng.bool() {
+            let kill = rng.bool();
+            if !(if kill { kills } else { terminations }) {
+                continue;
+            }
+            if kill {
                 // Kill a lockkit worker and start its role again.
                 let killable: Vec<usize> = (0..workers.len())
                     .filter(|&i| workers[i].role.killable() && !workers[i].killed)
@@ -452,6 +504,11 @@ impl Fleet {
         }
         report.elapsed = started.elapsed();
         stop.store(true, Ordering::Relaxed);
+        if let Some(path) = std::env::var_os(POOLER_LOG) {
+            if let Err(e) = std::fs::write(&path, self.bouncer.log()) {
+                eprintln!("fleet: pgbouncer's log not copied to {path:?}: {e}");
+            }
+        }
         let (samples, doubles) = sampler.await.expect("the sampler");
         report.samples = samples;
         report.double_holders = doubles;
