@@ -19,6 +19,7 @@ mod order;
 mod pipeline;
 mod poison;
 mod pool;
+mod pooler_handoff;
 mod publish;
 mod release;
 mod semaphore;
