@@ -703,3 +703,74 @@ async fn tries_behind_a_saturated_pooler_are_busy_or_time_out() {
         guard.release().await.unwrap();
     }
 }
+
+/// pgbouncer 1.18 in transaction mode hands a server connection on as soon
+/// as its client goes away if the last answer left it idle, even with a
+/// statement of that client's still running there
+/// (`tests/lockkit/pooler_handoff.rs`). A default-form lock of a `HashText`
+/// key, cut off while it waits, closes its connection: no statement of
+/// its may then still run behind an idle answer, or the pooler gives the
+/// next client a server connection inside the lock's transaction, the
+/// lock's answer as its own. Here, through a pooler of one server
+/// connection, on connections the `SessionLock` opens and on a deadpool
+/// pool's: the lock waits for a key held elsewhere and is cut off;
+/// the next client reads its own answer, and once the key is let go
+/// nothing holds it. (The facts the lock reads beside its query went out
+/// at once ahead of it, and the next client read the lock's set-up row.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cut_off_lock_leaves_no_statement_to_the_pooler_s_next_client() {
+    use lockkit::key::HashText;
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    for round in 0..6 {
+        let bouncer = PgBouncer::builder(db)
+            .pool_mode("transaction")
+            .default_pool_size(1)
+            .start();
+        // Connections of its own, and leased from a deadpool pool.
+        let sessions = if round % 2 == 0 {
+            SessionLock::new(bouncer.config())
+        } else {
+            SessionLock::from_pool(pool_of(bouncer.config(), 2))
+        };
+        // The server's facts on hand, as after any first lock.
+        let warm = sessions.lock(Leader { id: 700 + round }).await.unwrap();
+        assert!(warm.release().await.unwrap());
+
+        let text = format!("lockkit-tests/pooler-handoff/{round}");
+        let key = HashText(&text).lock_key();
+        let mut holder = db.connect().await;
+        let held = holder.transaction().await.unwrap();
+        let lockkit::LockKey::BigInt(k) = key else {
+            unreachable!("a HashText key is a BigInt")
+        };
+        held.execute("SELECT pg_advisory_xact_lock($1)", &[&k])
+            .await
+            .unwrap();
+        {
+            let lock = sessions.lock(HashText(&text));
+            tokio::pin!(lock);
+            tokio::select! {
+                r = &mut lock => panic!("granted while held elsewhere: {:?}", r.map(|_| ())),
+                () = lockkit_tests::observe::wait_until_key_waited(&observer, key) => {}
+            }
+        } // Cut off while it waits.
+
+        let (b, b_connection) = bouncer.config().connect(NoTls).await.unwrap();
+        tokio::spawn(b_connection);
+        let answer = tokio::spawn(async move { simple_value(&b, "SELECT 'of B'").await });
+        held.rollback().await.unwrap();
+        let answer = tokio::time::timeout(PATIENT, answer)
+            .await
+            .expect("B is answered")
+            .expect("B's task")
+            .map_err(|e| e.to_string());
+        assert_eq!(answer, Ok(Some("of B".to_owned())), "round {round}");
+        assert_eq!(
+            granted(&observer, key).await,
+            0,
+            "round {round}: nothing holds the key"
+        );
+    }
+}

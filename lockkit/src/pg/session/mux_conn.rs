@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use futures_util::future::join;
 use tokio::sync::watch;
 use tokio_postgres::types::{ToSql, Type};
 
@@ -105,21 +104,23 @@ impl MuxConn {
         let cadence = keeper.cadence;
         let (lease, _canceller) = settings.source.lease().await?;
         let client = lease.client();
-        // The facts first, outside the transaction (they are the server's).
-        // Bounded as every statement on the connection is; on a silent
-        // path, or behind a pooler with no free server connection, the
-        // lease drops here, closing the connection.
+        // The facts first, outside the transaction (they are the server's),
+        // answered before the transaction is begun: a statement sent behind
+        // an answer that leaves the connection idle is one a
+        // transaction-mode pooler may hand, still running, to its next
+        // client should this connection close meanwhile. Bounded as every
+        // statement on the connection is; on a silent path, or behind a
+        // pooler with no free server connection, the lease drops here,
+        // closing the connection.
         let ((in_recovery, backend_pid), facts) = within_take(cadence, async {
-            let (facts, setup) = join(
-                server_facts(client),
-                begin_held(
-                    client,
-                    MULTIPLEXED_NAME,
-                    conn_held(&settings.check_interval_known, cadence),
-                ),
+            let facts = server_facts(client).await?;
+            let setup = begin_held(
+                client,
+                MULTIPLEXED_NAME,
+                conn_held(&settings.check_interval_known, cadence),
             )
-            .await;
-            Ok((setup?, facts?))
+            .await?;
+            Ok((setup, facts))
         })
         .await?;
         let facts = ServerFacts::from(&facts);

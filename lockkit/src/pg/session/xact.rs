@@ -7,7 +7,6 @@ use std::num::NonZeroU8;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures_util::future::join;
 use tokio_postgres::Client;
 
 use super::conn::{Lease, Settings};
@@ -122,8 +121,8 @@ fn cached(facts: &Mutex<Option<ServerFacts>>) -> MutexGuard<'_, Option<ServerFac
 /// trip; see [`simple_round`]); then what can have changed since the
 /// policy's facts were read is checked on fresh answers: the standby on
 /// the query's set-up row (a failover), and, when `hashtext`, a `HashText`
-/// key's `hashtext` on facts read beside the query (another server; not
-/// asked when the policy's facts were read for this lock). Answers the key
+/// key's `hashtext` on facts read just before the query (another server;
+/// not asked when the policy's facts were read for this lock). Answers the key
 /// granted with its token (`None`: busy) and the backend pid.
 async fn lock_in_transaction(
     lease: &Lease,
@@ -133,26 +132,24 @@ async fn lock_in_transaction(
 ) -> Result<(Option<Granted>, i32), Error> {
     let client = lease.client();
     // The facts (HashText keys only) go first, outside the transaction:
-    // they are the server's, not the backend's. Then one query:
+    // they are the server's, not the backend's. They are answered before
+    // anything else is sent: a statement sent behind an answer that leaves
+    // the connection idle is one that a transaction-mode pooler may hand,
+    // still running, to its next client should this connection close
+    // meanwhile (a cut-off call on a pooled connection closes it), and
+    // that client would get the lock's transaction. Then one query:
     // `BEGIN; set-up; lock`. Should BEGIN fail, nothing after it runs
     // (a simple query stops at its first error). It is the last thing
     // sent, and the simple protocol leaves no portal open, so the held
     // transaction holds no snapshot (no `backend_xmin`), with no
     // statement after it.
-    let (facts, taken) = match hashtext {
-        true => {
-            let (facts, taken) = join(server_facts(client), take).await;
-            (Some(facts), taken)
-        }
-        false => (None, take.await),
-    };
-    let (setup, granted) = taken?;
+    if hashtext {
+        ServerFacts::from(&server_facts(client).await?).check_hashtext()?;
+    }
+    let (setup, granted) = take.await?;
     let (in_recovery, backend_pid) = setup;
     if in_recovery && !allow_standby {
         return Err(Error::new(ErrorKind::HotStandby));
-    }
-    if let Some(facts) = facts {
-        ServerFacts::from(&facts?).check_hashtext()?;
     }
     Ok((granted?, backend_pid))
 }
