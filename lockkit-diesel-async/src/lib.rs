@@ -87,6 +87,13 @@
 //! pgbouncer 1.21+ with `max_prepared_statements`, which names each
 //! client's statements on the server itself.
 //!
+//! diesel-async's `AsyncPgConnection::establish` sends its two set-up
+//! statements at once and, when the first fails, drops the connection
+//! with the second unanswered; pgbouncer 1.18 then hands that statement's
+//! answer to another client of the pooler. Behind a transaction-mode
+//! pooler, make the pool's connections with [`establish`], which reads
+//! every answer it is owed before it closes.
+//!
 //! # Errors
 //!
 //! diesel-async reports Diesel's errors, which do not carry the SQLSTATE:
@@ -97,9 +104,11 @@
 //! lockkit's `diesel` feature (turned on by this crate), [`lockkit::Error`]
 //! converts `From<diesel::result::Error>`, so one error type works with `?`
 //! for both lock calls and queries.
+mod connect;
 mod driver;
 mod locker;
 
+pub use connect::{establish, establish_tls};
 pub use locker::Locker;
 pub use lockkit::tx::BoxFuture;
 

@@ -8,7 +8,7 @@
 //! | `tp` | tokio-postgres `LockClient`, `Config::default()`: locks, batches, tries, `_timeout` calls, permits |
 //! | `sqlx` | lockkit-sqlx `Locker::transaction` on a default `PgPool` |
 //! | `diesel` | lockkit-diesel `Locker::transaction` on a default r2d2 pool |
-//! | `diesel-async` | lockkit-diesel-async `Locker::transaction` on a default deadpool pool |
+//! | `diesel-async` | lockkit-diesel-async `Locker::transaction` on a deadpool pool of `lockkit_diesel_async::establish` connections |
 //! | `session` | default-form `SessionLock`: lock, try, timeout, permits |
 //! | `mux` | `SessionForm::Multiplexed`: lock, try, timeout, two keys at once |
 //! | `foreign-tp` | tokio-postgres without lockkit: its own named statements, some never closed |
@@ -1318,14 +1318,17 @@ mod with_diesel {
     }
 }
 
-/// diesel-async: lockkit-diesel-async's `Locker::transaction` on a default
-/// deadpool pool.
+/// diesel-async: lockkit-diesel-async's `Locker::transaction` on a deadpool
+/// pool whose connections come from `lockkit_diesel_async::establish`, as
+/// its docs say to behind a transaction-mode pooler (diesel-async's own
+/// `establish` drops a connection with its second set-up statement
+/// unanswered, whose answer pgbouncer 1.18 then hands to another client).
 mod with_diesel_async {
     use super::*;
     use diesel::sql_types::BigInt;
     use diesel::QueryableByName;
     use diesel_async::pooled_connection::deadpool::Pool;
-    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
     use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 
     /// A counter row.
@@ -1364,7 +1367,10 @@ mod with_diesel_async {
     }
 
     pub(super) async fn run(ctx: &Arc<Ctx>) {
-        let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(&ctx.url);
+        let mut config = ManagerConfig::default();
+        config.custom_setup = Box::new(lockkit_diesel_async::establish);
+        let manager =
+            AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(&ctx.url, config);
         let pool = Pool::builder(manager).build().expect("deadpool");
         let locker = loop {
             let made = match pool.get().await {
