@@ -33,7 +33,6 @@ use connect::{Conn, HostFailure};
 use lockkit::inspect::{
     advisory_locks, published_key_types, relation_lock_queues, KeyRegistry, RelationLockRow,
 };
-use lockkit::pg::probe_pooler;
 use lockkit::SessionLock;
 use lockkit_cli::keyarg::{compute, parse_value, Form, KeyRequest};
 use lockkit_cli::settings;
@@ -189,6 +188,10 @@ enum Command {
         /// compare with the idle timeouts.
         #[arg(long, value_name = "SECONDS", allow_negative_numbers = true, default_value_t = lockkit::pg::DEFAULT_KEEPALIVE.as_secs_f64())]
         session_keepalive: f64,
+        /// How long the pooler probe may take (it needs a second server
+        /// connection at once); past it, `check` says it cannot tell.
+        #[arg(long, value_name = "SECONDS", allow_negative_numbers = true, default_value_t = lockkit::pg::DEFAULT_PROBE_TIMEOUT.as_secs_f64())]
+        probe_timeout: f64,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -360,11 +363,13 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Check {
             session_keepalive,
+            probe_timeout,
             json,
         } => {
             let keepalive = seconds("--session-keepalive", *session_keepalive, 0.0)?;
+            let probe_timeout = seconds("--probe-timeout", *probe_timeout, 0.0)?;
             let (conn, config, tls) = connect(&cli).await?;
-            emit(&check(&conn, &config, tls, keepalive, *json).await?)
+            emit(&check(&conn, &config, tls, (keepalive, probe_timeout), *json).await?)
         }
     }
 }
@@ -602,7 +607,7 @@ async fn check(
     conn: &Conn,
     config: &tokio_postgres::Config,
     tls: Option<MakeTlsConnector>,
-    keepalive: Duration,
+    (keepalive, probe_timeout): (Duration, Duration),
     json: bool,
 ) -> Result<String> {
     let client = &conn.client;
@@ -624,22 +629,28 @@ async fn check(
     let version: String = row.get(8);
     // The probe opens connections of its own (each bounded by the
     // config's connect_timeout) and is bounded as a whole by its own
-    // timeout; the query bound on top covers anything left.
+    // timeout; the query bound on top covers anything left. A probe that
+    // runs out of time (behind a pooler whose server connections are all
+    // busy, the second connection it needs does not come) tells nothing:
+    // the report says so, and names what is safe behind a pooler.
     let probe = conn
         .within("probing for a pooler", async {
-            match tls {
-                Some(tls) => {
-                    SessionLock::with_tls(config.clone(), tls)
-                        .probe_pooler()
-                        .await
-                }
-                None => probe_pooler(config).await,
+            let sessions = match tls {
+                Some(tls) => SessionLock::with_tls(config.clone(), tls),
+                None => SessionLock::new(config.clone()),
+            };
+            match sessions.probe_timeout(probe_timeout).probe_pooler().await {
+                Ok(probe) => Ok(Ok(probe)),
+                Err(e) if e.kind() == lockkit::ErrorKind::Timeout => Ok(Err(format!(
+                    "the pooler probe did not finish within {probe_timeout:?}"
+                ))),
+                Err(e) => Err(query_error("cannot probe for a pooler", &e)),
             }
-            .map_err(|e| query_error("cannot probe for a pooler", &e))
         })
         .await?;
     let percent = 100.0 * advisory as f64 / capacity.max(1) as f64;
-    let pooled = probe.is_transaction_pooled();
+    // Unknown counts as pooled: the forms safe there are safe everywhere.
+    let pooled = probe.as_ref().map_or(true, |p| p.is_transaction_pooled());
     let setting_rows = conn
         .within("reading the lock settings", async {
             client
@@ -668,8 +679,9 @@ async fn check(
             "advisory_locks": advisory,
             "advisory_percent": percent,
             "hot_standby": standby,
-            "transaction_pooled": probe.is_transaction_pooled(),
-            "pooler_evidence": probe.evidence(),
+            "transaction_pooled": probe.as_ref().ok().map(|p| p.is_transaction_pooled()),
+            "pooler_evidence": probe.as_ref().ok().and_then(|p| p.evidence()),
+            "pooler_probe": probe.as_ref().err(),
             "safe_forms": if pooled {
                 json!(["transaction-scoped locks", "SessionLock (default form)", "SessionForm::Multiplexed"])
             } else {
@@ -707,20 +719,29 @@ async fn check(
             "no"
         }
     );
-    let _ = match probe.evidence() {
-        Some(evidence) => writeln!(
+    let _ = match &probe {
+        Err(why) => writeln!(
             out,
-            "pooled          yes, a transaction-mode pooler ({evidence})\n\
+            "pooled          cannot tell: {why} (every server connection of a pooler busy?); \
+             what holds behind a transaction-mode pooler, and so everywhere:\n\
              {:16}{POOLED_SAFE}\n{:16}{POOLED_UNSAFE}\n{:16}{POOLED_STATEMENTS}",
             "", "", ""
         ),
-        None => writeln!(
-            out,
-            "pooled          no transaction-mode pooler seen (server backend {} stayed with the connection)\n\
-             {:16}{DIRECT_STATEMENTS}",
-            probe.backend_pid(),
-            ""
-        ),
+        Ok(probe) => match probe.evidence() {
+            Some(evidence) => writeln!(
+                out,
+                "pooled          yes, a transaction-mode pooler ({evidence})\n\
+                 {:16}{POOLED_SAFE}\n{:16}{POOLED_UNSAFE}\n{:16}{POOLED_STATEMENTS}",
+                "", "", ""
+            ),
+            None => writeln!(
+                out,
+                "pooled          no transaction-mode pooler seen (server backend {} stayed with the connection)\n\
+                 {:16}{DIRECT_STATEMENTS}",
+                probe.backend_pid(),
+                ""
+            ),
+        },
     };
     let _ = writeln!(
         out,

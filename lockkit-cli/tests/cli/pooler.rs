@@ -60,3 +60,61 @@ fn check_through_a_pooler_names_what_is_safe_there() {
     assert_eq!(doc["statement_modes"], json!(["Unnamed", "Prepared"]));
     assert_eq!(doc["unsafe_forms"], json!([]));
 }
+
+/// A pooler probe that cannot finish within its bound (behind a pooler
+/// whose server connections are all busy, the second one it needs at once
+/// does not come; here, a bound of a millisecond): `lockkit check` says it
+/// cannot tell, names the forms that are safe behind a pooler (the side
+/// that cannot be wrong), and exits 0 with the rest of its report. It
+/// failed as a whole before ("cannot probe for a pooler", exit 1), as the
+/// fleet test saw with its pool saturated by held locks.
+#[test]
+fn check_whose_pooler_probe_runs_out_of_time_says_it_cannot_tell_and_what_is_safe() {
+    let db = TestServer::shared();
+    let bouncer = PgBouncer::builder(db).pool_mode("transaction").start();
+    let url = bouncer.url();
+
+    let out = lockkit(&["--url", &url, "check", "--probe-timeout", "0.001"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("pooled          cannot tell"), "{text}");
+    assert!(text.contains(POOLED_SAFE_LINE), "{text}");
+    assert!(
+        text.contains("not safe here: SessionForm::SessionLevel"),
+        "{text}"
+    );
+    assert!(
+        text.contains("lock settings"),
+        "the rest of the report:\n{text}"
+    );
+
+    let out = lockkit(&[
+        "--url",
+        db.url(),
+        "check",
+        "--json",
+        "--probe-timeout",
+        "0.001",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["transaction_pooled"], Value::Null, "{doc:#}");
+    assert_eq!(doc["unsafe_forms"], json!(["SessionForm::SessionLevel"]));
+    assert_eq!(doc["statement_modes"], json!(["Unnamed"]));
+    assert!(
+        doc["pooler_probe"]
+            .as_str()
+            .is_some_and(|s| s.contains("did not finish")),
+        "{doc:#}"
+    );
+
+    // With its bound, the probe finishes and says what it saw.
+    let out = lockkit(&["--url", &url, "check", "--json"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["transaction_pooled"], true, "{doc:#}");
+    assert_eq!(doc["pooler_probe"], Value::Null, "{doc:#}");
+}
+
+/// What `check` prints for the forms safe behind a pooler.
+const POOLED_SAFE_LINE: &str =
+    "safe here: transaction-scoped locks (LockTx), SessionLock in its default form";
