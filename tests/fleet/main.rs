@@ -58,7 +58,6 @@ const FLEET: &[(Role, usize)] = &[
 ];
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "fails today (TESTING.md, 'The fleet test'): run it with .ci/fleet-soak, or -- --ignored"]
 async fn a_fleet_behind_one_shared_pooler() {
     let seconds = run_seconds();
     let fleet = Fleet::start(8).await;
