@@ -100,6 +100,10 @@ pub(crate) enum Op {
     Holds(Key, Mode),
     /// `held_count` (lockkit's bookkeeping): [`Out::Count`].
     HeldCount,
+    /// `depth` (savepoints deep): [`Out::Count`].
+    Depth,
+    /// `is_poisoned`: [`Out::Bool`].
+    IsPoisoned,
     /// `try_acquire_permit` of the semaphore of this many permits named
     /// by this `BigInt` key: the slot's key, or `Bool(false)`.
     TryPermit(i64, u8),
@@ -448,6 +452,22 @@ impl Session {
         }
     }
 
+    /// How many savepoints deep the current `LockTx` is, by `depth`.
+    pub(crate) async fn depth(&self) -> usize {
+        match self.op(Op::Depth).await.expect("depth") {
+            Out::Count(n) => n,
+            other => panic!("depth returned {other:?}"),
+        }
+    }
+
+    /// Whether the transaction is poisoned, by `is_poisoned`.
+    pub(crate) async fn is_poisoned(&self) -> bool {
+        match self.op(Op::IsPoisoned).await.expect("is_poisoned") {
+            Out::Bool(b) => b,
+            other => panic!("is_poisoned returned {other:?}"),
+        }
+    }
+
     pub(crate) async fn increment(&self, row: i64) -> Result<(), Error> {
         self.op(Op::Increment(row))
             .await
@@ -596,6 +616,8 @@ macro_rules! exec_op {
             Op::Holds(Key::Big(id), mode) => Ok(Out::Bool(tx.holds(&Big { id }, mode))),
             Op::Holds(Key::Pair(id), mode) => Ok(Out::Bool(tx.holds(&Pair { id }, mode))),
             Op::HeldCount => Ok(Out::Count(tx.held_count())),
+            Op::Depth => Ok(Out::Count(tx.depth() as usize)),
+            Op::IsPoisoned => Ok(Out::Bool(tx.is_poisoned())),
             Op::Increment(row) => $increment(tx, row) $($aw)* .map(|()| Out::Done),
             Op::Execute(sql) => $execute(tx, sql) $($aw)* .map(|()| Out::Done),
             Op::Token(call) => {

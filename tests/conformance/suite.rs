@@ -563,6 +563,7 @@ pub(crate) async fn cancel<A: Adapter>() {
     assert_eq!(wait_until_awaited(&observer, key.lock_key()).await, s.pid());
     drop_it.send(()).unwrap();
     assert_eq!(lock.await.unwrap().unwrap(), Out::Dropped);
+    assert!(s.is_poisoned().await, "a lock call cut off poisons");
     let cancel = A::CANCEL.expect("an async stack");
     if cancel != Cancel::WaitsForReply {
         // The cut-off itself makes the server stop waiting, before anything
@@ -725,8 +726,10 @@ pub(crate) async fn savepoints<A: Adapter>() {
     let inside = [Key::Pair(id::<A>(23, 1)), Key::Big(id::<A>(23, 2))];
     let kept = Key::Pair(id::<A>(23, 3));
     s.begin().await;
+    assert_eq!(s.depth().await, 0);
     s.lock(before, Mode::Exclusive).await.unwrap();
     s.savepoint().await;
+    assert_eq!(s.depth().await, 1, "inside the savepoint");
     s.lock(inside[0], Mode::Exclusive).await.unwrap();
     s.lock_batch(&[(inside[1], Mode::Shared)]).await.unwrap();
     assert!(held_by(&observer, s.pid(), inside[0]).await);
@@ -735,6 +738,7 @@ pub(crate) async fn savepoints<A: Adapter>() {
     assert!(held_by(&observer, s.pid(), before).await, "kept");
     assert!(s.holds(before, Mode::Exclusive).await);
     assert_eq!(s.held_count().await, 1, "the savepoint's keys forgotten");
+    assert_eq!(s.depth().await, 0, "back in the transaction");
     for key in inside {
         assert!(!held_by(&observer, s.pid(), key).await, "{key:?} released");
     }
