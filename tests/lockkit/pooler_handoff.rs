@@ -61,9 +61,12 @@ fn first_value(messages: &[SimpleQueryMessage]) -> Option<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_gone_with_a_statement_unanswered_hands_its_answer_to_the_next_client() {
     let db = TestServer::shared();
-    let bouncer = bouncer(db);
     let mut misrouted = 0;
     for round in 0..5 {
+        // A pooler of its own each round: once B has read A's answer, B's
+        // own answer is still to come on that server connection, for
+        // whoever is next.
+        let bouncer = bouncer(db);
         let (a, a_connection) = client(&bouncer).await;
         {
             let mut first = pin!(a.simple_query("SELECT 'first of A'"));
