@@ -63,7 +63,8 @@ fn check_through_a_pooler_names_what_is_safe_there() {
 
 /// A pooler probe that cannot finish within its bound (behind a pooler
 /// whose server connections are all busy, the second one it needs at once
-/// does not come; here, a bound of a millisecond): `lockkit check` says it
+/// does not come; here, a bound of a millisecond, through a pooler that
+/// takes 50 ms to hand a server connection out): `lockkit check` says it
 /// cannot tell, names the forms that are safe behind a pooler (the side
 /// that cannot be wrong), and exits 0 with the rest of its report. It
 /// failed as a whole before ("cannot probe for a pooler", exit 1), as the
@@ -71,7 +72,14 @@ fn check_through_a_pooler_names_what_is_safe_there() {
 #[test]
 fn check_whose_pooler_probe_runs_out_of_time_says_it_cannot_tell_and_what_is_safe() {
     let db = TestServer::shared();
-    let bouncer = PgBouncer::builder(db).pool_mode("transaction").start();
+    // Every hand-out of a server connection runs pgbouncer's check query
+    // first, which takes 50 ms: the probe, which needs several, cannot
+    // finish within a millisecond however fast the machine.
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .setting("server_check_delay", "0")
+        .setting("server_check_query", "SELECT pg_sleep(0.05)")
+        .start();
     let url = bouncer.url();
 
     let out = lockkit(&["--url", &url, "check", "--probe-timeout", "0.001"]);
