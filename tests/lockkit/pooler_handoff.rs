@@ -61,8 +61,15 @@ fn first_value(messages: &[SimpleQueryMessage]) -> Option<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_gone_with_a_statement_unanswered_hands_its_answer_to_the_next_client() {
     let db = TestServer::shared();
-    let mut misrouted = 0;
-    for round in 0..5 {
+    let (mut misrouted, mut rounds) = (0, 0);
+    // A round whose client A could not pipeline its two statements (its
+    // connection ended at once, as when a loaded server refuses the
+    // pooler's connection) shows nothing: it is run again, up to 15 times,
+    // until 5 rounds did.
+    for round in 0..15 {
+        if rounds == 5 {
+            break;
+        }
         // A pooler of its own each round: once B has read A's answer, B's
         // own answer is still to come on that server connection, for
         // whoever is next.
@@ -70,11 +77,19 @@ async fn a_client_gone_with_a_statement_unanswered_hands_its_answer_to_the_next_
         let (a, a_connection) = client(&bouncer).await;
         {
             let mut first = pin!(a.simple_query("SELECT 'first of A'"));
-            assert!(poll_once(first.as_mut()).await, "sent");
             let mut second = pin!(a.simple_query("SELECT 'second of A' FROM pg_sleep(0.2)"));
-            assert!(poll_once(second.as_mut()).await, "sent behind the first");
-            let answer = first.await.expect("the first answer");
-            assert_eq!(first_value(&answer).as_deref(), Some("first of A"));
+            // Each is sent at its first poll; pending, both went out.
+            if !poll_once(first.as_mut()).await || !poll_once(second.as_mut()).await {
+                eprintln!("round {round}: A's statements were answered at once: again");
+                continue;
+            }
+            match first.await {
+                Ok(answer) if first_value(&answer).as_deref() == Some("first of A") => {}
+                other => {
+                    eprintln!("round {round}: A's first answer was {other:?}: again");
+                    continue;
+                }
+            }
             // A goes away, its second statement unanswered: the connection
             // task ends and its socket closes.
             a_connection.abort();
@@ -90,19 +105,17 @@ async fn a_client_gone_with_a_statement_unanswered_hands_its_answer_to_the_next_
             Ok(answer) => {
                 let value = first_value(&answer);
                 eprintln!("round {round}: B read {value:?}");
+                rounds += 1;
                 if value.as_deref() != Some("of B") {
                     misrouted += 1;
                 }
             }
-            Err(e) => {
-                eprintln!("round {round}: B failed: {e}");
-                misrouted += 1;
-            }
+            Err(e) => eprintln!("round {round}: B failed ({e}): again"),
         }
     }
     assert!(
         misrouted > 0,
-        "pgbouncer kept A's answer from B in each of 5 rounds: the hazard this \
+        "pgbouncer kept A's answer from B in each of {rounds} rounds: the hazard this \
          file describes is not this pooler's"
     );
 }
