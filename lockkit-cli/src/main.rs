@@ -719,30 +719,26 @@ async fn check(
             "no"
         }
     );
-    let _ = match &probe {
-        Err(why) => writeln!(
-            out,
-            "pooled          cannot tell: {why} (every server connection of a pooler busy?); \
-             what holds behind a transaction-mode pooler, and so everywhere:\n\
-             {:16}{POOLED_SAFE}\n{:16}{POOLED_UNSAFE}\n{:16}{POOLED_STATEMENTS}",
-            "", "", ""
+    // Whether a pooler was seen, or the probe could not tell, and then
+    // what is safe (the same lines for both: unknown counts as pooled).
+    let pooled_line = match probe.as_ref().map(|p| (p.evidence(), p.backend_pid())) {
+        Err(why) => format!(
+            "cannot tell: {why} (every server connection of a pooler busy?); what holds \
+             behind a transaction-mode pooler, and so everywhere:"
         ),
-        Ok(probe) => match probe.evidence() {
-            Some(evidence) => writeln!(
-                out,
-                "pooled          yes, a transaction-mode pooler ({evidence})\n\
-                 {:16}{POOLED_SAFE}\n{:16}{POOLED_UNSAFE}\n{:16}{POOLED_STATEMENTS}",
-                "", "", ""
-            ),
-            None => writeln!(
-                out,
-                "pooled          no transaction-mode pooler seen (server backend {} stayed with the connection)\n\
-                 {:16}{DIRECT_STATEMENTS}",
-                probe.backend_pid(),
-                ""
-            ),
-        },
+        Ok((Some(evidence), _)) => format!("yes, a transaction-mode pooler ({evidence})"),
+        Ok((None, pid)) => format!(
+            "no transaction-mode pooler seen (server backend {pid} stayed with the connection)"
+        ),
     };
+    let _ = writeln!(out, "pooled          {pooled_line}");
+    if pooled {
+        for line in [POOLED_SAFE, POOLED_UNSAFE, POOLED_STATEMENTS] {
+            let _ = writeln!(out, "{:16}{line}", "");
+        }
+    } else {
+        let _ = writeln!(out, "{:16}{DIRECT_STATEMENTS}", "");
+    }
     let _ = writeln!(
         out,
         "\nlock settings (as this connection's role and database see them; \

@@ -5,6 +5,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use lockkit_diesel_async::{
     AdvisoryKey, Batch, Config, Error, ErrorKind, Locker, OrderCheck, StatementMode,
 };
+use lockkit_tests::observe::simple_value;
 use lockkit_tests::{PgBouncer, TestServer};
 
 use crate::common::granted_elsewhere;
@@ -117,12 +118,7 @@ async fn a_name_clash_behind_a_shared_pooler_is_typed_and_says_the_fix() {
     };
     // Another process's statements of the names this one will use next,
     // left on the pooler's one server connection.
-    let (foreign, foreign_conn) = bouncer
-        .config()
-        .connect(tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(foreign_conn);
+    let foreign = bouncer.connect().await;
     let script: String = (next..next + 2_000)
         .map(|n| format!("PREPARE s{n} AS SELECT 7::int8;"))
         .collect();
@@ -237,10 +233,7 @@ async fn a_dropped_connection_answers_before_it_closes() {
         for round in 0..rounds {
             // A pooler of its own each round: a misrouted answer leaves the
             // next one out of step too.
-            let bouncer = PgBouncer::builder(db)
-                .pool_mode("transaction")
-                .default_pool_size(1)
-                .start();
+            let bouncer = PgBouncer::builder(db).default_pool_size(1).start();
             let conn = match opened {
                 Opened::DieselAsync => AsyncPgConnection::establish(&bouncer.url()).await,
                 Opened::Lockkit => lockkit_diesel_async::establish(&bouncer.url()).await,
@@ -274,21 +267,12 @@ async fn a_dropped_connection_answers_before_it_closes() {
             }
             drop(conn);
 
-            let (b, b_connection) = bouncer
-                .config()
-                .connect(tokio_postgres::NoTls)
+            let b = bouncer.connect().await;
+            let answer = simple_value(&b, "SELECT 'of B'")
                 .await
-                .unwrap();
-            tokio::spawn(b_connection);
-            let answer = match b.simple_query("SELECT 'of B'").await {
-                Ok(messages) => messages.iter().find_map(|m| match m {
-                    tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-                    _ => None,
-                }),
-                Err(e) => Some(format!("error: {e}")),
-            };
+                .map_err(|e| e.to_string());
             eprintln!("{opened:?} round {round}: B read {answer:?}");
-            if answer.as_deref() != Some("of B") {
+            if answer != Ok(Some("of B".to_owned())) {
                 misrouted += 1;
                 if opened == Opened::DieselAsync {
                     break;
@@ -312,20 +296,11 @@ diesel::define_sql_function! {
 
 /// Waits until a call of `lockkit_tests_sleep` sleeps on the server.
 async fn sleeping(observer: &tokio_postgres::Client) {
-    loop {
-        let n: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-                 AND wait_event = 'PgSleep' AND query LIKE '%lockkit_tests_sleep%'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if n > 0 {
-            return;
-        }
-
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    lockkit_tests::observe::wait_until_true(
+        observer,
+        "SELECT count(*) > 0 FROM pg_stat_activity WHERE state = 'active' \
+         AND wait_event = 'PgSleep' AND query LIKE '%lockkit_tests_sleep%'",
+        "lockkit_tests_sleep sleeping",
+    )
+    .await;
 }

@@ -17,17 +17,18 @@ use std::pin::{pin, Pin};
 use std::task::Poll;
 use std::time::Duration;
 
+use lockkit_tests::observe::simple_value;
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
 /// One server connection: the next client gets the one the last used.
 fn bouncer(db: &TestServer) -> PgBouncer {
-    PgBouncer::builder(db)
-        .pool_mode("transaction")
-        .default_pool_size(1)
-        .start()
+    // Transaction mode: the builder's default.
+    PgBouncer::builder(db).default_pool_size(1).start()
 }
 
+/// A client through `bouncer`, with the task that runs its connection
+/// (aborted, the socket closes at once).
 async fn client(bouncer: &PgBouncer) -> (Client, tokio::task::JoinHandle<()>) {
     let (client, connection) = bouncer
         .config()
@@ -97,13 +98,13 @@ async fn a_client_gone_with_a_statement_unanswered_hands_its_answer_to_the_next_
         }
         drop(a);
 
-        let (b, _b_connection) = client(&bouncer).await;
-        let answer = tokio::time::timeout(Duration::from_secs(10), b.simple_query("SELECT 'of B'"))
-            .await
-            .expect("B is answered");
+        let b = bouncer.connect().await;
+        let answer =
+            tokio::time::timeout(Duration::from_secs(10), simple_value(&b, "SELECT 'of B'"))
+                .await
+                .expect("B is answered");
         match answer {
-            Ok(answer) => {
-                let value = first_value(&answer);
+            Ok(value) => {
                 eprintln!("round {round}: B read {value:?}");
                 rounds += 1;
                 if value.as_deref() != Some("of B") {

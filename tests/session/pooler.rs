@@ -724,10 +724,7 @@ async fn a_cut_off_lock_leaves_no_statement_to_the_pooler_s_next_client() {
     let _log = db.guard();
     let observer = db.connect().await;
     for round in 0..6 {
-        let bouncer = PgBouncer::builder(db)
-            .pool_mode("transaction")
-            .default_pool_size(1)
-            .start();
+        let bouncer = PgBouncer::builder(db).default_pool_size(1).start();
         // Connections of its own, and leased from a deadpool pool.
         let sessions = if round % 2 == 0 {
             SessionLock::new(bouncer.config())
@@ -757,8 +754,7 @@ async fn a_cut_off_lock_leaves_no_statement_to_the_pooler_s_next_client() {
             }
         } // Cut off while it waits.
 
-        let (b, b_connection) = bouncer.config().connect(NoTls).await.unwrap();
-        tokio::spawn(b_connection);
+        let b = bouncer.connect().await;
         let answer = tokio::spawn(async move { simple_value(&b, "SELECT 'of B'").await });
         held.rollback().await.unwrap();
         let answer = tokio::time::timeout(PATIENT, answer)

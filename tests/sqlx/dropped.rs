@@ -10,7 +10,7 @@ use std::task::Poll;
 use lockkit_sqlx::{AdvisoryKey, Config, Error, Locker, Mode, OrderCheck};
 use lockkit_tests::observe::held_by;
 use lockkit_tests::{LogGuard, TestServer};
-use sqlx::{Connection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::common::{backend_pid, connect, locker, pool};
 
@@ -21,13 +21,15 @@ struct Item {
 }
 
 /// What each test here starts from: the shared server, its log printed
-/// should the test fail, a pool of one connection and its locker, with
+/// should the test fail, an observer connection (tokio-postgres, another
+/// session), a pool of one connection and its locker, with
 /// the order check off (the tests choose their keys' order).
 struct Setup {
     db: &'static TestServer,
     _log: LogGuard<'static>,
     pool: PgPool,
     locker: Locker,
+    observer: tokio_postgres::Client,
 }
 
 impl Setup {
@@ -36,12 +38,21 @@ impl Setup {
         let _log = db.guard();
         let pool = pool(db, 1).await;
         let locker = locker(&pool, Config::default().order_check(OrderCheck::Off)).await;
+        let observer = db.connect().await;
         Setup {
             db,
             _log,
             pool,
             locker,
+            observer,
         }
+    }
+
+    /// A sqlx connection of its own, and its backend pid.
+    async fn connection(&self) -> (PgConnection, i32) {
+        let mut conn = connect(self.db).await;
+        let pid = backend_pid(&mut conn).await;
+        (conn, pid)
     }
 }
 
@@ -52,15 +63,9 @@ impl Setup {
 /// savepoint end anyway is retried.
 #[tokio::test(flavor = "current_thread")]
 async fn a_savepoint_dropped_during_its_rollback_does_not_report_its_locks_held() {
-    let Setup {
-        db,
-        _log,
-        pool: _pool,
-        locker,
-    } = Setup::new().await;
-    let observer = db.connect().await;
-    let mut conn = connect(db).await;
-    let pid = backend_pid(&mut conn).await;
+    let s = Setup::new().await;
+    let (mut conn, pid) = s.connection().await;
+    let (locker, observer) = (&s.locker, &s.observer);
     // Under CPU contention the server's answer often lands before the
     // poll that sent the ROLLBACK TO ends (the write wakes the server,
     // which preempts the client): retried for a minute.
@@ -100,7 +105,7 @@ async fn a_savepoint_dropped_during_its_rollback_does_not_report_its_locks_held(
         // Let the ROLLBACK TO run: the connection's next statement follows.
         sqlx::query("SELECT 1").execute(&mut *ltx).await.unwrap();
         assert!(
-            !held_by(&observer, pid, inside.lock_key()).await,
+            !held_by(observer, pid, inside.lock_key()).await,
             "ROLLBACK TO released it"
         );
         if !ltx.is_poisoned() {
@@ -110,7 +115,7 @@ async fn a_savepoint_dropped_during_its_rollback_does_not_report_its_locks_held(
             );
             if ltx.lock(inside).await.is_ok() {
                 assert!(
-                    held_by(&observer, pid, inside.lock_key()).await,
+                    held_by(observer, pid, inside.lock_key()).await,
                     "lock() returned Ok without the lock"
                 );
             }
@@ -129,15 +134,9 @@ async fn a_savepoint_dropped_during_its_rollback_does_not_report_its_locks_held(
 /// reported held, the server releases it, and the next lock is taken.
 #[tokio::test(flavor = "current_thread")]
 async fn a_savepoint_dropped_while_its_closure_waits_is_rolled_back_and_the_transaction_goes_on() {
-    let Setup {
-        db,
-        _log,
-        pool: _pool,
-        locker,
-    } = Setup::new().await;
-    let observer = db.connect().await;
-    let mut conn = connect(db).await;
-    let pid = backend_pid(&mut conn).await;
+    let s = Setup::new().await;
+    let (mut conn, pid) = s.connection().await;
+    let (locker, observer) = (&s.locker, &s.observer);
     let (before, inside, after) = (
         Item { id: 300_000 },
         Item { id: 300_001 },
@@ -163,7 +162,7 @@ async fn a_savepoint_dropped_while_its_closure_waits_is_rolled_back_and_the_tran
             Poll::Pending => Poll::Pending,
         })
         .await;
-        assert!(held_by(&observer, pid, inside.lock_key()).await);
+        assert!(held_by(observer, pid, inside.lock_key()).await);
     } // The savepoint future is dropped here.
     assert!(!ltx.is_poisoned(), "a savepoint rolled back is a known end");
     assert!(!ltx.holds(&inside, Mode::Exclusive));
@@ -171,14 +170,14 @@ async fn a_savepoint_dropped_while_its_closure_waits_is_rolled_back_and_the_tran
     assert_eq!(ltx.held_count(), 1);
     let _ = ltx.lock(after).await.unwrap();
     assert!(
-        !held_by(&observer, pid, inside.lock_key()).await,
+        !held_by(observer, pid, inside.lock_key()).await,
         "ROLLBACK TO released it"
     );
-    assert!(held_by(&observer, pid, before.lock_key()).await);
-    assert!(held_by(&observer, pid, after.lock_key()).await);
+    assert!(held_by(observer, pid, before.lock_key()).await);
+    assert!(held_by(observer, pid, after.lock_key()).await);
     drop(ltx);
     tx.commit().await.unwrap();
-    assert!(!held_by(&observer, pid, after.lock_key()).await);
+    assert!(!held_by(observer, pid, after.lock_key()).await);
 }
 
 /// A closure form whose lock call was cut off in flight (here by
@@ -190,14 +189,9 @@ async fn a_savepoint_dropped_while_its_closure_waits_is_rolled_back_and_the_tran
 #[tokio::test(flavor = "multi_thread")]
 async fn a_closure_whose_lock_call_was_cut_off_is_not_committed() {
     use futures_util::FutureExt;
-    let Setup {
-        db,
-        _log,
-        pool,
-        locker,
-    } = Setup::new().await;
-    let holder = db.connect().await;
-    let observer = db.connect().await;
+    let s = Setup::new().await;
+    let holder = s.db.connect().await;
+    let (pool, locker, observer) = (&s.pool, &s.locker, &s.observer);
     observer
         .batch_execute("CREATE TABLE IF NOT EXISTS sqlx_cut_off_writes (id int8 PRIMARY KEY)")
         .await
@@ -236,7 +230,7 @@ async fn a_closure_whose_lock_call_was_cut_off_is_not_committed() {
                 })
                 .await
         });
-        lockkit_tests::observe::wait_until_key_waited(&observer, lock_key).await;
+        lockkit_tests::observe::wait_until_key_waited(observer, lock_key).await;
         holder.batch_execute("ROLLBACK").await.unwrap();
         let result = task.await.unwrap();
         let e = result.expect_err("a transaction with a cut-off lock call was reported committed");

@@ -186,6 +186,25 @@ pub async fn wait_until_gone(observer: &Client, pids: &[i32], label: &str) {
     }
 }
 
+/// Waits (up to 60 s, else panics, naming `what`) until `sql`, a query of
+/// one boolean (over `pg_stat_activity`, say), answers true: an event seen
+/// on the server. The deadline guards a hang and is no timing claim.
+pub async fn wait_until_true(observer: &Client, sql: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen: bool = observer
+            .query_one(sql, &[])
+            .await
+            .expect("the observer's query")
+            .get(0);
+        if seen {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never seen: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Waits (up to 30 s, else panics) until backend `pid` has finished its
 /// statement and waits for the next one inside its transaction
 /// (`pg_stat_activity.state` is `idle in transaction`, which the backend

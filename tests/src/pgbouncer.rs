@@ -113,6 +113,26 @@ impl PgBouncer {
         config
     }
 
+    /// A tokio-postgres client through pgbouncer, its connection run on a
+    /// spawned task.
+    ///
+    /// # Panics
+    ///
+    /// If the connection fails, or outside a tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops the half-open connection.
+    pub async fn connect(&self) -> tokio_postgres::Client {
+        let (client, connection) = self
+            .config()
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("connects through pgbouncer");
+        tokio::spawn(connection);
+        client
+    }
+
     /// pgbouncer's log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.root.join("pgbouncer.log")).unwrap_or_default()

@@ -46,10 +46,7 @@ pub(super) async fn lock<K: AdvisoryKey>(
     hashtext: bool,
 ) -> Result<(Option<Granted>, i32), Error> {
     let client = lease.client();
-    let (policy, fresh) = policy(settings, client, hashtext).await?;
-    // Facts read for this lock, on this connection, need no second read
-    // beside its query.
-    let hashtext = hashtext && !fresh;
+    let policy = policy(settings, client, hashtext).await?;
     let known = HeldTx {
         check_interval_known: &settings.check_interval_known,
         lease: lease_for,
@@ -60,11 +57,11 @@ pub(super) async fn lock<K: AdvisoryKey>(
         Take::Key(mode) => {
             let request = Request::key_of::<K>(key, mode);
             let take = take_xact_lock((client, &policy), request, wait, name, known);
-            lock_in_transaction(lease, take, hashtext, allow_standby).await
+            lock_in_transaction(take, allow_standby).await
         }
         Take::Permit(permits) => {
             let take = take_permit((client, &policy), (value, permits), wait, name, known);
-            lock_in_transaction(lease, take, hashtext, allow_standby).await
+            lock_in_transaction(take, allow_standby).await
         }
     }
 }
@@ -77,38 +74,38 @@ pub(super) async fn lock<K: AdvisoryKey>(
 ///
 /// The facts are read at the `SessionLock`'s first lock in this form
 /// (one round trip; its clones share them), and again whenever the facts
-/// on hand would refuse the lock (a standby since promoted, another
-/// server's `hashtext`): a refusal always rests on facts read for it. A
-/// lock the facts on hand let through is checked again on what its own
-/// query answers ([`lock_in_transaction`]). Answers the policy, and
-/// whether its facts were read for this lock (then already fresh).
+/// on hand would refuse the lock (a standby since promoted): a refusal
+/// always rests on facts read for it. A `HashText` key's lock reads them
+/// every time, since its key is the server's `hashtext` (another server
+/// since may hash otherwise). Either way they are answered before the
+/// lock's query goes out: a statement sent behind an answer that leaves
+/// the connection idle is one a transaction-mode pooler may hand, still
+/// running, to its next client should this connection close meanwhile (a
+/// cut-off call on a pooled connection closes it). A lock the facts on
+/// hand let through is checked again on what its own query answers
+/// ([`lock_in_transaction`]).
 ///
 /// # Errors
 ///
 /// When the facts cannot be read.
-async fn policy(
-    settings: &Settings,
-    client: &Client,
-    hashtext: bool,
-) -> Result<(Policy, bool), Error> {
+async fn policy(settings: &Settings, client: &Client, hashtext: bool) -> Result<Policy, Error> {
     let config = Config::default()
         .allow_standby(settings.allow_standby)
         .order_check(OrderCheck::Off)
         .statements(StatementMode::Unnamed);
-    let refuses = |facts: &ServerFacts| {
-        (facts.in_recovery() && !settings.allow_standby)
-            || (hashtext && facts.check_hashtext().is_err())
+    let on_hand = match hashtext {
+        true => None,
+        false => cached(&settings.facts).clone(),
     };
-    let on_hand = cached(&settings.facts).clone();
-    let (facts, fresh) = match on_hand {
-        Some(facts) if !refuses(&facts) => (facts, false),
+    let facts = match on_hand {
+        Some(facts) if settings.allow_standby || !facts.in_recovery() => facts,
         _ => {
             let facts = ServerFacts::from(&server_facts(client).await?);
             *cached(&settings.facts) = Some(facts.clone());
-            (facts, true)
+            facts
         }
     };
-    Ok((Policy::new(config, facts), fresh))
+    Ok(Policy::new(config, facts))
 }
 
 /// The facts on hand, whatever a panic elsewhere left (a whole value).
@@ -118,34 +115,19 @@ fn cached(facts: &Mutex<Option<ServerFacts>>) -> MutexGuard<'_, Option<ServerFac
 
 /// The default form: `take` opens the transaction, sets it up and
 /// takes the lock in one simple-protocol query (one message, one round
-/// trip; see [`simple_round`]); then what can have changed since the
-/// policy's facts were read is checked on fresh answers: the standby on
-/// the query's set-up row (a failover), and, when `hashtext`, a `HashText`
-/// key's `hashtext` on facts read just before the query (another server;
-/// not asked when the policy's facts were read for this lock). Answers the key
-/// granted with its token (`None`: busy) and the backend pid.
+/// trip; see [`simple_round`]); then the standby, which can have changed
+/// since the policy's facts were read (a failover), is checked on the
+/// query's set-up row. Answers the key granted with its token (`None`:
+/// busy) and the backend pid.
 async fn lock_in_transaction(
-    lease: &Lease,
     take: impl Future<Output = Result<Taken, Error>>,
-    hashtext: bool,
     allow_standby: bool,
 ) -> Result<(Option<Granted>, i32), Error> {
-    let client = lease.client();
-    // The facts (HashText keys only) go first, outside the transaction:
-    // they are the server's, not the backend's. They are answered before
-    // anything else is sent: a statement sent behind an answer that leaves
-    // the connection idle is one that a transaction-mode pooler may hand,
-    // still running, to its next client should this connection close
-    // meanwhile (a cut-off call on a pooled connection closes it), and
-    // that client would get the lock's transaction. Then one query:
-    // `BEGIN; set-up; lock`. Should BEGIN fail, nothing after it runs
-    // (a simple query stops at its first error). It is the last thing
-    // sent, and the simple protocol leaves no portal open, so the held
-    // transaction holds no snapshot (no `backend_xmin`), with no
+    // One query: `BEGIN; set-up; lock`. Should BEGIN fail, nothing after
+    // it runs (a simple query stops at its first error). It is the last
+    // thing sent, and the simple protocol leaves no portal open, so the
+    // held transaction holds no snapshot (no `backend_xmin`), with no
     // statement after it.
-    if hashtext {
-        ServerFacts::from(&server_facts(client).await?).check_hashtext()?;
-    }
     let (setup, granted) = take.await?;
     let (in_recovery, backend_pid) = setup;
     if in_recovery && !allow_standby {
