@@ -199,10 +199,10 @@ async fn a_stopped_holder_loses_its_pooled_session_level_locks_at_its_lease() {
     a_stopped_holder_loses_its_keys("level-pool", 940_500).await;
 }
 
-/// A session-level lock on a pooled connection sets its lease for the
-/// lock's time only: after a release, after a busy try, and after a wait
-/// that timed out, the pool's connection has the server's
-/// `idle_session_timeout` again. The first two go back to the pool (the
+/// A session-level lock on a pooled connection sets its lease and client
+/// check for the lock's time only: after a release, after a busy try, and
+/// after a wait that timed out, the pool's connection has the server's
+/// `idle_session_timeout` and `client_connection_check_interval` again. The first two go back to the pool (the
 /// same backend comes out again); the timed-out one is closed, as every
 /// connection after an error of its take.
 #[tokio::test(flavor = "multi_thread")]
@@ -211,12 +211,13 @@ async fn session_level_leases_go_back_to_the_pool_reset() {
     let _log = db.guard();
     let pool = crate::pooler::pool_of(db.config(), 1);
     // The backend of the connection the pool hands out next, and its
-    // `idle_session_timeout`.
+    // `idle_session_timeout` and `client_connection_check_interval`.
     let next_from_pool = || async {
         let object = pool.get().await.unwrap();
         let row = object
             .query_one(
-                "SELECT pg_backend_pid(), current_setting('idle_session_timeout')",
+                "SELECT pg_backend_pid(), current_setting('idle_session_timeout') \
+                 || ' ' || current_setting('client_connection_check_interval')",
                 &[],
             )
             .await
@@ -224,7 +225,7 @@ async fn session_level_leases_go_back_to_the_pool_reset() {
         (row.get::<_, i32>(0), row.get::<_, String>(1))
     };
     let first = next_from_pool().await;
-    assert_eq!(first.1, "0");
+    assert_eq!(first.1, "0 0");
     let sessions = SessionLock::from_pool(pool.clone())
         .form(lockkit::pg::SessionForm::SessionLevel)
         // A direct server; the probe would need a second connection.
@@ -250,7 +251,7 @@ async fn session_level_leases_go_back_to_the_pool_reset() {
         after.0, first.0,
         "the timed-out take's connection went back to the pool"
     );
-    assert_eq!(after.1, "0", "after a timed-out wait");
+    assert_eq!(after.1, "0 0", "after a timed-out wait");
     assert!(held.release().await.unwrap());
 }
 

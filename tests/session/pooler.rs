@@ -715,7 +715,8 @@ async fn tries_behind_a_saturated_pooler_are_busy_or_time_out() {
 /// connection, on connections the `SessionLock` opens and on a deadpool
 /// pool's: the lock waits for a key held elsewhere and is cut off;
 /// the next client reads its own answer, and once the key is let go
-/// nothing holds it. (The facts the lock reads beside its query went out
+/// nothing holds it (on a pool's connection, which the cut-off lock closes
+/// without a cancel request, once the server has ended the wait). (The facts the lock reads beside its query went out
 /// at once ahead of it, and the next client read the lock's set-up row.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cut_off_lock_leaves_no_statement_to_the_pooler_s_next_client() {
@@ -756,6 +757,13 @@ async fn a_cut_off_lock_leaves_no_statement_to_the_pooler_s_next_client() {
 
         let b = bouncer.connect().await;
         let answer = tokio::spawn(async move { simple_value(&b, "SELECT 'of B'").await });
+        if round % 2 == 1 {
+            // A pool's connection is closed, not cancelled: the server ends
+            // the wait within `client_connection_check_interval`.
+            lockkit_tests::observe::until_key_not_waited(&observer, key)
+                .await
+                .unwrap();
+        }
         held.rollback().await.unwrap();
         let answer = tokio::time::timeout(PATIENT, answer)
             .await
@@ -769,4 +777,100 @@ async fn a_cut_off_lock_leaves_no_statement_to_the_pooler_s_next_client() {
             "round {round}: nothing holds the key"
         );
     }
+}
+
+/// Lock calls of a `SessionLock` on a deadpool pool, cut off at once or
+/// within a few milliseconds while another session holds the key, through
+/// pgbouncer 1.18 in transaction mode: 8 tasks of 25 calls each. A cancel
+/// request whose client closes before pgbouncer 1.18 forwarded it kills
+/// that pgbouncer (`FATAL … disconnect_client(): bad client state: 0`,
+/// pgbouncer's issue 801), and every client of the pooler with it; and
+/// lockkit cannot keep the request's connection open on a pool's
+/// connection, whose address deadpool-postgres keeps private. So a cut-off
+/// call on a leased connection sends none: it closes the connection, and
+/// the server ends the wait within `client_connection_check_interval`
+/// (PostgreSQL 14+), which the lock's transaction sets. Checks: the pooler
+/// still serves, and every wait ends while the holder still holds the key.
+/// Sending tokio-postgres's cancel request there (as before) fails it:
+/// pgbouncer died.
+#[tokio::test(flavor = "multi_thread")]
+async fn cut_off_pooled_lock_calls_leave_the_shared_pooler_serving() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let bouncer = PgBouncer::builder(db).default_pool_size(4).start();
+    let sessions = SessionLock::from_pool(pool_of(bouncer.config(), 16)).keepalive(PATIENT);
+    let key = Leader { id: 79_500 };
+    let mut holder = db.connect().await;
+    let held = holder.transaction().await.unwrap();
+    let lockkit::LockKey::BigInt(k) = key.lock_key() else {
+        unreachable!("a Leader key is a BigInt")
+    };
+    held.execute("SELECT pg_advisory_xact_lock($1)", &[&k])
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..8_u64 {
+        let sessions = sessions.clone();
+        tasks.push(tokio::spawn(async move {
+            for j in 0..50_u64 {
+                let wait = Duration::from_millis((i * 50 + j * 7) % 60);
+                let cut = tokio::time::timeout(wait, sessions.lock(key)).await;
+                assert!(!matches!(cut, Ok(Ok(_))), "granted a held key");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("a task panicked");
+    }
+    let ended = lockkit_tests::observe::until_key_not_waited(&observer, key.lock_key()).await;
+    held.rollback().await.unwrap();
+    let serving = match bouncer.config().connect(NoTls).await {
+        Ok((client, conn)) => {
+            tokio::spawn(conn);
+            client.simple_query("SELECT 1").await.is_ok()
+        }
+        Err(_) => false,
+    };
+    let log = bouncer.log();
+    let fatal: Vec<&str> = log.lines().filter(|l| l.contains("FATAL")).collect();
+    assert!(serving, "pgbouncer no longer serves: {fatal:?}");
+    ended.unwrap();
+    until_free(&observer, key.lock_key()).await;
+}
+
+/// A session-level lock on a connection leased from a deadpool pool, cut
+/// off while it waits for a key held elsewhere: it sends no cancel request
+/// (`cut_off_pooled_lock_calls_leave_the_shared_pooler_serving`) and closes
+/// the connection, and the server ends the wait while the key is still
+/// held, through the `client_connection_check_interval` the lock set for
+/// its time on the pool's connection. Without that setting, the closed
+/// session waited for the key until its holder let go (30 s here).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cut_off_session_level_lock_on_a_pool_s_connection_stops_waiting() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let sessions = SessionLock::from_pool(pool_of(db.config(), 2))
+        .form(SessionForm::SessionLevel)
+        // A direct server; the probe would need a second connection.
+        .pooler_check(false);
+    let key = Leader { id: 79_600 };
+    let holder = SessionLock::new(db.config());
+    let held = holder.lock(key).await.unwrap();
+    for round in 0..3 {
+        {
+            let lock = sessions.lock(key);
+            tokio::pin!(lock);
+            tokio::select! {
+                r = &mut lock => panic!("granted while held elsewhere: {:?}", r.map(|_| ())),
+                () = lockkit_tests::observe::wait_until_key_waited(&observer, key.lock_key()) => {}
+            }
+        } // Cut off while it waits.
+        lockkit_tests::observe::until_key_not_waited(&observer, key.lock_key())
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+    assert!(held.release().await.unwrap());
+    until_free(&observer, key.lock_key()).await;
 }

@@ -100,7 +100,7 @@ async fn concurrent_session_level_lockers_are_all_refused_behind_transaction_pgb
 /// moment: whether the late grant or the cancel wins, the key ends up held
 /// by nobody and is free for the next lock. (Direct only: pgbouncer 1.18,
 /// the harness's, crashes under this race, "disconnect_client(): bad
-/// client state: 0", its issue #801, fixed upstream in 1.20.)
+/// client state: 0", its issue #801, closed upstream as fixed for 1.19.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dropped_wait_racing_the_release_strands_nothing() {
     let db = TestServer::shared();

@@ -412,10 +412,12 @@ pub(crate) fn write_lease(out: &mut String, scope: SettingScope, lease: Duration
     let _ = write!(out, "{}", timeout_millis(lease));
 }
 
-/// Gives a pooled connection its own `idle_session_timeout` back after a
-/// session-level lock set its lease on it ([`write_lease`]).
+/// Gives a pooled connection the server's `idle_session_timeout` and
+/// `client_connection_check_interval` back after a session-level lock set
+/// its lease ([`write_lease`]) and [`CHECK_CLIENT`] on it.
 #[cfg(feature = "tokio-postgres")]
-pub(crate) const RESET_SESSION_LEASE: &str = "RESET idle_session_timeout";
+pub(crate) const RESET_SESSION_LEASE: &str =
+    "RESET idle_session_timeout; RESET client_connection_check_interval";
 
 /// `SET application_name = E'…'`, session-wide, appended to `out`: how a
 /// session-level lock (not in a transaction) names its backend, on a

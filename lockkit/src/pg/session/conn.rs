@@ -68,7 +68,8 @@ impl Settings {
 
 impl Source {
     /// A connection for a lock (or the probe), and how to cancel a
-    /// statement on it.
+    /// statement on it: `None` on a pool's connection, which a cut-off
+    /// lock closes instead.
     ///
     /// It is opened with the configuration's own `application_name`, never
     /// a lock's: a transaction-mode pooler applies a client's startup name
@@ -83,20 +84,30 @@ impl Source {
     /// and a path gone silent after it (a half-open connection, a pooler
     /// or proxy that accepts and says nothing) would hold the startup
     /// forever.
-    pub(super) async fn lease(&self) -> Result<(Lease, Canceller), Error> {
+    pub(super) async fn lease(&self) -> Result<(Lease, Option<Canceller>), Error> {
         match self {
             Source::Connect(connect) => {
                 let bound = connect_bound(connect.config());
                 let (client, ended, close) = within(bound, OPENING, connect.connect()).await?;
-                Ok((Lease::owned(client, ended, close), connect.canceller()))
+                Ok((
+                    Lease::owned(client, ended, close),
+                    Some(connect.canceller()),
+                ))
             }
             #[cfg(feature = "deadpool")]
             Source::Pool(pool) => {
                 let object = pool.get().await.map_err(pool_error)?;
-                // The pool's TLS connector is its own; a cancel request goes
-                // without TLS and may be refused. Closing the connection
-                // (what a drop does) ends the wait regardless.
-                Ok((Lease::pooled(object), Canceller::plain()))
+                // No cancel request: deadpool-postgres keeps the pool's
+                // address and TLS connector private, so one would go as
+                // tokio-postgres sends it, its connection closed at once,
+                // and pgbouncer 1.18 dies of a request whose client left
+                // before it was forwarded (pgbouncer's issue 801). A cut-off
+                // lock drops the lease instead, which closes the connection;
+                // the server ends the wait within the
+                // `client_connection_check_interval` the lock set for its
+                // time (PostgreSQL 14+), or at the grant, when its answer
+                // finds no client.
+                Ok((Lease::pooled(object), None))
             }
         }
     }
@@ -128,7 +139,7 @@ pub(super) struct Lease {
     /// Closes an owned connection now, while its client is still shared.
     close: Option<Arc<Notify>>,
     /// Whether the session-level form set its lease (`idle_session_timeout`)
-    /// on this pooled connection, for the lock's time: reset
+    /// and client check on this pooled connection, for the lock's time: reset
     /// ([`Lease::reset_session_lease`]) before the connection may go back.
     pub(super) session_lease: AtomicBool,
 }
@@ -174,9 +185,10 @@ impl Lease {
         matches!(self.conn, Some(Conn::Owned(_)))
     }
 
-    /// Gives the pool's connection its own `idle_session_timeout` back, if
-    /// the session-level form set its lease on it: before the connection
-    /// may go back to its pool, where the lease would end its idle session.
+    /// Gives the pool's connection the server's `idle_session_timeout` and
+    /// `client_connection_check_interval` back, if the session-level form
+    /// set its lease and client check on it: before the connection may go
+    /// back to its pool, where the lease would end its idle session.
     ///
     /// # Errors
     ///

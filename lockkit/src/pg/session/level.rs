@@ -61,10 +61,14 @@ pub(super) async fn lock(
         client.batch_execute(&setup).await?;
     } else if facts.server_version_num() >= 140000 {
         // A connection leased from the application's pool keeps its own
-        // name and settings, save the lease, which it has for the lock's
-        // time only: reset before the connection goes back (flagged before
-        // it is sent, so that a cut-off `SET` is reset too).
-        let mut setup = String::with_capacity(48);
+        // name and settings, save the client check (a cut-off lock closes
+        // it without a cancel request: the check ends the wait) and the
+        // lease, which it has for the lock's time only: both reset before
+        // the connection goes back (flagged before they are sent, so that
+        // a cut-off `SET` is reset too).
+        let mut setup = String::with_capacity(96);
+        setup.push_str(CHECK_CLIENT);
+        setup.push_str("; ");
         sql::write_lease(&mut setup, SettingScope::Session, lease_for);
         lease.session_lease.store(true, Ordering::Release);
         client.batch_execute(&setup).await?;

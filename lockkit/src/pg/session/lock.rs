@@ -274,9 +274,10 @@ impl SessionLock {
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future cancels the waiting statement and
-    /// closes (or, for a pool, detaches and closes) the connection, so the
-    /// lock is not taken, or, if it was just granted, released with the
-    /// connection.
+    /// closes the connection (for a pool, detaches and closes it, without a
+    /// cancel request: the module docs' "Connections leased from a pool"),
+    /// so the lock is not taken, or, if it was just granted, released with
+    /// the connection.
     pub async fn lock<K: AdvisoryKey>(&self, key: K) -> Result<SessionGuard<K>, Error> {
         self.acquire(key, Mode::Exclusive, Wait::Forever)
             .await

@@ -213,12 +213,17 @@
 //! lock on it, and keeps its own name: a lock's `application_name` is set
 //! transaction-locally, as on every connection.
 //!
-//! deadpool-postgres keeps its pool's configuration private, so the cancel
-//! request of a lock call cut off on a leased connection goes as
-//! tokio-postgres sends it, closed at once, not kept open until the server
-//! closes it as on the connections lockkit opens: behind a pgbouncer older
-//! than 1.19, bound such waits on the server (`lock_timeout`, `try_lock`)
-//! rather than cutting them off (the README's pooler section).
+//! A lock call cut off on a leased connection sends no cancel request: it
+//! closes the connection. deadpool-postgres keeps its pool's address and
+//! TLS connector private, so lockkit could only send the request as
+//! tokio-postgres does, its connection closed at once, which pgbouncer
+//! 1.18 does not survive when the request's client is gone before it was
+//! forwarded (the README's pooler section). The server ends the closed
+//! session's wait within a second on PostgreSQL 14+ (every form sets
+//! `client_connection_check_interval` for the lock's time), and before 14
+//! when the key is granted to it and its answer finds no client: the key
+//! is then held for that instant by a session that nobody believes holds
+//! it.
 
 #[cfg(doc)]
 use crate::engine::error::ErrorKind;

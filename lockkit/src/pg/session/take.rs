@@ -53,7 +53,7 @@ impl<'a> Own<'a> {
         let name = AppName(K::KEY_SPEC.namespace(), key);
         let settings = self.settings;
         let (lease, canceller) = settings.source.lease().await?;
-        let mut cancel = CancelOnDrop::new(lease.client(), &canceller);
+        let mut cancel = CancelOnDrop::new(lease.client(), canceller.as_ref());
         let taking = async {
             match (form, take) {
                 (SessionForm::SessionLevel, Take::Key(mode)) => {
@@ -201,17 +201,19 @@ impl<'a> Own<'a> {
 /// Cancels what is in flight on a session lock's connection if dropped
 /// armed: a dropped lock call must not leave the server waiting for its
 /// lock. The cancelling is [`Canceller::cancel_until_answered`], as for a
-/// transaction's call cut off in flight.
+/// transaction's call cut off in flight. Without a canceller (a pool's
+/// connection) it does nothing: the lease, dropped with the call, closes
+/// the connection ([`Source::lease`](super::conn::Source::lease)).
 struct CancelOnDrop<'a> {
     armed: Option<(&'a Client, &'a Canceller)>,
 }
 
 impl<'a> CancelOnDrop<'a> {
     /// Armed: dropped before [`disarm`](Self::disarm), it cancels what is in
-    /// flight on `client` through `canceller`.
-    fn new(client: &'a Client, canceller: &'a Canceller) -> Self {
+    /// flight on `client` through `canceller`, if any.
+    fn new(client: &'a Client, canceller: Option<&'a Canceller>) -> Self {
         CancelOnDrop {
-            armed: Some((client, canceller)),
+            armed: canceller.map(|canceller| (client, canceller)),
         }
     }
 
