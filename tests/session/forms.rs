@@ -118,3 +118,69 @@ async fn try_timeout_and_shared_in_both_forms_opened_and_pooled() {
         assert!(guard.unwrap().release().await.unwrap());
     }
 }
+
+/// A server that refuses the set-up's `SET LOCAL
+/// client_connection_check_interval` (`42704`, as PostgreSQL 13 does)
+/// after one that took it (another host of the configuration, a restore
+/// onto an older major): the call whose set-up it refused fails, nothing
+/// held, and the next set-up asks the server again instead of assuming the
+/// setting. A proxy stands in for the older server by renaming the setting
+/// in the `SET LOCAL` form only; the form that asks the server's version
+/// still finds it, so the set-ups alternate: no two calls in a row fail.
+/// Both forms that hold a transaction: the default one (each lock a
+/// connection of its own) and the multiplexed one (a new connection per
+/// fresh clone). Keeping the flag after a `42704`
+/// (`.ci/mutations "42704"`) fails it: every call fails.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_set_up_refused_for_want_of_the_client_check_asks_again() {
+    use lockkit_tests::{Cut, Proxy};
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    for (form, id) in [
+        (SessionForm::Transaction, 97_000),
+        (SessionForm::Multiplexed, 97_100),
+    ] {
+        let proxy = Proxy::in_front_of(db);
+        let sessions = SessionLock::new(proxy.config())
+            .form(form)
+            .keepalive(Duration::from_secs(60));
+        // The first set-up asks, and sees the setting.
+        let guard = sessions.lock(Task { id }).await.unwrap();
+        assert!(guard.release().await.unwrap());
+        proxy
+            .cut(Cut::Rewrite {
+                from: "SET LOCAL client_connection_check_interval",
+                to: "SET LOCAL client_connection_check_intervaX",
+            })
+            .await;
+        let mut failed_before = false;
+        let mut failures = 0;
+        for call in 1..=6 {
+            let key = Task { id: id + call };
+            // A fresh clone's multiplexed lock opens a connection of its own.
+            let fresh = sessions.clone().connections(1);
+            match fresh.lock(key).await {
+                Ok(guard) => {
+                    assert!(guard.release().await.unwrap());
+                    failed_before = false;
+                }
+                Err(e) => {
+                    assert_eq!(e.code(), Some("42704"), "{form:?}, call {call}: {e}");
+                    assert!(
+                        !failed_before,
+                        "{form:?}, call {call}: a second set-up in a row assumed the setting"
+                    );
+                    assert!(
+                        !granted_elsewhere(&observer, key.lock_key()).await,
+                        "{form:?}, call {call}: held after the error"
+                    );
+                    failed_before = true;
+                    failures += 1;
+                }
+            }
+        }
+        // The premise: the proxy did hide the setting.
+        assert!(failures > 0, "{form:?}: no set-up was refused");
+    }
+}

@@ -791,8 +791,8 @@ async fn a_cut_off_lock_leaves_no_statement_to_the_pooler_s_next_client() {
 /// the server ends the wait within `client_connection_check_interval`
 /// (PostgreSQL 14+), which the lock's transaction sets. Checks: the pooler
 /// still serves, and every wait ends while the holder still holds the key.
-/// Sending tokio-postgres's cancel request there (as before) fails it:
-/// pgbouncer died.
+/// Sending tokio-postgres's cancel request there
+/// (`.ci/mutations "for a pool's connection"`) fails it: pgbouncer died.
 #[tokio::test(flavor = "multi_thread")]
 async fn cut_off_pooled_lock_calls_leave_the_shared_pooler_serving() {
     let db = TestServer::shared();
@@ -844,8 +844,9 @@ async fn cut_off_pooled_lock_calls_leave_the_shared_pooler_serving() {
 /// (`cut_off_pooled_lock_calls_leave_the_shared_pooler_serving`) and closes
 /// the connection, and the server ends the wait while the key is still
 /// held, through the `client_connection_check_interval` the lock set for
-/// its time on the pool's connection. Without that setting, the closed
-/// session waited for the key until its holder let go (30 s here).
+/// its time on the pool's connection. Without that setting
+/// (`.ci/mutations "session-level form"`), the closed session waited for
+/// the key until its holder let go (30 s here).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cut_off_session_level_lock_on_a_pool_s_connection_stops_waiting() {
     let db = TestServer::shared();

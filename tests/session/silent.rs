@@ -347,3 +347,63 @@ async fn control_connect_timeout_alone_does_not_bound_the_startup() {
         connect.map(|r| r.map(|_| ()))
     );
 }
+
+/// The simple-protocol queries in `bytes`, a client's messages from the
+/// start of one (`Q` messages; others are skipped, a cut-short last one
+/// too).
+fn simple_queries(bytes: &[u8]) -> Vec<String> {
+    let mut queries = Vec::new();
+    let mut rest = bytes;
+    while rest.len() >= 5 {
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        let Some(body) = rest.get(5..1 + len) else {
+            break;
+        };
+        if rest[0] == b'Q' {
+            let text = body.strip_suffix(&[0]).unwrap_or(body);
+            queries.push(String::from_utf8_lossy(text).into_owned());
+        }
+        rest = &rest[1 + len..];
+    }
+    queries
+}
+
+/// A multiplexed connection whose keepalive goes unanswered is given up at
+/// once: nothing more is sent on it. Renewing its held transaction is what
+/// follows a keepalive the server refused (`25P02`, the transaction
+/// aborted by another statement's error), never one that got no answer:
+/// over a silent path the renewal would wait a cadence more, the lock
+/// still believed held. The proxy keeps what the client sends after the
+/// cut: keepalives only, and no `ROLLBACK`. A renewal after any failure
+/// (`.ci/mutations "any keepalive failure"`) fails it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_multiplexed_connection_is_given_up_without_a_renewal() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    for round in 0..3 {
+        let proxy = Proxy::in_front_of(db);
+        let sessions = SessionLock::new(proxy.config())
+            .form(SessionForm::Multiplexed)
+            .keepalive(CADENCE);
+        let guard = sessions.lock(Feed { id: 60_000 + round }).await.unwrap();
+        let lost = guard.lost();
+        proxy.cut(Cut::Swallow).await;
+        tokio::time::timeout(BOUND, lost)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: lost() did not resolve within {BOUND:?}"));
+        // Given up, the connection is closed: all it sent is in.
+        proxy.until_swallowed_closed().await;
+        let sent = simple_queries(&proxy.swallowed());
+        assert!(
+            !sent.is_empty(),
+            "round {round}: no keepalive after the cut"
+        );
+        for query in &sent {
+            assert!(
+                query.starts_with("SELECT 1"),
+                "round {round}: sent over the silent path after its keepalive: {query:?}"
+            );
+        }
+        drop(guard);
+    }
+}

@@ -9,7 +9,9 @@
 //! releases its locks) at once, while the client hears nothing, ever.
 //! [`Cut::Blackhole`] keeps both sides open and forwards nothing: neither
 //! side notices, and the server keeps the session and its locks until the
-//! proxy is dropped.
+//! proxy is dropped. [`Cut::Swallow`] is a blackhole that keeps what the
+//! clients send into it ([`Proxy::swallowed`]), and [`Cut::Rewrite`]
+//! changes what they send on the way.
 
 use std::io;
 use std::net::SocketAddr;
@@ -41,6 +43,21 @@ pub enum Cut {
     /// pooler routes another client's reply to it. Once per connection;
     /// connections opened later are not touched.
     StrayReply,
+    /// As [`Blackhole`](Self::Blackhole), but what the clients send after
+    /// the cut is read and kept, for [`Proxy::swallowed`].
+    Swallow,
+    /// Bytes flow both ways, and on every connection, now and to come,
+    /// each occurrence of `from` in what a client sends is replaced by `to`
+    /// (as long, so that the message lengths stay right), until
+    /// [`Cut::Open`]: how a test makes the server see a statement that is
+    /// not quite the one lockkit sent. An occurrence split between two
+    /// reads is missed; a statement is sent in one write.
+    Rewrite {
+        /// What is replaced.
+        from: &'static str,
+        /// What replaces it, of the same length.
+        to: &'static str,
+    },
 }
 
 /// The message [`Cut::StrayReply`] puts before a reply: `NoData`.
@@ -72,12 +89,16 @@ pub struct Proxy {
     thread: Option<thread::JoinHandle<()>>,
 }
 
-/// The cut in force, and the control channel of every connection still
-/// forwarding.
+/// The cut in force, the control channel of every connection still
+/// forwarding, the rewrite in force, and what [`Cut::Swallow`] kept.
 #[derive(Debug)]
 struct State {
     cut: Cut,
     forwarding: Vec<mpsc::UnboundedSender<Order>>,
+    rewrite: Option<(&'static str, &'static str)>,
+    swallowed: Vec<u8>,
+    /// Connections swallowed whose client has not closed its side yet.
+    swallowing: usize,
 }
 
 /// A cut for one connection, acknowledged once nothing flows any more.
@@ -110,6 +131,9 @@ impl Proxy {
         let state = Arc::new(Mutex::new(State {
             cut: Cut::Open,
             forwarding: Vec::new(),
+            rewrite: None,
+            swallowed: Vec::new(),
+            swallowing: 0,
         }));
         let (stop, stopped) = oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -159,9 +183,31 @@ impl Proxy {
         self.config.clone()
     }
 
+    /// What the clients sent into a [`Cut::Swallow`] so far, in the order
+    /// it was read (connections interleaved at the boundaries of reads).
+    pub fn swallowed(&self) -> Vec<u8> {
+        lock(&self.state).swallowed.clone()
+    }
+
+    /// Waits (up to 30 s, else panics) until every client whose connection
+    /// a [`Cut::Swallow`] holds has closed it: nothing more can come, and
+    /// [`swallowed`](Self::swallowed) has all they sent. The deadline
+    /// guards a hang and is no timing claim.
+    pub async fn until_swallowed_closed(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while lock(&self.state).swallowing > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a client never closed its swallowed connection"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// Applies `how` to every connection, now and to come. When this
     /// returns, nothing sent after it flows any more on a cut connection
-    /// (what was already forwarded stays forwarded).
+    /// (what was already forwarded stays forwarded), and a rewrite applies
+    /// to what is read after it.
     ///
     /// # Cancel safety
     ///
@@ -170,12 +216,20 @@ impl Proxy {
     pub async fn cut(&self, how: Cut) {
         let (acks, forwarding) = {
             let mut state = lock(&self.state);
+            match how {
+                Cut::Rewrite { from, to } => {
+                    assert_eq!(from.len(), to.len(), "a rewrite keeps the length");
+                    state.rewrite = Some((from, to));
+                }
+                Cut::Open => state.rewrite = None,
+                _ => {}
+            }
             let forwarding = match how {
                 // Once, on the connections open now: the proxy stays open.
-                Cut::Open | Cut::StrayReply => state.forwarding.clone(),
+                Cut::Open | Cut::StrayReply | Cut::Rewrite { .. } => state.forwarding.clone(),
                 _ => std::mem::take(&mut state.forwarding),
             };
-            if how != Cut::StrayReply {
+            if !matches!(how, Cut::StrayReply | Cut::Rewrite { .. }) {
                 state.cut = how;
             }
             (Vec::new(), forwarding)
@@ -228,8 +282,8 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, state: Arc<Mutex
                 state.cut
             };
             match cut {
-                Cut::Open => forward(client, server, orders).await,
-                cut => park(client, server, cut).await,
+                Cut::Open => forward(client, server, orders, state).await,
+                cut => park(client, server, cut, state).await,
             }
         });
     }
@@ -243,6 +297,7 @@ async fn forward(
     mut client: TcpStream,
     mut server: TcpStream,
     mut orders: mpsc::UnboundedReceiver<Order>,
+    state: Arc<Mutex<State>>,
 ) {
     let mut up = vec![0u8; 16 * 1024];
     let mut down = vec![0u8; 16 * 1024];
@@ -252,17 +307,21 @@ async fn forward(
             biased;
             order = orders.recv() => {
                 let Some((cut, ack)) = order else { return };
-                if matches!(cut, Cut::Open | Cut::StrayReply) {
+                if matches!(cut, Cut::Open | Cut::StrayReply | Cut::Rewrite { .. }) {
                     stray |= cut == Cut::StrayReply;
                     let _ = ack.send(());
                     continue;
                 }
-                let parked = park(client, server, cut);
+                let parked = park(client, server, cut, state);
                 let _ = ack.send(());
                 return parked.await;
             }
             n = client.read(&mut up) => match n {
                 Ok(n) if n > 0 => {
+                    let rewrite = lock(&state).rewrite;
+                    if let Some((from, to)) = rewrite {
+                        rewrite_in(&mut up[..n], from.as_bytes(), to.as_bytes());
+                    }
                     if server.write_all(&up[..n]).await.is_err() {
                         return;
                     }
@@ -286,9 +345,28 @@ async fn forward(
     }
 }
 
-/// Keeps what `cut` keeps open, reading and writing nothing, until the
-/// proxy's runtime ends. `Cut::ServerGone` closes the server's side first.
-fn park(client: TcpStream, server: TcpStream, cut: Cut) -> impl std::future::Future<Output = ()> {
+/// Replaces each occurrence of `from` in `bytes` by `to`, as long.
+fn rewrite_in(bytes: &mut [u8], from: &[u8], to: &[u8]) {
+    let mut at = 0;
+    while at + from.len() <= bytes.len() {
+        if bytes[at..].starts_with(from) {
+            bytes[at..at + to.len()].copy_from_slice(to);
+            at += from.len();
+        } else {
+            at += 1;
+        }
+    }
+}
+
+/// Keeps what `cut` keeps open, writing nothing and reading nothing (but
+/// what `Cut::Swallow` keeps), until the proxy's runtime ends.
+/// `Cut::ServerGone` closes the server's side first.
+fn park(
+    mut client: TcpStream,
+    server: TcpStream,
+    cut: Cut,
+    state: Arc<Mutex<State>>,
+) -> impl std::future::Future<Output = ()> {
     let server = match cut {
         Cut::ServerGone => {
             drop(server);
@@ -296,7 +374,18 @@ fn park(client: TcpStream, server: TcpStream, cut: Cut) -> impl std::future::Fut
         }
         _ => Some(server),
     };
+    // Counted before the cut is acknowledged.
+    if cut == Cut::Swallow {
+        lock(&state).swallowing += 1;
+    }
     async move {
+        if cut == Cut::Swallow {
+            let mut buf = vec![0u8; 16 * 1024];
+            while let Ok(n @ 1..) = client.read(&mut buf).await {
+                lock(&state).swallowed.extend_from_slice(&buf[..n]);
+            }
+            lock(&state).swallowing -= 1;
+        }
         let _kept = (client, server);
         std::future::pending::<()>().await;
     }

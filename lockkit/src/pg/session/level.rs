@@ -66,8 +66,7 @@ pub(super) async fn lock(
         // lease, which it has for the lock's time only: both reset before
         // the connection goes back (flagged before they are sent, so that
         // a cut-off `SET` is reset too).
-        let mut setup = String::with_capacity(96);
-        setup.push_str(CHECK_CLIENT);
+        let mut setup = String::from(CHECK_CLIENT);
         setup.push_str("; ");
         sql::write_lease(&mut setup, SettingScope::Session, lease_for);
         lease.session_lease.store(true, Ordering::Release);
