@@ -74,7 +74,8 @@
 //! The session-level form holds its lock outside a transaction: on
 //! PostgreSQL 14+ it sets `idle_session_timeout` to the lease instead, on
 //! a connection lockkit opened, or, on one leased from the application's
-//! pool, for the lock's time only: reset before the connection goes back
+//! pool, for the lock's time only, with `client_connection_check_interval`:
+//! both reset to the server's defaults before the connection goes back
 //! (after a release or a busy try; after an error the connection is
 //! closed). On an older server it has no lease: use the default form where
 //! a stopped holder must lose its lock.
