@@ -13,7 +13,8 @@
 //! did); lockkit sends it again until the server is done with the
 //! statement. The control shows the hazard: the same cut-off without
 //! lockkit, whose transaction's drop sends only its `ROLLBACK`, leaves the
-//! connection waiting for the holder.
+//! connection waiting for the holder. A proxy that holds the lock's
+//! connection back makes the ignored first request certain.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -224,5 +225,64 @@ async fn control_a_cut_off_without_a_cancel_leaves_the_connection_waiting() {
     let answer =
         tokio::time::timeout(Duration::from_secs(1), client.simple_query("SELECT 1")).await;
     assert!(answer.is_err(), "the connection answered: {answer:?}");
+    held.rollback().await.unwrap();
+}
+
+/// A cancel request that reaches the server before the statement it was
+/// sent for is ignored (the server cancels what runs when it arrives, and
+/// the session is still idle); lockkit sends it again until the statement
+/// is done. Made certain here, not left to one cut-off in a hundred:
+/// through a proxy that holds what the lock's connection sends for
+/// 300 ms, while each cancel request, on a connection of its own opened
+/// later, goes straight through. Every cut-off's first request lands
+/// before its lock statement, which then waits for the holder; the
+/// connection still answers its next statement, outside a transaction,
+/// whatever follows the cut-off. Sent once, never again
+/// (`.ci/mutations "sent once"`), the connection waits for the holder.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_request_that_overtakes_its_statement_is_sent_again() {
+    use lockkit_tests::{Cut as ProxyCut, Proxy};
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let locker = locker(&db.connect().await, Config::default()).await;
+    let key = Order { id: 3 };
+    let mut holder = LockClient::new(&locker, db.connect().await);
+    let held = holder.begin().await.unwrap();
+    let _guard = held.lock(key).await.unwrap();
+    let proxy = Proxy::in_front_of(db);
+    let (client, connection) = proxy.config().connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let conn = Arc::new(Mutex::new(LockClient::new(&locker, client)));
+    proxy.cut(ProxyCut::Delay(Duration::from_millis(300))).await;
+    for (round, then) in THENS.into_iter().cycle().take(6).enumerate() {
+        // A rollback waits behind the statement it follows: bounded too.
+        let cut = tokio::time::timeout(BLOCKED, cut_off(conn.clone(), key, Cut::NowOrNever, then))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("round {round} (then {then:?}): the rollback waits behind the cut-off lock statement")
+            });
+        assert!(
+            cut,
+            "round {round}: a late cancel request ended the call before its cut-off"
+        );
+        let conn = conn.lock().await;
+        let mut answer = outside_transaction(&conn).await;
+        // A request sent again can still land after the statement ended,
+        // on this one (documented on `LockTx::rollback`): once.
+        if let Some(Err(e)) = &answer {
+            if e.code() == Some(&SqlState::QUERY_CANCELED) {
+                answer = outside_transaction(&conn).await;
+            }
+        }
+        match answer {
+            None => panic!(
+                "round {round} (then {then:?}): the connection still waits behind the \
+                 cut-off lock statement"
+            ),
+            Some(Ok(true)) => {}
+            Some(Ok(false)) => panic!("round {round} (then {then:?}): left inside a transaction"),
+            Some(Err(e)) => panic!("round {round} (then {then:?}): {e}"),
+        }
+    }
     held.rollback().await.unwrap();
 }

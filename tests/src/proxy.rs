@@ -46,6 +46,12 @@ pub enum Cut {
     /// As [`Blackhole`](Self::Blackhole), but what the clients send after
     /// the cut is read and kept, for [`Proxy::swallowed`].
     Swallow,
+    /// Bytes flow both ways, and on every connection open now, what the
+    /// client sends reaches the server this much later (each read held
+    /// that long, in order); connections opened later are not touched: a
+    /// cancel request, which goes on a connection of its own, overtakes
+    /// the statement it was sent for.
+    Delay(std::time::Duration),
     /// Bytes flow both ways, and on every connection, now and to come,
     /// each occurrence of `from` in what a client sends is replaced by `to`
     /// (as long, so that the message lengths stay right), until
@@ -226,10 +232,12 @@ impl Proxy {
             }
             let forwarding = match how {
                 // Once, on the connections open now: the proxy stays open.
-                Cut::Open | Cut::StrayReply | Cut::Rewrite { .. } => state.forwarding.clone(),
+                Cut::Open | Cut::StrayReply | Cut::Rewrite { .. } | Cut::Delay(_) => {
+                    state.forwarding.clone()
+                }
                 _ => std::mem::take(&mut state.forwarding),
             };
-            if !matches!(how, Cut::StrayReply | Cut::Rewrite { .. }) {
+            if !matches!(how, Cut::StrayReply | Cut::Rewrite { .. } | Cut::Delay(_)) {
                 state.cut = how;
             }
             (Vec::new(), forwarding)
@@ -302,13 +310,19 @@ async fn forward(
     let mut up = vec![0u8; 16 * 1024];
     let mut down = vec![0u8; 16 * 1024];
     let mut stray = false;
+    let mut delay = None;
     loop {
         tokio::select! {
             biased;
             order = orders.recv() => {
                 let Some((cut, ack)) = order else { return };
-                if matches!(cut, Cut::Open | Cut::StrayReply | Cut::Rewrite { .. }) {
+                if matches!(cut, Cut::Open | Cut::StrayReply | Cut::Rewrite { .. } | Cut::Delay(_)) {
                     stray |= cut == Cut::StrayReply;
+                    match cut {
+                        Cut::Delay(by) => delay = Some(by),
+                        Cut::Open => delay = None,
+                        _ => {}
+                    }
                     let _ = ack.send(());
                     continue;
                 }
@@ -321,6 +335,9 @@ async fn forward(
                     let rewrite = lock(&state).rewrite;
                     if let Some((from, to)) = rewrite {
                         rewrite_in(&mut up[..n], from.as_bytes(), to.as_bytes());
+                    }
+                    if let Some(by) = delay {
+                        tokio::time::sleep(by).await;
                     }
                     if server.write_all(&up[..n]).await.is_err() {
                         return;
