@@ -127,6 +127,7 @@ const FEED_MUX: i64 = 70_000_000;
 const FEED_LOADED: i64 = 71_000_000;
 const FEED_HELD: i64 = 72_000_000;
 const FEED_RAW: i64 = 73_000_000;
+const FEED_MUX_PREPARED: i64 = 74_000_000;
 
 /// lockkit's exclusive batch statement as it was before 2026-12-01, with
 /// `unnest` in `FROM` (a function scan, which materializes every row before
@@ -196,6 +197,8 @@ struct Bench {
     /// A multiplexed `SessionLock` that holds [`MUX_HELD`] other keys
     /// (`_held`, kept for the whole run), spread over all its connections.
     sessions_loaded: SessionLock,
+    /// As `sessions`, with `StatementMode::Prepared`.
+    sessions_prepared: SessionLock,
     _held: Vec<SessionGuard<Feed>>,
     /// The raw session-level side's connection, inside a transaction held
     /// open (as each multiplexed connection is).
@@ -314,6 +317,7 @@ impl Bench {
                 .connections(MUX_CONNECTIONS)
         };
         let (sessions, sessions_loaded) = (multiplexed(), multiplexed());
+        let sessions_prepared = multiplexed().statements(StatementMode::Prepared);
         // Taken one at a time: each goes to the open connection with the
         // fewest keys (or opens one), so they end up spread over all
         // `MUX_CONNECTIONS`, where the measured keys go too.
@@ -345,7 +349,7 @@ impl Bench {
             .expect("prepare");
         let feed = |id| bigint(Feed { id }.lock_key());
         let feed_raw: Vec<i64> = (FEED_RAW..FEED_RAW + RING as i64).map(feed).collect();
-        let mut every: Vec<i64> = [FEED_MUX, FEED_LOADED]
+        let mut every: Vec<i64> = [FEED_MUX, FEED_LOADED, FEED_MUX_PREPARED]
             .into_iter()
             .flat_map(|first| (first..first + RING as i64).map(feed))
             .chain((FEED_HELD..FEED_HELD + MUX_HELD).map(feed))
@@ -385,6 +389,7 @@ impl Bench {
             diesel_async_locker_prepared,
             sessions,
             sessions_loaded,
+            sessions_prepared,
             _held: held,
             session_client,
             try_lock,
@@ -718,6 +723,11 @@ async fn mux_try_release(b: &Bench, sessions: &SessionLock, first: i64, iters: u
 /// Through the `SessionLock` that holds nothing else.
 async fn mux_try_release_alone(b: &Bench, iters: u64) -> Duration {
     mux_try_release(b, &b.sessions, FEED_MUX, iters).await
+}
+
+/// Through the `SessionLock` that prepares its statements.
+async fn mux_try_release_prepared(b: &Bench, iters: u64) -> Duration {
+    mux_try_release(b, &b.sessions_prepared, FEED_MUX_PREPARED, iters).await
 }
 
 /// Through the `SessionLock` that holds [`MUX_HELD`] other keys.
@@ -1327,6 +1337,13 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
         pair(
             "multiplexed try+release",
             Async(routine!(mux_try_release_alone)),
+            Async(routine!(raw_session_try_release)),
+            false,
+            Some(1.10),
+        ),
+        pair(
+            "multiplexed try+release, Prepared",
+            Async(routine!(mux_try_release_prepared)),
             Async(routine!(raw_session_try_release)),
             false,
             Some(1.10),

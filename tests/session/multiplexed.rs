@@ -781,3 +781,81 @@ async fn a_wait_never_delays_the_other_locks() {
     let granted = waiter.await.unwrap().expect("granted");
     assert!(granted.release().await.unwrap());
 }
+
+/// A pair key of this module's own.
+#[derive(AdvisoryKey, Clone, Copy, Debug, PartialEq, Eq)]
+#[advisory_key(namespace = "lockkit-tests/multiplexed-prepared", pair)]
+struct Cell {
+    id: i64,
+}
+
+/// `statements(StatementMode::Prepared)` on a direct connection: the
+/// multiplexed form prepares its lock and unlock statements once per
+/// connection and runs them by name (the server's statement log says
+/// `execute s…`, never `<unnamed>`), for both key shapes and both modes,
+/// and each lock is real (seen granted on the connection's backend). The
+/// control: the default sends them unnamed (`execute <unnamed>`) and no
+/// name appears.
+#[tokio::test(flavor = "multi_thread")]
+async fn prepared_statements_on_a_direct_connection() {
+    use lockkit::StatementMode;
+    let db = TestServer::builder()
+        .setting("log_statement", "all")
+        .start();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    for mode in [StatementMode::Unnamed, StatementMode::Prepared] {
+        let from = db.log_offset();
+        let sessions = SessionLock::new(db.config())
+            .form(SessionForm::Multiplexed)
+            .keepalive(PATIENT)
+            .statements(mode);
+        for round in 0..3 {
+            let feed = sessions.lock(Feed { id: 95_000 + round }).await.unwrap();
+            let cell = sessions
+                .try_lock_shared(Cell { id: round })
+                .await
+                .unwrap()
+                .unwrap_or_else(|_| panic!("{mode:?}: a free cell"));
+            for key in [feed.key(), cell.key()] {
+                let id = key.to_pg_locks();
+                let granted: i64 = observer
+                    .query_one(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                         AND classid = $1 AND objid = $2 AND objsubid = $3",
+                        &[&id.classid, &id.objid, &id.objsubid],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert_eq!(granted, 1, "{mode:?}, round {round}: {key} held");
+            }
+            assert!(feed.release().await.unwrap());
+            assert!(cell.release().await.unwrap());
+        }
+        let log = db.log_since(from);
+        let lockkit = |line: &&str| {
+            line.contains("pg_try_advisory_lock") || line.contains("pg_advisory_unlock")
+        };
+        let named = log
+            .lines()
+            .filter(lockkit)
+            .filter(|l| l.contains("execute s"))
+            .count();
+        let unnamed = log
+            .lines()
+            .filter(lockkit)
+            .filter(|l| l.contains("execute <unnamed>"))
+            .count();
+        match mode {
+            StatementMode::Prepared => {
+                assert_eq!(unnamed, 0, "{mode:?}: sent unnamed");
+                assert!(named >= 12, "{mode:?}: {named} run by name");
+            }
+            _ => {
+                assert_eq!(named, 0, "{mode:?}: run by name");
+                assert!(unnamed >= 12, "{mode:?}: {unnamed} sent unnamed");
+            }
+        }
+    }
+}

@@ -18,6 +18,7 @@ use crate::driver::Canceller;
 use crate::engine::error::Error;
 use crate::engine::facts::ServerFacts;
 use crate::engine::sql;
+use crate::StatementMode;
 
 /// How long opening a lock's connection may take, per host of the
 /// configuration, when its `connect_timeout` is not set: see
@@ -36,6 +37,9 @@ pub(super) struct Settings {
     /// Whether each grant mints a fencing token
     /// ([`SessionLock::fencing_tokens`](super::SessionLock::fencing_tokens)).
     pub(super) fencing: bool,
+    /// How the multiplexed form sends its statements
+    /// ([`SessionLock::statements`](super::SessionLock::statements)).
+    pub(super) statements: StatementMode,
     /// Whether a lock's set-up saw that the server has
     /// `client_connection_check_interval` (PostgreSQL 14+): the next
     /// set-ups set it with the cheaper `SET LOCAL` form
@@ -60,6 +64,7 @@ impl Settings {
             pooler_check: true,
             probe_timeout,
             fencing: false,
+            statements: StatementMode::Unnamed,
             check_interval_known: Arc::new(AtomicBool::new(false)),
             facts: Arc::new(Mutex::new(None)),
         }

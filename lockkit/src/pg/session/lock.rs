@@ -28,6 +28,7 @@ use crate::engine::error::ErrorKind;
 use crate::engine::plan::Mode;
 use crate::engine::Wait;
 use crate::key::AdvisoryKey;
+use crate::StatementMode;
 
 /// Takes session-duration advisory locks, each on a connection of its own
 /// (from a `tokio_postgres::Config`: [`new`](Self::new),
@@ -179,6 +180,34 @@ impl SessionLock {
     /// nothing on the primary).
     pub fn allow_standby(mut self, allow: bool) -> Self {
         self.settings.allow_standby = allow;
+        self
+    }
+
+    /// For the [`SessionForm::Multiplexed`] form: how its lock and unlock
+    /// statements are sent. [`StatementMode::Unnamed`] (the default) parses
+    /// each on the server every time, in one round trip, and is safe behind
+    /// any pooler. [`StatementMode::Prepared`] prepares each once per
+    /// connection and saves the server that work (about 13 µs a statement
+    /// on the benchmark machine, BENCHMARKS.md): for connections that reach
+    /// PostgreSQL directly. Behind a transaction-mode pooler a statement's
+    /// name can meet another client's on the server connection, and the
+    /// take fails with [`ErrorKind::UnexpectedReply`] (`42P05`), nothing
+    /// held. The other forms send each lock as one simple-protocol query,
+    /// whatever this says.
+    ///
+    /// ```no_run
+    /// # async fn f(config: tokio_postgres::Config) {
+    /// use lockkit::pg::SessionForm;
+    /// use lockkit::{SessionLock, StatementMode};
+    ///
+    /// // A direct connection: the fastest multiplexed locks.
+    /// let sessions = SessionLock::new(config)
+    ///     .form(SessionForm::Multiplexed)
+    ///     .statements(StatementMode::Prepared);
+    /// # }
+    /// ```
+    pub fn statements(mut self, mode: StatementMode) -> Self {
+        self.settings.statements = mode;
         self
     }
 

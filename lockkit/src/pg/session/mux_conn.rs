@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Statement;
 
 use super::claims::Mux;
 use super::conn::{Lease, Settings};
@@ -25,6 +26,7 @@ use crate::engine::sql;
 use crate::fencing::FencingToken;
 use crate::key::LockKey;
 use crate::pg::locker::server_facts;
+use crate::StatementMode;
 
 /// The `application_name` of a multiplexed connection (it holds many
 /// keys, of any namespace).
@@ -58,6 +60,10 @@ pub(super) struct MuxConn {
     /// How many times the held transaction was made anew after a
     /// statement's error aborted it ([`MuxConn::renew`]).
     renewed: AtomicU64,
+    /// The statements prepared on this connection, by text, when the
+    /// `SessionLock` prepares them ([`StatementMode::Prepared`]); `None`
+    /// when they go unnamed.
+    prepared: Option<std::sync::Mutex<HashMap<&'static str, Statement>>>,
     /// Held while the held transaction is made anew, so that the statements
     /// an error failed together renew it once.
     renewing: tokio::sync::Mutex<()>,
@@ -141,6 +147,8 @@ impl MuxConn {
             check_interval_known: settings.check_interval_known.clone(),
             snapshot: AtomicBool::new(false),
             tokens: std::sync::Mutex::new(HashMap::new()),
+            prepared: (settings.statements == StatementMode::Prepared)
+                .then(|| std::sync::Mutex::new(HashMap::new())),
         });
         let kept: Arc<dyn Kept> = conn.clone();
         if let Some(ended) = ended {
@@ -337,12 +345,16 @@ impl MuxConn {
         if !self.snapshot.swap(true, Ordering::AcqRel) {
             tokio::spawn(drop_snapshot(Arc::downgrade(self), run));
         }
-        let rows = match key {
-            LockKey::BigInt(v) => client.query_typed(sql, &[(&v, Type::INT8)]).await?,
-            LockKey::Pair(class, object) => {
+        let rows = match (key, self.prepared(sql, key).await?) {
+            (LockKey::BigInt(v), None) => client.query_typed(sql, &[(&v, Type::INT8)]).await?,
+            (LockKey::Pair(class, object), None) => {
                 let params: [(&(dyn ToSql + Sync), Type); 2] =
                     [(&class, Type::INT4), (&object, Type::INT4)];
                 client.query_typed(sql, &params).await?
+            }
+            (LockKey::BigInt(v), Some(statement)) => client.query(&statement, &[&v]).await?,
+            (LockKey::Pair(class, object), Some(statement)) => {
+                client.query(&statement, &[&class, &object]).await?
             }
         };
         match op {
@@ -352,6 +364,36 @@ impl MuxConn {
             }
             Op::Try { mint: false } | Op::Unlock => Ok((one_bool(&rows)?, None)),
         }
+    }
+
+    /// `sql` prepared on this connection (once: kept by text), when the
+    /// `SessionLock` prepares its statements; `None` when they go unnamed.
+    ///
+    /// # Errors
+    ///
+    /// When the server refuses the `Parse` (behind a transaction-mode
+    /// pooler, a name that meets another client's statement, `42P05`).
+    async fn prepared(&self, sql: &'static str, key: LockKey) -> Result<Option<Statement>, Error> {
+        let Some(prepared) = &self.prepared else {
+            return Ok(None);
+        };
+        // Nothing under this mutex can panic half-way.
+        let cache = || {
+            prepared
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        let known = cache().get(sql).cloned();
+        if let Some(statement) = known {
+            return Ok(Some(statement));
+        }
+        let types: &[Type] = match key {
+            LockKey::BigInt(_) => &[Type::INT8],
+            LockKey::Pair(..) => &[Type::INT4, Type::INT4],
+        };
+        let statement = self.lease.client().prepare_typed(sql, types).await?;
+        cache().insert(sql, statement.clone());
+        Ok(Some(statement))
     }
 
     /// Makes the held transaction anew after a statement's error aborted
