@@ -189,11 +189,12 @@ impl SessionLock {
     /// any pooler. [`StatementMode::Prepared`] prepares each once per
     /// connection and saves the server that work (about 13 µs a statement
     /// on the benchmark machine, BENCHMARKS.md): for connections that reach
-    /// PostgreSQL directly. Behind a transaction-mode pooler a statement's
-    /// name can meet another client's on the server connection, and the
-    /// take fails with [`ErrorKind::UnexpectedReply`] (`42P05`), nothing
-    /// held. The other forms send each lock as one simple-protocol query,
-    /// whatever this says.
+    /// PostgreSQL directly, not through a transaction-mode pooler: there a
+    /// statement's name can meet another client's on the server
+    /// connection, the take fails with [`ErrorKind::UnexpectedReply`]
+    /// (`42P05`), holding nothing, and the connection can be given up with
+    /// the other locks on it (their `lost()` resolves). The other forms
+    /// send each lock as one simple-protocol query, whatever this says.
     ///
     /// ```no_run
     /// # async fn f(config: tokio_postgres::Config) {

@@ -453,8 +453,8 @@ const ATTEMPTS: u32 = 64;
 
 /// Drops the snapshot a connection's extended-protocol statements left
 /// open, once the connection has run none for [`QUIET`]: a simple query
-/// replaces the last statement's portal. Started by the first statement after the
-/// previous drop (the `seen`th the connection ran).
+/// replaces the last statement's portal. Started by the first statement
+/// after the previous drop (the `seen`th the connection ran).
 async fn drop_snapshot(conn: Weak<MuxConn>, mut seen: u64) {
     loop {
         tokio::time::sleep(QUIET).await;
