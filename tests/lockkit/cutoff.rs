@@ -114,6 +114,29 @@ async fn cut_off(conn: Arc<Mutex<LockClient>>, key: Order, cut: Cut, then: Then)
     }
 }
 
+/// Asserts that `client` answers its next statement, outside a
+/// transaction; `what` names the case in the panic. Answers whether a late
+/// cancel request failed that statement first: a request can reach the
+/// server after the statement it was sent for and cancel this one instead
+/// (documented on `LockTx::rollback`), once, and the statement is sent
+/// again.
+async fn answers_outside_a_transaction(client: &tokio_postgres::Client, what: &str) -> bool {
+    let mut answer = outside_transaction(client).await;
+    let mut late = false;
+    if let Some(Err(e)) = &answer {
+        if e.code() == Some(&SqlState::QUERY_CANCELED) {
+            late = true;
+            answer = outside_transaction(client).await;
+        }
+    }
+    match answer {
+        None => panic!("{what}: the connection still waits behind the cut-off lock statement"),
+        Some(Ok(true)) => late,
+        Some(Ok(false)) => panic!("{what}: the connection was left inside a transaction"),
+        Some(Err(e)) => panic!("{what}: {e}"),
+    }
+}
+
 /// Whether the session is outside a transaction block, asked in one
 /// simple-protocol query (whose statement starts its own transaction,
 /// `now()` equal to `statement_timestamp()`): `None` when the connection
@@ -158,29 +181,9 @@ async fn a_cut_off_lock_call_leaves_its_connection_free_and_outside_a_transactio
                     late_cancels.fetch_add(1, Ordering::Relaxed);
                 }
                 let conn = conn.lock().await;
-                let mut answer = outside_transaction(&conn).await;
-                // A cancel request can reach the server after the
-                // statement it was sent for, and cancel this one instead
-                // (documented on `LockTx::rollback`): once.
-                if let Some(Err(e)) = &answer {
-                    if e.code() == Some(&SqlState::QUERY_CANCELED) {
-                        late_cancels.fetch_add(1, Ordering::Relaxed);
-                        answer = outside_transaction(&conn).await;
-                    }
-                }
-                match answer {
-                    None => panic!(
-                        "worker {worker}, round {round} ({cut:?}, then {then:?}): \
-                         the connection still waits behind the cut-off lock statement"
-                    ),
-                    Some(Ok(true)) => {}
-                    Some(Ok(false)) => panic!(
-                        "worker {worker}, round {round} ({cut:?}, then {then:?}): \
-                         the connection was left inside a transaction"
-                    ),
-                    Some(Err(e)) => {
-                        panic!("worker {worker}, round {round} ({cut:?}, then {then:?}): {e}")
-                    }
+                let what = format!("worker {worker}, round {round} ({cut:?}, then {then:?})");
+                if answers_outside_a_transaction(&conn, &what).await {
+                    late_cancels.fetch_add(1, Ordering::Relaxed);
                 }
             }
         });
@@ -266,23 +269,7 @@ async fn a_cancel_request_that_overtakes_its_statement_is_sent_again() {
             "round {round}: a late cancel request ended the call before its cut-off"
         );
         let conn = conn.lock().await;
-        let mut answer = outside_transaction(&conn).await;
-        // A request sent again can still land after the statement ended,
-        // on this one (documented on `LockTx::rollback`): once.
-        if let Some(Err(e)) = &answer {
-            if e.code() == Some(&SqlState::QUERY_CANCELED) {
-                answer = outside_transaction(&conn).await;
-            }
-        }
-        match answer {
-            None => panic!(
-                "round {round} (then {then:?}): the connection still waits behind the \
-                 cut-off lock statement"
-            ),
-            Some(Ok(true)) => {}
-            Some(Ok(false)) => panic!("round {round} (then {then:?}): left inside a transaction"),
-            Some(Err(e)) => panic!("round {round} (then {then:?}): {e}"),
-        }
+        answers_outside_a_transaction(&conn, &format!("round {round} (then {then:?})")).await;
     }
     held.rollback().await.unwrap();
 }

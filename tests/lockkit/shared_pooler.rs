@@ -447,40 +447,12 @@ async fn calls_on_a_held_key(db: &TestServer, calls: Calls) -> Result<(), String
     let ended = until_key_not_waited(&observer, key.lock_key()).await;
     holder.batch_execute("ROLLBACK").await.unwrap();
     // A pooler that died says so first, with its log's FATAL lines.
-    answers(&bouncer, connect().await.map(|(client, _)| client)).await?;
+    bouncer
+        .answers(connect().await.map(|(client, _)| client))
+        .await?;
     match calls_made.load(std::sync::atomic::Ordering::Relaxed) {
         200 => ended,
         made => Err(format!("only {made} of the 200 calls could be made")),
-    }
-}
-
-/// Whether `bouncer` still serves a new client; when it does not, its
-/// log's `FATAL` lines.
-async fn serving(bouncer: &PgBouncer) -> Result<(), String> {
-    let client = match bouncer.config().connect(NoTls).await {
-        Ok((client, conn)) => {
-            tokio::spawn(conn);
-            Some(client)
-        }
-        Err(_) => None,
-    };
-    answers(bouncer, client).await
-}
-
-/// Whether `client`, a new client of `bouncer` (`None`: it could not
-/// connect), answers a query; when it does not, the log's `FATAL` lines.
-async fn answers(bouncer: &PgBouncer, client: Option<Client>) -> Result<(), String> {
-    let alive = match client {
-        Some(client) => client.simple_query("SELECT 1").await.is_ok(),
-        None => false,
-    };
-    match alive {
-        true => Ok(()),
-        false => {
-            let log = bouncer.log();
-            let fatal: Vec<&str> = log.lines().filter(|l| l.contains("FATAL")).collect();
-            Err(format!("pgbouncer no longer serves: {fatal:?}"))
-        }
     }
 }
 
@@ -562,7 +534,7 @@ async fn cut_off_session_lock_calls_leave_the_shared_pooler_serving() {
     let ended = until_key_not_waited(&observer, key.lock_key()).await;
     holder.batch_execute("ROLLBACK").await.unwrap();
     ended.unwrap();
-    serving(&bouncer).await.unwrap();
+    bouncer.serving().await.unwrap();
 }
 
 /// The control: the same calls, bounded by the server instead of cut off
@@ -690,7 +662,7 @@ async fn cancelled_queries(db: &TestServer, wait_for_close: bool) -> Result<(), 
     }
     let sent = sent.load(Ordering::Relaxed);
     assert!(sent > 0, "no cancel request was sent");
-    let verdict = serving(&bouncer).await;
+    let verdict = bouncer.serving().await;
     eprintln!("{sent} cancel requests sent (waiting for the close: {wait_for_close}): {verdict:?}");
     verdict
 }

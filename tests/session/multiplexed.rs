@@ -818,16 +818,7 @@ async fn prepared_statements_on_a_direct_connection() {
                 .unwrap()
                 .unwrap_or_else(|_| panic!("{mode:?}: a free cell"));
             for key in [feed.key(), cell.key()] {
-                let id = key.to_pg_locks();
-                let granted: i64 = observer
-                    .query_one(
-                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-                         AND classid = $1 AND objid = $2 AND objsubid = $3",
-                        &[&id.classid, &id.objid, &id.objsubid],
-                    )
-                    .await
-                    .unwrap()
-                    .get(0);
+                let granted = lockkit_tests::observe::holders_elsewhere(&observer, key).await;
                 assert_eq!(granted, 1, "{mode:?}, round {round}: {key} held");
             }
             assert!(feed.release().await.unwrap());

@@ -825,16 +825,7 @@ async fn cut_off_pooled_lock_calls_leave_the_shared_pooler_serving() {
     }
     let ended = lockkit_tests::observe::until_key_not_waited(&observer, key.lock_key()).await;
     held.rollback().await.unwrap();
-    let serving = match bouncer.config().connect(NoTls).await {
-        Ok((client, conn)) => {
-            tokio::spawn(conn);
-            client.simple_query("SELECT 1").await.is_ok()
-        }
-        Err(_) => false,
-    };
-    let log = bouncer.log();
-    let fatal: Vec<&str> = log.lines().filter(|l| l.contains("FATAL")).collect();
-    assert!(serving, "pgbouncer no longer serves: {fatal:?}");
+    bouncer.serving().await.unwrap();
     ended.unwrap();
     until_free(&observer, key.lock_key()).await;
 }

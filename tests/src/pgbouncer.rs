@@ -133,6 +133,54 @@ impl PgBouncer {
         client
     }
 
+    /// Whether a new client of this pgbouncer connects and is answered;
+    /// when not, the `FATAL` lines of its log (a pgbouncer that died says
+    /// why there).
+    ///
+    /// # Errors
+    ///
+    /// When the pooler no longer serves, with those lines.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops the new client.
+    pub async fn serving(&self) -> Result<(), String> {
+        let client = match self.config().connect(tokio_postgres::NoTls).await {
+            Ok((client, connection)) => {
+                tokio::spawn(connection);
+                Some(client)
+            }
+            Err(_) => None,
+        };
+        self.answers(client).await
+    }
+
+    /// Whether `client`, a new client of this pgbouncer (`None`: it could
+    /// not connect), answers a query; when not, the `FATAL` lines of the
+    /// log.
+    ///
+    /// # Errors
+    ///
+    /// When it does not answer, with those lines.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing is left behind.
+    pub async fn answers(&self, client: Option<tokio_postgres::Client>) -> Result<(), String> {
+        let alive = match client {
+            Some(client) => client.simple_query("SELECT 1").await.is_ok(),
+            None => false,
+        };
+        match alive {
+            true => Ok(()),
+            false => {
+                let log = self.log();
+                let fatal: Vec<&str> = log.lines().filter(|l| l.contains("FATAL")).collect();
+                Err(format!("pgbouncer no longer serves: {fatal:?}"))
+            }
+        }
+    }
+
     /// pgbouncer's log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.root.join("pgbouncer.log")).unwrap_or_default()
