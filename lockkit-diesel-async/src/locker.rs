@@ -39,6 +39,12 @@ impl Locker {
     /// (see
     /// [`Policy::recognizes_errors`](lockkit::driver::Policy::recognizes_errors)).
     ///
+    /// It also learns whether `conn` reaches PostgreSQL itself or a pooler:
+    /// only on a direct connection does a cut-off lock call send its cancel
+    /// request without [`cancel_to`](Self::cancel_to) or
+    /// [`cancel_tls`](Self::cancel_tls) (see lockkit's README, pooler
+    /// section). Make it on a connection of the route its calls take.
+    ///
     /// # Errors
     ///
     /// The query's error, as [`Error`].
@@ -56,7 +62,8 @@ impl Locker {
                 &facts,
                 &messages,
                 "lockkit-diesel-async",
-            )),
+            ))
+            .learned_on(&conn.cancel_token(), facts.backend_pid),
         })
     }
 

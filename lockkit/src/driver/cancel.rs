@@ -7,13 +7,15 @@ use std::any::TypeId;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 #[cfg(feature = "tokio-postgres")]
-use futures_util::{FutureExt, StreamExt};
+use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 use tokio_postgres::config::{Host, SslMode};
@@ -82,7 +84,7 @@ impl CancellingPolicy {
     /// The same policy, with cancel requests sent through `tls`.
     pub fn tls(self, tls: impl CancelTls) -> Self {
         CancellingPolicy {
-            canceller: Canceller::tls(tls),
+            canceller: Canceller::tls(tls).direct(self.canceller.direct),
             ..self
         }
     }
@@ -94,6 +96,28 @@ impl CancellingPolicy {
     pub fn cancel_to(self, config: &tokio_postgres::Config) -> Self {
         CancellingPolicy {
             canceller: self.canceller.to(config),
+            ..self
+        }
+    }
+
+    /// The same policy, told whether the connection it was learned on
+    /// reaches PostgreSQL itself: whether `token`, that connection's cancel
+    /// token, names `backend_pid`, the backend the server says the
+    /// connection has (`pg_backend_pid()`, in
+    /// [`FactsRow::backend_pid`](crate::driver::FactsRow::backend_pid)).
+    ///
+    /// A pooler gives its clients cancel keys of its own (pgbouncer draws
+    /// them at random), never its server connections' keys, which it keeps
+    /// to itself. Only when the key is the backend's own does a cancel
+    /// request without [`tls`](Self::tls) or [`cancel_to`](Self::cancel_to)
+    /// go as tokio-postgres sends it, its connection closed at once: the
+    /// connections reach PostgreSQL, which handles that. Otherwise none
+    /// goes (see [`Canceller`]): pgbouncer before 1.19 dies of such a
+    /// request, and lockkit cannot tell its version.
+    pub fn learned_on(self, token: &CancelToken, backend_pid: i32) -> Self {
+        let direct = key_of(token).is_some_and(|(pid, _)| pid == backend_pid);
+        CancellingPolicy {
+            canceller: self.canceller.direct(direct),
             ..self
         }
     }
@@ -151,8 +175,17 @@ impl AsRef<Policy> for CancellingPolicy {
 /// address, which tokio-postgres keeps private, so it takes it from the
 /// connections' `tokio_postgres::Config`
 /// ([`Locker::cancel_to`](crate::Locker::cancel_to); a
-/// [`SessionLock`](crate::SessionLock) knows its own). With neither, the
-/// request goes as tokio-postgres sends it.
+/// [`SessionLock`](crate::SessionLock) knows its own).
+///
+/// With neither, the request goes as tokio-postgres sends it only where
+/// the connections are known to reach PostgreSQL itself
+/// ([`CancellingPolicy::learned_on`]: the connection's cancel key is its
+/// backend's own, which a pooler's never is). Anywhere else (a pooler, or a
+/// route never checked) no request goes: the cut-off statement goes on
+/// waiting for the key, and what the connection sends next waits behind
+/// it, until the key is granted (and released by the rollback queued
+/// behind it) or the transaction's own timeout ends it. That costs the
+/// connection's time, never a lock reported held, and never the pooler.
 ///
 /// The tokio-postgres adapter's lockers take a connector with
 /// [`Locker::cancel_tls`](crate::Locker::cancel_tls) and
@@ -163,6 +196,10 @@ impl AsRef<Policy> for CancellingPolicy {
 pub(crate) struct Canceller {
     tls: Option<Arc<SendCancel>>,
     to: Option<Arc<Address>>,
+    /// Whether the connections reach PostgreSQL itself, so that a request
+    /// may go as tokio-postgres sends it, closed at once
+    /// ([`CancellingPolicy::learned_on`]).
+    direct: bool,
 }
 
 type SendCancel = dyn Fn(CancelToken) -> BoxFuture<'static, Result<(), SendError>> + Send + Sync;
@@ -176,6 +213,7 @@ impl Canceller {
         Canceller {
             tls: None,
             to: None,
+            direct: false,
         }
     }
 
@@ -201,6 +239,7 @@ impl Canceller {
         Canceller {
             tls: Some(Arc::new(send)),
             to: None,
+            direct: false,
         }
     }
 
@@ -214,10 +253,19 @@ impl Canceller {
         }
     }
 
+    /// The same, told whether the connections reach PostgreSQL itself
+    /// ([`CancellingPolicy::learned_on`]).
+    pub(crate) fn direct(self, direct: bool) -> Canceller {
+        Canceller { direct, ..self }
+    }
+
     /// Sends the cancel request for `token`'s connection in the background,
     /// on the current tokio runtime (nothing without one). Nobody awaits
     /// it, so a failure is logged as a `tracing` warning.
     pub(crate) fn cancel(&self, token: CancelToken) {
+        if !self.sends() {
+            return;
+        }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -229,9 +277,27 @@ impl Canceller {
         });
     }
 
+    /// Whether a request goes at all: through the TLS connector, to the
+    /// configured address, or, on connections that reach PostgreSQL
+    /// itself, as tokio-postgres sends it. When none does, says so once per
+    /// process, as a `tracing` warning.
+    fn sends(&self) -> bool {
+        let sends = self.tls.is_some() || self.to.is_some() || self.direct;
+        if !sends && !WARNED_UNSENT.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "lockkit: a lock call was cut off on a connection that may go through a \
+                 pooler, and no cancel request was sent: its statement waits for the key, \
+                 and the connection's next statements wait behind it. Give the locker the \
+                 connections' configuration (cancel_to) or their TLS connector (cancel_tls)"
+            );
+        }
+        sends
+    }
+
     /// Sends the cancel request for `token`'s connection, and waits until
     /// the server closes the request's connection (within
-    /// [`CLOSE_BOUND`]), unless it goes as tokio-postgres sends it.
+    /// [`CLOSE_BOUND`]), unless it goes as tokio-postgres sends it (only
+    /// when [`sends`](Self::sends) says so).
     fn send(&self, token: CancelToken) -> BoxFuture<'static, Result<(), SendError>> {
         match (&self.tls, &self.to) {
             (Some(send), to) if to.as_ref().is_none_or(|to| !to.plain) => send(token),
@@ -267,6 +333,9 @@ impl Canceller {
     /// sends next does not wait for any.
     #[cfg(feature = "tokio-postgres")]
     pub(crate) fn cancel_until_answered(&self, client: &Client) {
+        if !self.sends() {
+            return;
+        }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -307,6 +376,38 @@ impl Canceller {
         });
     }
 }
+
+/// Whether a cut-off call found no way to send its cancel request, already
+/// (the warning goes once per process).
+static WARNED_UNSENT: AtomicBool = AtomicBool::new(false);
+
+/// The cancel key `token` holds, `(process id, secret key)`: what
+/// tokio-postgres writes for it, read back from memory (nothing is sent).
+/// `None` when the connection negotiates TLS even for a cancel request
+/// (`sslmode=require` and stricter), which needs a connector.
+fn key_of(token: &CancelToken) -> Option<(i32, i32)> {
+    let mut written = io::Cursor::new(Vec::new());
+    // In memory, the write completes at once; a read (the answer to a TLS
+    // request) finds the end of the stream, and fails.
+    token
+        .cancel_query_raw(&mut written, NoTls)
+        .now_or_never()?
+        .ok()?;
+    let message = written.into_inner();
+    let word = |i: usize| {
+        message
+            .get(i..i + 4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(i32::from_be_bytes)
+    };
+    // The request: its length (16), its code, the process id, the key.
+    (message.len() == 16 && word(0) == Some(16) && word(4) == Some(CANCEL_REQUEST_CODE))
+        .then(|| Some((word(8)?, word(12)?)))
+        .flatten()
+}
+
+/// The code of a cancel request (the protocol's `CancelRequest`).
+const CANCEL_REQUEST_CODE: i32 = 80_877_102;
 
 /// Where plain-text cancel requests go: the hosts of the connections'
 /// configuration.
@@ -577,6 +678,7 @@ impl std::fmt::Debug for Canceller {
         f.debug_struct("Canceller")
             .field("tls", &self.tls.is_some())
             .field("to", &self.to)
+            .field("direct", &self.direct)
             .finish()
     }
 }

@@ -37,7 +37,10 @@ macro_rules! locker_basics {
             /// and for a fleet that knows its server's settings. On the
             /// stacks that recognise deadlocks, timeouts and a full lock
             /// table by the server's message (Diesel, diesel-async), it
-            /// assumes the messages are English.
+            /// assumes the messages are English. It has not seen a
+            /// connection, so (on the stacks that send cancel requests) a
+            /// cut-off lock call sends one only through `cancel_tls` or
+            /// `cancel_to`.
             pub fn with_facts(config: $crate::Config, facts: $crate::ServerFacts) -> $locker {
                 $locker {
                     inner: $crate::driver::Policy::new(config, facts).into(),
@@ -86,11 +89,15 @@ macro_rules! locker_basics {
             /// client closed it before the pooler forwarded it (pgbouncer's
             /// issue 801), and every client of the pooler loses its
             /// connection. Without `config`, lockkit cannot know where the
-            /// connection went (tokio-postgres keeps the address private),
-            /// and a plain-text request goes as tokio-postgres sends it,
-            /// closed at once: which PostgreSQL and pgbouncer 1.19+ handle.
-            /// Through [`cancel_tls`](Self::cancel_tls), requests already
-            /// stay open until the server closes them.
+            /// connection went (tokio-postgres keeps the address private).
+            /// A locker made with `new` on a connection that reaches
+            /// PostgreSQL itself (its cancel key is its backend's own, which
+            /// a pooler's never is) sends the request as tokio-postgres
+            /// does, closed at once, which PostgreSQL handles; made through
+            /// a pooler (or with `with_facts`), it sends none, and a cut-off
+            /// call's statement waits for the key, the connection's next
+            /// statements behind it. Through [`cancel_tls`](Self::cancel_tls),
+            /// requests already stay open until the server closes them.
             ///
             /// With several hosts, the request goes to each: only the server
             /// whose session it names acts on it.

@@ -55,6 +55,12 @@ impl Locker {
     /// Learns the server's facts through `client` (one round trip) and
     /// builds a locker with `config`.
     ///
+    /// It also learns whether `client` reaches PostgreSQL itself or a
+    /// pooler: only on a direct connection does a cut-off lock call send
+    /// its cancel request without [`cancel_to`](Self::cancel_to) or
+    /// [`cancel_tls`](Self::cancel_tls) (see the README's pooler section).
+    /// Make it on a connection of the route its calls take.
+    ///
     /// # Errors
     ///
     /// [`ErrorKind::Database`](crate::ErrorKind::Database) or
@@ -66,7 +72,12 @@ impl Locker {
     /// Cancel safe: it only reads.
     pub async fn new(client: &Client, config: Config) -> Result<Locker, Error> {
         let row = server_facts(client).await?;
-        Ok(Locker::with_facts(config, ServerFacts::from(&row)))
+        let locker = Locker::with_facts(config, ServerFacts::from(&row));
+        Ok(Locker {
+            inner: locker
+                .inner
+                .learned_on(&client.cancel_token(), row.backend_pid),
+        })
     }
 
     /// Starts a transaction on a plain `client` that can take advisory
