@@ -60,6 +60,7 @@ pub(crate) enum Role {
     Diesel,
     DieselAsync,
     Session,
+    SessionPool,
     Mux,
     Sql,
     ForeignTp,
@@ -77,6 +78,7 @@ impl Role {
             Role::Diesel => "diesel",
             Role::DieselAsync => "diesel-async",
             Role::Session => "session",
+            Role::SessionPool => "session-pool",
             Role::Mux => "mux",
             Role::Sql => "sql",
             Role::ForeignTp => "foreign-tp",
@@ -90,7 +92,13 @@ impl Role {
     fn killable(self) -> bool {
         matches!(
             self,
-            Role::Tp | Role::Sqlx | Role::Diesel | Role::DieselAsync | Role::Session | Role::Mux
+            Role::Tp
+                | Role::Sqlx
+                | Role::Diesel
+                | Role::DieselAsync
+                | Role::Session
+                | Role::SessionPool
+                | Role::Mux
         )
     }
 }

@@ -10,6 +10,7 @@
 //! | `diesel` | lockkit-diesel `Locker::transaction` on a default r2d2 pool |
 //! | `diesel-async` | lockkit-diesel-async `Locker::transaction` on a deadpool pool of `lockkit_diesel_async::establish` connections |
 //! | `session` | default-form `SessionLock`: lock, try, timeout, permits |
+//! | `session-pool` | the same on connections leased from a deadpool-postgres pool (`SessionLock::from_pool`) |
 //! | `mux` | `SessionForm::Multiplexed`: lock, try, timeout, two keys at once |
 //! | `foreign-tp` | tokio-postgres without lockkit: its own named statements, some never closed |
 //! | `foreign-sqlx` | a sqlx pool without lockkit: its own persistent statements |
@@ -578,8 +579,9 @@ async fn main() {
         "sqlx" => with_sqlx::run(&ctx).await,
         "diesel" => with_diesel::run(&ctx).await,
         "diesel-async" => with_diesel_async::run(&ctx).await,
-        "session" => tasks(&ctx, 1, |ctx, t| session(ctx, t, false)).await,
-        "mux" => tasks(&ctx, 1, |ctx, t| session(ctx, t, true)).await,
+        "session" => tasks(&ctx, 1, |ctx, t| session(ctx, t, Sessions::Own)).await,
+        "session-pool" => tasks(&ctx, 1, |ctx, t| session(ctx, t, Sessions::Pooled)).await,
+        "mux" => tasks(&ctx, 1, |ctx, t| session(ctx, t, Sessions::Multiplexed)).await,
         "sql" => tasks(&ctx, 2, sql).await,
         "naive" => tasks(&ctx, 3, naive).await,
         "leaky" => leaky(&ctx).await,
@@ -655,14 +657,41 @@ async fn tp(ctx: Arc<Ctx>, task: u64, mode: StatementMode) {
     }
 }
 
-/// `session` and `mux`: session locks through the pooler, with the
-/// critical section's read-modify-write on a second connection, committed
-/// before the lock is released.
-async fn session(ctx: Arc<Ctx>, task: u64, multiplexed: bool) {
-    let mut sessions = lockkit::SessionLock::new(ctx.config());
-    if multiplexed {
-        sessions = sessions.form(lockkit::SessionForm::Multiplexed);
-    }
+/// Which session locks a session role takes.
+#[derive(Clone, Copy, PartialEq)]
+enum Sessions {
+    /// `session`: the default form, on connections of its own.
+    Own,
+    /// `session-pool`: the default form, on connections leased from a
+    /// deadpool-postgres pool.
+    Pooled,
+    /// `mux`: the multiplexed form.
+    Multiplexed,
+}
+
+/// `session`, `session-pool` and `mux`: session locks through the pooler,
+/// with the critical section's read-modify-write on a second connection,
+/// committed before the lock is released.
+async fn session(ctx: Arc<Ctx>, task: u64, kind: Sessions) {
+    let sessions = match kind {
+        Sessions::Own => lockkit::SessionLock::new(ctx.config()),
+        Sessions::Pooled => {
+            let manager = deadpool_postgres::Manager::from_config(
+                ctx.config(),
+                NoTls,
+                deadpool_postgres::ManagerConfig::default(),
+            );
+            let pool = deadpool_postgres::Pool::builder(manager)
+                .max_size(4)
+                .build()
+                .expect("a deadpool pool");
+            lockkit::SessionLock::from_pool(pool)
+        }
+        Sessions::Multiplexed => {
+            lockkit::SessionLock::new(ctx.config()).form(lockkit::SessionForm::Multiplexed)
+        }
+    };
+    let multiplexed = kind == Sessions::Multiplexed;
     let Some(mut work) = ctx.connect().await else {
         return;
     };
