@@ -477,10 +477,27 @@ async fn cut_off_lock_calls_with_the_address_leave_the_shared_pooler_serving() {
 /// cut off after 0 to 5 ms, through 3 server connections: all 200 calls are
 /// made, no cancel request reaches the pooler (its log), the pooler serves
 /// on, and each client's next statement runs outside a transaction. With
-/// requests sent as tokio-postgres sends them (`.ci/mutations "the route
-/// is direct"`), the pooler's log shows them, or pgbouncer dies.
+/// the route taken as direct (`.ci/mutations "taken as direct"`), the
+/// requests go as tokio-postgres sends them, and pgbouncer dies.
 #[tokio::test(flavor = "multi_thread")]
 async fn cut_off_lock_calls_do_not_crash_the_shared_pooler() {
+    cut_offs_with_no_address(false).await;
+}
+
+/// The same with the locker given a TLS connector (`Locker::cancel_tls`)
+/// and its connections the default `sslmode=prefer`, through a pooler in
+/// plain text: tokio-postgres would send the request in plain text, closed
+/// at once, when the pooler answers "no TLS", so none goes. With any
+/// connector taken as enough (`.ci/mutations "any TLS connector"`), the
+/// requests go, and pgbouncer dies.
+#[tokio::test(flavor = "multi_thread")]
+async fn cut_off_lock_calls_with_a_tls_connector_and_sslmode_prefer_do_not_crash_the_pooler() {
+    cut_offs_with_no_address(true).await;
+}
+
+/// [`cut_off_lock_calls_do_not_crash_the_shared_pooler`], its locker given
+/// a TLS connector when `tls`.
+async fn cut_offs_with_no_address(tls: bool) {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     use std::sync::Arc;
     use std::time::Duration;
@@ -488,12 +505,18 @@ async fn cut_off_lock_calls_do_not_crash_the_shared_pooler() {
     let db = TestServer::shared();
     let _log = db.guard();
     let bouncer = Arc::new(bouncer(db));
-    let key = Account { id: 3_050 };
+    let key = Account {
+        id: 3_050 + i64::from(tls),
+    };
     let first = client(&bouncer).await;
-    let locker = Locker::new(&first, Config::default())
+    let mut locker = Locker::new(&first, Config::default())
         .await
         .expect("locker");
     drop(first);
+    if tls {
+        let connector = SslConnector::builder(SslMethod::tls()).unwrap().build();
+        locker = locker.cancel_tls(MakeTlsConnector::new(connector));
+    }
     let done = Arc::new(AtomicBool::new(false));
     let cycler = {
         let done = done.clone();
@@ -576,18 +599,44 @@ async fn cut_off_lock_calls_over_tls_leave_the_shared_pooler_serving() {
 /// elsewhere; then the pooler still serves.
 #[tokio::test(flavor = "multi_thread")]
 async fn cut_off_session_lock_calls_leave_the_shared_pooler_serving() {
+    cut_off_session_lock_calls(false).await;
+}
+
+/// The same with a TLS connector (`SessionLock::with_tls`) and the default
+/// `sslmode=prefer`, through the pooler in plain text: through the
+/// connector, tokio-postgres would send each request in plain text, closed
+/// at once, when the pooler answers "no TLS"; lockkit sends it to the
+/// address in plain text, kept open. With the connector taken whenever it
+/// is given (`.ci/mutations "sslmode=prefer through the connector"`),
+/// pgbouncer dies.
+#[tokio::test(flavor = "multi_thread")]
+async fn cut_off_session_lock_calls_with_a_tls_connector_and_sslmode_prefer_leave_the_pooler_serving(
+) {
+    cut_off_session_lock_calls(true).await;
+}
+
+/// [`cut_off_session_lock_calls_leave_the_shared_pooler_serving`], its
+/// session locks given a TLS connector when `tls`.
+async fn cut_off_session_lock_calls(tls: bool) {
     let db = TestServer::shared();
     let _log = db.guard();
     let bouncer = bouncer(db);
-    let key = Account { id: 3_100 };
+    let key = Account {
+        id: 3_100 + i64::from(tls),
+    };
     let holder = hold_elsewhere(db, key).await;
+    let connector = MakeTlsConnector::new(SslConnector::builder(SslMethod::tls()).unwrap().build());
     let mut tasks = Vec::new();
     for i in 0..8_u64 {
         let form = match i % 2 {
             0 => SessionForm::default(),
             _ => SessionForm::Multiplexed,
         };
-        let sessions = SessionLock::new(bouncer.config()).form(form).connections(1);
+        let sessions = match tls {
+            true => SessionLock::with_tls(bouncer.config(), connector.clone()),
+            false => SessionLock::new(bouncer.config()),
+        };
+        let sessions = sessions.form(form).connections(1);
         tasks.push(tokio::spawn(async move {
             for j in 0..20_u64 {
                 let wait = std::time::Duration::from_millis((i * 20 + j) % 6);
@@ -606,8 +655,8 @@ async fn cut_off_session_lock_calls_leave_the_shared_pooler_serving() {
     let observer = db.connect().await;
     let ended = until_key_not_waited(&observer, key.lock_key()).await;
     holder.batch_execute("ROLLBACK").await.unwrap();
-    ended.unwrap();
     bouncer.serving().await.unwrap();
+    ended.unwrap();
 }
 
 /// The control: the same calls, bounded by the server instead of cut off

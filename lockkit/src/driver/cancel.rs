@@ -108,10 +108,10 @@ impl CancellingPolicy {
     ///
     /// A pooler gives its clients cancel keys of its own (pgbouncer draws
     /// them at random), never its server connections' keys, which it keeps
-    /// to itself. Only when the key is the backend's own does a cancel
-    /// request without [`tls`](Self::tls) or [`cancel_to`](Self::cancel_to)
-    /// go as tokio-postgres sends it, its connection closed at once: the
-    /// connections reach PostgreSQL, which handles that. Otherwise none
+    /// to itself. Without [`cancel_to`](Self::cancel_to), a request that
+    /// can go in plain text goes (as tokio-postgres sends it, its
+    /// connection closed at once) only when the key is the backend's own:
+    /// the connections reach PostgreSQL, which handles that. Otherwise none
     /// goes (see [`Canceller`]): pgbouncer before 1.19 dies of such a
     /// request, and lockkit cannot tell its version.
     pub fn learned_on(self, token: &CancelToken, backend_pid: i32) -> Self {
@@ -177,11 +177,13 @@ impl AsRef<Policy> for CancellingPolicy {
 /// ([`Locker::cancel_to`](crate::Locker::cancel_to); a
 /// [`SessionLock`](crate::SessionLock) knows its own).
 ///
-/// With neither, the request goes as tokio-postgres sends it only where
-/// the connections are known to reach PostgreSQL itself
+/// Without the address, a request that could go in plain text (`sslmode`
+/// `disable`, or `prefer`, where tokio-postgres falls back to plain text
+/// when the server answers "no TLS", even with the connector) goes only
+/// where the connections are known to reach PostgreSQL itself
 /// ([`CancellingPolicy::learned_on`]: the connection's cancel key is its
-/// backend's own, which a pooler's never is). Anywhere else (a pooler, or a
-/// route never checked) no request goes: the cut-off statement goes on
+/// backend's own, which a pooler's never is), as tokio-postgres sends it.
+/// Anywhere else (a pooler, or a route never checked) none goes: the cut-off statement goes on
 /// waiting for the key, and what the connection sends next waits behind
 /// it, until the key is granted (and released by the rollback queued
 /// behind it) or the transaction's own timeout ends it. That costs the
@@ -263,7 +265,7 @@ impl Canceller {
     /// on the current tokio runtime (nothing without one). Nobody awaits
     /// it, so a failure is logged as a `tracing` warning.
     pub(crate) fn cancel(&self, token: CancelToken) {
-        if !self.sends() {
+        if !self.sends(&token) {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -277,12 +279,16 @@ impl Canceller {
         });
     }
 
-    /// Whether a request goes at all: through the TLS connector, to the
-    /// configured address, or, on connections that reach PostgreSQL
-    /// itself, as tokio-postgres sends it. When none does, says so once per
-    /// process, as a `tracing` warning.
-    fn sends(&self) -> bool {
-        let sends = self.tls.is_some() || self.to.is_some() || self.direct;
+    /// Whether a request for `token`'s connection goes at all: to the
+    /// configured address; on connections that reach PostgreSQL itself;
+    /// or through the TLS connector when the request can only go over TLS
+    /// (`sslmode=require` and stricter: with `prefer`, tokio-postgres sends
+    /// it in plain text, closed at once, to a server that answers "no
+    /// TLS"). When none goes, says so once per process, as a `tracing`
+    /// warning.
+    fn sends(&self, token: &CancelToken) -> bool {
+        let sends =
+            self.to.is_some() || self.direct || (self.tls.is_some() && key_of(token).is_none());
         if !sends && !WARNED_UNSENT.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 "lockkit: a lock call was cut off on a connection that may go through a \
@@ -298,11 +304,20 @@ impl Canceller {
     /// the server closes the request's connection (within
     /// [`CLOSE_BOUND`]), unless it goes as tokio-postgres sends it (only
     /// when [`sends`](Self::sends) says so).
+    ///
+    /// With the address, a request that may go in plain text (`sslmode`
+    /// `disable` or `prefer`) goes there in plain text, kept open: through
+    /// the connector, tokio-postgres would send it closed at once to a
+    /// server that answers "no TLS". Only one that must go over TLS takes
+    /// the connector.
     fn send(&self, token: CancelToken) -> BoxFuture<'static, Result<(), SendError>> {
         match (&self.tls, &self.to) {
-            (Some(send), to) if to.as_ref().is_none_or(|to| !to.plain) => send(token),
-            (_, Some(to)) => Box::pin(to.clone().send(token)),
-            (_, None) => Box::pin(async move { Ok(token.cancel_query(NoTls).await?) }),
+            (_, Some(to)) if to.plain || key_of(&token).is_some() => {
+                Box::pin(to.clone().send(token))
+            }
+            (Some(send), _) => send(token),
+            (None, Some(to)) => Box::pin(to.clone().send(token)),
+            (None, None) => Box::pin(async move { Ok(token.cancel_query(NoTls).await?) }),
         }
     }
 
@@ -333,13 +348,13 @@ impl Canceller {
     /// sends next does not wait for any.
     #[cfg(feature = "tokio-postgres")]
     pub(crate) fn cancel_until_answered(&self, client: &Client) {
-        if !self.sends() {
+        let token = client.cancel_token();
+        if !self.sends(&token) {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let token = client.cancel_token();
         // Its first poll queues the query and answers its stream, which
         // owns what it needs.
         let answered = client.simple_query_raw("").now_or_never();
@@ -381,33 +396,98 @@ impl Canceller {
 /// (the warning goes once per process).
 static WARNED_UNSENT: AtomicBool = AtomicBool::new(false);
 
-/// The cancel key `token` holds, `(process id, secret key)`: what
-/// tokio-postgres writes for it, read back from memory (nothing is sent).
-/// `None` when the connection negotiates TLS even for a cancel request
-/// (`sslmode=require` and stricter), which needs a connector.
+/// The cancel key `token` holds, `(process id, secret key)`, when its
+/// request can go in plain text (`sslmode` `disable` or `prefer`): what
+/// tokio-postgres writes for it, read back from memory, nothing sent, a
+/// TLS request answered "no TLS". `None` when the request goes over TLS or
+/// not at all (`sslmode=require` and stricter), never in plain text.
 fn key_of(token: &CancelToken) -> Option<(i32, i32)> {
-    let mut written = io::Cursor::new(Vec::new());
-    // In memory, the write completes at once; a read (the answer to a TLS
-    // request) finds the end of the stream, and fails.
+    let mut recorder = Recorder::default();
+    // In memory, every write and read completes at once.
     token
-        .cancel_query_raw(&mut written, NoTls)
+        .cancel_query_raw(&mut recorder, Negotiates)
         .now_or_never()?
         .ok()?;
-    let message = written.into_inner();
     let word = |i: usize| {
-        message
+        recorder
+            .written
             .get(i..i + 4)
             .and_then(|b| <[u8; 4]>::try_from(b).ok())
             .map(i32::from_be_bytes)
     };
-    // The request: its length (16), its code, the process id, the key.
-    (message.len() == 16 && word(0) == Some(16) && word(4) == Some(CANCEL_REQUEST_CODE))
-        .then(|| Some((word(8)?, word(12)?)))
+    // The TLS request (its length, 8, and its code), when the mode asks
+    // for TLS first; then the cancel request: its length (16), its code,
+    // the process id, the key.
+    let at = match (word(0), word(4)) {
+        (Some(8), Some(TLS_REQUEST_CODE)) => 8,
+        _ => 0,
+    };
+    let whole = recorder.written.len() == at + 16;
+    (whole && word(at) == Some(16) && word(at + 4) == Some(CANCEL_REQUEST_CODE))
+        .then(|| Some((word(at + 8)?, word(at + 12)?)))
         .flatten()
 }
 
 /// The code of a cancel request (the protocol's `CancelRequest`).
 const CANCEL_REQUEST_CODE: i32 = 80_877_102;
+/// The code of a request for TLS (the protocol's `SSLRequest`).
+const TLS_REQUEST_CODE: i32 = 80_877_103;
+
+/// [`key_of`]'s stream: it keeps what is written, and answers a TLS
+/// request with `N` (no TLS), once; then the end of the stream.
+#[derive(Default)]
+struct Recorder {
+    written: Vec<u8>,
+    answered: bool,
+}
+
+impl AsyncRead for Recorder {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !std::mem::replace(&mut this.answered, true) {
+            buf.put_slice(b"N");
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Recorder {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().written.extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// [`key_of`]'s connector: one that could negotiate TLS (so that
+/// tokio-postgres asks for it where the mode says to, unlike with `NoTls`),
+/// and never does.
+struct Negotiates;
+
+impl<S> TlsConnect<S> for Negotiates {
+    type Stream = tokio_postgres::tls::NoTlsStream;
+    type Error = io::Error;
+    type Future = std::future::Ready<Result<Self::Stream, io::Error>>;
+
+    fn connect(self, _: S) -> Self::Future {
+        std::future::ready(Err(io::Error::other("no TLS in memory")))
+    }
+}
 
 /// Where plain-text cancel requests go: the hosts of the connections'
 /// configuration.
