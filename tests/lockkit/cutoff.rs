@@ -100,7 +100,13 @@ async fn cut_off(conn: Arc<Mutex<LockClient>>, key: Order, cut: Cut, then: Then)
         }
         assert!(tx.is_poisoned());
         match then {
-            Then::Rollback => tx.rollback().await.expect("rollback"),
+            // Bounded: behind a wait that no cancel request ended, the
+            // rollback would wait for the holder, which keeps the key until
+            // the test ends.
+            Then::Rollback => tokio::time::timeout(BLOCKED, tx.rollback())
+                .await
+                .expect("the rollback still waits behind the cut-off lock statement")
+                .expect("rollback"),
             Then::Drop => drop(tx),
             // Without the panic hook's message, thousands of times.
             Then::Panic => std::panic::resume_unwind(Box::new("cut off")),
