@@ -571,8 +571,7 @@ async fn cut_offs_with_no_address(tls: bool) {
     let releases = cycler.await.expect("the holder");
     assert_eq!(made, 200, "calls made");
     bouncer.serving().await.unwrap();
-    let log = bouncer.log();
-    let cancels: Vec<&str> = log.lines().filter(|l| l.contains("cancel")).collect();
+    let cancels = bouncer.cancel_lines();
     assert!(
         cancels.is_empty(),
         "cancel requests reached the pooler ({releases} releases): {cancels:?}"

@@ -185,6 +185,18 @@ impl PgBouncer {
     pub fn log(&self) -> String {
         fs::read_to_string(self.root.join("pgbouncer.log")).unwrap_or_default()
     }
+
+    /// The lines of its log about cancel requests: pgbouncer logs each
+    /// request's client as it closes it (`… closing because: successfully
+    /// sent cancel request`, or a failed one), so none means that no
+    /// client sent one.
+    pub fn cancel_lines(&self) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|l| l.contains("cancel"))
+            .map(str::to_owned)
+            .collect()
+    }
 }
 
 impl fmt::Debug for PgBouncer {
