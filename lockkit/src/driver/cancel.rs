@@ -408,21 +408,26 @@ fn key_of(token: &CancelToken) -> Option<(i32, i32)> {
         .cancel_query_raw(&mut recorder, Negotiates)
         .now_or_never()?
         .ok()?;
+    plain_request_key(&recorder.written)
+}
+
+/// The key of the plain-text cancel request in `written`, what a client
+/// wrote: the request alone, or behind a request for TLS (answered "no
+/// TLS"). `None` for anything else.
+fn plain_request_key(written: &[u8]) -> Option<(i32, i32)> {
     let word = |i: usize| {
-        recorder
-            .written
+        written
             .get(i..i + 4)
             .and_then(|b| <[u8; 4]>::try_from(b).ok())
             .map(i32::from_be_bytes)
     };
-    // The TLS request (its length, 8, and its code), when the mode asks
-    // for TLS first; then the cancel request: its length (16), its code,
-    // the process id, the key.
+    // The TLS request: its length, 8, and its code. The cancel request:
+    // its length (16), its code, the process id, the key.
     let at = match (word(0), word(4)) {
         (Some(8), Some(TLS_REQUEST_CODE)) => 8,
         _ => 0,
     };
-    let whole = recorder.written.len() == at + 16;
+    let whole = written.len() == at + 16;
     (whole && word(at) == Some(16) && word(at + 4) == Some(CANCEL_REQUEST_CODE))
         .then(|| Some((word(at + 8)?, word(at + 12)?)))
         .flatten()
@@ -840,6 +845,48 @@ mod tests {
         fn make_tls_connect(&mut self, _: &str) -> Result<NoTls, Self::Error> {
             Ok(NoTls)
         }
+    }
+
+    /// A protocol message of 32-bit words, as a client writes it.
+    fn words(words: &[i32]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_be_bytes()).collect()
+    }
+
+    #[test]
+    fn a_plain_request_s_key_is_read_alone_or_behind_a_tls_request() {
+        let cancel = words(&[16, CANCEL_REQUEST_CODE, 4242, -7]);
+        let tls = words(&[8, TLS_REQUEST_CODE]);
+        assert_eq!(plain_request_key(&cancel), Some((4242, -7)));
+        assert_eq!(
+            plain_request_key(&[tls.clone(), cancel.clone()].concat()),
+            Some((4242, -7))
+        );
+        // Only the TLS request (the mode needs TLS): no plain request.
+        assert_eq!(plain_request_key(&tls), None);
+        assert_eq!(plain_request_key(&[]), None);
+        // Anything else is not a cancel request.
+        assert_eq!(plain_request_key(&cancel[..15]), None);
+        assert_eq!(plain_request_key(&[cancel.clone(), vec![0]].concat()), None);
+        assert_eq!(
+            plain_request_key(&[tls.clone(), tls.clone()].concat()),
+            None
+        );
+        assert_eq!(
+            plain_request_key(&words(&[16, TLS_REQUEST_CODE, 4242, -7])),
+            None
+        );
+        assert_eq!(
+            plain_request_key(&words(&[20, CANCEL_REQUEST_CODE, 4242, -7])),
+            None
+        );
+        assert_eq!(
+            plain_request_key(&[words(&[8, CANCEL_REQUEST_CODE]), cancel.clone()].concat()),
+            None
+        );
+        assert_eq!(
+            plain_request_key(&[words(&[12, TLS_REQUEST_CODE]), cancel].concat()),
+            None
+        );
     }
 
     #[test]
