@@ -112,8 +112,8 @@ impl CancellingPolicy {
     /// can go in plain text goes (as tokio-postgres sends it, its
     /// connection closed at once) only when the key is the backend's own:
     /// the connections reach PostgreSQL, which handles that. Otherwise none
-    /// goes (see [`Canceller`]): pgbouncer before 1.19 dies of such a
-    /// request, and lockkit cannot tell its version.
+    /// goes: pgbouncer before 1.19 dies of such a request, and lockkit
+    /// cannot tell its version.
     pub fn learned_on(self, token: &CancelToken, backend_pid: i32) -> Self {
         let direct = key_of(token).is_some_and(|(pid, _)| pid == backend_pid);
         CancellingPolicy {
