@@ -97,7 +97,9 @@ macro_rules! locker_basics {
             /// a pooler (or with `with_facts`), it sends none, and a cut-off
             /// call's statement waits for the key, the connection's next
             /// statements behind it. Through [`cancel_tls`](Self::cancel_tls),
-            /// requests already stay open until the server closes them.
+            /// requests that must go over TLS (`sslmode=require`) already
+            /// stay open until the server closes them; with `config`, one
+            /// that may go in plain text goes to its hosts, kept open.
             ///
             /// With several hosts, the request goes to each: only the server
             /// whose session it names acts on it.

@@ -221,7 +221,10 @@ impl<'c> LockTx<'c> {
     /// ignored), so neither this rollback nor a drop of the transaction
     /// waits for another session to let go of the key (under
     /// `sslmode=require`, given the TLS connector:
-    /// [`Locker::cancel_tls`](crate::Locker::cancel_tls)). A request can
+    /// [`Locker::cancel_tls`](crate::Locker::cancel_tls); through a
+    /// pooler, given the connections' address:
+    /// [`Locker::cancel_to`](crate::Locker::cancel_to), without which no
+    /// request goes and this rollback waits until the key is granted). A request can
     /// also arrive after the statement it was sent for ended, and cancel the
     /// `ROLLBACK`; a transaction's `ROLLBACK` is then sent again (up to five
     /// times), and a dropped transaction queues two, so the connection is
