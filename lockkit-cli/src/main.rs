@@ -181,7 +181,8 @@ enum Command {
     /// lock_timeout, statement_timeout, idle_in_transaction_session_timeout,
     /// idle_session_timeout), each with what it means for lockkit and a
     /// recommendation where one applies; behind a transaction-mode pooler,
-    /// which lockkit forms and statement mode are safe there.
+    /// which lockkit forms and statement mode are safe there, and that a
+    /// Locker needs the connections' configuration for its cancel requests.
     #[command(after_long_help = BOUNDS_HELP, after_help = "Every wait for the server is bounded by the URL's connect_timeout, 10 s when unset (see --help).")]
     Check {
         /// The keep-alive interval of the application's session locks, to
@@ -600,6 +601,9 @@ const POOLED_UNSAFE: &str = "not safe here: SessionForm::SessionLevel (pg_adviso
 const POOLED_STATEMENTS: &str = "named prepared statements are not safe here: keep the default \
      StatementMode::Unnamed (StatementMode::Prepared only behind a pooler that keeps them, \
      e.g. pgbouncer 1.21+ with max_prepared_statements)";
+const POOLED_CANCEL: &str = "cancel requests: give a Locker (tokio-postgres, diesel-async) the \
+     connections' configuration here (Locker::cancel_to): without it, a lock call cut off in \
+     flight sends none, and its connection waits for the key";
 const DIRECT_STATEMENTS: &str = "every lockkit form works here, and StatementMode::Prepared \
      (named prepared statements, opt-in) as well as the default StatementMode::Unnamed";
 
@@ -689,6 +693,7 @@ async fn check(
             },
             "unsafe_forms": if pooled { json!(["SessionForm::SessionLevel"]) } else { json!([]) },
             "statement_modes": if pooled { json!(["Unnamed"]) } else { json!(["Unnamed", "Prepared"]) },
+            "cancel_to_needed": pooled,
             "session_keepalive_seconds": keepalive.as_secs_f64(),
             "settings": assessed.iter().map(|a| json!({
                 "name": a.name,
@@ -733,7 +738,7 @@ async fn check(
     };
     let _ = writeln!(out, "pooled          {pooled_line}");
     if pooled {
-        for line in [POOLED_SAFE, POOLED_UNSAFE, POOLED_STATEMENTS] {
+        for line in [POOLED_SAFE, POOLED_UNSAFE, POOLED_STATEMENTS, POOLED_CANCEL] {
             let _ = writeln!(out, "{:16}{line}", "");
         }
     } else {

@@ -28,6 +28,8 @@ fn check_through_a_pooler_names_what_is_safe_there() {
         "not safe here: SessionForm::SessionLevel",
         "named prepared statements are not safe here: keep the default StatementMode::Unnamed",
         "max_prepared_statements",
+        "cancel requests: give a Locker (tokio-postgres, diesel-async) the connections' \
+         configuration here (Locker::cancel_to)",
     ] {
         assert!(text.contains(said), "{said:?} not in\n{text}");
     }
@@ -40,6 +42,7 @@ fn check_through_a_pooler_names_what_is_safe_there() {
     assert_eq!(doc["transaction_pooled"], true, "{doc:#}");
     assert_eq!(doc["unsafe_forms"], json!(["SessionForm::SessionLevel"]));
     assert_eq!(doc["statement_modes"], json!(["Unnamed"]));
+    assert_eq!(doc["cancel_to_needed"], true);
     assert!(doc["safe_forms"]
         .as_array()
         .unwrap()
@@ -59,6 +62,8 @@ fn check_through_a_pooler_names_what_is_safe_there() {
     assert_eq!(doc["transaction_pooled"], false);
     assert_eq!(doc["statement_modes"], json!(["Unnamed", "Prepared"]));
     assert_eq!(doc["unsafe_forms"], json!([]));
+    assert_eq!(doc["cancel_to_needed"], false);
+    assert!(!text.contains("cancel_to"), "{text}");
 }
 
 /// A pooler probe that cannot finish within its bound (behind a pooler
