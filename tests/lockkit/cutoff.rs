@@ -22,10 +22,10 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use lockkit::{AdvisoryKey, Config, LockClient, LockKey};
+use lockkit_tests::observe::outside_a_transaction;
 use lockkit_tests::TestServer;
 use tokio::sync::Mutex;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::SimpleQueryMessage;
 
 use crate::common::locker;
 
@@ -143,25 +143,15 @@ async fn answers_outside_a_transaction(client: &tokio_postgres::Client, what: &s
     }
 }
 
-/// Whether the session is outside a transaction block, asked in one
-/// simple-protocol query (whose statement starts its own transaction,
-/// `now()` equal to `statement_timestamp()`): `None` when the connection
-/// did not answer within [`BLOCKED`], `Err` with the server's error.
+/// Whether the session is outside a transaction block
+/// ([`outside_a_transaction`]): `None` when the connection did not answer
+/// within [`BLOCKED`], `Err` with the server's error.
 async fn outside_transaction(
     client: &tokio_postgres::Client,
 ) -> Option<Result<bool, tokio_postgres::Error>> {
-    let answer = tokio::time::timeout(
-        BLOCKED,
-        client.simple_query("SELECT now() = statement_timestamp()"),
-    )
-    .await
-    .ok()?;
-    Some(answer.map(|messages| {
-        messages.iter().any(|m| match m {
-            SimpleQueryMessage::Row(row) => row.get(0) == Some("t"),
-            _ => false,
-        })
-    }))
+    tokio::time::timeout(BLOCKED, outside_a_transaction(client))
+        .await
+        .ok()
 }
 
 #[tokio::test(flavor = "multi_thread")]

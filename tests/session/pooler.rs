@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use lockkit::pg::{ProbeTimeout, SessionForm};
 use lockkit::{AdvisoryKey, ErrorKind, LockKey, SessionLock};
 use lockkit_tests::observe::{held_by, simple_value};
@@ -55,16 +54,7 @@ async fn until_free(observer: &Client, key: LockKey) {
     }
 }
 
-pub(crate) fn pool_of(config: tokio_postgres::Config, size: usize) -> Pool {
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(manager).max_size(size).build().expect("pool")
-}
+pub(crate) use lockkit_tests::support::pool_of;
 
 /// Clients doing short transactions through `config` until finished, so a
 /// transaction-mode pooler hands its backends around; a transaction that

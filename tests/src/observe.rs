@@ -305,3 +305,17 @@ pub async fn until_key_not_waited(observer: &Client, key: LockKey) -> Result<(),
     }
     Ok(())
 }
+
+/// Whether `client`'s session is outside a transaction block, asked in one
+/// simple-protocol query (whose statement starts its own transaction, so
+/// `now()` equals `statement_timestamp()`); the server's error when it
+/// fails. No bound: the caller bounds the wait where it may not come.
+pub async fn outside_a_transaction(client: &Client) -> Result<bool, tokio_postgres::Error> {
+    let messages = client
+        .simple_query("SELECT now() = statement_timestamp()")
+        .await?;
+    Ok(messages.iter().any(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0) == Some("t"),
+        _ => false,
+    }))
+}

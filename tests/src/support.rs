@@ -41,3 +41,21 @@ pub fn assert_standby<T>(result: Result<T, Error>, what: &str) {
         Ok(_) => panic!("{what}: expected HotStandby, got Ok"),
     }
 }
+
+/// A deadpool-postgres pool of at most `size` connections made from
+/// `config` in plain text, recycled without a round trip.
+///
+/// # Panics
+///
+/// If the pool cannot be built.
+pub fn pool_of(config: tokio_postgres::Config, size: usize) -> deadpool_postgres::Pool {
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+    let manager = Manager::from_config(
+        config,
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager).max_size(size).build().expect("pool")
+}

@@ -676,16 +676,7 @@ async fn session(ctx: Arc<Ctx>, task: u64, kind: Sessions) {
     let sessions = match kind {
         Sessions::Own => lockkit::SessionLock::new(ctx.config()),
         Sessions::Pooled => {
-            let manager = deadpool_postgres::Manager::from_config(
-                ctx.config(),
-                NoTls,
-                deadpool_postgres::ManagerConfig::default(),
-            );
-            let pool = deadpool_postgres::Pool::builder(manager)
-                .max_size(4)
-                .build()
-                .expect("a deadpool pool");
-            lockkit::SessionLock::from_pool(pool)
+            lockkit::SessionLock::from_pool(lockkit_tests::support::pool_of(ctx.config(), 4))
         }
         Sessions::Multiplexed => {
             lockkit::SessionLock::new(ctx.config()).form(lockkit::SessionForm::Multiplexed)
