@@ -575,6 +575,65 @@ async fn cut_offs_with_no_address(tls: bool) {
     );
 }
 
+/// A `Locker` that sends no cancel request for its cut-off calls says so,
+/// once per process, as a `tracing` warning that names `cancel_to`: the
+/// `cut-off-calls` process (tests/src/bin) cuts off 3 calls through the
+/// pooler, each once the server shows it waiting, and warns once. The
+/// control: the same process on a direct connection sends its cancel
+/// requests and warns of nothing, so the test can tell a warning from none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_whose_cut_off_calls_send_no_cancel_request_is_warned_once() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let bouncer = bouncer(db);
+    let through = cut_off_calls(&bouncer.url(), db.url(), 3_060).await;
+    assert_eq!(
+        warnings_naming_cancel_to(&through),
+        1,
+        "through the pooler:\n{through}"
+    );
+    bouncer.serving().await.unwrap();
+    assert!(
+        bouncer.cancel_lines().is_empty(),
+        "a cancel request reached the pooler: {:?}",
+        bouncer.cancel_lines()
+    );
+    let direct = cut_off_calls(db.url(), db.url(), 3_070).await;
+    assert_eq!(
+        warnings_naming_cancel_to(&direct),
+        0,
+        "on a direct connection:\n{direct}"
+    );
+}
+
+/// Runs `cut-off-calls <route> <server> <first> 3` (which bounds itself:
+/// it ends within 90 s) and returns its standard output, after checking
+/// that it made its 3 calls.
+async fn cut_off_calls(route: &str, server: &str, first: i64) -> String {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cut-off-calls"));
+    child.args([route, server, &first.to_string(), "3"]);
+    let output = tokio::task::spawn_blocking(move || child.output())
+        .await
+        .expect("the waiting thread")
+        .expect("cut-off-calls started");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success() && stdout.contains("made 3"),
+        "cut-off-calls failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// The lines of `output` that are lockkit's warning naming `cancel_to`.
+fn warnings_naming_cancel_to(output: &str) -> usize {
+    output
+        .lines()
+        .filter(|line| line.contains("WARN") && line.contains("cancel_to"))
+        .count()
+}
+
 /// The same through a pgbouncer 1.18 that takes clients over TLS only, the
 /// locker given the connector (`Locker::cancel_tls`) and the address
 /// (`Locker::cancel_to`, `sslmode=require`): each cancel request goes over
