@@ -476,9 +476,12 @@ async fn cut_off_lock_calls_with_the_address_leave_the_shared_pooler_serving() {
 /// pooler with it. A cut-off call's wait then pins its server connection
 /// until the key's holder lets go: the holder here lets go each time some
 /// session waits for the key, and takes it again. 8 tasks, 25 calls each,
-/// cut off after 0 to 5 ms, through 3 server connections: all 200 calls are
-/// made, no cancel request reaches the pooler (its log), the pooler serves
-/// on, and each client's next statement runs outside a transaction. With
+/// cut off after 0 to 5 ms, through 3 server connections shared with other
+/// applications (their named statements on every server connection, and
+/// one application's transactions all along): all 200 calls are made, no
+/// cancel request reaches the pooler (its log), the pooler serves on, each
+/// client's next statement runs outside a transaction, and the other
+/// application's transactions all succeed. With
 /// the route taken as direct (`.ci/mutations "taken as direct"`), the
 /// requests go as tokio-postgres sends them, and pgbouncer dies.
 #[tokio::test(flavor = "multi_thread")]
@@ -507,6 +510,9 @@ async fn cut_offs_with_no_address(tls: bool) {
     let db = TestServer::shared();
     let _log = db.guard();
     let bouncer = Arc::new(bouncer(db));
+    // Other applications share the pooler: their statements on every
+    // server connection, and one of them at work all along.
+    let (_foreign, _) = litter(db, &bouncer).await;
     let key = Account {
         id: 3_050 + i64::from(tls),
     };
@@ -520,6 +526,22 @@ async fn cut_offs_with_no_address(tls: bool) {
         locker = locker.cancel_tls(MakeTlsConnector::new(connector));
     }
     let done = Arc::new(AtomicBool::new(false));
+    let application = {
+        let (done, bouncer) = (done.clone(), bouncer.clone());
+        tokio::spawn(async move {
+            let app = client(&bouncer).await;
+            let mut ran = 0_u64;
+            while !done.load(Relaxed) {
+                app.batch_execute(
+                    "BEGIN; PREPARE app_statement AS SELECT 1; EXECUTE app_statement; \
+                     DEALLOCATE app_statement; COMMIT",
+                )
+                .await?;
+                ran += 1;
+            }
+            Ok::<_, tokio_postgres::Error>(ran)
+        })
+    };
     let cycler = {
         let done = done.clone();
         tokio::spawn(async move {
@@ -566,7 +588,12 @@ async fn cut_offs_with_no_address(tls: bool) {
     }
     done.store(true, Relaxed);
     let releases = cycler.await.expect("the holder");
+    let ran = application
+        .await
+        .expect("the other application")
+        .expect("the other application's transactions");
     assert_eq!(made, 200, "calls made");
+    assert!(ran > 0, "the other application ran no transaction");
     bouncer.serving().await.unwrap();
     let cancels = bouncer.cancel_lines();
     assert!(
