@@ -1,12 +1,19 @@
 //! lockkit-diesel-async behind a transaction-mode pgbouncer: only the reply
-//! check stands between a forged statement and a lock reported held.
+//! check stands between a forged statement and a lock reported held, and
+//! other processes' statements of the names diesel-async gives lockkit's
+//! fail no lock call.
 
-use diesel_async::{AsyncConnection, AsyncPgConnection};
+use std::num::NonZeroU8;
+use std::time::Duration;
+
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lockkit_diesel_async::{
     AdvisoryKey, Batch, Config, Error, ErrorKind, Locker, OrderCheck, StatementMode,
 };
 use lockkit_tests::observe::simple_value;
+use lockkit_tests::support::next_statement_name;
 use lockkit_tests::{PgBouncer, TestServer};
+use tokio_postgres::types::Type;
 
 use crate::common::granted_elsewhere;
 
@@ -79,14 +86,56 @@ async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
     }
 }
 
-/// diesel-async names every statement it sends (tokio-postgres's `s0`,
-/// `s1`, … of this process), in either `StatementMode`: behind a
-/// transaction-mode pgbouncer whose server connection holds statements of
-/// those names (another process's), a lock call fails, typed as the clash
-/// (`UnexpectedReply`, `42P05`) with the fix in its message, and nothing is
-/// held. The README's pooler section says so.
+/// Another process's statements, left on the pooler's one server
+/// connection by `foreign` (a client of the pooler, outside a
+/// transaction), after it deallocated its earlier ones: every
+/// tokio-postgres name from this process's next one on (`s<next>`, 2,000
+/// of them), which lockkit's statements are about to be prepared under,
+/// and the names of [`KEPT`]. Answers `next`.
+async fn litter(direct: &tokio_postgres::Client, foreign: &tokio_postgres::Client) -> usize {
+    let next = next_statement_name(direct).await;
+    let mut script = String::from("DEALLOCATE ALL;");
+    for n in next..next + 2_000 {
+        script.push_str(&format!("PREPARE s{n} AS SELECT 7::int8;"));
+    }
+    for name in kept(next) {
+        script.push_str(&format!("PREPARE {name} AS SELECT 7::int8;"));
+    }
+    foreign
+        .batch_execute(&script)
+        .await
+        .expect("the foreign statements");
+    next
+}
+
+/// Foreign statements that lockkit's statements can never meet, so that
+/// they stay on the server connection: sqlx's and Diesel's names, another
+/// application's, and a tokio-postgres name this process has used already
+/// (its counter only grows).
+fn kept(next: usize) -> [String; 4] {
+    [
+        "sqlx_s_1".to_owned(),
+        "__diesel_stmt_0".to_owned(),
+        "billing_report".to_owned(),
+        format!("s{}", next - 1),
+    ]
+}
+
+/// lockkit's statements over diesel-async carry tokio-postgres's names
+/// (`s0`, `s1`, … of this process). Behind a transaction-mode pgbouncer
+/// that keeps no named statement per client, whose one server connection
+/// holds another process's statements under exactly the names this process
+/// uses next, the locker is made and every lock call succeeds in the
+/// default mode, each holding its key on the server, with no
+/// configuration.
+///
+/// What lockkit removes from the server connection is only what could
+/// meet its names: the foreign statements of other names stay, and so does
+/// the application's own statement prepared in the transaction under a
+/// name of the same form (the control that the repair spares what the
+/// transaction itself prepared).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_name_clash_behind_a_shared_pooler_is_typed_and_says_the_fix() {
+async fn every_lock_call_succeeds_behind_a_pooler_holding_this_processs_next_names() {
     let db = TestServer::shared();
     let _log = db.guard();
     let bouncer = PgBouncer::builder(db)
@@ -94,35 +143,86 @@ async fn a_name_clash_behind_a_shared_pooler_is_typed_and_says_the_fix() {
         .default_pool_size(1)
         .start();
     let observer = db.connect().await;
-    // Connected first: diesel-async's own set-up prepares named statements
-    // too, and would meet the foreign ones before lockkit's do.
-    let mut direct = AsyncPgConnection::establish(db.url()).await.unwrap();
-    let locker = Locker::new(&mut direct, Config::default()).await.unwrap();
+    let direct = db.connect().await;
+    let foreign = bouncer.connect().await;
+    // Connected first: diesel-async's own set-up prepares named statements.
     let mut conn = AsyncPgConnection::establish(&bouncer.url()).await.unwrap();
-    // This process's next tokio-postgres statement name.
-    let next: usize = {
-        let probe_client = db.connect().await;
-        let _probe = probe_client.prepare("SELECT 525252").await.unwrap();
-        let row = probe_client
+    litter(&direct, &foreign).await;
+    let config = Config::default().order_check(OrderCheck::Off);
+    let locker = Locker::new(&mut conn, config)
+        .await
+        .expect("the server's facts, learned through the pooler");
+    for form in 0..9_i64 {
+        let next = litter(&direct, &foreign).await;
+        let job = Job {
+            id: 960_000 + 10 * form,
+        };
+        let own = format!("s{}", next + 5_000);
+        let (locker, observer, own) = (&locker, &observer, &own);
+        let key = conn
+            .transaction::<_, Error, _>(async |conn| {
+                conn.batch_execute(&format!("PREPARE {own} AS SELECT 1"))
+                    .await?;
+                let mut tx = locker.lock_tx(conn)?;
+                let one = NonZeroU8::MIN;
+                let pair = Batch::new().with(&job).with(&Job { id: job.id + 1 });
+                let key = match form {
+                    0 => tx.lock(job).await?.key(),
+                    1 => tx.lock_shared(job).await?.key(),
+                    2 => tx.try_lock(job).await?.expect("free").key(),
+                    3 => tx.try_lock_shared(job).await?.expect("free").key(),
+                    4 => tx.lock_timeout(job, Duration::from_secs(60)).await?.key(),
+                    5 => tx.lock_batch(&pair).await?.keys()[0].0,
+                    6 => tx.try_lock_batch(&pair).await?.expect("free").keys()[0].0,
+                    7 => tx.acquire_permit(job, one).await?.key(),
+                    _ => tx.try_acquire_permit(job, one).await?.expect("free").key(),
+                };
+                // Never a success without the lock.
+                assert!(granted_elsewhere(observer, key).await, "form {form}");
+                tx.conn().batch_execute(&format!("EXECUTE {own}")).await?;
+                Ok(key)
+            })
+            .await
+            .unwrap_or_else(|e| panic!("form {form}: {e}"));
+        assert!(!granted_elsewhere(observer, key).await, "form {form}");
+        let names: Vec<String> = kept(next).into();
+        let left = foreign
             .query_typed_one(
-                "SELECT name FROM pg_prepared_statements WHERE statement = 'SELECT 525252'",
-                &[],
+                "SELECT count(*) FROM pg_prepared_statements WHERE name = ANY($1)",
+                &[(&names, Type::TEXT_ARRAY)],
             )
             .await
-            .unwrap();
-        row.get::<_, String>(0)
-            .trim_start_matches('s')
-            .parse::<usize>()
             .unwrap()
-            + 1
-    };
-    // Another process's statements of the names this one will use next,
-    // left on the pooler's one server connection.
+            .get::<_, i64>(0);
+        assert_eq!(
+            left, 4,
+            "form {form}: the foreign statements that cannot clash"
+        );
+    }
+}
+
+/// In the opt-in `StatementMode::Prepared`, lockkit's statements go into
+/// diesel-async's statement cache under tokio-postgres's names, not safe
+/// behind such a pooler: a name another process left on the server
+/// connection fails the lock call, typed as the clash (`UnexpectedReply`,
+/// `42P05`) with the fix in its message, and nothing is held. The README's
+/// pooler section says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_name_clash_in_prepared_mode_is_typed_and_says_the_fix() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .start();
+    let observer = db.connect().await;
+    let direct = db.connect().await;
     let foreign = bouncer.connect().await;
-    let script: String = (next..next + 2_000)
-        .map(|n| format!("PREPARE s{n} AS SELECT 7::int8;"))
-        .collect();
-    foreign.batch_execute(&script).await.unwrap();
+    let mut conn = AsyncPgConnection::establish(&bouncer.url()).await.unwrap();
+    let mut on_server = AsyncPgConnection::establish(db.url()).await.unwrap();
+    let config = Config::default().statements(StatementMode::Prepared);
+    let locker = Locker::new(&mut on_server, config).await.unwrap();
+    litter(&direct, &foreign).await;
     let job = Job { id: 950_000 };
     let answer: Result<(), Error> = locker
         .transaction(&mut conn, |tx| {

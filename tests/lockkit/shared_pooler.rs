@@ -76,19 +76,7 @@ async fn litter(db: &TestServer, bouncer: &PgBouncer) -> (Vec<Client>, usize) {
         clients.push(client(bouncer).await);
     }
     // This process's next tokio-postgres statement name.
-    let next = {
-        let direct = db.connect().await;
-        let _probe = direct.prepare("SELECT 424242").await.expect("prepare");
-        let row = direct
-            .query_typed_one(
-                "SELECT name FROM pg_prepared_statements WHERE statement = 'SELECT 424242'",
-                &[],
-            )
-            .await
-            .expect("the statement's name");
-        let name: String = row.get(0);
-        name.trim_start_matches('s').parse::<usize>().expect("sN") + 1
-    };
+    let next = lockkit_tests::support::next_statement_name(&db.connect().await).await;
     let script: String = foreign_names(next)
         .iter()
         .map(|name| format!("PREPARE {name} AS SELECT 7::int8;"))

@@ -1,7 +1,8 @@
 //! What the tokio-postgres test binaries (`lockkit` and `session`) share
 //! besides the observer's questions ([`crate::observe`]): a locker for a
-//! client's server, a client's backend pid, and the check that a call was
-//! refused on a hot standby.
+//! client's server, a client's backend pid, the check that a call was
+//! refused on a hot standby, a pool, and this process's next
+//! tokio-postgres statement name.
 
 use lockkit::{Config, Error, ErrorKind, Locker};
 use tokio_postgres::Client;
@@ -58,4 +59,28 @@ pub fn pool_of(config: tokio_postgres::Config, size: usize) -> deadpool_postgres
         },
     );
     Pool::builder(manager).max_size(size).build().expect("pool")
+}
+
+/// The number `n` of the name `s<n>` under which this process's next
+/// tokio-postgres statement will be prepared: tokio-postgres counts its
+/// statement names per process, so a test can leave another process's
+/// statements of exactly those names on a pooler's server connections.
+/// Learned by preparing a statement on `client` (a direct connection),
+/// which uses up one name.
+///
+/// # Panics
+///
+/// If the statement cannot be prepared or found.
+pub async fn next_statement_name(client: &Client) -> usize {
+    const PROBE: &str = "SELECT 'lockkit-tests: the next statement name'";
+    let _probe = client.prepare(PROBE).await.expect("prepare");
+    let row = client
+        .query_typed_one(
+            "SELECT name FROM pg_prepared_statements WHERE statement = $1",
+            &[(&PROBE, tokio_postgres::types::Type::TEXT)],
+        )
+        .await
+        .expect("the statement's name");
+    let name: String = row.get(0);
+    name.trim_start_matches('s').parse::<usize>().expect("sN") + 1
 }
