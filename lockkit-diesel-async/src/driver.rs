@@ -8,6 +8,9 @@
 //! the statements then reach the server in the order the futures were made;
 //! the engine's order (savepoint, timeouts, `BigInt` keys before `Pair`
 //! keys) is what makes a batch deadlock-free and a timeout bounding.
+//! (Within one statement, the utility statements that guard its name are
+//! ordered by polling, and only in the order tokio-postgres sends what a
+//! future asks at its first poll: see [`named`].)
 
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -30,22 +33,34 @@ use lockkit::tx::BoxFuture;
 use lockkit::{Error, StatementMode};
 
 use crate::locker::Locker;
+use crate::named;
 
 /// The server facts, learned with [`sql::SERVER_FACTS`], and its
 /// `lc_messages` ([`MESSAGES`]), inside a transaction (a savepoint in one
 /// already open): diesel-async prepares each statement in a round trip of
 /// its own before it binds and runs it, and behind a transaction-mode
-/// pooler only a transaction keeps the two on one server connection.
+/// pooler only a transaction keeps the two on one server connection. Each
+/// is prepared under a savepoint ([`named`]), as lockkit's lock statements
+/// are by default.
 pub(crate) async fn server_facts(
     conn: &mut AsyncPgConnection,
 ) -> QueryResult<(FactsRow, MessagesRow)> {
     conn.transaction::<_, diesel::result::Error, _>(async |conn| {
-        let probes: Vec<&str> = HASHTEXT_PROBES.to_vec();
-        let row: FactsColumns = sql_query(sql::SERVER_FACTS)
-            .bind::<Array<Text>, _>(probes)
-            .get_result(conn)
-            .await?;
-        let messages = sql_query(MESSAGES).get_result(conn).await?;
+        let conn: &AsyncPgConnection = conn;
+        let row: FactsColumns = named::under_savepoint(conn, || async move {
+            let probes: Vec<&str> = HASHTEXT_PROBES.to_vec();
+            let mut conn = conn;
+            sql_query(sql::SERVER_FACTS)
+                .bind::<Array<Text>, _>(probes)
+                .get_result(&mut conn)
+                .await
+        })
+        .await?;
+        let messages = named::under_savepoint(conn, || async move {
+            let mut conn = conn;
+            sql_query(MESSAGES).get_result(&mut conn).await
+        })
+        .await?;
         Ok((row.into(), messages))
     })
     .await
@@ -128,8 +143,10 @@ pub(crate) fn lock_error(e: diesel::result::Error) -> Error {
 
 /// The locker is diesel-async's [`Driver`]: the one
 /// [`LockTx`](crate::LockTx) runs its statements through it, each a
-/// Diesel query on the `AsyncPgConnection` (a cut-off call's transaction
-/// given up and its statement cancelled).
+/// Diesel query on the `AsyncPgConnection`, prepared under a savepoint
+/// that makes another process's statement of the same name harmless
+/// ([`named`]) unless the mode is `StatementMode::Prepared` (a cut-off
+/// call's transaction given up and its statement cancelled).
 impl Driver for Locker {
     type Io = Async;
     type Conn = AsyncPgConnection;
@@ -148,12 +165,18 @@ impl Driver for Locker {
                     .map_err(driver_error)?;
                 return Ok(Answer::Done);
             }
-            let query = EngineQuery::new(&stmt, mode);
-            query
-                .get_result(conn)
-                .await
-                .map(Answer::Row)
-                .map_err(driver_error)
+            let conn: &AsyncPgConnection = conn;
+            let stmt = &stmt;
+            let load = || async move {
+                let mut conn = conn;
+                EngineQuery::new(stmt, mode).get_result(&mut conn).await
+            };
+            let row = if mode == StatementMode::Prepared {
+                load().await
+            } else {
+                named::under_savepoint(conn, load).await
+            };
+            row.map(Answer::Row).map_err(driver_error)
         });
         future
     }

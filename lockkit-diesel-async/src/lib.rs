@@ -76,16 +76,29 @@
 //! diesel-async names every statement it sends, cached or not (through
 //! tokio-postgres, whose names `s0`, `s1`, … are counted per process), and
 //! offers no way to send one unnamed: unlike the other stacks, lockkit's
-//! statements here carry a name in either mode, each closed right after
-//! its call, inside the transaction. Behind a transaction-mode pooler that
-//! keeps no named statement per client (pgbouncer before 1.21, or without
-//! `max_prepared_statements`) and that other processes share, a server
-//! connection can hold a statement another process left under the same
-//! name: the lock call then fails with [`ErrorKind::UnexpectedReply`] and
-//! `42P05`, the fix in its message, never succeeds without its lock (the
-//! application's own diesel-async queries meet the same clash). There, use
-//! pgbouncer 1.21+ with `max_prepared_statements`, which names each
-//! client's statements on the server itself.
+//! statements here carry a name in either mode. Behind a transaction-mode
+//! pooler that keeps no named statement per client (pgbouncer before 1.21,
+//! or without `max_prepared_statements`) and that other processes share, a
+//! server connection can hold a statement another process left under the
+//! same name. So by default each of lockkit's statements is prepared under
+//! a savepoint, sent with it in the same round trip: when the name is
+//! taken, only the savepoint fails; lockkit rolls it back, deallocates the
+//! statements of that name and of the names this process will use next
+//! (`s<n>` from the taken one on, prepared on that server connection before
+//! the transaction began: another process's, left between transactions),
+//! and sends the statement again. What the transaction prepared itself,
+//! and names of any other form, stay. On a direct connection the savepoint
+//! costs two utility statements in a round trip the statement takes anyway
+//! (the paired report in BENCHMARKS.md); `StatementMode::Prepared` goes
+//! without it.
+//!
+//! In `StatementMode::Prepared`, and for the application's own
+//! diesel-async queries, such a name fails the statement: lockkit's calls
+//! with [`ErrorKind::UnexpectedReply`] and `42P05`, the fix in its message,
+//! never a success without the lock. Behind such a pooler, keep the
+//! default, and for the application's own statements use pgbouncer 1.21+
+//! with `max_prepared_statements`, which names each client's statements on
+//! the server itself.
 //!
 //! diesel-async's `AsyncPgConnection::establish` sends its two set-up
 //! statements at once and, when the first fails, drops the connection
@@ -107,6 +120,7 @@
 mod connect;
 mod driver;
 mod locker;
+mod named;
 
 pub use connect::{establish, establish_tls};
 pub use locker::Locker;
