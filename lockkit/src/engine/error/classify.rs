@@ -93,16 +93,8 @@ impl DriverError {
                 sqlstate::PROTOCOL_VIOLATION
             } else if message.starts_with("incorrect binary data format in bind parameter") {
                 sqlstate::INVALID_BINARY_REPRESENTATION
-            } else if message.starts_with("prepared statement \"") {
-                if message.ends_with("\" already exists") {
-                    sqlstate::DUPLICATE_PREPARED_STATEMENT
-                } else if message.ends_with("\" does not exist") {
-                    sqlstate::INVALID_SQL_STATEMENT_NAME
-                } else {
-                    return None;
-                }
             } else {
-                return None;
+                statement_name_code(message)?
             };
             Some(code.to_owned())
         });
@@ -160,6 +152,7 @@ impl DriverError {
             .iter()
             .find(|(prefix, _)| message.starts_with(prefix))
             .map(|(_, code)| *code)
+            .or_else(|| statement_name_code(message))
     }
 
     /// Whether the error is one pgbouncer ends the client's connection with,
@@ -172,6 +165,21 @@ impl DriverError {
                 .message
                 .as_deref()
                 .is_some_and(|m| POOLER_FATAL.contains(&m))
+    }
+}
+
+/// The SQLSTATE of the server's English message about a prepared
+/// statement's name: `42P05` when preparing found one of that name already
+/// (`prepared statement "s1" already exists`), `26000` when none was found
+/// (`… does not exist`).
+fn statement_name_code(message: &str) -> Option<&'static str> {
+    let rest = message.strip_prefix("prepared statement \"")?;
+    if rest.ends_with("\" already exists") {
+        Some(sqlstate::DUPLICATE_PREPARED_STATEMENT)
+    } else if rest.ends_with("\" does not exist") {
+        Some(sqlstate::INVALID_SQL_STATEMENT_NAME)
+    } else {
+        None
     }
 }
 

@@ -666,18 +666,19 @@ impl fmt::Display for Error {
                     "prepared statement name clash (SQLSTATE 42P05): another client's prepared \
                      statement of that name is on this server connection, as behind a \
                      transaction-mode pooler shared with other applications; nothing is known \
-                     to be held. Keep StatementMode::Unnamed (the default), in which lockkit sends \
-                     no named statement on tokio-postgres, sqlx and Diesel; diesel-async names \
-                     every statement itself: there, use a pooler that keeps prepared statements \
-                     per client (pgbouncer 1.21+ with max_prepared_statements)",
+                     to be held. Keep StatementMode::Unnamed (the default), in which lockkit's \
+                     statements cannot meet another client's (on diesel-async, which names every \
+                     statement, lockkit clears a name another client left and sends its \
+                     statement again); for named statements of your own, use a pooler that keeps \
+                     prepared statements per client (pgbouncer 1.21+ with max_prepared_statements)",
                 ),
                 Some(sqlstate::INVALID_SQL_STATEMENT_NAME) => f.write_str(
                     "prepared statement missing (SQLSTATE 26000): it was prepared on another \
                      server connection, as behind a transaction-mode pooler; nothing is known \
-                     to be held. Keep StatementMode::Unnamed (the default), in which lockkit sends \
-                     no named statement on tokio-postgres, sqlx and Diesel; diesel-async names \
-                     every statement itself: there, use a pooler that keeps prepared statements \
-                     per client (pgbouncer 1.21+ with max_prepared_statements)",
+                     to be held. Keep StatementMode::Unnamed (the default), in which lockkit keeps \
+                     no statement on the connection; for named statements of your own, use a \
+                     pooler that keeps prepared statements per client (pgbouncer 1.21+ with \
+                     max_prepared_statements)",
                 ),
                 _ => f.write_str(
                     "the server's reply is not the reply of lockkit's statement; nothing is known to be held",

@@ -244,3 +244,31 @@ fn a_reply_the_driver_could_not_read_is_an_unexpected_reply() {
     let deadlock = err("40P01", "deadlock detected").foreign_reply(true);
     assert_eq!(deadlock.into_error().kind(), ErrorKind::Deadlock);
 }
+
+#[test]
+fn a_statement_name_error_without_its_code_is_typed_by_its_message() {
+    // Diesel and diesel-async hide the SQLSTATE: outside a lock call too
+    // (a locker learning the server's facts, an application's own query),
+    // a clash or a missing statement is what it is, never a bare database
+    // error.
+    for (message, code) in [
+        ("prepared statement \"s7\" already exists", "42P05"),
+        (
+            "prepared statement \"__diesel_stmt_3\" does not exist",
+            "26000",
+        ),
+    ] {
+        let e = DriverError::new("x").message(Some(message)).into_error();
+        assert_eq!(e.kind(), ErrorKind::UnexpectedReply, "{message}");
+        assert_eq!(e.code(), Some(code), "{message}");
+        assert!(e.to_string().contains("max_prepared_statements"), "{e}");
+    }
+    for message in [
+        "prepared statement \"s7\" is in use",
+        "statement \"s7\" already exists",
+    ] {
+        let e = DriverError::new("x").message(Some(message)).into_error();
+        assert_eq!(e.kind(), ErrorKind::Database, "{message}");
+        assert_eq!(e.code(), None, "{message}");
+    }
+}
