@@ -202,7 +202,8 @@ impl Report {
             self.sum("probes")
         );
         eprintln!(
-            "by cause: busy {}, timeouts {}, connections lost {}, diesel-async name clashes {}, \
+            "by cause: busy {}, timeouts {}, connections lost {}, \
+             the diesel-async application's own name clashes {}, \
              lockkit-sqlx Locker::new named-statement failures {}, \
              foreign applications' own errors {}, unexpected {}",
             self.sum("busy"),

@@ -116,13 +116,15 @@ struct Tally {
     lost: AtomicU64,
     /// Errors of no expected cause.
     unexpected: AtomicU64,
-    /// diesel-async only: a statement name (diesel-async names every
-    /// statement, `s0`, `s1`, … per process) that another process left on
-    /// the server connection, `42P05`, or a name missing there, `26000`:
-    /// the limitation the README's pooler section and
-    /// lockkit-diesel-async's docs name (pgbouncer 1.21+ with
-    /// `max_prepared_statements` is the fix). Counted apart, never a
-    /// success without the lock (the exclusion check sees to that).
+    /// diesel-async only, and only the application's own statements (its
+    /// read of the counter, diesel-async's connection set-up), never
+    /// lockkit's: a statement name (diesel-async names every statement,
+    /// `s0`, `s1`, … per process) that another process left on the server
+    /// connection, `42P05`, or a name missing there, `26000`. What the
+    /// README's pooler section and lockkit-diesel-async's docs say of an
+    /// application's own diesel-async statements (pgbouncer 1.21+ with
+    /// `max_prepared_statements` is the fix). Counted apart; a clash of
+    /// lockkit's own statements is unexpected.
     clashes: AtomicU64,
     /// sqlx only: lockkit-sqlx's `Locker::new` sends its one query as a
     /// sqlx persistent (named) statement whatever the `StatementMode`, so
@@ -145,8 +147,8 @@ enum Cause {
     Timeout,
     /// The connection ended under the call (a terminated backend).
     Lost,
-    /// diesel-async's own statement names met another process's
-    /// ([`Tally::clashes`]).
+    /// The diesel-async application's own statement names met another
+    /// process's ([`Tally::clashes`]).
     Clash,
     /// lockkit-sqlx's `Locker::new` met a named statement
     /// ([`Tally::defects`]).
@@ -252,10 +254,12 @@ impl Tally {
         // transaction-mode pgbouncer 1.18 they can end on different server
         // connections, which tokio-postgres reports as a clash or as an
         // unexpected message.
-        let setup =
-            role == "diesel-async" && format!("{e:?}").contains("CouldntSetupConfiguration");
-        if cause == Cause::Unexpected && (is_name_clash(e) || setup) {
-            if role == "diesel-async" {
+        // The application's own read is marked ([`OWN_STATEMENT`]); a
+        // clash anywhere else is lockkit's, and unexpected.
+        let text = format!("{e:?}");
+        let own = text.contains("CouldntSetupConfiguration") || text.contains(OWN_STATEMENT);
+        if cause == Cause::Unexpected && (is_name_clash(e) || own) {
+            if role == "diesel-async" && own {
                 cause = Cause::Clash;
             } else if role == "sqlx" && what == "Locker::new" {
                 cause = Cause::Defect;
@@ -466,6 +470,11 @@ macro_rules! run_op {
 
 /// The read of the critical section: the key's counter.
 const READ_SQL: &str = "SELECT n FROM fleet_counters WHERE id = $1";
+
+/// What marks the error of the diesel-async application's own read
+/// ([`READ_SQL`]), so that its statement name clashes are told from
+/// lockkit's.
+const OWN_STATEMENT: &str = "the application's own statement";
 
 /// The write of the critical section, with parameters: the key's id and
 /// its new count.
@@ -1437,7 +1446,10 @@ mod with_diesel_async {
                                             let got: N = diesel::sql_query(READ_SQL)
                                                 .bind::<BigInt, _>(id)
                                                 .get_result(tx.conn())
-                                                .await?;
+                                                .await
+                                                .map_err(|e| {
+                                                    Error::other(format!("{OWN_STATEMENT}: {e}"))
+                                                })?;
                                             if linger {
                                                 tokio::time::sleep(Duration::from_millis(1)).await;
                                             }
