@@ -2,11 +2,11 @@
 //! before it closes, for pools behind a transaction-mode pooler.
 
 use diesel::{ConnectionError, ConnectionResult};
-use diesel_async::AsyncPgConnection;
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{NoTls, Socket};
 
-use crate::BoxFuture;
+use crate::{named, BoxFuture};
 
 /// Connects to `url` as `AsyncPgConnection::establish` does (diesel-async's
 /// set-up included), in plain text, but with a connection that, once the
@@ -31,10 +31,14 @@ use crate::BoxFuture;
 /// one whose client is dropped: it waits for the answers, then says goodbye
 /// (`Terminate`), so the pooler has the server connection back idle.
 ///
-/// The set-up's statements still carry names (diesel-async names every
-/// statement it sends), so behind a pooler that keeps no named statement
-/// per client the set-up can still fail, with the clash typed as
-/// diesel-async reports it; the pool then tries again.
+/// diesel-async's set-up statements carry names (it names every statement
+/// it sends), and outside a transaction a transaction-mode pooler may run
+/// the two halves of each (prepare, then bind and run) on two server
+/// connections, or meet another process's statement of the same name. A
+/// connection made here runs the set-up inside a transaction, whose server
+/// connection the pooler keeps for it, after deallocating there the other
+/// processes' statements under the names this process will use next, as
+/// lockkit's lock calls do when they meet one (see the crate docs).
 ///
 /// # Example
 ///
@@ -59,8 +63,9 @@ use crate::BoxFuture;
 ///
 /// [`ConnectionError::InvalidConnectionUrl`] when `url` does not parse,
 /// [`ConnectionError::BadConnection`] when the connection fails, and
-/// diesel-async's [`ConnectionError::CouldntSetupConfiguration`] when its
-/// set-up statements fail.
+/// [`ConnectionError::CouldntSetupConfiguration`] when the set-up's
+/// statements (diesel-async's, and the transaction and clear around them)
+/// fail.
 ///
 /// # Cancel safety
 ///
@@ -111,5 +116,28 @@ where
             tracing::debug!("lockkit-diesel-async: connection ended: {e}");
         }
     });
-    AsyncPgConnection::try_from(client).await
+    // diesel-async's set-up, in a transaction whose server connection the
+    // pooler keeps for it, after the names it will use are cleared there.
+    let setup =
+        |e: tokio_postgres::Error| ConnectionError::CouldntSetupConfiguration(diesel_error(&e));
+    client.batch_execute("BEGIN").await.map_err(setup)?;
+    named::clear_ahead(&client).await.map_err(setup)?;
+    let mut conn = AsyncPgConnection::try_from(client).await?;
+    conn.batch_execute("COMMIT")
+        .await
+        .map_err(ConnectionError::CouldntSetupConfiguration)?;
+    Ok(conn)
+}
+
+/// tokio-postgres's error as Diesel's, as diesel-async reports one: the
+/// server's message when the server sent one (so that lockkit's error
+/// conversion recognizes it), tokio-postgres's own words otherwise.
+fn diesel_error(e: &tokio_postgres::Error) -> diesel::result::Error {
+    let message = e
+        .as_db_error()
+        .map_or_else(|| e.to_string(), |db| db.message().to_owned());
+    diesel::result::Error::DatabaseError(
+        diesel::result::DatabaseErrorKind::Unknown,
+        Box::new(message),
+    )
 }

@@ -61,18 +61,20 @@ const BEGIN: &str = "SAVEPOINT lockkit_parse";
 /// Releases it, so that the statement itself runs in the transaction.
 const END: &str = "RELEASE SAVEPOINT lockkit_parse";
 
-/// The statement that rolls back the savepoint whose `Parse` found the name
-/// `s<taken>` held, and deallocates every statement named `s<n>`, `n ≥
-/// taken`, prepared on the server connection before the transaction began
+/// Rolls back the savepoint whose `Parse` failed (nothing ran in it), and
+/// ends it.
+const UNDO: &str = "ROLLBACK TO SAVEPOINT lockkit_parse; RELEASE SAVEPOINT lockkit_parse";
+
+/// The statement that deallocates every statement named `s<n>`, `n ≥
+/// first`, prepared on the server connection before the transaction began
 /// (`prepare_time`, like `now()`, is a statement's and a transaction's
 /// start): see the module docs. The `CASE` casts only names of that form
 /// (a `WHERE`'s conditions run in no promised order).
-fn clear_from(taken: u64) -> String {
+fn deallocate_from(first: u64) -> String {
     format!(
-        "ROLLBACK TO SAVEPOINT lockkit_parse; RELEASE SAVEPOINT lockkit_parse; \
-         DO $lockkit$ DECLARE foreign_name text; BEGIN \
+        "DO $lockkit$ DECLARE foreign_name text; BEGIN \
          FOR foreign_name IN SELECT name FROM pg_prepared_statements \
-         WHERE CASE WHEN name ~ '^s[0-9]+$' THEN substr(name, 2)::numeric >= {taken} END \
+         WHERE CASE WHEN name ~ '^s[0-9]+$' THEN substr(name, 2)::numeric >= {first} END \
          AND prepare_time < now() \
          LOOP EXECUTE format('DEALLOCATE %I', foreign_name); END LOOP; END $lockkit$"
     )
@@ -86,8 +88,13 @@ fn taken_name(e: &DieselError) -> Option<u64> {
     let DieselError::DatabaseError(_, info) = e else {
         return None;
     };
-    let digits = info
-        .message()
+    taken_in(info.message())
+}
+
+/// The `n` of `s<n>` in the server's English message that preparing found
+/// the name held.
+fn taken_in(message: &str) -> Option<u64> {
+    let digits = message
         .strip_prefix("prepared statement \"s")?
         .strip_suffix("\" already exists")?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -141,7 +148,8 @@ where
                         "lockkit-diesel-async: statement name s{taken} held on the server \
                          connection by another process; clearing such names and sending again"
                     );
-                    if execute(conn, &clear_from(taken)).await.is_err() {
+                    let clear = format!("{UNDO}; {}", deallocate_from(taken));
+                    if execute(conn, &clear).await.is_err() {
                         return Err(e);
                     }
                     cleared = true;
@@ -150,6 +158,56 @@ where
             },
         }
     }
+}
+
+/// A statement [`clear_ahead`] prepares to learn this process's next
+/// tokio-postgres name; its text finds it in `pg_prepared_statements`.
+const PROBE: &str = "SELECT 'lockkit-diesel-async: the next statement name'";
+
+/// Inside the transaction open on `client`, deallocates other processes'
+/// statements under the tokio-postgres names this process will use from
+/// now on, as a clash does (see the module docs): what a connection's
+/// set-up needs, whose statements diesel-async sends itself.
+///
+/// Learns the next name by preparing [`PROBE`] under a savepoint (its
+/// name, or the clash's, is the first the clear starts from): a round trip
+/// or three, once per connection.
+///
+/// # Errors
+///
+/// tokio-postgres's error when a statement fails, the transaction then
+/// failed.
+///
+/// # Cancel safety
+///
+/// Dropped in flight, the statements sent stay in the transaction, which
+/// the caller then drops with its connection.
+pub(crate) async fn clear_ahead(
+    client: &tokio_postgres::Client,
+) -> Result<(), tokio_postgres::Error> {
+    client.batch_execute(BEGIN).await?;
+    let first = match client.prepare(PROBE).await {
+        Ok(probe) => {
+            let row = client
+                .query_typed_one(
+                    "SELECT substr(name, 2)::int8 FROM pg_prepared_statements \
+                     WHERE statement = $1 AND prepare_time >= now()",
+                    &[(&PROBE, tokio_postgres::types::Type::TEXT)],
+                )
+                .await?;
+            drop(probe);
+            client.batch_execute(END).await?;
+            row.get::<_, i64>(0).unsigned_abs()
+        }
+        Err(e) => match e.as_db_error().and_then(|db| taken_in(db.message())) {
+            Some(taken) => {
+                let clear = format!("{UNDO}; {}", deallocate_from(taken));
+                return client.batch_execute(&clear).await;
+            }
+            None => return Err(e),
+        },
+    };
+    client.batch_execute(&deallocate_from(first)).await
 }
 
 /// `sql` in the simple query protocol on `conn`.

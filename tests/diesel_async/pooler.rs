@@ -125,9 +125,10 @@ fn kept(next: usize) -> [String; 4] {
 /// (`s0`, `s1`, … of this process). Behind a transaction-mode pgbouncer
 /// that keeps no named statement per client, whose one server connection
 /// holds another process's statements under exactly the names this process
-/// uses next, the locker is made and every lock call succeeds in the
-/// default mode, each holding its key on the server, with no
-/// configuration.
+/// uses next, a connection is made (`lockkit_diesel_async::establish`,
+/// whose set-up's names are diesel-async's), the locker is made, and every
+/// lock call succeeds in the default mode, each holding its key on the
+/// server.
 ///
 /// What lockkit removes from the server connection is only what could
 /// meet its names: the foreign statements of other names stay, and so does
@@ -145,8 +146,10 @@ async fn every_lock_call_succeeds_behind_a_pooler_holding_this_processs_next_nam
     let observer = db.connect().await;
     let direct = db.connect().await;
     let foreign = bouncer.connect().await;
-    // Connected first: diesel-async's own set-up prepares named statements.
-    let mut conn = AsyncPgConnection::establish(&bouncer.url()).await.unwrap();
+    litter(&direct, &foreign).await;
+    let mut conn = lockkit_diesel_async::establish(&bouncer.url())
+        .await
+        .expect("diesel-async's set-up, behind the littered pooler");
     litter(&direct, &foreign).await;
     let config = Config::default().order_check(OrderCheck::Off);
     let locker = Locker::new(&mut conn, config)
