@@ -97,7 +97,8 @@ fn taken_in(message: &str) -> Option<u64> {
     let digits = message
         .strip_prefix("prepared statement \"s")?
         .strip_suffix("\" already exists")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    // Digits only: `u64`'s parse would take a sign.
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     digits.parse().ok()

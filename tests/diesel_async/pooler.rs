@@ -204,6 +204,39 @@ async fn every_lock_call_succeeds_behind_a_pooler_holding_this_processs_next_nam
     }
 }
 
+/// The clear spares what the transaction itself prepared: when the
+/// application prepared, in the same transaction, statements under the
+/// names lockkit's next statements get, the one clear cannot make way, and
+/// the call fails after it, typed as the clash, holding nothing, instead of
+/// clearing and sending again for as long as names are taken.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clash_the_clear_cannot_repair_fails_the_call_after_one_clear() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let observer = db.connect().await;
+    let mut conn = AsyncPgConnection::establish(db.url()).await.unwrap();
+    let config = Config::default().order_check(OrderCheck::Off);
+    let locker = Locker::new(&mut conn, config).await.unwrap();
+    let job = Job { id: 970_000 };
+    let (locker, observer) = (&locker, &observer);
+    let answer = conn
+        .transaction::<(), Error, _>(async |conn| {
+            let next = next_statement_name(observer).await;
+            let own: String = (next..next + 50)
+                .map(|n| format!("PREPARE s{n} AS SELECT 1;"))
+                .collect();
+            conn.batch_execute(&own).await?;
+            let mut tx = locker.lock_tx(conn)?;
+            let e = tx.lock(job).await.expect_err("every next name is taken");
+            assert!(!granted_elsewhere(observer, job.lock_key()).await);
+            Err(e)
+        })
+        .await;
+    let e = answer.expect_err("the call failed");
+    assert_eq!(e.kind(), ErrorKind::UnexpectedReply, "{e}");
+    assert_eq!(e.code(), Some("42P05"), "{e}");
+}
+
 /// In the opt-in `StatementMode::Prepared`, lockkit's statements go into
 /// diesel-async's statement cache under tokio-postgres's names, not safe
 /// behind such a pooler: a name another process left on the server
