@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use lockkit::{AdvisoryKey, Config, LockClient, LockKey};
+use lockkit::{AdvisoryKey, Config, LockClient};
 use lockkit_tests::observe::outside_a_transaction;
 use lockkit_tests::TestServer;
 use tokio::sync::Mutex;
@@ -203,18 +203,13 @@ async fn a_cut_off_lock_call_leaves_its_connection_free_and_outside_a_transactio
 async fn control_a_cut_off_without_a_cancel_leaves_the_connection_waiting() {
     let db = TestServer::shared();
     let key = Order { id: 2 };
-    let LockKey::BigInt(k) = key.lock_key() else {
-        unreachable!("a BigInt key")
-    };
+    let lock = lockkit_tests::support::xact_lock_sql(key.lock_key());
     let mut holder = db.connect().await;
     let held = holder.transaction().await.unwrap();
-    held.simple_query(&format!("SELECT pg_advisory_xact_lock({k})"))
-        .await
-        .unwrap();
+    held.simple_query(&lock).await.unwrap();
     let mut client = db.connect().await;
     {
         let tx = client.transaction().await.unwrap();
-        let lock = format!("SELECT pg_advisory_xact_lock({k})");
         tokio::select! {
             biased;
             r = tx.simple_query(&lock) => panic!("granted while held: {r:?}"),

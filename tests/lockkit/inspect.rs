@@ -725,10 +725,7 @@ async fn read_at_is_the_same_instant_under_any_time_zone() {
     .enumerate()
     {
         let k = 9310 + i as i64;
-        in_tx
-            .batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({k})"))
-            .await
-            .unwrap();
+        lockkit_tests::support::hold_in_transaction(&in_tx, [lockkit::LockKey::BigInt(k)]).await;
         inspector
             .batch_execute(&format!(
                 "SET TimeZone = '{zone}'; SET DateStyle = '{style}'"

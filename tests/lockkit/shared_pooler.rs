@@ -302,13 +302,7 @@ async fn a_fatal_error_of_the_pooler_is_a_lost_connection() {
 /// back.
 async fn hold_elsewhere(db: &TestServer, key: Account) -> Client {
     let holder = db.connect().await;
-    let lockkit::LockKey::BigInt(held) = key.lock_key() else {
-        unreachable!("a BigInt key");
-    };
-    holder
-        .batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({held})"))
-        .await
-        .unwrap();
+    lockkit_tests::support::hold_in_transaction(&holder, [key.lock_key()]).await;
     holder
 }
 

@@ -22,13 +22,7 @@ impl Aborting {
         let observer = db.connect().await;
         let table = crate::scratch_table(&observer, prefix).await;
         let holder = db.connect().await;
-        let LockKey::BigInt(k) = busy else {
-            panic!("the busy key is a BigInt key")
-        };
-        holder
-            .batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({k})"))
-            .await
-            .expect("the holder takes the busy key");
+        crate::support::hold_in_transaction(&holder, [busy]).await;
         Aborting {
             observer,
             holder,

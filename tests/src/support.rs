@@ -1,10 +1,10 @@
 //! What the tokio-postgres test binaries (`lockkit` and `session`) share
 //! besides the observer's questions ([`crate::observe`]): a locker for a
 //! client's server, a client's backend pid, the check that a call was
-//! refused on a hot standby, a pool, and this process's next
-//! tokio-postgres statement name.
+//! refused on a hot standby, a pool, this process's next tokio-postgres
+//! statement name, and a key held in another session's transaction.
 
-use lockkit::{Config, Error, ErrorKind, Locker};
+use lockkit::{Config, Error, ErrorKind, LockKey, Locker};
 use tokio_postgres::Client;
 
 /// A locker for `client`'s server with `config`.
@@ -83,4 +83,32 @@ pub async fn next_statement_name(client: &Client) -> usize {
         .expect("the statement's name");
     let name: String = row.get(0);
     name.trim_start_matches('s').parse::<usize>().expect("sN") + 1
+}
+
+/// The statement that takes `key`'s transaction-scoped exclusive lock,
+/// either kind of key, with the key written in as literals.
+pub fn xact_lock_sql(key: LockKey) -> String {
+    match key {
+        LockKey::BigInt(k) => format!("SELECT pg_advisory_xact_lock({k})"),
+        LockKey::Pair(a, b) => format!("SELECT pg_advisory_xact_lock({a}, {b})"),
+    }
+}
+
+/// Begins a transaction on `client` and takes `keys` in it, in that order:
+/// another session holds them, the way a test needs a key busy, until
+/// `client` ends its transaction.
+///
+/// # Panics
+///
+/// If a statement fails.
+pub async fn hold_in_transaction(client: &Client, keys: impl IntoIterator<Item = LockKey>) {
+    let mut sql = String::from("BEGIN");
+    for key in keys {
+        sql.push_str("; ");
+        sql.push_str(&xact_lock_sql(key));
+    }
+    client
+        .batch_execute(&sql)
+        .await
+        .expect("the holder's transaction and its locks");
 }

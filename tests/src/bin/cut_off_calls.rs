@@ -16,9 +16,10 @@
 
 use std::time::Duration;
 
-use lockkit::{AdvisoryKey, Config, LockClient, LockKey, Locker};
+use lockkit::{AdvisoryKey, Config, LockClient, Locker};
 use lockkit_tests::fixtures::Feed;
 use lockkit_tests::observe::{outside_a_transaction, wait_until_key_waited};
+use lockkit_tests::support::hold_in_transaction;
 use tokio_postgres::{Client, NoTls};
 
 async fn connect(url: &str) -> Client {
@@ -50,17 +51,7 @@ async fn cut_off_calls() {
     let keys: Vec<Feed> = (first..first + calls).map(|id| Feed { id }).collect();
 
     let holder = connect(server).await;
-    holder
-        .batch_execute("BEGIN")
-        .await
-        .expect("the holder's BEGIN");
-    for key in &keys {
-        let sql = match key.lock_key() {
-            LockKey::BigInt(k) => format!("SELECT pg_advisory_xact_lock({k})"),
-            LockKey::Pair(a, b) => format!("SELECT pg_advisory_xact_lock({a}, {b})"),
-        };
-        holder.batch_execute(&sql).await.expect("the holder's lock");
-    }
+    hold_in_transaction(&holder, keys.iter().map(AdvisoryKey::lock_key)).await;
     let observer = connect(server).await;
     let locker = Locker::new(&connect(route).await, Config::default())
         .await
