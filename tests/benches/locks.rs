@@ -1317,7 +1317,7 @@ fn paired_report(rt: &Runtime, bench: &Bench, rounds: usize) {
             Some(1.05),
         ),
         pair(
-            "diesel-async: one lock, default (unnamed)",
+            "diesel-async: one lock, default (savepoint-guarded name)",
             Async(routine!(diesel_async_single_lockkit)),
             Async(routine!(diesel_async_single_raw)),
             false,
