@@ -49,9 +49,17 @@ impl Locker {
     ///
     /// The query's error, as [`Error`].
     ///
+    /// Each query is prepared under a savepoint, as lock calls are by
+    /// default: behind a pooler shared with other processes, a statement
+    /// another process left under the name diesel-async gives it is
+    /// deallocated and the query sent again (the crate docs, "Statements,
+    /// and transaction-mode poolers").
+    ///
     /// # Cancel safety
     ///
-    /// Cancel safe: the queries change nothing on the server.
+    /// Cancel safe: the queries change nothing on the server but that,
+    /// other processes' statements left under the names this process uses
+    /// next.
     pub async fn new(conn: &mut AsyncPgConnection, config: Config) -> Result<Locker, Error> {
         let (facts, messages) = driver::server_facts(conn)
             .await
