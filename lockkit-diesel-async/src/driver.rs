@@ -145,7 +145,7 @@ pub(crate) fn lock_error(e: diesel::result::Error) -> Error {
 /// [`LockTx`](crate::LockTx) runs its statements through it, each a
 /// Diesel query on the `AsyncPgConnection`, prepared under a savepoint
 /// that makes another process's statement of the same name harmless
-/// ([`named`]) unless the mode is `StatementMode::Prepared` (a cut-off
+/// (`named.rs`) unless the mode is `StatementMode::Prepared` (a cut-off
 /// call's transaction given up and its statement cancelled).
 impl Driver for Locker {
     type Io = Async;
