@@ -94,9 +94,17 @@ fn taken_name(e: &DieselError) -> Option<u64> {
 /// The `n` of `s<n>` in the server's English message that preparing found
 /// the name held.
 fn taken_in(message: &str) -> Option<u64> {
-    let digits = message
-        .strip_prefix("prepared statement \"s")?
+    let name = message
+        .strip_prefix("prepared statement \"")?
         .strip_suffix("\" already exists")?;
+    number_of(name)
+}
+
+/// The `n` of a tokio-postgres statement name `s<n>`; `None` for a name of
+/// another form (a pooler that names statements itself on the server,
+/// pgbouncer 1.21+ with `max_prepared_statements`, gives them its own).
+fn number_of(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix('s')?;
     // Digits only: `u64`'s parse would take a sign.
     if !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -190,15 +198,21 @@ pub(crate) async fn clear_ahead(
     let first = match client.prepare(PROBE).await {
         Ok(probe) => {
             let row = client
-                .query_typed_one(
-                    "SELECT substr(name, 2)::int8 FROM pg_prepared_statements \
+                .query_typed_opt(
+                    "SELECT name FROM pg_prepared_statements \
                      WHERE statement = $1 AND prepare_time >= now()",
                     &[(&PROBE, tokio_postgres::types::Type::TEXT)],
                 )
                 .await?;
             drop(probe);
             client.batch_execute(END).await?;
-            row.get::<_, i64>(0).unsigned_abs()
+            // None under this process's name: a pooler that names the
+            // statements on the server itself (and may have prepared this
+            // one there before), where no client's name can meet another's.
+            let Some(first) = row.and_then(|row| number_of(row.get::<_, &str>(0))) else {
+                return Ok(());
+            };
+            first
         }
         Err(e) => match e.as_db_error().and_then(|db| taken_in(db.message())) {
             Some(taken) => {
@@ -279,5 +293,17 @@ mod tests {
         assert_eq!(taken("prepared statement \"s1x\" already exists"), None);
         assert_eq!(taken("la sentencia preparada «s12» ya existe"), None);
         assert_eq!(taken_name(&DieselError::NotFound), None);
+    }
+
+    #[test]
+    fn only_a_tokio_postgres_name_has_a_number() {
+        use super::number_of;
+        assert_eq!(number_of("s0"), Some(0));
+        assert_eq!(number_of("s418"), Some(418));
+        assert_eq!(number_of("PGBOUNCER_12"), None);
+        assert_eq!(number_of("sqlx_s_1"), None);
+        assert_eq!(number_of("s"), None);
+        assert_eq!(number_of("s-1"), None);
+        assert_eq!(number_of("s99999999999999999999999"), None);
     }
 }

@@ -93,9 +93,18 @@ async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
 /// of them), which lockkit's statements are about to be prepared under,
 /// and the names of [`KEPT`]. Answers `next`.
 async fn litter(direct: &tokio_postgres::Client, foreign: &tokio_postgres::Client) -> usize {
+    litter_past(direct, foreign, 0).await
+}
+
+/// [`litter`], with this process's next `skip` names left free.
+async fn litter_past(
+    direct: &tokio_postgres::Client,
+    foreign: &tokio_postgres::Client,
+    skip: usize,
+) -> usize {
     let next = next_statement_name(direct).await;
     let mut script = String::from("DEALLOCATE ALL;");
-    for n in next..next + 2_000 {
+    for n in next + skip..next + 2_000 {
         script.push_str(&format!("PREPARE s{n} AS SELECT 7::int8;"));
     }
     for name in kept(next) {
@@ -202,6 +211,27 @@ async fn every_lock_call_succeeds_behind_a_pooler_holding_this_processs_next_nam
             "form {form}: the foreign statements that cannot clash"
         );
     }
+}
+
+/// `establish` learns this process's next name with a statement of its
+/// own before diesel-async's set-up: when that name is free but the ones
+/// after it are another process's, it still clears them, and the set-up
+/// succeeds.
+#[tokio::test(flavor = "multi_thread")]
+async fn establish_clears_the_names_after_a_free_one() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .start();
+    let direct = db.connect().await;
+    let foreign = bouncer.connect().await;
+    litter_past(&direct, &foreign, 1).await;
+    let mut conn = lockkit_diesel_async::establish(&bouncer.url())
+        .await
+        .expect("diesel-async's set-up, behind the littered pooler");
+    conn.batch_execute("SELECT 1").await.unwrap();
 }
 
 /// The clear spares what the transaction itself prepared: when the
