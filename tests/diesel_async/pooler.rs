@@ -236,7 +236,9 @@ async fn establish_clears_the_names_after_a_free_one() {
 
 /// The clear spares what the transaction itself prepared: when the
 /// application prepared, in the same transaction, statements under the
-/// names lockkit's next statements get, the one clear cannot make way, and
+/// names lockkit's next statements get (500 of them: the other tests of
+/// this binary, running meanwhile, use up names of the same process
+/// counter), the one clear cannot make way, and
 /// the call fails after it, typed as the clash, holding nothing, instead of
 /// clearing and sending again for as long as names are taken.
 #[tokio::test(flavor = "multi_thread")]
@@ -252,7 +254,7 @@ async fn a_clash_the_clear_cannot_repair_fails_the_call_after_one_clear() {
     let answer = conn
         .transaction::<(), Error, _>(async |conn| {
             let next = next_statement_name(observer).await;
-            let own: String = (next..next + 50)
+            let own: String = (next..next + 500)
                 .map(|n| format!("PREPARE s{n} AS SELECT 1;"))
                 .collect();
             conn.batch_execute(&own).await?;
