@@ -54,6 +54,7 @@ use std::task::Poll;
 use diesel::result::Error as DieselError;
 use diesel::QueryResult;
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use lockkit::driver::taken_statement_name;
 
 /// Opens the savepoint the `Parse` of a lockkit statement runs in.
 const BEGIN: &str = "SAVEPOINT lockkit_parse";
@@ -88,16 +89,7 @@ fn taken_name(e: &DieselError) -> Option<u64> {
     let DieselError::DatabaseError(_, info) = e else {
         return None;
     };
-    taken_in(info.message())
-}
-
-/// The `n` of `s<n>` in the server's English message that preparing found
-/// the name held.
-fn taken_in(message: &str) -> Option<u64> {
-    let name = message
-        .strip_prefix("prepared statement \"")?
-        .strip_suffix("\" already exists")?;
-    number_of(name)
+    taken_statement_name(info.message()).and_then(number_of)
 }
 
 /// The `n` of a tokio-postgres statement name `s<n>`; `None` for a name of
@@ -214,7 +206,11 @@ pub(crate) async fn clear_ahead(
             };
             first
         }
-        Err(e) => match e.as_db_error().and_then(|db| taken_in(db.message())) {
+        Err(e) => match e
+            .as_db_error()
+            .and_then(|db| taken_statement_name(db.message()))
+            .and_then(number_of)
+        {
             Some(taken) => {
                 let clear = format!("{UNDO}; {}", deallocate_from(taken));
                 return client.batch_execute(&clear).await;

@@ -187,6 +187,30 @@ pub(crate) use cancel::Canceller;
 #[cfg(feature = "cancel")]
 pub use cancel::{CancelTls, CancellingPolicy};
 
+/// The name the server's English message says is taken when preparing a
+/// statement found one of that name already on the connection (`42P05`,
+/// `prepared statement "s12" already exists` gives `s12`); `None` for any
+/// other message.
+///
+/// For adapters that repair such a clash, which needs the name: the same
+/// reading by which lockkit types the error of a driver that hides the
+/// SQLSTATE (Diesel, diesel-async) as
+/// [`UnexpectedReply`](crate::ErrorKind::UnexpectedReply) with `42P05`. A
+/// server whose `lc_messages` is not English names no statement here.
+///
+/// ```
+/// use lockkit::driver::taken_statement_name;
+///
+/// assert_eq!(taken_statement_name("prepared statement \"s12\" already exists"), Some("s12"));
+/// assert_eq!(taken_statement_name("prepared statement \"s12\" does not exist"), None);
+/// ```
+pub fn taken_statement_name(message: &str) -> Option<&str> {
+    match crate::engine::error::statement_name_message(message)? {
+        (name, crate::sqlstate::DUPLICATE_PREPARED_STATEMENT) => Some(name),
+        _ => None,
+    }
+}
+
 /// The SQL texts sent outside the engine's lock calls: [`SERVER_FACTS`]
 /// and [`GIVE_UP`], which adapters send themselves (a locker's set-up, a
 /// cut-off call's transaction given up); and lockkit's one-key lock, its

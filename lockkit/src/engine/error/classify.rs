@@ -173,13 +173,19 @@ impl DriverError {
 /// (`prepared statement "s1" already exists`), `26000` when none was found
 /// (`… does not exist`).
 fn statement_name_code(message: &str) -> Option<&'static str> {
+    statement_name_message(message).map(|(_, code)| code)
+}
+
+/// The statement name in the server's English message about a prepared
+/// statement's name, with the message's SQLSTATE (see
+/// [`statement_name_code`]); `None` for any other message.
+pub(crate) fn statement_name_message(message: &str) -> Option<(&str, &'static str)> {
     let rest = message.strip_prefix("prepared statement \"")?;
-    if rest.ends_with("\" already exists") {
-        Some(sqlstate::DUPLICATE_PREPARED_STATEMENT)
-    } else if rest.ends_with("\" does not exist") {
-        Some(sqlstate::INVALID_SQL_STATEMENT_NAME)
+    if let Some(name) = rest.strip_suffix("\" already exists") {
+        Some((name, sqlstate::DUPLICATE_PREPARED_STATEMENT))
     } else {
-        None
+        let name = rest.strip_suffix("\" does not exist")?;
+        Some((name, sqlstate::INVALID_SQL_STATEMENT_NAME))
     }
 }
 

@@ -10,6 +10,7 @@ use crate::key::namespace::NamespaceError;
 use crate::key::LockKey;
 
 mod classify;
+pub(crate) use classify::statement_name_message;
 #[cfg(test)]
 mod tests;
 

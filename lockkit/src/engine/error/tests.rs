@@ -272,3 +272,30 @@ fn a_statement_name_error_without_its_code_is_typed_by_its_message() {
         assert_eq!(e.code(), None, "{message}");
     }
 }
+
+#[test]
+fn a_statement_name_message_gives_its_name_and_code() {
+    use super::statement_name_message as read;
+    assert_eq!(
+        read("prepared statement \"s12\" already exists"),
+        Some(("s12", sqlstate::DUPLICATE_PREPARED_STATEMENT))
+    );
+    assert_eq!(
+        read("prepared statement \"sqlx_s_1\" does not exist"),
+        Some(("sqlx_s_1", sqlstate::INVALID_SQL_STATEMENT_NAME))
+    );
+    assert_eq!(
+        read("prepared statement \"a\" b\" already exists"),
+        Some(("a\" b", sqlstate::DUPLICATE_PREPARED_STATEMENT))
+    );
+    assert_eq!(read("prepared statement \"s12\" is odd"), None);
+    assert_eq!(read("la sentencia preparada «s12» ya existe"), None);
+    assert_eq!(read("statement \"s12\" already exists"), None);
+    use crate::driver::taken_statement_name as taken;
+    assert_eq!(
+        taken("prepared statement \"s7\" already exists"),
+        Some("s7")
+    );
+    assert_eq!(taken("prepared statement \"s7\" does not exist"), None);
+    assert_eq!(taken("deadlock detected"), None);
+}
