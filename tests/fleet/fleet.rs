@@ -204,13 +204,11 @@ impl Report {
         eprintln!(
             "by cause: busy {}, timeouts {}, connections lost {}, \
              the diesel-async application's own name clashes {}, \
-             lockkit-sqlx Locker::new named-statement failures {}, \
              foreign applications' own errors {}, unexpected {}",
             self.sum("busy"),
             self.sum("timeouts"),
             self.sum("lost"),
             self.sum("clashes"),
-            self.sum("defects"),
             self.sum("foreign"),
             self.sum("unexpected").max(self.unexpected.len() as u64),
         );

@@ -116,9 +116,10 @@ struct Tally {
     lost: AtomicU64,
     /// Errors of no expected cause.
     unexpected: AtomicU64,
-    /// diesel-async only, and only the application's own statements (its
-    /// read of the counter, diesel-async's connection set-up), never
-    /// lockkit's: a statement name (diesel-async names every statement,
+    /// diesel-async only, and only the application's own statement (its
+    /// read of the counter, an [`OwnRead`]), never lockkit's, nor
+    /// diesel-async's connection set-up, which `lockkit_diesel_async::
+    /// establish` runs: a statement name (diesel-async names every statement,
     /// `s0`, `s1`, … per process) that another process left on the server
     /// connection, `42P05`, or a name missing there, `26000`. What the
     /// README's pooler section and lockkit-diesel-async's docs say of an
@@ -126,13 +127,6 @@ struct Tally {
     /// `max_prepared_statements` is the fix). Counted apart; a clash of
     /// lockkit's own statements is unexpected.
     clashes: AtomicU64,
-    /// sqlx only: lockkit-sqlx's `Locker::new` sends its one query as a
-    /// sqlx persistent (named) statement whatever the `StatementMode`, so
-    /// behind the shared pooler it fails with `42P05` or `26000` (a lockkit
-    /// defect, shown by the fleet test's
-    /// `defect_sqlx_locker_new_behind_the_shared_pooler`); the worker tries
-    /// again. Counted apart so that the rest of the fleet is checked.
-    defects: AtomicU64,
     /// Pooled connections checked for a transaction at hand-out.
     probes: AtomicU64,
     /// Errors of the foreign roles, whose own named statements meet the
@@ -150,9 +144,6 @@ enum Cause {
     /// The diesel-async application's own statement names met another
     /// process's ([`Tally::clashes`]).
     Clash,
-    /// lockkit-sqlx's `Locker::new` met a named statement
-    /// ([`Tally::defects`]).
-    Defect,
     /// Anything else: a failure.
     Unexpected,
 }
@@ -248,26 +239,16 @@ impl Tally {
     /// `what` (where it happened).
     fn error(&self, role: &str, what: &str, e: &Error) -> Cause {
         let mut cause = classify(e);
-        // diesel-async's connection set-up sends two named prepared
-        // statements at once, outside a transaction (`SET TIME ZONE`,
-        // `SET CLIENT_ENCODING`), before lockkit has a part in it: behind a
-        // transaction-mode pgbouncer 1.18 they can end on different server
-        // connections, which tokio-postgres reports as a clash or as an
-        // unexpected message.
-        // The application's own read is marked ([`OWN_STATEMENT`]); a
-        // clash anywhere else is lockkit's, and unexpected.
-        let text = format!("{e:?}");
-        let own = text.contains("CouldntSetupConfiguration") || text.contains(OWN_STATEMENT);
-        if cause == Cause::Unexpected && (is_name_clash(e) || own) {
-            if role == "diesel-async" && own {
-                cause = Cause::Clash;
-            } else if role == "sqlx" && what == "Locker::new" {
-                cause = Cause::Defect;
-            }
+        // Only the diesel-async application's own read ([`OwnRead`]) may
+        // meet another process's statement name: a clash anywhere else
+        // (lockkit's statements on any stack, diesel-async's set-up in
+        // `lockkit_diesel_async::establish`, lockkit-sqlx's `Locker::new`)
+        // is lockkit's, and unexpected.
+        if cause == Cause::Unexpected && is_own_read(e) && is_name_clash(e) {
+            cause = Cause::Clash;
         }
         match cause {
             Cause::Clash => Self::add(&self.clashes, 1),
-            Cause::Defect => Self::add(&self.defects, 1),
             Cause::Timeout => Self::add(&self.timeouts, 1),
             Cause::Lost => Self::add(&self.lost, 1),
             Cause::Unexpected => self.unexpected(role, &format!("{what}: {}: {e:?}", chain(e))),
@@ -309,7 +290,6 @@ impl Tally {
             "lost": get(&self.lost),
             "unexpected": get(&self.unexpected),
             "clashes": get(&self.clashes),
-            "defects": get(&self.defects),
             "probes": get(&self.probes),
             "foreign": get(&self.foreign),
         })
@@ -471,10 +451,35 @@ macro_rules! run_op {
 /// The read of the critical section: the key's counter.
 const READ_SQL: &str = "SELECT n FROM fleet_counters WHERE id = $1";
 
-/// What marks the error of the diesel-async application's own read
-/// ([`READ_SQL`]), so that its statement name clashes are told from
-/// lockkit's.
-const OWN_STATEMENT: &str = "the application's own statement";
+/// The error of the diesel-async application's own read ([`READ_SQL`]),
+/// a statement diesel-async names like every other: its name clashes are
+/// the application's, told from lockkit's by this type.
+#[derive(Debug)]
+struct OwnRead(diesel::result::Error);
+
+impl std::fmt::Display for OwnRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the diesel-async application's own read")
+    }
+}
+
+impl std::error::Error for OwnRead {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+/// Whether `e` or one of its sources is an [`OwnRead`].
+fn is_own_read(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.is::<OwnRead>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
 
 /// The write of the critical section, with parameters: the key's id and
 /// its new count.
@@ -1447,9 +1452,7 @@ mod with_diesel_async {
                                                 .bind::<BigInt, _>(id)
                                                 .get_result(tx.conn())
                                                 .await
-                                                .map_err(|e| {
-                                                    Error::other(format!("{OWN_STATEMENT}: {e}"))
-                                                })?;
+                                                .map_err(|e| Error::other(OwnRead(e)))?;
                                             if linger {
                                                 tokio::time::sleep(Duration::from_millis(1)).await;
                                             }
