@@ -115,10 +115,7 @@ fn behind_a_transaction_pooler_a_lock_is_real_or_refused() {
 fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
     let db = TestServer::shared();
     let _log = db.guard();
-    let bouncer = PgBouncer::builder(db)
-        .pool_mode("transaction")
-        .default_pool_size(1)
-        .start();
+    let bouncer = PgBouncer::one_server_connection(db);
     // Named statements (the opt-in), whose reply check this is about.
     let locker = locker(
         &mut connect(db),

@@ -32,10 +32,7 @@ struct Job {
 async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
     let db = TestServer::shared();
     let _log = db.guard();
-    let bouncer = PgBouncer::builder(db)
-        .pool_mode("transaction")
-        .default_pool_size(1)
-        .start();
+    let bouncer = PgBouncer::one_server_connection(db);
     let mut direct = AsyncPgConnection::establish(db.url()).await.unwrap();
     // Named statements (the opt-in), whose reply check this is about.
     let config = Config::default()
@@ -86,35 +83,55 @@ async fn a_forged_statement_behind_a_pooler_is_refused_by_the_reply_check() {
     }
 }
 
-/// Another process's statements, left on the pooler's one server
-/// connection by `foreign` (a client of the pooler, outside a
-/// transaction), after it deallocated its earlier ones: every
-/// tokio-postgres name from this process's next one on (`s<next>`, 2,000
-/// of them), which lockkit's statements are about to be prepared under,
-/// and the names of [`KEPT`]. Answers `next`.
-async fn litter(direct: &tokio_postgres::Client, foreign: &tokio_postgres::Client) -> usize {
-    litter_past(direct, foreign, 0).await
+/// The pooler these tests share the server through, and another
+/// process's statements on it: pgbouncer in transaction mode with one
+/// server connection, a client of the server itself (`direct`: this
+/// process's next statement name, and what is held), and `foreign`, a
+/// client of the pooler that leaves its statements on the server
+/// connection outside a transaction.
+struct Littered {
+    bouncer: PgBouncer,
+    direct: tokio_postgres::Client,
+    foreign: tokio_postgres::Client,
 }
 
-/// [`litter`], with this process's next `skip` names left free.
-async fn litter_past(
-    direct: &tokio_postgres::Client,
-    foreign: &tokio_postgres::Client,
-    skip: usize,
-) -> usize {
-    let next = next_statement_name(direct).await;
-    let mut script = String::from("DEALLOCATE ALL;");
-    for n in next + skip..next + 2_000 {
-        script.push_str(&format!("PREPARE s{n} AS SELECT 7::int8;"));
+impl Littered {
+    async fn new(db: &TestServer) -> Self {
+        let bouncer = PgBouncer::one_server_connection(db);
+        let foreign = bouncer.connect().await;
+        Littered {
+            bouncer,
+            direct: db.connect().await,
+            foreign,
+        }
     }
-    for name in kept(next) {
-        script.push_str(&format!("PREPARE {name} AS SELECT 7::int8;"));
+
+    /// Another process's statements, left on the one server connection
+    /// after it deallocated its earlier ones: every tokio-postgres name
+    /// from this process's next one on (`s<next>`, 2,000 of them), which
+    /// lockkit's statements are about to be prepared under, and the names
+    /// of [`kept`]. Answers `next`.
+    async fn litter(&self) -> usize {
+        self.litter_past(0).await
     }
-    foreign
-        .batch_execute(&script)
-        .await
-        .expect("the foreign statements");
-    next
+
+    /// [`Littered::litter`], with this process's next `skip` names left
+    /// free.
+    async fn litter_past(&self, skip: usize) -> usize {
+        let next = next_statement_name(&self.direct).await;
+        let mut script = String::from("DEALLOCATE ALL;");
+        for n in next + skip..next + 2_000 {
+            script.push_str(&format!("PREPARE s{n} AS SELECT 7::int8;"));
+        }
+        for name in kept(next) {
+            script.push_str(&format!("PREPARE {name} AS SELECT 7::int8;"));
+        }
+        self.foreign
+            .batch_execute(&script)
+            .await
+            .expect("the foreign statements");
+        next
+    }
 }
 
 /// Foreign statements that lockkit's statements can never meet, so that
@@ -148,29 +165,23 @@ fn kept(next: usize) -> [String; 4] {
 async fn every_lock_call_succeeds_behind_a_pooler_holding_this_processs_next_names() {
     let db = TestServer::shared();
     let _log = db.guard();
-    let bouncer = PgBouncer::builder(db)
-        .pool_mode("transaction")
-        .default_pool_size(1)
-        .start();
-    let observer = db.connect().await;
-    let direct = db.connect().await;
-    let foreign = bouncer.connect().await;
-    litter(&direct, &foreign).await;
-    let mut conn = lockkit_diesel_async::establish(&bouncer.url())
+    let pooler = Littered::new(db).await;
+    pooler.litter().await;
+    let mut conn = lockkit_diesel_async::establish(&pooler.bouncer.url())
         .await
         .expect("diesel-async's set-up, behind the littered pooler");
-    litter(&direct, &foreign).await;
+    pooler.litter().await;
     let config = Config::default().order_check(OrderCheck::Off);
     let locker = Locker::new(&mut conn, config)
         .await
         .expect("the server's facts, learned through the pooler");
     for form in 0..9_i64 {
-        let next = litter(&direct, &foreign).await;
+        let next = pooler.litter().await;
         let job = Job {
             id: 960_000 + 10 * form,
         };
         let own = format!("s{}", next + 5_000);
-        let (locker, observer, own) = (&locker, &observer, &own);
+        let (locker, observer, own) = (&locker, &pooler.direct, &own);
         let key = conn
             .transaction::<_, Error, _>(async |conn| {
                 conn.batch_execute(&format!("PREPARE {own} AS SELECT 1"))
@@ -198,7 +209,8 @@ async fn every_lock_call_succeeds_behind_a_pooler_holding_this_processs_next_nam
             .unwrap_or_else(|e| panic!("form {form}: {e}"));
         assert!(!granted_elsewhere(observer, key).await, "form {form}");
         let names: Vec<String> = kept(next).into();
-        let left = foreign
+        let left = pooler
+            .foreign
             .query_typed_one(
                 "SELECT count(*) FROM pg_prepared_statements WHERE name = ANY($1)",
                 &[(&names, Type::TEXT_ARRAY)],
@@ -221,14 +233,9 @@ async fn every_lock_call_succeeds_behind_a_pooler_holding_this_processs_next_nam
 async fn establish_clears_the_names_after_a_free_one() {
     let db = TestServer::shared();
     let _log = db.guard();
-    let bouncer = PgBouncer::builder(db)
-        .pool_mode("transaction")
-        .default_pool_size(1)
-        .start();
-    let direct = db.connect().await;
-    let foreign = bouncer.connect().await;
-    litter_past(&direct, &foreign, 1).await;
-    let mut conn = lockkit_diesel_async::establish(&bouncer.url())
+    let pooler = Littered::new(db).await;
+    pooler.litter_past(1).await;
+    let mut conn = lockkit_diesel_async::establish(&pooler.bouncer.url())
         .await
         .expect("diesel-async's set-up, behind the littered pooler");
     conn.batch_execute("SELECT 1").await.unwrap();
@@ -279,18 +286,14 @@ async fn a_clash_the_clear_cannot_repair_fails_the_call_after_one_clear() {
 async fn a_name_clash_in_prepared_mode_is_typed_and_says_the_fix() {
     let db = TestServer::shared();
     let _log = db.guard();
-    let bouncer = PgBouncer::builder(db)
-        .pool_mode("transaction")
-        .default_pool_size(1)
-        .start();
-    let observer = db.connect().await;
-    let direct = db.connect().await;
-    let foreign = bouncer.connect().await;
-    let mut conn = AsyncPgConnection::establish(&bouncer.url()).await.unwrap();
+    let pooler = Littered::new(db).await;
+    let mut conn = AsyncPgConnection::establish(&pooler.bouncer.url())
+        .await
+        .unwrap();
     let mut on_server = AsyncPgConnection::establish(db.url()).await.unwrap();
     let config = Config::default().statements(StatementMode::Prepared);
     let locker = Locker::new(&mut on_server, config).await.unwrap();
-    litter(&direct, &foreign).await;
+    pooler.litter().await;
     let job = Job { id: 950_000 };
     let answer: Result<(), Error> = locker
         .transaction(&mut conn, |tx| {
@@ -304,7 +307,7 @@ async fn a_name_clash_in_prepared_mode_is_typed_and_says_the_fix() {
     assert_eq!(e.kind(), ErrorKind::UnexpectedReply, "{e}");
     assert_eq!(e.code(), Some("42P05"), "{e}");
     assert!(e.to_string().contains("max_prepared_statements"), "{e}");
-    assert!(!granted_elsewhere(&observer, job.lock_key()).await);
+    assert!(!granted_elsewhere(&pooler.direct, job.lock_key()).await);
 }
 
 /// A `FATAL` error ends the session: pgbouncer's `query_wait_timeout` (a
@@ -401,7 +404,7 @@ async fn a_dropped_connection_answers_before_it_closes() {
         for round in 0..rounds {
             // A pooler of its own each round: a misrouted answer leaves the
             // next one out of step too.
-            let bouncer = PgBouncer::builder(db).default_pool_size(1).start();
+            let bouncer = PgBouncer::one_server_connection(db);
             let conn = match opened {
                 Opened::DieselAsync => AsyncPgConnection::establish(&bouncer.url()).await,
                 Opened::Lockkit => lockkit_diesel_async::establish(&bouncer.url()).await,

@@ -21,12 +21,6 @@ use lockkit_tests::observe::simple_value;
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
-/// One server connection: the next client gets the one the last used.
-fn bouncer(db: &TestServer) -> PgBouncer {
-    // Transaction mode: the builder's default.
-    PgBouncer::builder(db).default_pool_size(1).start()
-}
-
 /// A client through `bouncer`, with the task that runs its connection
 /// (aborted, the socket closes at once).
 async fn client(bouncer: &PgBouncer) -> (Client, tokio::task::JoinHandle<()>) {
@@ -74,7 +68,7 @@ async fn a_client_gone_with_a_statement_unanswered_hands_its_answer_to_the_next_
         // A pooler of its own each round: once B has read A's answer, B's
         // own answer is still to come on that server connection, for
         // whoever is next.
-        let bouncer = bouncer(db);
+        let bouncer = PgBouncer::one_server_connection(db);
         let (a, a_connection) = client(&bouncer).await;
         {
             let mut first = pin!(a.simple_query("SELECT 'first of A'"));

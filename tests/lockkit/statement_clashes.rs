@@ -39,10 +39,7 @@ async fn a_foreign_statement_behind_a_pooler_is_never_a_lock() {
     let db = TestServer::shared();
     let _log = db.guard();
     // One server connection: every client's transactions share it.
-    let bouncer = PgBouncer::builder(db)
-        .pool_mode("transaction")
-        .default_pool_size(1)
-        .start();
+    let bouncer = PgBouncer::one_server_connection(db);
     let observer = db.connect().await;
     // Named statements (the opt-in), whose reply check this is about.
     let locker = locker(
@@ -186,10 +183,7 @@ fn placeholder(types: &str) -> String {
 async fn a_clash_on_the_timeout_statements_is_an_unexpected_reply() {
     let db = TestServer::shared();
     let _log = db.guard();
-    let bouncer = PgBouncer::builder(db)
-        .pool_mode("transaction")
-        .default_pool_size(1)
-        .start();
+    let bouncer = PgBouncer::one_server_connection(db);
     let observer = db.connect().await;
     // Named statements (the opt-in), whose reply check this is about.
     let locker = locker(

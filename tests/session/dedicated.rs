@@ -376,7 +376,7 @@ async fn refused_behind_a_transaction_pooler() {
     assert!(probe.evidence().is_some_and(|e| !e.is_empty()), "{probe:?}");
 
     // With a pool of one server connection the probe still sees it.
-    let single = PgBouncer::builder(db).default_pool_size(1).start();
+    let single = PgBouncer::one_server_connection(db);
     let err = SessionLock::new(single.config())
         .form(SessionForm::SessionLevel)
         .try_lock(Job { id: 10 })

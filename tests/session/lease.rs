@@ -331,10 +331,7 @@ async fn behind_a_shared_pooler_a_lease_ends_its_own_lock_only() {
         client
     };
 
-    let single = PgBouncer::builder(db)
-        .pool_mode("transaction")
-        .default_pool_size(1)
-        .start();
+    let single = PgBouncer::one_server_connection(db);
     let sessions = SessionLock::new(single.config()).keepalive(cadence);
     let mut app = connect(single.config()).await;
     for (i, permit) in [false, true].into_iter().enumerate() {

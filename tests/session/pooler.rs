@@ -592,10 +592,7 @@ async fn name_on_the_pooled_backend(bouncer: &PgBouncer) -> String {
 async fn a_session_lock_leaves_no_name_on_a_pooled_backend() {
     let db = TestServer::builder().start();
     let observer = db.connect().await;
-    let bouncer = PgBouncer::builder(&db)
-        .pool_mode("transaction")
-        .default_pool_size(1)
-        .start();
+    let bouncer = PgBouncer::one_server_connection(&db);
     assert_eq!(name_on_the_pooled_backend(&bouncer).await, "", "before");
     for form in [SessionForm::Transaction, SessionForm::Multiplexed] {
         let sessions = SessionLock::new(bouncer.config()).form(form);
@@ -715,7 +712,7 @@ async fn a_cut_off_lock_leaves_no_statement_to_the_pooler_s_next_client() {
     let _log = db.guard();
     let observer = db.connect().await;
     for round in 0..6 {
-        let bouncer = PgBouncer::builder(db).default_pool_size(1).start();
+        let bouncer = PgBouncer::one_server_connection(db);
         // Connections of its own, and leased from a deadpool pool.
         let sessions = if round % 2 == 0 {
             SessionLock::new(bouncer.config())

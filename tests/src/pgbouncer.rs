@@ -78,6 +78,18 @@ impl PgBouncer {
         }
     }
 
+    /// A transaction-mode pgbouncer of one server connection: every
+    /// client's transactions take turns on it, and each finds there what
+    /// the others left between transactions (named statements, session
+    /// state, session-level locks), as behind a pooler shared with other
+    /// applications.
+    pub fn one_server_connection(server: &TestServer) -> PgBouncer {
+        PgBouncer::builder(server)
+            .pool_mode("transaction")
+            .default_pool_size(1)
+            .start()
+    }
+
     /// A transaction-mode pgbouncer of one server connection for which a
     /// client waits at most 1 s (`query_wait_timeout = 1`): with that
     /// connection pinned by an open transaction, another client's next
