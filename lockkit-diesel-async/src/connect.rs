@@ -120,8 +120,7 @@ where
     // pooler keeps for it, after the names it will use are cleared there.
     let setup =
         |e: tokio_postgres::Error| ConnectionError::CouldntSetupConfiguration(diesel_error(&e));
-    client.batch_execute("BEGIN").await.map_err(setup)?;
-    named::clear_ahead(&client).await.map_err(setup)?;
+    named::begin_clear_ahead(&client).await.map_err(setup)?;
     let mut conn = AsyncPgConnection::try_from(client).await?;
     conn.batch_execute("COMMIT")
         .await

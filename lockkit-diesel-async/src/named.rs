@@ -161,18 +161,44 @@ where
     }
 }
 
-/// A statement [`clear_ahead`] prepares to learn this process's next
-/// tokio-postgres name; its text finds it in `pg_prepared_statements`.
+/// A statement [`begin_clear_ahead`] prepares to learn this process's next
+/// tokio-postgres name; [`CLEAR_FROM_PROBE`] finds it by this text in
+/// `pg_prepared_statements`.
 const PROBE: &str = "SELECT 'lockkit-diesel-async: the next statement name'";
 
-/// Inside the transaction open on `client`, deallocates other processes'
+/// Opens the transaction [`begin_clear_ahead`] clears in, and the
+/// savepoint its probe is prepared under.
+const OPEN: &str = "BEGIN; SAVEPOINT lockkit_parse";
+
+/// Releases the probe's savepoint, then deallocates as [`deallocate_from`]
+/// does from the number of the name the probe ([`PROBE`]) was just
+/// prepared under; nothing when that name is not a tokio-postgres name (a
+/// pooler that names the statements on the server itself, pgbouncer 1.21+
+/// with `max_prepared_statements`, where no client's name can meet
+/// another's, and which may have prepared the probe there before: then no
+/// row is this transaction's, and nothing is cleared either).
+const CLEAR_FROM_PROBE: &str = "RELEASE SAVEPOINT lockkit_parse; \
+     DO $lockkit$ DECLARE first numeric; foreign_name text; BEGIN \
+     SELECT CASE WHEN name ~ '^s[0-9]+$' THEN substr(name, 2)::numeric END INTO first \
+     FROM pg_prepared_statements \
+     WHERE statement = $probe$SELECT 'lockkit-diesel-async: the next statement name'$probe$ \
+     AND prepare_time >= now(); \
+     FOR foreign_name IN SELECT name FROM pg_prepared_statements \
+     WHERE CASE WHEN name ~ '^s[0-9]+$' THEN substr(name, 2)::numeric >= first END \
+     AND prepare_time < now() \
+     LOOP EXECUTE format('DEALLOCATE %I', foreign_name); END LOOP; END $lockkit$";
+
+/// Opens a transaction on `client` and deallocates there other processes'
 /// statements under the tokio-postgres names this process will use from
 /// now on, as a clash does (see the module docs): what a connection's
-/// set-up needs, whose statements diesel-async sends itself.
+/// set-up needs, whose statements diesel-async sends itself. The caller
+/// runs the set-up in that transaction, and commits it.
 ///
-/// Learns the next name by preparing [`PROBE`] under a savepoint (its
-/// name, or the clash's, is the first the clear starts from): a round trip
-/// or three, once per connection.
+/// Learns the next name by preparing [`PROBE`] under a savepoint, whose
+/// name (or the clash's, when another process holds it) is the first the
+/// clear starts from. Opening, the probe and the clear leave in that order
+/// in one round trip, as [`under_savepoint`]'s do; a clash of the probe
+/// takes a second.
 ///
 /// # Errors
 ///
@@ -183,29 +209,21 @@ const PROBE: &str = "SELECT 'lockkit-diesel-async: the next statement name'";
 ///
 /// Dropped in flight, the statements sent stay in the transaction, which
 /// the caller then drops with its connection.
-pub(crate) async fn clear_ahead(
+pub(crate) async fn begin_clear_ahead(
     client: &tokio_postgres::Client,
 ) -> Result<(), tokio_postgres::Error> {
-    client.batch_execute(BEGIN).await?;
-    let first = match client.prepare(PROBE).await {
-        Ok(probe) => {
-            let row = client
-                .query_typed_opt(
-                    "SELECT name FROM pg_prepared_statements \
-                     WHERE statement = $1 AND prepare_time >= now()",
-                    &[(&PROBE, tokio_postgres::types::Type::TEXT)],
-                )
-                .await?;
-            drop(probe);
-            client.batch_execute(END).await?;
-            // None under this process's name: a pooler that names the
-            // statements on the server itself (and may have prepared this
-            // one there before), where no client's name can meet another's.
-            let Some(first) = row.and_then(|row| number_of(row.get::<_, &str>(0))) else {
-                return Ok(());
-            };
-            first
-        }
+    // Unconstrained, in order: see `under_savepoint`.
+    let (open, probe, clear) = tokio::task::unconstrained(in_order(
+        client.batch_execute(OPEN),
+        client.prepare(PROBE),
+        client.batch_execute(CLEAR_FROM_PROBE),
+    ))
+    .await;
+    open?;
+    match probe {
+        // Its `Close` goes before the caller's next statement, inside the
+        // transaction, on the server connection it was prepared on.
+        Ok(_) => clear,
         Err(e) => match e
             .as_db_error()
             .and_then(|db| taken_statement_name(db.message()))
@@ -213,12 +231,11 @@ pub(crate) async fn clear_ahead(
         {
             Some(taken) => {
                 let clear = format!("{UNDO}; {}", deallocate_from(taken));
-                return client.batch_execute(&clear).await;
+                client.batch_execute(&clear).await
             }
-            None => return Err(e),
+            None => Err(e),
         },
-    };
-    client.batch_execute(&deallocate_from(first)).await
+    }
 }
 
 /// `sql` in the simple query protocol on `conn`.

@@ -132,6 +132,20 @@ impl Littered {
             .expect("the foreign statements");
         next
     }
+
+    /// How many of the statements of [`kept`] for `next` are still on the
+    /// server connection.
+    async fn kept_left(&self, next: usize) -> i64 {
+        let names: Vec<String> = kept(next).into();
+        self.foreign
+            .query_typed_one(
+                "SELECT count(*) FROM pg_prepared_statements WHERE name = ANY($1)",
+                &[(&names, Type::TEXT_ARRAY)],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    }
 }
 
 /// Foreign statements that lockkit's statements can never meet, so that
@@ -208,18 +222,9 @@ async fn every_lock_call_succeeds_behind_a_pooler_holding_this_processs_next_nam
             .await
             .unwrap_or_else(|e| panic!("form {form}: {e}"));
         assert!(!granted_elsewhere(observer, key).await, "form {form}");
-        let names: Vec<String> = kept(next).into();
-        let left = pooler
-            .foreign
-            .query_typed_one(
-                "SELECT count(*) FROM pg_prepared_statements WHERE name = ANY($1)",
-                &[(&names, Type::TEXT_ARRAY)],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0);
         assert_eq!(
-            left, 4,
+            pooler.kept_left(next).await,
+            4,
             "form {form}: the foreign statements that cannot clash"
         );
     }
@@ -228,17 +233,23 @@ async fn every_lock_call_succeeds_behind_a_pooler_holding_this_processs_next_nam
 /// `establish` learns this process's next name with a statement of its
 /// own before diesel-async's set-up: when that name is free but the ones
 /// after it are another process's, it still clears them, and the set-up
-/// succeeds.
+/// succeeds; the foreign statements that cannot meet this process's names
+/// stay.
 #[tokio::test(flavor = "multi_thread")]
 async fn establish_clears_the_names_after_a_free_one() {
     let db = TestServer::shared();
     let _log = db.guard();
     let pooler = Littered::new(db).await;
-    pooler.litter_past(1).await;
+    let next = pooler.litter_past(1).await;
     let mut conn = lockkit_diesel_async::establish(&pooler.bouncer.url())
         .await
         .expect("diesel-async's set-up, behind the littered pooler");
     conn.batch_execute("SELECT 1").await.unwrap();
+    assert_eq!(
+        pooler.kept_left(next).await,
+        4,
+        "the foreign statements that cannot clash"
+    );
 }
 
 /// The clear spares what the transaction itself prepared: when the
