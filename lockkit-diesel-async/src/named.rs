@@ -69,9 +69,10 @@ const UNDO: &str = "ROLLBACK TO SAVEPOINT lockkit_parse; RELEASE SAVEPOINT lockk
 /// The statement that deallocates every statement named `s<n>`, `n ≥
 /// first`, prepared on the server connection before the transaction began
 /// (`prepare_time`, like `now()`, is a statement's and a transaction's
-/// start): see the module docs. The `CASE` casts only names of that form
-/// (a `WHERE`'s conditions run in no promised order).
-fn deallocate_from(first: u64) -> String {
+/// start): see the module docs. `first` is SQL: a number, or a scalar
+/// subquery (NULL: nothing is deallocated). The `CASE` casts only names of
+/// that form (a `WHERE`'s conditions run in no promised order).
+fn deallocate_from(first: impl std::fmt::Display) -> String {
     format!(
         "DO $lockkit$ DECLARE foreign_name text; BEGIN \
          FOR foreign_name IN SELECT name FROM pg_prepared_statements \
@@ -162,7 +163,7 @@ where
 }
 
 /// A statement [`begin_clear_ahead`] prepares to learn this process's next
-/// tokio-postgres name; [`CLEAR_FROM_PROBE`] finds it by this text in
+/// tokio-postgres name; [`clear_from_probe`] finds it by this text in
 /// `pg_prepared_statements`.
 const PROBE: &str = "SELECT 'lockkit-diesel-async: the next statement name'";
 
@@ -177,16 +178,14 @@ const OPEN: &str = "BEGIN; SAVEPOINT lockkit_parse";
 /// with `max_prepared_statements`, where no client's name can meet
 /// another's, and which may have prepared the probe there before: then no
 /// row is this transaction's, and nothing is cleared either).
-const CLEAR_FROM_PROBE: &str = "RELEASE SAVEPOINT lockkit_parse; \
-     DO $lockkit$ DECLARE first numeric; foreign_name text; BEGIN \
-     SELECT CASE WHEN name ~ '^s[0-9]+$' THEN substr(name, 2)::numeric END INTO first \
-     FROM pg_prepared_statements \
-     WHERE statement = $probe$SELECT 'lockkit-diesel-async: the next statement name'$probe$ \
-     AND prepare_time >= now(); \
-     FOR foreign_name IN SELECT name FROM pg_prepared_statements \
-     WHERE CASE WHEN name ~ '^s[0-9]+$' THEN substr(name, 2)::numeric >= first END \
-     AND prepare_time < now() \
-     LOOP EXECUTE format('DEALLOCATE %I', foreign_name); END LOOP; END $lockkit$";
+fn clear_from_probe() -> String {
+    let first = format!(
+        "(SELECT CASE WHEN name ~ '^s[0-9]+$' THEN substr(name, 2)::numeric END \
+         FROM pg_prepared_statements \
+         WHERE statement = $probe${PROBE}$probe$ AND prepare_time >= now() LIMIT 1)"
+    );
+    format!("{END}; {}", deallocate_from(first))
+}
 
 /// Opens a transaction on `client` and deallocates there other processes'
 /// statements under the tokio-postgres names this process will use from
@@ -213,10 +212,11 @@ pub(crate) async fn begin_clear_ahead(
     client: &tokio_postgres::Client,
 ) -> Result<(), tokio_postgres::Error> {
     // Unconstrained, in order: see `under_savepoint`.
+    let clear = clear_from_probe();
     let (open, probe, clear) = tokio::task::unconstrained(in_order(
         client.batch_execute(OPEN),
         client.prepare(PROBE),
-        client.batch_execute(CLEAR_FROM_PROBE),
+        client.batch_execute(&clear),
     ))
     .await;
     open?;
