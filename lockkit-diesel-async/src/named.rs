@@ -139,9 +139,11 @@ where
             tokio::task::unconstrained(in_order(execute(conn, BEGIN), load(), execute(conn, END)))
                 .await;
         match (begin, answer, end) {
-            // The transaction had already failed, or is not one: the
-            // statement's own error says more, when it has one.
-            (Err(e), answer, _) => return answer.and(Err(e)),
+            // The savepoint's failure is the call's first: a timeout or a
+            // cancel that cut it, a lost connection, or the transaction
+            // already failed (`25P02` again). The statement behind it met
+            // only the `25P02` that failure left.
+            (Err(e), _, _) => return Err(e),
             (Ok(()), answer, Ok(())) => return answer,
             (Ok(()), Ok(_), Err(e)) => return Err(e),
             (Ok(()), Err(e), Err(_)) => match taken_name(&e) {
@@ -150,10 +152,10 @@ where
                         "lockkit-diesel-async: statement name s{taken} held on the server \
                          connection by another process; clearing such names and sending again"
                     );
+                    // The clear's own failure (a timeout that cut it, a
+                    // lost connection) is what ends the call.
                     let clear = format!("{UNDO}; {}", deallocate_from(taken));
-                    if execute(conn, &clear).await.is_err() {
-                        return Err(e);
-                    }
+                    execute(conn, &clear).await?;
                     cleared = true;
                 }
                 _ => return Err(e),

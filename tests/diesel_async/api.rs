@@ -275,3 +275,72 @@ async fn a_transaction_a_lock_error_aborted_is_not_reported_committed() {
     }
     fixture.finish().await;
 }
+
+/// Under a timeout, every statement of the call runs bounded by it
+/// (`statement_timeout`), the utility statements that guard a statement's
+/// name included ([`lockkit_diesel_async`]'s savepoint before each
+/// statement's `Parse`). When the timeout cuts one of those, the call is a
+/// `Timeout` with nothing held, as when it cuts the lock itself: never a
+/// `TransactionAborted`, the `25P02` the statements behind it then meet,
+/// which would hide the cause and tell the caller its transaction was
+/// already lost. 1 ms timeouts on a free key, from 8 connections at once,
+/// make the timeout land on every statement of the call in turn.
+///
+/// Ignored while one case stays open: a statement timeout that fires as a
+/// statement ends leaves a cancel pending on the backend, and when the
+/// next message is the `Close` of a statement tokio-postgres dropped
+/// (diesel-async names every statement), the cancel aborts the
+/// transaction in a reply nobody reads; the call's last statement
+/// (`RELEASE SAVEPOINT lockkit_acquire`) then meets `25P02`, and the call
+/// is reported `TransactionAborted` though its savepoint rollback left the
+/// transaction usable and nothing held. It fails this test in most runs.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "open: a pending cancel of lockkit's own statement_timeout aborts the transaction \
+            through an unread Close, and the call is reported TransactionAborted"]
+async fn a_timeout_that_cuts_a_guarding_statement_is_a_timeout() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let pool = pool(db, 16);
+    let locker = locker(&pool).await;
+    let tasks: Vec<_> = (0..16_i64)
+        .map(|t| {
+            let (pool, locker) = (pool.clone(), locker.clone());
+            tokio::spawn(async move {
+                let mut conn = pool.get().await.unwrap();
+                let (mut held, mut timeouts) = (0, 0);
+                for _ in 0..300 {
+                    let item = Item { id: 7_000 + t };
+                    let outcome = conn
+                        .transaction::<_, Error, _>(async |conn| {
+                            let mut tx = locker.lock_tx(conn)?;
+                            tx.lock_timeout(item, Duration::from_millis(1))
+                                .await
+                                .map(drop)
+                        })
+                        .await;
+                    match outcome {
+                        Ok(()) => held += 1,
+                        Err(e) if e.kind() == ErrorKind::Timeout => timeouts += 1,
+                        Err(e) => return Err(format!("{:?} {:?}: {e}: {e:?}", e.kind(), e.code())),
+                    }
+                }
+                Ok((held, timeouts))
+            })
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok((held, timeouts)) => {
+                eprintln!("1 ms lock_timeout: {held} held, {timeouts} timed out")
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 16 connections saw a 1 ms lock_timeout fail otherwise than as a Timeout, first: {}",
+        failures.len(),
+        failures[0]
+    );
+}

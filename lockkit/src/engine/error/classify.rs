@@ -20,17 +20,17 @@ impl DriverError {
             Some(LOCK_NOT_AVAILABLE) => ErrorKind::Timeout,
             Some(QUERY_CANCELED) => {
                 let message = self.message.as_deref().unwrap_or("");
-                if message.contains("statement timeout") {
-                    ErrorKind::Timeout
-                } else if message.contains("user request") {
-                    ErrorKind::Cancelled
-                } else {
-                    match timed {
-                        // Messages in another language: lockkit's own
-                        // statement_timeout cannot fire before its time.
-                        Some((timeout, elapsed)) if elapsed >= timeout => ErrorKind::Timeout,
-                        _ => ErrorKind::Cancelled,
-                    }
+                match timed {
+                    // Past the call's timeout, lockkit's own
+                    // statement_timeout, whatever the message says: one
+                    // that fires as a statement ends cancels the next one
+                    // sent already, "due to user request" (PostgreSQL
+                    // resets the timeout's indicator when it arms the
+                    // next statement's, and the cancel stays pending).
+                    // Nor can it fire before its time.
+                    Some((timeout, elapsed)) if elapsed >= timeout => ErrorKind::Timeout,
+                    _ if message.contains("statement timeout") => ErrorKind::Timeout,
+                    _ => ErrorKind::Cancelled,
                 }
             }
             Some(DEADLOCK_DETECTED) => ErrorKind::Deadlock,

@@ -44,12 +44,20 @@ fn maps_sqlstates() {
     assert!(e.is_timeout() && e.timeout().is_none());
     let e = err("57014", "canceling statement due to statement timeout").into_error();
     assert!(e.is_timeout());
-    // A cancel request is a cancel, even during a timed call.
+    // Past a timed call's timeout, a cancel is the call's own
+    // statement_timeout, whatever the message: one that fires as a
+    // statement ends cancels the next "due to user request".
     let e = err("57014", "canceling statement due to user request").into_error_in(timed, 1);
+    assert!(e.is_timeout());
+    assert_eq!(e.timeout(), Some(Duration::from_millis(5)));
+    // Before it, or outside a timed call, a cancel request is a cancel.
+    let early = Some((Duration::from_secs(10), Duration::from_millis(300)));
+    let e = err("57014", "canceling statement due to user request").into_error_in(early, 1);
     assert_eq!(e.kind(), ErrorKind::Cancelled);
     assert!(!e.is_transient());
+    let e = err("57014", "canceling statement due to user request").into_error();
+    assert_eq!(e.kind(), ErrorKind::Cancelled);
     // Another language: decided by the clock, in the safe direction.
-    let early = Some((Duration::from_secs(10), Duration::from_millis(300)));
     let e = err("57014", "Abbruch").into_error_in(early, 1);
     assert_eq!(e.kind(), ErrorKind::Cancelled);
     assert!(err("57014", "Abbruch").into_error_in(timed, 1).is_timeout());
