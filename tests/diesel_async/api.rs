@@ -284,19 +284,13 @@ async fn a_transaction_a_lock_error_aborted_is_not_reported_committed() {
 /// `TransactionAborted`, the `25P02` the statements behind it then meet,
 /// which would hide the cause and tell the caller its transaction was
 /// already lost. 1 ms timeouts on a free key, from 8 connections at once,
-/// make the timeout land on every statement of the call in turn.
-///
-/// Ignored while one case stays open: a statement timeout that fires as a
-/// statement ends leaves a cancel pending on the backend, and when the
-/// next message is the `Close` of a statement tokio-postgres dropped
-/// (diesel-async names every statement), the cancel aborts the
-/// transaction in a reply nobody reads; the call's last statement
-/// (`RELEASE SAVEPOINT lockkit_acquire`) then meets `25P02`, and the call
-/// is reported `TransactionAborted` though its savepoint rollback left the
-/// transaction usable and nothing held. It fails this test in most runs.
+/// make the timeout land on every statement of the call in turn. A
+/// timeout that fires as a statement ends stays pending and cancels the
+/// next message: "due to user request", and when that message is the
+/// `Close` of a statement tokio-postgres dropped (diesel-async names every
+/// statement), in a reply nobody reads, so that the call's next statement
+/// meets `25P02`. Both are the call's timeout.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "open: a pending cancel of lockkit's own statement_timeout aborts the transaction \
-            through an unread Close, and the call is reported TransactionAborted"]
 async fn a_timeout_that_cuts_a_guarding_statement_is_a_timeout() {
     let db = TestServer::shared();
     let _log = db.guard();

@@ -282,7 +282,10 @@ impl Acquisition<'_> {
                 Err(e) => self.cut_off(e),
                 // The savepoint rollback released what the call took and
                 // left the transaction usable.
-                Ok(_) => self.settled(Err(error), false),
+                Ok(_) => {
+                    let error = self.own_timeout(error);
+                    self.settled(Err(error), false)
+                }
             },
             (Stage::Recover(error), Err(_)) => self.settled(Err(error), true),
             (finished @ Stage::Finished(_), _) => finished,
@@ -308,6 +311,24 @@ impl Acquisition<'_> {
             // The failed statement aborted the transaction; what the batch
             // took is released with it (or at the rollback).
             self.settled(Err(error), true)
+        }
+    }
+
+    /// `error`, the main round's, once the call's savepoint was rolled
+    /// back: a `25P02` there means the transaction failed after that
+    /// savepoint was taken, inside the call. Past a timed call's timeout,
+    /// that is the call's own statement_timeout: one that fires as a
+    /// statement ends stays pending, and cancels the next message, which
+    /// may be one whose reply the driver does not read (diesel-async's
+    /// `Close` of a statement it dropped); the call's next statement then
+    /// meets `25P02`. The call timed out, holding nothing, its transaction
+    /// usable: a [`Timeout`](ErrorKind::Timeout). Any other error stays.
+    fn own_timeout(&self, error: Error) -> Error {
+        match self.wait {
+            Wait::Timeout(timeout) if self.ledger.started.elapsed() >= timeout => {
+                error.aborted_as_timeout(timeout, self.plan.len())
+            }
+            _ => error,
         }
     }
 

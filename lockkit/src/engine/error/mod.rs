@@ -248,6 +248,22 @@ impl Error {
         }))
     }
 
+    /// This error as a lockkit timeout of `keys` keys under `timeout`
+    /// when it is a [`TransactionAborted`](ErrorKind::TransactionAborted)
+    /// that a timed call met inside itself, past its timeout (see
+    /// `Acquisition::own_timeout`); any other error as it is. The server's
+    /// code (`25P02`) and error stay, as the source.
+    pub(crate) fn aborted_as_timeout(mut self, timeout: Duration, keys: usize) -> Self {
+        if self.0.kind == ErrorKind::TransactionAborted {
+            self.0.kind = ErrorKind::Timeout;
+            self.0.detail = Detail::Timeout {
+                timeout: Some(timeout),
+                keys,
+            };
+        }
+        self
+    }
+
     pub(crate) fn new(kind: ErrorKind) -> Self {
         Error::make(kind, None, Detail::None, None)
     }

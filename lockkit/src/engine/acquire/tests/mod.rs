@@ -460,6 +460,70 @@ fn a_timed_out_call_rolls_its_savepoint_back_and_stays_usable() {
     assert!(lock_k(&state, 2).is_ok());
 }
 
+/// A `25P02` met inside a timed call, after its savepoint was taken (the
+/// rollback to it succeeds), past the call's timeout: the call's own
+/// statement_timeout aborted the transaction through a reply the driver
+/// did not read. A timeout, the transaction usable. Before the timeout, or
+/// when the rollback shows the savepoint was never taken (the transaction
+/// failed before the call), it stays `TransactionAborted`.
+#[test]
+fn an_abort_inside_a_timed_call_past_its_timeout_is_its_timeout() {
+    let aborted = || {
+        DriverError::new("x").code(Some("25P02")).message(Some(
+            "current transaction is aborted, commands ignored until end of transaction block",
+        ))
+    };
+    let one = || Request::one(&K(1), Mode::Exclusive);
+    let state = TxState::new();
+    let short = Duration::from_micros(1);
+    let mut call = state
+        .acquire(&policy(), 0, one(), Wait::Timeout(short))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1));
+    call.receive(Err(aborted()));
+    assert_eq!(sqls(&call), [Sql::Rollback]);
+    call.receive(Ok(vec![Reply::Done]));
+    let err = call.finish().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert_eq!(err.timeout(), Some(short));
+    assert_eq!(err.code(), Some("25P02"));
+    assert!(lock_k(&state, 2).is_ok(), "the transaction goes on");
+
+    // Before the timeout: the abort is not the call's timer.
+    let state = TxState::new();
+    let long = Duration::from_secs(3_600);
+    let mut call = state
+        .acquire(&policy(), 0, one(), Wait::Timeout(long))
+        .unwrap();
+    call.receive(Err(aborted()));
+    call.receive(Ok(vec![Reply::Done]));
+    let err = call.finish().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TransactionAborted, "{err}");
+
+    // The rollback fails: the savepoint was never taken.
+    let state = TxState::new();
+    let mut call = state
+        .acquire(&policy(), 0, one(), Wait::Timeout(short))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1));
+    call.receive(Err(aborted()));
+    call.receive(Err(aborted()));
+    let err = call.finish().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TransactionAborted, "{err}");
+
+    // Another error past the timeout stays what it is.
+    let state = TxState::new();
+    let mut call = state
+        .acquire(&policy(), 0, one(), Wait::Timeout(short))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1));
+    call.receive(Err(DriverError::new("x")
+        .code(Some("40P01"))
+        .message(Some("deadlock detected"))));
+    call.receive(Ok(vec![Reply::Done]));
+    assert!(call.finish().unwrap_err().is_deadlock());
+}
+
 #[test]
 fn a_try_batch_settles_its_savepoint() {
     let state = TxState::new();
