@@ -69,7 +69,10 @@ pub enum ErrorKind {
     Timeout,
     /// The statement was cancelled by a cancel request (`57014`, "user
     /// request"): an administrator's `pg_cancel_backend`, or lockkit's own
-    /// cancel of a dropped lock future. Not a timeout.
+    /// cancel of a dropped lock future. Not a timeout, except past a timed
+    /// call's timeout: there PostgreSQL reports the call's own
+    /// `statement_timeout`, when it fired as a statement ended, as a cancel
+    /// of the next statement, and the call is a [`Timeout`](Self::Timeout).
     Cancelled,
     /// The server detected a deadlock (`40P01`) and aborted the transaction.
     Deadlock,
