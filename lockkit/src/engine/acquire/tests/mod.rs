@@ -473,55 +473,42 @@ fn an_abort_inside_a_timed_call_past_its_timeout_is_its_timeout() {
             "current transaction is aborted, commands ignored until end of transaction block",
         ))
     };
-    let one = || Request::one(&K(1), Mode::Exclusive);
-    let state = TxState::new();
+    // A timed call of one key whose main round fails with `main`, 1 ms
+    // after it began, and whose savepoint rollback then answers `rollback`.
+    let outcome = |state: &TxState, timeout, main, rollback| {
+        let one = Request::one(&K(1), Mode::Exclusive);
+        let mut call = state
+            .acquire(&policy(), 0, one, Wait::Timeout(timeout))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+        call.receive(Err(main));
+        assert_eq!(sqls(&call), [Sql::Rollback]);
+        call.receive(rollback);
+        call.finish().unwrap_err()
+    };
     let short = Duration::from_micros(1);
-    let mut call = state
-        .acquire(&policy(), 0, one(), Wait::Timeout(short))
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1));
-    call.receive(Err(aborted()));
-    assert_eq!(sqls(&call), [Sql::Rollback]);
-    call.receive(Ok(vec![Reply::Done]));
-    let err = call.finish().unwrap_err();
+    let state = TxState::new();
+    let err = outcome(&state, short, aborted(), Ok(vec![Reply::Done]));
     assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
     assert_eq!(err.timeout(), Some(short));
     assert_eq!(err.code(), Some("25P02"));
     assert!(lock_k(&state, 2).is_ok(), "the transaction goes on");
 
     // Before the timeout: the abort is not the call's timer.
-    let state = TxState::new();
     let long = Duration::from_secs(3_600);
-    let mut call = state
-        .acquire(&policy(), 0, one(), Wait::Timeout(long))
-        .unwrap();
-    call.receive(Err(aborted()));
-    call.receive(Ok(vec![Reply::Done]));
-    let err = call.finish().unwrap_err();
+    let err = outcome(&TxState::new(), long, aborted(), Ok(vec![Reply::Done]));
     assert_eq!(err.kind(), ErrorKind::TransactionAborted, "{err}");
 
     // The rollback fails: the savepoint was never taken.
-    let state = TxState::new();
-    let mut call = state
-        .acquire(&policy(), 0, one(), Wait::Timeout(short))
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1));
-    call.receive(Err(aborted()));
-    call.receive(Err(aborted()));
-    let err = call.finish().unwrap_err();
+    let err = outcome(&TxState::new(), short, aborted(), Err(aborted()));
     assert_eq!(err.kind(), ErrorKind::TransactionAborted, "{err}");
 
     // Another error past the timeout stays what it is.
-    let state = TxState::new();
-    let mut call = state
-        .acquire(&policy(), 0, one(), Wait::Timeout(short))
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1));
-    call.receive(Err(DriverError::new("x")
+    let deadlock = DriverError::new("x")
         .code(Some("40P01"))
-        .message(Some("deadlock detected"))));
-    call.receive(Ok(vec![Reply::Done]));
-    assert!(call.finish().unwrap_err().is_deadlock());
+        .message(Some("deadlock detected"));
+    let err = outcome(&TxState::new(), short, deadlock, Ok(vec![Reply::Done]));
+    assert!(err.is_deadlock(), "{err}");
 }
 
 #[test]
