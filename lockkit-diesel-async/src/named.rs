@@ -90,7 +90,21 @@ fn taken_name(e: &DieselError) -> Option<u64> {
     let DieselError::DatabaseError(_, info) = e else {
         return None;
     };
-    taken_statement_name(info.message()).and_then(number_of)
+    taken_number(info.message())
+}
+
+/// The `n` of the tokio-postgres name `s<n>` that the server's message
+/// says preparing found taken ([`taken_statement_name`]); `None` for any
+/// other message or name.
+fn taken_number(message: &str) -> Option<u64> {
+    taken_statement_name(message).and_then(number_of)
+}
+
+/// After a clash of the name `s<taken>`: the failed savepoint rolled back
+/// and ended ([`UNDO`]), then the foreign names from the taken one on
+/// deallocated ([`deallocate_from`]), in one simple query.
+fn undo_and_clear(taken: u64) -> String {
+    format!("{UNDO}; {}", deallocate_from(taken))
 }
 
 /// The `n` of a tokio-postgres statement name `s<n>`; `None` for a name of
@@ -154,8 +168,7 @@ where
                     );
                     // The clear's own failure (a timeout that cut it, a
                     // lost connection) is what ends the call.
-                    let clear = format!("{UNDO}; {}", deallocate_from(taken));
-                    execute(conn, &clear).await?;
+                    execute(conn, &undo_and_clear(taken)).await?;
                     cleared = true;
                 }
                 _ => return Err(e),
@@ -226,15 +239,8 @@ pub(crate) async fn begin_clear_ahead(
         // Its `Close` goes before the caller's next statement, inside the
         // transaction, on the server connection it was prepared on.
         Ok(_) => clear,
-        Err(e) => match e
-            .as_db_error()
-            .and_then(|db| taken_statement_name(db.message()))
-            .and_then(number_of)
-        {
-            Some(taken) => {
-                let clear = format!("{UNDO}; {}", deallocate_from(taken));
-                client.batch_execute(&clear).await
-            }
+        Err(e) => match e.as_db_error().and_then(|db| taken_number(db.message())) {
+            Some(taken) => client.batch_execute(&undo_and_clear(taken)).await,
             None => Err(e),
         },
     }
