@@ -8,6 +8,7 @@ use lockkit::key::HashText;
 use lockkit::pg::SessionForm;
 use lockkit::{AdvisoryKey, LockKey, Mode, SessionLock};
 use lockkit_tests::observe::granted_elsewhere;
+use lockkit_tests::support::bounded;
 use lockkit_tests::TestServer;
 
 use crate::pooler::pool_of;
@@ -136,7 +137,7 @@ async fn a_set_up_refused_for_want_of_the_client_check_asks_again() {
     use lockkit_tests::{Cut, Proxy};
     let db = TestServer::shared();
     let _log = db.guard();
-    let observer = db.connect().await;
+    let observer = bounded("the observer's connection", db.connect()).await;
     for (form, id) in [
         (SessionForm::Transaction, 97_000),
         (SessionForm::Multiplexed, 97_100),
@@ -146,23 +147,24 @@ async fn a_set_up_refused_for_want_of_the_client_check_asks_again() {
             .form(form)
             .keepalive(Duration::from_secs(60));
         // The first set-up asks, and sees the setting.
-        let guard = sessions.lock(Task { id }).await.unwrap();
-        assert!(guard.release().await.unwrap());
-        proxy
-            .cut(Cut::Rewrite {
-                from: "SET LOCAL client_connection_check_interval",
-                to: "SET LOCAL client_connection_check_intervaX",
-            })
-            .await;
+        let first = format!("{form:?}, the first lock");
+        let guard = bounded(&first, sessions.lock(Task { id })).await.unwrap();
+        assert!(bounded(&first, guard.release()).await.unwrap());
+        let rewrite = Cut::Rewrite {
+            from: "SET LOCAL client_connection_check_interval",
+            to: "SET LOCAL client_connection_check_intervaX",
+        };
+        bounded(&format!("{form:?}, the rewrite"), proxy.cut(rewrite)).await;
         let mut failed_before = false;
         let mut failures = 0;
         for call in 1..=6 {
             let key = Task { id: id + call };
             // A fresh clone's multiplexed lock opens a connection of its own.
             let fresh = sessions.clone().connections(1);
-            match fresh.lock(key).await {
+            let what = format!("{form:?}, call {call}");
+            match bounded(&what, fresh.lock(key)).await {
                 Ok(guard) => {
-                    assert!(guard.release().await.unwrap());
+                    assert!(bounded(&what, guard.release()).await.unwrap());
                     failed_before = false;
                 }
                 Err(e) => {
@@ -172,7 +174,7 @@ async fn a_set_up_refused_for_want_of_the_client_check_asks_again() {
                         "{form:?}, call {call}: a second set-up in a row assumed the setting"
                     );
                     assert!(
-                        !granted_elsewhere(&observer, key.lock_key()).await,
+                        !bounded(&what, granted_elsewhere(&observer, key.lock_key())).await,
                         "{form:?}, call {call}: held after the error"
                     );
                     failed_before = true;

@@ -2,10 +2,32 @@
 //! besides the observer's questions ([`crate::observe`]): a locker for a
 //! client's server, a client's backend pid, the check that a call was
 //! refused on a hot standby, a pool, this process's next tokio-postgres
-//! statement name, and a key held in another session's transaction.
+//! statement name, a key held in another session's transaction, and a
+//! step bounded against a hang.
+
+use std::future::Future;
+use std::time::Duration;
 
 use lockkit::{Config, Error, ErrorKind, LockKey, Locker};
 use tokio_postgres::Client;
+
+/// How long [`bounded`] lets a step run: far above any step's time on a
+/// loaded 2-core machine, and far below CI's budget.
+pub const HANG_GUARD: Duration = Duration::from_secs(150);
+
+/// Awaits `step`, failing the test with `what` if it has not ended within
+/// [`HANG_GUARD`]: a step that hangs then fails its test, named, instead
+/// of stalling the whole run. A guard against a hang, no timing claim.
+///
+/// # Panics
+///
+/// If `step` runs longer than [`HANG_GUARD`].
+pub async fn bounded<T>(what: &str, step: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(HANG_GUARD, step).await {
+        Ok(value) => value,
+        Err(_) => panic!("{what}: still running after {HANG_GUARD:?}, a hang"),
+    }
+}
 
 /// A locker for `client`'s server with `config`.
 ///
