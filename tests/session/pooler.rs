@@ -677,6 +677,18 @@ async fn tries_behind_a_saturated_pooler_are_busy_or_time_out() {
         );
     }
     assert_eq!(timeouts, 40);
+    // A try that gave up closed its connection: none is left open, its
+    // statement queued in the pooler to run (and take its key) once a
+    // server connection frees. Only the holders' connections stay.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while bouncer.clients_connected() > POOL as usize {
+        assert!(
+            Instant::now() < deadline,
+            "{} connections to the pooler, {POOL} of them the holders': tries that gave up left theirs open",
+            bouncer.clients_connected()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // The control: a server connection freed, a try gets it and the key.
     held.pop().unwrap().release().await.unwrap();
     let sessions = SessionLock::new(bouncer.config()).keepalive(PATIENT);

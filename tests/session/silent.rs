@@ -407,3 +407,44 @@ async fn a_silent_multiplexed_connection_is_given_up_without_a_renewal() {
         drop(guard);
     }
 }
+
+/// A lock given up over a silent path closes its connection at once, in
+/// every form: its client socket does not stay open waiting for the answer
+/// to the keepalive that went unanswered (tokio-postgres keeps a connection
+/// whose client is gone open until its last statement is answered, which
+/// over a silent path is never). The proxy reads what the clients send
+/// after the cut and sees each close its connection. Keeping an
+/// unclean connection open on drop (`.ci/mutations "closed at once"`)
+/// fails it for the forms on a connection of their own.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_given_up_over_a_silent_path_closes_its_connection() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    for (i, form) in [
+        SessionForm::Transaction,
+        SessionForm::SessionLevel,
+        SessionForm::Multiplexed,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let proxy = Proxy::in_front_of(db);
+        let sessions = SessionLock::new(proxy.config())
+            .form(form)
+            .keepalive(CADENCE);
+        let guard = sessions
+            .lock(Feed {
+                id: 61_000 + i as i64,
+            })
+            .await
+            .unwrap();
+        let lost = guard.lost();
+        proxy.cut(Cut::Swallow).await;
+        tokio::time::timeout(BOUND, lost)
+            .await
+            .unwrap_or_else(|_| panic!("{form:?}: lost() did not resolve within {BOUND:?}"));
+        // Panics if the client keeps its connection open.
+        proxy.until_swallowed_closed().await;
+        drop(guard);
+    }
+}

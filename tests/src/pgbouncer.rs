@@ -145,6 +145,32 @@ impl PgBouncer {
         client
     }
 
+    /// How many connections to this pgbouncer are open on their clients'
+    /// side (`ESTABLISHED` in `/proc/net/tcp`, to this port): a client
+    /// that closed its side is no longer counted, even while pgbouncer, not
+    /// reading from a client that waits for a server connection, has not
+    /// noticed yet.
+    ///
+    /// # Panics
+    ///
+    /// If `/proc/net/tcp` cannot be read (not Linux).
+    pub fn clients_connected(&self) -> usize {
+        let table = fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+        // `sl local_address rem_address st ...`, addresses as
+        // `HEXIP:HEXPORT`; state 01 is ESTABLISHED.
+        let port = format!(":{:04X}", self.port);
+        table
+            .lines()
+            .skip(1)
+            .filter(|line| {
+                let mut fields = line.split_whitespace().skip(2);
+                let remote = fields.next().unwrap_or("");
+                let state = fields.next().unwrap_or("");
+                remote.ends_with(&port) && state == "01"
+            })
+            .count()
+    }
+
     /// Whether a new client of this pgbouncer connects and is answered;
     /// when not, the `FATAL` lines of its log (a pgbouncer that died says
     /// why there).

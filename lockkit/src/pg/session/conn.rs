@@ -138,8 +138,15 @@ pub(super) struct Lease {
     conn: Option<Conn>,
     /// Flips when the connection task of an owned connection ends.
     pub(super) ended: Option<watch::Receiver<bool>>,
-    /// Whether a pooled connection may go back to its pool: set only once
-    /// nothing of the lock can be left on it.
+    /// Whether nothing of the lock can be left on the connection and no
+    /// statement is in flight on it: set only once that is known. A pooled
+    /// connection goes back to its pool only then. An owned one then ends
+    /// as a dropped tokio-postgres client ends; otherwise it is closed at
+    /// once, since tokio-postgres keeps a connection whose client is gone
+    /// open until its last statement is answered: over a silent path
+    /// never, and behind a pooler the statement the caller gave up on
+    /// would still wait there and run (taking its key) once a server
+    /// connection frees.
     pub(super) clean: bool,
     /// Closes an owned connection now, while its client is still shared.
     close: Option<Arc<Notify>>,
@@ -229,9 +236,15 @@ impl Drop for Lease {
                 // ends the session and its transaction.
                 drop(deadpool_postgres::Object::take(object));
             }
-            // An owned client closes its connection when it drops; a clean
-            // pooled one goes back to the pool.
-            other => drop(other),
+            // An owned connection that is not clean closes now, with
+            // whatever is in flight on it (see `clean`); a clean one when its
+            // client drops. A clean pooled one goes back to the pool.
+            other => {
+                if !self.clean {
+                    self.close();
+                }
+                drop(other);
+            }
         }
     }
 }

@@ -477,6 +477,18 @@ async fn drop_snapshot(conn: Weak<MuxConn>, mut seen: u64) {
     }
 }
 
+impl Drop for MuxConn {
+    /// Nothing is in flight on a connection nothing refers to any more
+    /// (every statement runs on an `Arc` of it): an owned one ends as a
+    /// dropped client ends, and its session's end releases its locks. A
+    /// pooled one never goes back to its pool.
+    fn drop(&mut self) {
+        if self.lease.is_owned() {
+            self.lease.clean = true;
+        }
+    }
+}
+
 impl Kept for MuxConn {
     /// The keepalive (each bounded by one cadence), or the close of a
     /// connection that held nothing and had no claim for a whole cadence.

@@ -125,7 +125,10 @@ impl<'a> Own<'a> {
     ///
     /// The rollback waits at most one cadence: on a path gone silent the
     /// lease is dropped unclean instead (detached from its pool and closed).
-    /// A connection of lockkit's own is closed when dropped; after the
+    /// A connection of lockkit's own is closed when dropped: after a busy
+    /// try as a dropped client ends (nothing is in flight); after a failure
+    /// with no answer of the server's (a take cut at its bound, a lost
+    /// connection) at once, with whatever is still in flight; after the
     /// server's error of a statement it is rolled back first, so that the
     /// transaction's locks are gone when the error is seen (the server ends
     /// a transaction that an error aborted only after it sent the error).
@@ -133,6 +136,7 @@ impl<'a> Own<'a> {
         let busy = failed.is_none();
         let answered = failed.is_some_and(|e| e.code().is_some() && !e.is_connection_lost());
         if lease.is_owned() && !answered {
+            lease.clean = busy;
             return; // Dropping it closes the session.
         }
         lease.clean = match form {
