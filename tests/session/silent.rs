@@ -414,7 +414,7 @@ async fn a_silent_multiplexed_connection_is_given_up_without_a_renewal() {
 /// whose client is gone open until its last statement is answered, which
 /// over a silent path is never). The proxy reads what the clients send
 /// after the cut and sees each close its connection. Keeping an
-/// unclean connection open on drop (`.ci/mutations "closed at once"`)
+/// unclean connection open on drop (`.ci/mutations "owned connection"`)
 /// fails it for the forms on a connection of their own.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lock_given_up_over_a_silent_path_closes_its_connection() {
