@@ -381,19 +381,9 @@ async fn a_silent_multiplexed_connection_is_given_up_without_a_renewal() {
     let db = TestServer::shared();
     let _log = db.guard();
     for round in 0..3 {
-        let proxy = Proxy::in_front_of(db);
-        let sessions = SessionLock::new(proxy.config())
-            .form(SessionForm::Multiplexed)
-            .keepalive(CADENCE);
-        let guard = sessions.lock(Feed { id: 60_000 + round }).await.unwrap();
-        let lost = guard.lost();
-        proxy.cut(Cut::Swallow).await;
-        tokio::time::timeout(BOUND, lost)
-            .await
-            .unwrap_or_else(|_| panic!("round {round}: lost() did not resolve within {BOUND:?}"));
-        // Given up, the connection is closed: all it sent is in.
-        proxy.until_swallowed_closed().await;
-        let sent = simple_queries(&proxy.swallowed());
+        let swallowed =
+            given_up_over_a_swallowing_path(db, SessionForm::Multiplexed, 60_000 + round);
+        let sent = simple_queries(&swallowed.await);
         assert!(
             !sent.is_empty(),
             "round {round}: no keepalive after the cut"
@@ -404,8 +394,28 @@ async fn a_silent_multiplexed_connection_is_given_up_without_a_renewal() {
                 "round {round}: sent over the silent path after its keepalive: {query:?}"
             );
         }
-        drop(guard);
     }
+}
+
+/// A lock of `form` on key `id` through a proxy whose path then goes
+/// silent, keeping what the client sends ([`Cut::Swallow`]): once `lost()`
+/// resolves, waits for the client to close its connection (30 s, else
+/// panics), and answers all it sent after the cut.
+async fn given_up_over_a_swallowing_path(db: &TestServer, form: SessionForm, id: i64) -> Vec<u8> {
+    let proxy = Proxy::in_front_of(db);
+    let sessions = SessionLock::new(proxy.config())
+        .form(form)
+        .keepalive(CADENCE);
+    let guard = sessions.lock(Feed { id }).await.unwrap();
+    let lost = guard.lost();
+    proxy.cut(Cut::Swallow).await;
+    tokio::time::timeout(BOUND, lost)
+        .await
+        .unwrap_or_else(|_| panic!("{form:?}: lost() did not resolve within {BOUND:?}"));
+    // Given up, the connection is closed: all it sent is in.
+    proxy.until_swallowed_closed().await;
+    drop(guard);
+    proxy.swallowed()
 }
 
 /// A lock given up over a silent path closes its connection at once, in
@@ -420,7 +430,7 @@ async fn a_silent_multiplexed_connection_is_given_up_without_a_renewal() {
 async fn a_lock_given_up_over_a_silent_path_closes_its_connection() {
     let db = TestServer::shared();
     let _log = db.guard();
-    for (i, form) in [
+    for (id, form) in [
         SessionForm::Transaction,
         SessionForm::SessionLevel,
         SessionForm::Multiplexed,
@@ -428,23 +438,7 @@ async fn a_lock_given_up_over_a_silent_path_closes_its_connection() {
     .into_iter()
     .enumerate()
     {
-        let proxy = Proxy::in_front_of(db);
-        let sessions = SessionLock::new(proxy.config())
-            .form(form)
-            .keepalive(CADENCE);
-        let guard = sessions
-            .lock(Feed {
-                id: 61_000 + i as i64,
-            })
-            .await
-            .unwrap();
-        let lost = guard.lost();
-        proxy.cut(Cut::Swallow).await;
-        tokio::time::timeout(BOUND, lost)
-            .await
-            .unwrap_or_else(|_| panic!("{form:?}: lost() did not resolve within {BOUND:?}"));
         // Panics if the client keeps its connection open.
-        proxy.until_swallowed_closed().await;
-        drop(guard);
+        given_up_over_a_swallowing_path(db, form, 61_000 + id as i64).await;
     }
 }
