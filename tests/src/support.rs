@@ -22,6 +22,10 @@ pub const HANG_GUARD: Duration = Duration::from_secs(150);
 /// # Panics
 ///
 /// If `step` runs longer than [`HANG_GUARD`].
+///
+/// # Cancel safety
+///
+/// As cancel safe as `step`: dropping the future drops `step`.
 pub async fn bounded<T>(what: &str, step: impl Future<Output = T>) -> T {
     match tokio::time::timeout(HANG_GUARD, step).await {
         Ok(value) => value,
