@@ -42,6 +42,11 @@ pub(crate) struct Parts<'s, D: Driver, C, R> {
     pub(crate) conn: C,
     pub(crate) driver: R,
     pub(crate) depth: u32,
+    /// Whether the call has the connection to itself until it ends (the
+    /// generic face borrows it `&mut`): nothing the application sends can
+    /// run between two of the call's rounds. tokio-postgres's face lets
+    /// the application pipeline statements behind a call.
+    pub(crate) exclusive: bool,
     pub(crate) stack: PhantomData<fn() -> D>,
 }
 
@@ -151,7 +156,9 @@ pub(crate) async fn permit<
         Ok(held) => Ok(held),
         Err(value) => {
             let request = Request::permit_slot(&value, permits).at(site);
-            let call = state.acquire(policy, depth, request, wait)?;
+            let call = state
+                .acquire(policy, depth, request, wait)?
+                .sliced(driver::bounds_waits(driver));
             let mode = policy.config().statement_mode();
             let outcome = call
                 .run(|call| driver::drive::<D>(conn, driver, mode, call))
@@ -184,6 +191,14 @@ pub(crate) async fn try_permit<
 /// A one-key call of one statement (a lock that waits, or a try), run by
 /// the driver: the engine's fast path.
 ///
+/// A lock whose wait is bounded on the server ([`driver::bounds_waits`])
+/// waits in the general call's slices. Where the call has the connection to
+/// itself, it tries first, in the one statement of the fast path, and
+/// waits only for a busy key: a key that is free costs what it costs
+/// unbounded. Where the application may pipeline statements behind the
+/// call (tokio-postgres), a busy try would let them run before the lock is
+/// held, so the call waits in slices from the start.
+///
 /// Always inlined, as the engine's hot path is: the statement's future is
 /// then built in the lock call's own state, not returned from here and
 /// copied there.
@@ -196,8 +211,28 @@ async fn send_one<'a, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>, K: Advisor
     site: Site,
 ) -> Result<Result<Grant, Busy>, Error> {
     let mut parts = parts()?;
+    let exclusive = parts.exclusive;
     let (state, conn, driver, depth) = parts.split();
-    let call = state.acquire_one(driver.as_ref(), depth, (value, mode), try_only, Some(site))?;
+    let policy: &Policy = driver.as_ref();
+    let bounded = !try_only && driver::bounds_waits(driver);
+    if bounded {
+        if exclusive {
+            let call = state.acquire_one(policy, depth, (value, mode), true, Some(site))?;
+            match driver::run_one::<D>(&mut *conn, driver, call).await? {
+                Ok(grant) => return Ok(Ok(grant)),
+                Err(_busy) => {}
+            }
+        }
+        let request = Request::one(value, mode).at(site);
+        let call = state
+            .acquire(policy, depth, request, Wait::Forever)?
+            .sliced(true);
+        let statements = policy.config().statement_mode();
+        return call
+            .run(|call| driver::drive::<D>(conn, driver, statements, call))
+            .await;
+    }
+    let call = state.acquire_one(policy, depth, (value, mode), try_only, Some(site))?;
     driver::run_one::<D>(conn, driver, call).await
 }
 
@@ -211,7 +246,9 @@ async fn drive<'a, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>>(
     let mut parts = parts()?;
     let (state, conn, driver, depth) = parts.split();
     let policy: &Policy = driver.as_ref();
-    let call = state.acquire(policy, depth, request, wait)?;
+    let call = state
+        .acquire(policy, depth, request, wait)?
+        .sliced(driver::bounds_waits(driver));
     let mode = policy.config().statement_mode();
     call.run(|call| driver::drive::<D>(conn, driver, mode, call))
         .await

@@ -7,7 +7,6 @@ use std::any::TypeId;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -116,9 +115,15 @@ impl CancellingPolicy {
     /// cannot tell its version.
     pub fn learned_on(self, token: &CancelToken, backend_pid: i32) -> Self {
         let direct = key_of(token).is_some_and(|(pid, _)| pid == backend_pid);
+        // A cut-off call's wait then ends at its cancel request: it needs
+        // no bound on the server.
+        let policy = match direct {
+            true => Arc::new(Policy::clone(&self.policy).unbounded_waits()),
+            false => self.policy,
+        };
         CancellingPolicy {
+            policy,
             canceller: self.canceller.direct(direct),
-            ..self
         }
     }
 
@@ -265,7 +270,7 @@ impl Canceller {
     /// on the current tokio runtime (nothing without one). Nobody awaits
     /// it, so a failure is logged as a `tracing` warning.
     pub(crate) fn cancel(&self, token: CancelToken) {
-        if !self.sends(&token) {
+        if !self.sends() {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -279,25 +284,15 @@ impl Canceller {
         });
     }
 
-    /// Whether a request for `token`'s connection goes at all: to the
-    /// configured address; on connections that reach PostgreSQL itself;
-    /// or through the TLS connector when the request can only go over TLS
-    /// (`sslmode=require` and stricter: with `prefer`, tokio-postgres sends
-    /// it in plain text, closed at once, to a server that answers "no
-    /// TLS"). When none goes, says so once per process, as a `tracing`
-    /// warning.
-    fn sends(&self, token: &CancelToken) -> bool {
-        let sends =
-            self.to.is_some() || self.direct || (self.tls.is_some() && key_of(token).is_none());
-        if !sends && !WARNED_UNSENT.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                "lockkit: a lock call was cut off on a connection that may go through a \
-                 pooler, and no cancel request was sent: its statement waits for the key, \
-                 and the connection's next statements wait behind it. Give the locker the \
-                 connections' configuration (cancel_to) or their TLS connector (cancel_tls)"
-            );
-        }
-        sends
+    /// Whether a request goes at all: only on connections proven to reach
+    /// PostgreSQL itself ([`CancellingPolicy::learned_on`]). A pooler's
+    /// cancel handling is not safe to rely on (pgbouncer before 1.19 dies
+    /// of requests in several ways, its issues 801, 822 and 847, and every
+    /// client of the pooler loses its connection with it), and lockkit
+    /// cannot tell a pooler's version. Elsewhere the call's wait is bounded
+    /// on the server instead ([`Policy::bounds_waits`]), and ends there.
+    fn sends(&self) -> bool {
+        self.direct
     }
 
     /// Sends the cancel request for `token`'s connection, and waits until
@@ -349,7 +344,7 @@ impl Canceller {
     #[cfg(feature = "tokio-postgres")]
     pub(crate) fn cancel_until_answered(&self, client: &Client) {
         let token = client.cancel_token();
-        if !self.sends(&token) {
+        if !self.sends() {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -391,10 +386,6 @@ impl Canceller {
         });
     }
 }
-
-/// Whether a cut-off call found no way to send its cancel request, already
-/// (the warning goes once per process).
-static WARNED_UNSENT: AtomicBool = AtomicBool::new(false);
 
 /// The cancel key `token` holds, `(process id, secret key)`, when its
 /// request can go in plain text (`sslmode` `disable` or `prefer`): what

@@ -283,9 +283,25 @@ impl Io for Blocking {
 }
 
 mod sealed {
-    pub trait Sealed {}
-    impl Sealed for super::Async {}
-    impl Sealed for super::Blocking {}
+    pub trait Sealed {
+        /// Whether a call can be cut off in flight (its future dropped
+        /// while a statement runs): an async one can; a blocking one runs
+        /// to its end, so its waits need no bound on the server.
+        const CUT_OFF: bool;
+    }
+    impl Sealed for super::Async {
+        const CUT_OFF: bool = true;
+    }
+    impl Sealed for super::Blocking {
+        const CUT_OFF: bool = false;
+    }
+}
+
+/// Whether `D`'s calls that wait as long as it takes bound their waits on
+/// the server: its policy says so ([`Policy::bounds_waits`]), and its calls
+/// can be cut off in flight.
+pub(crate) fn bounds_waits<D: Driver>(driver: &D) -> bool {
+    <D::Io as sealed::Sealed>::CUT_OFF && driver.as_ref().bounds_waits()
 }
 
 /// A database stack's connection, as the one

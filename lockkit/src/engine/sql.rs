@@ -262,6 +262,58 @@ pub const GIVE_UP: &str = "ROLLBACK AND CHAIN; DO $lockkit$ BEGIN RAISE EXCEPTIO
 #[cfg(feature = "tokio-postgres")]
 pub(crate) const TX_ROLLBACK: &str = "ROLLBACK";
 
+/// How long one bounded lock wait lasts on the server, in milliseconds, as
+/// an SQL expression (a macro, so that every statement that bounds a wait
+/// spells it the same way): the server's `deadlock_timeout` and one second
+/// more. A wait that nobody can cancel at once (a lock call cut off on a
+/// connection whose cancel request could reach a pooler, a client gone) then
+/// ends on the server within that bound, and frees its connection; and
+/// since the server checks a wait for a deadlock once it has lasted
+/// `deadlock_timeout`, every bounded wait is still checked.
+macro_rules! wait_slice_ms {
+    () => {
+        "(1000 + 1000 * extract(epoch FROM current_setting('deadlock_timeout')::interval))::int8"
+    };
+}
+// The session forms bound their waits with the same expression.
+#[allow(unused_imports)]
+pub(crate) use wait_slice_ms;
+
+/// Arms a bounded wait ([`Policy::bounds_waits`](crate::driver::Policy::bounds_waits)),
+/// sent before the call's [`SAVEPOINT`] so that what it sets outlives a
+/// rollback to it: when the caller's `lock_timeout` is off (`0`, the
+/// default), saves it and sets it to [`wait_slice_ms`], and records that the
+/// wait is lockkit's slice (`lockkit.slice`, transaction-local); a caller's
+/// own `lock_timeout` is left as it is, and bounds the wait. `(tag, 1)` for
+/// a slice, `(tag, 0)` for the caller's bound.
+pub(crate) const ARM_SLICE: &str = concat!(
+    "/* lockkit:arm_slice */ SELECT 7813573191525823507::int8 AS tag, s.sliced::int4::int8 AS n, \
+     set_config('lockkit.slice_saved_lock_timeout', current_setting('lock_timeout'), true) AS a, \
+     set_config('lockkit.slice', s.sliced::text, true) AS b, \
+     set_config('lock_timeout', CASE WHEN s.sliced THEN ",
+    wait_slice_ms!(),
+    "::text || 'ms' ELSE current_setting('lock_timeout') END, true) AS c \
+     FROM (SELECT current_setting('lock_timeout')::interval = interval '0' AS sliced) AS s"
+);
+
+/// Ends what [`ARM_SLICE`] armed, after the call's savepoint was released
+/// or rolled back: restores the caller's `lock_timeout`, clears
+/// `lockkit.slice`, and answers whether the wait was lockkit's slice:
+/// `(tag, 1)` or `(tag, 0)`. A lock timeout (`55P03`) of a wait that was
+/// lockkit's slice is the slice's end, and the call waits again.
+///
+/// When nothing was armed in this transaction (the statement run as
+/// [`ARM_SLICE`] was not lockkit's: a foreign prepared statement of that
+/// name behind a pooler), it changes nothing and answers a `NULL` tag,
+/// which the reply check refuses.
+pub(crate) const END_SLICE: &str =
+    "/* lockkit:end_slice */ SELECT CASE WHEN s.l IS NOT NULL AND s.sliced IS NOT NULL \
+     THEN 7813573191525823508::int8 END AS tag, coalesce(s.sliced, false)::int4::int8 AS n, \
+     set_config('lock_timeout', coalesce(s.l, current_setting('lock_timeout')), true) AS a, \
+     set_config('lockkit.slice', '', true) AS b FROM \
+     (SELECT nullif(current_setting('lockkit.slice_saved_lock_timeout', true), '') AS l, \
+      nullif(current_setting('lockkit.slice', true), '')::bool AS sliced) AS s";
+
 /// `$1 int8` (milliseconds, at least 1): saves the caller's `lock_timeout`
 /// and `statement_timeout` (transaction-local), records the deadline (as
 /// ISO 8601 with a numeric offset, through `to_json`, so that

@@ -50,6 +50,10 @@ pub(crate) enum Sql {
     RestoreTimeouts,
     /// [`sql::TRY_PERMIT`].
     TryPermit,
+    /// [`sql::ARM_SLICE`].
+    ArmSlice,
+    /// [`sql::END_SLICE`].
+    EndSlice,
     /// [`sql::SAVEPOINT`] (simple protocol).
     Savepoint,
     /// [`sql::RELEASE`] (simple protocol).
@@ -99,7 +103,7 @@ impl Sql {
     /// may prepare once per connection. The simple-protocol ones
     /// ([`ReplyShape::Done`]) are not among them.
     #[cfg_attr(not(feature = "tokio-postgres"), allow(dead_code))]
-    pub(crate) const PREPARABLE: [Sql; 18] = [
+    pub(crate) const PREPARABLE: [Sql; 20] = [
         Sql::LockBigint,
         Sql::LockBigintShared,
         Sql::LockPair,
@@ -118,6 +122,8 @@ impl Sql {
         Sql::ArmTimeouts,
         Sql::RestoreTimeouts,
         Sql::TryPermit,
+        Sql::ArmSlice,
+        Sql::EndSlice,
     ];
 
     /// The SQL text.
@@ -141,6 +147,8 @@ impl Sql {
             Sql::ArmTimeouts => sql::ARM_TIMEOUTS,
             Sql::RestoreTimeouts => sql::RESTORE_TIMEOUTS,
             Sql::TryPermit => sql::TRY_PERMIT,
+            Sql::ArmSlice => sql::ARM_SLICE,
+            Sql::EndSlice => sql::END_SLICE,
             Sql::Savepoint => sql::SAVEPOINT,
             Sql::Release => sql::RELEASE,
             Sql::Rollback => sql::ROLLBACK,
@@ -165,6 +173,8 @@ impl Sql {
             Sql::TryPermit => &[Int4, Int4, Int4],
             Sql::ArmTimeouts
             | Sql::RestoreTimeouts
+            | Sql::ArmSlice
+            | Sql::EndSlice
             | Sql::Savepoint
             | Sql::Release
             | Sql::Rollback => &[],
@@ -192,6 +202,8 @@ impl Sql {
             Sql::SetTimeouts
                 | Sql::ArmTimeouts
                 | Sql::RestoreTimeouts
+                | Sql::ArmSlice
+                | Sql::EndSlice
                 | Sql::Savepoint
                 | Sql::Release
                 | Sql::Rollback
@@ -267,6 +279,8 @@ impl Sql {
             Sql::ArmTimeouts => 16,
             Sql::RestoreTimeouts => 17,
             Sql::TryPermit => 18,
+            Sql::ArmSlice => 19,
+            Sql::EndSlice => 20,
             Sql::Savepoint | Sql::Release | Sql::Rollback => return None,
         };
         Some(LOCKKIT | number)

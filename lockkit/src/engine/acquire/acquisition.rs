@@ -55,6 +55,7 @@ impl TxState {
             request,
             wait,
             mint: policy.config().mints_tokens(),
+            sliced: false,
             token: None,
             stage: if empty {
                 Stage::Finished(Ok(Granted::Now))
@@ -63,6 +64,19 @@ impl TxState {
             },
         })
     }
+}
+
+/// The SQLSTATE of a lock wait that reached its `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// What [`Acquisition::check`] read of a round's replies.
+struct Checked {
+    /// A try's busy keys.
+    busy: Vec<LockKey>,
+    /// The token minted with the grant.
+    token: Option<FencingToken>,
+    /// Whether a bounded wait was lockkit's slice, when the round says.
+    sliced: Option<bool>,
 }
 
 #[derive(Debug)]
@@ -89,12 +103,24 @@ pub(crate) struct Acquisition<'a> {
     wait: Wait,
     /// Whether the round's last lock statement mints a fencing token.
     mint: bool,
+    /// Whether the call waits in server-side slices
+    /// ([`Policy::bounds_waits`]): a call that waits as long as it takes,
+    /// under a policy that bounds waits.
+    sliced: bool,
     /// The token minted with the grant.
     token: Option<FencingToken>,
     stage: Stage,
 }
 
 impl Acquisition<'_> {
+    /// The same call, waiting in server-side slices when `bounded` and it
+    /// waits as long as it takes ([`Policy::bounds_waits`]; the caller
+    /// knows whether its driver's calls can be cut off in flight).
+    pub(crate) fn sliced(mut self, bounded: bool) -> Self {
+        self.sliced = bounded && self.wait == Wait::Forever;
+        self
+    }
+
     /// The statements to send now, in this order (pipelined where the driver
     /// can), or `None` when the outcome is known: call
     /// [`Acquisition::finish`].
@@ -106,10 +132,24 @@ impl Acquisition<'_> {
         let mut out = Round::new();
         match &self.stage {
             Stage::Finished(_) => return None,
-            Stage::Recover(_) => out.push(Statement::new(Sql::Rollback, &[])),
+            Stage::Recover(_) => {
+                out.push(Statement::new(Sql::Rollback, &[]));
+                if self.sliced {
+                    out.push(Statement::new(Sql::EndSlice, &[]));
+                }
+            }
             Stage::Settle(busy) if busy.is_empty() => out.push(Statement::new(Sql::Release, &[])),
             Stage::Settle(_) => out.push(Statement::new(Sql::Rollback, &[])),
             Stage::Main => match self.wait {
+                // One slice of the wait: armed before the savepoint, so
+                // that the recovery round can read whose timeout it was.
+                Wait::Forever if self.sliced => {
+                    out.push(Statement::new(Sql::ArmSlice, &[]));
+                    out.push(Statement::new(Sql::Savepoint, &[]));
+                    self.lock_statements(&mut out);
+                    out.push(Statement::new(Sql::Release, &[]));
+                    out.push(Statement::new(Sql::EndSlice, &[]));
+                }
                 Wait::Forever => self.lock_statements(&mut out),
                 Wait::Timeout(timeout) => {
                     out.push(Statement::new(Sql::Savepoint, &[]));
@@ -258,7 +298,7 @@ impl Acquisition<'_> {
                 Err(e) => self.cut_off(e),
                 // A minting round's token: `check` refuses a minting
                 // statement's reply without one.
-                Ok((busy, token)) => {
+                Ok(Checked { busy, token, .. }) => {
                     self.token = token;
                     match self.wait {
                         Wait::Try if self.plan.len() > 1 => Stage::Settle(busy),
@@ -280,6 +320,14 @@ impl Acquisition<'_> {
             (Stage::Settle(_), Err(e)) => self.settled(Err(e.into_error()), true),
             (Stage::Recover(error), Ok(replies)) => match self.check(sent, replies) {
                 Err(e) => self.cut_off(e),
+                // A slice of the wait ended with the key still busy: the
+                // next slice. Only lockkit's own slice (the caller's
+                // `lock_timeout` was off), and only a lock timeout: a
+                // deadlock, a statement timeout or anything else ends the
+                // call.
+                Ok(Checked {
+                    sliced: Some(true), ..
+                }) if error.code() == Some(LOCK_NOT_AVAILABLE) => Stage::Main,
                 // The savepoint rollback released what the call took and
                 // left the transaction usable.
                 Ok(_) => {
@@ -334,7 +382,7 @@ impl Acquisition<'_> {
 
     fn uses_savepoint(&self) -> bool {
         match self.wait {
-            Wait::Forever => false,
+            Wait::Forever => self.sliced,
             Wait::Timeout(_) => true,
             Wait::Try => self.plan.len() > 1,
         }
@@ -368,12 +416,9 @@ impl Acquisition<'_> {
     }
 
     /// Checks every reply of a round against what was sent; returns the busy
-    /// keys of a try.
-    fn check(
-        &self,
-        sent: &[(Sql, bool)],
-        replies: &[Reply],
-    ) -> Result<(Vec<LockKey>, Option<FencingToken>), Error> {
+    /// keys of a try, the token, and whether a bounded wait was lockkit's
+    /// slice.
+    fn check(&self, sent: &[(Sql, bool)], replies: &[Reply]) -> Result<Checked, Error> {
         if sent.len() != replies.len() {
             return Err(Error::unexpected(format!(
                 "{} replies to {} statements",
@@ -383,6 +428,7 @@ impl Acquisition<'_> {
         }
         let mut busy = Vec::new();
         let mut token = None;
+        let mut sliced = None;
         for ((sql, minting), reply) in sent.iter().zip(replies) {
             let bad = |what: &str| {
                 Err(Error::unexpected(format!(
@@ -402,6 +448,20 @@ impl Acquisition<'_> {
                 _ if sql.is_one_key() => {
                     if !check_one(*sql, reply)? {
                         busy.extend(self.plan.keys());
+                    }
+                }
+                // Whether the wait was lockkit's slice: 1 or 0, the same in
+                // every reply of the call that says it.
+                (ReplyShape::Tagged, Reply::Tagged { tag, n })
+                    if tag_ok(tag) && matches!(sql, Sql::ArmSlice | Sql::EndSlice) =>
+                {
+                    let this = match n {
+                        0 => false,
+                        1 => true,
+                        _ => return bad("is neither 0 nor 1"),
+                    };
+                    if *sliced.get_or_insert(this) != this {
+                        return bad("contradicts the slice's arming");
                     }
                 }
                 (ReplyShape::Tagged, Reply::Tagged { tag, n }) if tag_ok(tag) => {
@@ -447,7 +507,11 @@ impl Acquisition<'_> {
                 _ => return bad("is not its reply"),
             }
         }
-        Ok((busy, token))
+        Ok(Checked {
+            busy,
+            token,
+            sliced,
+        })
     }
 
     /// How many keys a lock statement must report.

@@ -33,6 +33,7 @@ pub struct Policy {
     config: Config,
     facts: ServerFacts,
     recognizes_errors: bool,
+    bounds_waits: bool,
 }
 
 impl Policy {
@@ -43,7 +44,35 @@ impl Policy {
             config,
             facts,
             recognizes_errors: true,
+            bounds_waits: true,
         }
+    }
+
+    /// The same policy, with lock waits left unbounded on the server
+    /// ([`bounds_waits`](Self::bounds_waits) false): for a driver whose lock
+    /// calls are never cut off in flight (a blocking driver: Diesel), or
+    /// whose cut-off call's wait ends at once otherwise (a cancel request
+    /// to a connection proven to reach its backend itself: the
+    /// tokio-postgres adapter learns that).
+    pub fn unbounded_waits(self) -> Self {
+        Policy {
+            bounds_waits: false,
+            ..self
+        }
+    }
+
+    /// Whether a lock call that waits as long as it takes bounds its wait
+    /// on the server (the default): it waits in slices of the server's
+    /// `deadlock_timeout` and one second, each under a savepoint, and
+    /// starts the next slice when one ends with the key still busy. A call
+    /// cut off in flight, or whose client is gone, then frees its server
+    /// connection within one slice, whoever may send a cancel request and
+    /// whatever pooler is in between; the server's deadlock check runs in
+    /// every slice. A caller's own `lock_timeout` is left as it is, and
+    /// bounds the wait instead. The slices' cost: a waiter that starts a
+    /// new slice joins the key's queue again, behind those that came since.
+    pub fn bounds_waits(&self) -> bool {
+        self.bounds_waits
     }
 
     /// The same policy, for a driver that hides the SQLSTATE (Diesel) on a
@@ -105,6 +134,8 @@ mod policy_tests {
         assert_eq!(policy.facts(), &facts);
         assert_eq!(policy.budget(), 7);
         assert!(policy.recognizes_errors());
+        assert!(policy.bounds_waits());
+        assert!(!policy.clone().unbounded_waits().bounds_waits());
         assert!(policy.clone().by_messages(true).recognizes_errors());
         assert!(!policy.by_messages(false).recognizes_errors());
     }

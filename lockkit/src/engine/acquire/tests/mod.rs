@@ -14,6 +14,7 @@ use crate::key::{AdvisoryKey, LockKey};
 mod checks;
 mod minting;
 mod permit;
+mod slices;
 
 #[derive(Debug)]
 struct K(i64);

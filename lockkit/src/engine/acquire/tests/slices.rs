@@ -1,0 +1,193 @@
+//! Bounded waits ([`Policy::bounds_waits`]): a call that waits as long as
+//! it takes waits in slices, each under a savepoint, and starts the next
+//! one only when lockkit's own slice ended with the key still busy.
+
+use super::*;
+
+fn lock_timeout() -> DriverError {
+    DriverError::new("x")
+        .code(Some("55P03"))
+        .message(Some("canceling statement due to lock timeout"))
+}
+
+/// `K(1)` waiting as long as it takes, sliced.
+fn sliced(state: &TxState) -> Acquisition<'_> {
+    lock_k(state, 1).unwrap().sliced(true)
+}
+
+/// The recovery round's replies: the rollback, then whether the wait was
+/// lockkit's slice (`n`).
+fn recovered(n: i64) -> Vec<Reply> {
+    vec![
+        Reply::Done,
+        Reply::Tagged {
+            tag: Sql::EndSlice.tag().unwrap(),
+            n,
+        },
+    ]
+}
+
+const SLICE: [Sql; 5] = [
+    Sql::ArmSlice,
+    Sql::Savepoint,
+    Sql::LockBigint,
+    Sql::Release,
+    Sql::EndSlice,
+];
+
+#[test]
+fn a_sliced_wait_arms_its_slice_outside_its_savepoint() {
+    let state = TxState::new();
+    let mut call = sliced(&state);
+    assert_eq!(sqls(&call), SLICE);
+    let replies = granted(&call.round().unwrap());
+    call.receive(Ok(replies));
+    assert!(call.round().is_none());
+    assert_eq!(
+        left(&state, call.finish()),
+        "granted Some((BigInt(1), Exclusive)) []; held [(BigInt(1), Exclusive)]; poisoned false; next Ok(Some(1))"
+    );
+}
+
+#[test]
+fn only_a_wait_that_waits_as_long_as_it_takes_is_sliced() {
+    assert_eq!(
+        sqls(&lock_k(&TxState::new(), 1).unwrap().sliced(false)),
+        [Sql::LockBigint]
+    );
+    let state = TxState::new();
+    let one = || Request::one(&K(1), Mode::Exclusive);
+    let timed = Wait::Timeout(Duration::from_millis(50));
+    let call = state
+        .acquire(&policy(), 0, one(), timed)
+        .unwrap()
+        .sliced(true);
+    assert!(!sqls(&call).contains(&Sql::ArmSlice));
+    drop(call);
+    let state = TxState::new();
+    let call = state
+        .acquire(&policy(), 0, one(), Wait::Try)
+        .unwrap()
+        .sliced(true);
+    assert_eq!(sqls(&call), [Sql::TryBigint]);
+}
+
+#[test]
+fn the_end_of_lockkit_s_slice_starts_the_next() {
+    let state = TxState::new();
+    let mut call = sliced(&state);
+    for _ in 0..3 {
+        call.receive(Err(lock_timeout()));
+        assert_eq!(sqls(&call), [Sql::Rollback, Sql::EndSlice]);
+        call.receive(Ok(recovered(1)));
+        assert_eq!(sqls(&call), SLICE);
+    }
+    let replies = granted(&call.round().unwrap());
+    call.receive(Ok(replies));
+    assert!(call.finish().unwrap().is_ok());
+    assert!(!state.is_poisoned());
+}
+
+#[test]
+fn a_lock_timeout_of_the_caller_s_own_ends_the_call() {
+    let state = TxState::new();
+    let mut call = sliced(&state);
+    call.receive(Err(lock_timeout()));
+    call.receive(Ok(recovered(0)));
+    assert!(call.round().is_none());
+    let err = call.finish().unwrap_err();
+    assert!(err.is_timeout(), "{err:?}");
+    // Rolled back to its savepoint: the transaction is usable.
+    assert!(!state.is_poisoned());
+    assert!(lock_k(&state, 2).is_ok());
+}
+
+#[test]
+fn any_other_error_in_a_slice_ends_the_call() {
+    for (code, message) in [
+        ("40P01", "deadlock detected"),
+        ("57014", "canceling statement due to statement timeout"),
+        ("53200", "out of shared memory"),
+    ] {
+        let state = TxState::new();
+        let mut call = sliced(&state);
+        call.receive(Err(DriverError::new("x")
+            .code(Some(code))
+            .message(Some(message))));
+        call.receive(Ok(recovered(1)));
+        assert!(call.round().is_none(), "{code}");
+        let err = call.finish().unwrap_err();
+        assert_eq!(err.code(), Some(code));
+        assert!(lock_k(&state, 2).is_ok(), "{code}");
+    }
+}
+
+#[test]
+fn a_slice_s_answer_that_is_not_0_or_1_or_contradicts_its_arming_is_refused() {
+    let state = TxState::new();
+    let mut call = sliced(&state);
+    call.receive(Err(lock_timeout()));
+    call.receive(Ok(recovered(2)));
+    assert_eq!(
+        call.finish().unwrap_err().kind(),
+        ErrorKind::UnexpectedReply
+    );
+
+    let state = TxState::new();
+    let mut call = sliced(&state);
+    let mut replies = granted(&call.round().unwrap());
+    replies[0] = Reply::Tagged {
+        tag: Sql::ArmSlice.tag().unwrap(),
+        n: 1,
+    };
+    call.receive(Ok(replies));
+    assert_eq!(
+        call.finish().unwrap_err().kind(),
+        ErrorKind::UnexpectedReply
+    );
+
+    // A `NULL` tag (nothing armed in this transaction) is not the reply.
+    let state = TxState::new();
+    let mut call = sliced(&state);
+    call.receive(Err(lock_timeout()));
+    call.receive(Ok(vec![Reply::Done, Reply::Malformed("NULL tag".into())]));
+    assert_eq!(
+        call.finish().unwrap_err().kind(),
+        ErrorKind::UnexpectedReply
+    );
+}
+
+#[test]
+fn a_failed_recovery_ends_the_call_aborted() {
+    let state = TxState::new();
+    let mut call = sliced(&state);
+    call.receive(Err(lock_timeout()));
+    call.receive(Err(DriverError::new("connection closed")));
+    let err = call.finish().unwrap_err();
+    assert!(err.is_timeout() || err.code() == Some("55P03"), "{err:?}");
+    assert_eq!(
+        lock_k(&state, 2).unwrap_err().kind(),
+        ErrorKind::TransactionAborted
+    );
+}
+
+#[test]
+fn a_sliced_batch_arms_one_slice_around_both_key_spaces() {
+    let state = TxState::new();
+    let request = Request::batch(&Batch::new().with(&K(1)).with(&K(2)).with(&P(3)).with(&P(4)));
+    let call = state
+        .acquire(&policy(), 0, request, Wait::Forever)
+        .unwrap()
+        .sliced(true);
+    assert_eq!(
+        sqls(&call),
+        [
+            Sql::ArmSlice,
+            Sql::Savepoint,
+            Sql::BatchBigintExclusive,
+            Sql::BatchPairExclusive,
+            Sql::Release,
+            Sql::EndSlice,
+        ]
+    );
+}
