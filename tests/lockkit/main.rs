@@ -1,5 +1,6 @@
 //! Integration tests of `lockkit` over tokio-postgres, on a real server.
 
+mod bounded_waits;
 mod budget;
 mod common;
 mod cutoff;

@@ -309,25 +309,38 @@ async fn hold_elsewhere(db: &TestServer, key: Account) -> Client {
 /// How [`calls_on_a_held_key`] ends its lock calls.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Calls {
-    /// A `timeout` drops the call's future, the locker given the pooler's
-    /// address (`Locker::cancel_to`): lockkit sends a cancel request on a
-    /// connection that stays open until the pooler closes it.
-    CutOffTo,
-    /// The same through a pooler that takes clients over TLS only, with
-    /// the locker given the connector (`Locker::cancel_tls`) and the
-    /// pooler's address with `sslmode=require` (`Locker::cancel_to`): the
-    /// request goes over TLS on the stream tokio-postgres opened, kept open
-    /// until the pooler closes it.
+    /// A `timeout` drops the call's future; the locker, made through the
+    /// pooler with no configuration, sends no cancel request, and the wait
+    /// ends on the server at the end of its slice.
+    CutOff,
+    /// The same through a pooler that takes clients over TLS only
+    /// (`sslmode=require`), the locker given the connector
+    /// (`Locker::cancel_tls`): its connection is not the backend's own, so
+    /// no request goes either.
     CutOffTls,
     /// `lock_timeout`: the server ends the wait, nothing is cancelled.
     Bounded,
 }
 
+/// How many calls each of [`calls_on_a_held_key`]'s clients makes: a
+/// cut-off call keeps its server connection for up to one slice, so fewer
+/// of those.
+fn calls_per_client(calls: Calls) -> u64 {
+    match calls {
+        Calls::CutOff | Calls::CutOffTls => 5,
+        Calls::Bounded => 25,
+    }
+}
+
 /// Lock calls on a key held elsewhere, 8 clients at once through the shared
-/// pooler, 25 each, ended as `calls` says. Then whether pgbouncer still
-/// serves a new client (its log's `FATAL` lines when it does not), whether
-/// every call could be made, and whether every wait ended while the key is
-/// still held (none left waiting for the holder).
+/// pooler ([`calls_per_client`] each), ended as `calls` says. Then whether
+/// pgbouncer still serves a new client (its log's `FATAL` lines when it does
+/// not), whether every call could be made, whether every wait ended while
+/// the key is still held (none left waiting for the holder), and whether
+/// any cancel request reached the pooler.
+///
+/// Each transaction sets a short `deadlock_timeout` (the test's role may),
+/// so that a bounded wait's slice lasts about a second.
 async fn calls_on_a_held_key(db: &TestServer, calls: Calls) -> Result<(), String> {
     let tls = (calls == Calls::CutOffTls).then(|| {
         let (cert, key) = lockkit_tests::tls::certificate();
@@ -380,23 +393,20 @@ async fn calls_on_a_held_key(db: &TestServer, calls: Calls) -> Result<(), String
         .await
         .expect("locker");
     drop(first);
-    match (calls, &tls) {
-        (Calls::CutOffTo, _) => locker = locker.cancel_to(&bouncer.config()),
-        (Calls::CutOffTls, Some(tls)) => {
-            // Its address too, which says TLS: the request must still go
-            // over TLS (the pooler refuses plain text).
-            let mut to = bouncer.config();
-            to.ssl_mode(SslMode::Require);
-            locker = locker.cancel_tls(tls.clone()).cancel_to(&to);
-        }
-        _ => {}
+    if let Some(tls) = &tls {
+        locker = locker.cancel_tls(tls.clone());
     }
+    assert!(
+        locker.policy().bounds_waits(),
+        "a locker made through the pooler leaves its waits unbounded"
+    );
+    let per_client = calls_per_client(calls);
     let calls_made = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut tasks = Vec::new();
     for i in 0..8_u64 {
         let (locker, connect, calls_made) = (locker.clone(), connect.clone(), calls_made.clone());
         tasks.push(tokio::spawn(async move {
-            for j in 0..25_u64 {
+            for j in 0..per_client {
                 let Some((client, _conn)) = connect().await else {
                     return; // the pooler is gone: what the check below sees
                 };
@@ -404,10 +414,17 @@ async fn calls_on_a_held_key(db: &TestServer, calls: Calls) -> Result<(), String
                 let Ok(tx) = client.begin().await else {
                     return;
                 };
+                if tx
+                    .batch_execute("SET LOCAL deadlock_timeout = '50ms'")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
                 calls_made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let wait = std::time::Duration::from_millis((i * 25 + j) % 6);
                 match calls {
-                    Calls::CutOffTo | Calls::CutOffTls => {
+                    Calls::CutOff | Calls::CutOffTls => {
                         let cut = tokio::time::timeout(wait, tx.lock(key)).await;
                         assert!(cut.is_err() || cut.unwrap().is_err(), "granted a held key");
                     }
@@ -422,8 +439,8 @@ async fn calls_on_a_held_key(db: &TestServer, calls: Calls) -> Result<(), String
     for task in tasks {
         task.await.expect("a client panicked");
     }
-    // Every wait ended, by its cancel request or its lock_timeout, while
-    // the holder still holds the key.
+    // Every wait ended, at the end of its slice or at its lock_timeout,
+    // while the holder still holds the key: nothing else could end it.
     let observer = db.connect().await;
     let ended = until_key_not_waited(&observer, key.lock_key()).await;
     holder.batch_execute("ROLLBACK").await.unwrap();
@@ -431,33 +448,41 @@ async fn calls_on_a_held_key(db: &TestServer, calls: Calls) -> Result<(), String
     bouncer
         .answers(connect().await.map(|(client, _)| client))
         .await?;
+    let cancels = bouncer.cancel_lines();
+    if !cancels.is_empty() {
+        return Err(format!("cancel requests reached the pooler: {cancels:?}"));
+    }
     match calls_made.load(std::sync::atomic::Ordering::Relaxed) {
-        200 => ended,
-        made => Err(format!("only {made} of the 200 calls could be made")),
+        made if made == 8 * per_client => ended,
+        made => Err(format!(
+            "only {made} of the {} calls could be made",
+            8 * per_client
+        )),
     }
 }
 
-/// Cut-off lock calls behind pgbouncer 1.18, the distribution's, with the
-/// locker given the pooler's address (`Locker::cancel_to`): each cancel
-/// request's connection stays open until the pooler closes it, as libpq's
-/// does, and the pooler keeps serving. The request's stream dropped once
-/// written (`.ci/mutations "closed at once"`) fails it: sessions were left
-/// waiting for the key after 30 s.
+/// Cut-off lock calls behind pgbouncer 1.18, the distribution's, by a
+/// `Locker` made through it with no configuration, on a key its holder
+/// never lets go: no cancel request reaches the pooler, and every wait
+/// still ends, at the end of its slice on the server, freeing its server
+/// connection, while the key is held. With waits left unbounded
+/// (`.ci/mutations "waits unbounded"`), the cut-off waits hold the pool's
+/// server connections until the holder lets go: sessions still wait after
+/// 30 s.
 #[tokio::test(flavor = "multi_thread")]
-async fn cut_off_lock_calls_with_the_address_leave_the_shared_pooler_serving() {
+async fn cut_off_lock_calls_free_their_server_connections_within_a_slice() {
     let db = TestServer::shared();
     let _log = db.guard();
-    calls_on_a_held_key(db, Calls::CutOffTo).await.unwrap();
+    calls_on_a_held_key(db, Calls::CutOff).await.unwrap();
 }
 
 /// Cut-off lock calls through pgbouncer 1.18, the distribution's, by a
 /// `Locker` given no configuration. Made through the pooler, it learned
 /// that its connection's cancel key is the pooler's, not its backend's, and
-/// sends no cancel request: one closed at once, as tokio-postgres sends it,
-/// can crash pgbouncer before 1.19 (its issue 801) and every client of the
-/// pooler with it. A cut-off call's wait then pins its server connection
-/// until the key's holder lets go: the holder here lets go each time some
-/// session waits for the key, and takes it again. 8 tasks, 25 calls each,
+/// sends no cancel request: pgbouncer before 1.19 can die of one (its issues
+/// 801 and 822), and every client of the pooler with it. The holder here
+/// lets go each time some session waits for the key, and takes it again, so
+/// that calls are granted as well as cut off. 8 tasks, 25 calls each,
 /// cut off after 0 to 5 ms, through 3 server connections shared with other
 /// applications (their named statements on every server connection, and
 /// one application's transactions all along): all 200 calls are made, no
@@ -473,10 +498,8 @@ async fn cut_off_lock_calls_do_not_crash_the_shared_pooler() {
 
 /// The same with the locker given a TLS connector (`Locker::cancel_tls`)
 /// and its connections the default `sslmode=prefer`, through a pooler in
-/// plain text: tokio-postgres would send the request in plain text, closed
-/// at once, when the pooler answers "no TLS", so none goes. With any
-/// connector taken as enough (`.ci/mutations "any TLS connector"`), the
-/// requests go, and pgbouncer dies.
+/// plain text: the connector does not make the connection direct, so no
+/// request goes.
 #[tokio::test(flavor = "multi_thread")]
 async fn cut_off_lock_calls_with_a_tls_connector_and_sslmode_prefer_do_not_crash_the_pooler() {
     cut_offs_with_no_address(true).await;
@@ -584,72 +607,12 @@ async fn cut_offs_with_no_address(tls: bool) {
     );
 }
 
-/// A `Locker` that sends no cancel request for its cut-off calls says so,
-/// once per process, as a `tracing` warning that names `cancel_to`: the
-/// `cut-off-calls` process (tests/src/bin) cuts off 3 calls through the
-/// pooler, each once the server shows it waiting, and warns once. The
-/// control: the same process on a direct connection sends its cancel
-/// requests and warns of nothing, so the test can tell a warning from none.
+/// The same through a pgbouncer 1.18 that takes clients over TLS only
+/// (`sslmode=require`), the locker given the connector
+/// (`Locker::cancel_tls`): no request goes, every wait ends within its
+/// slice, and the pooler keeps serving.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_process_whose_cut_off_calls_send_no_cancel_request_is_warned_once() {
-    let db = TestServer::shared();
-    let _log = db.guard();
-    let bouncer = bouncer(db);
-    let through = cut_off_calls(&bouncer.url(), db.url(), 3_060).await;
-    assert_eq!(
-        warnings_naming_cancel_to(&through),
-        1,
-        "through the pooler:\n{through}"
-    );
-    bouncer.serving().await.unwrap();
-    assert!(
-        bouncer.cancel_lines().is_empty(),
-        "a cancel request reached the pooler: {:?}",
-        bouncer.cancel_lines()
-    );
-    let direct = cut_off_calls(db.url(), db.url(), 3_070).await;
-    assert_eq!(
-        warnings_naming_cancel_to(&direct),
-        0,
-        "on a direct connection:\n{direct}"
-    );
-}
-
-/// Runs `cut-off-calls <route> <server> <first> 3` (which bounds itself:
-/// it ends within 90 s) and returns its standard output, after checking
-/// that it made its 3 calls.
-async fn cut_off_calls(route: &str, server: &str, first: i64) -> String {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cut-off-calls"));
-    child.args([route, server, &first.to_string(), "3"]);
-    let output = tokio::task::spawn_blocking(move || child.output())
-        .await
-        .expect("the waiting thread")
-        .expect("cut-off-calls started");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success() && stdout.contains("made 3"),
-        "cut-off-calls failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
-}
-
-/// The lines of `output` that are lockkit's warning naming `cancel_to`.
-fn warnings_naming_cancel_to(output: &str) -> usize {
-    output
-        .lines()
-        .filter(|line| line.contains("WARN") && line.contains("cancel_to"))
-        .count()
-}
-
-/// The same through a pgbouncer 1.18 that takes clients over TLS only, the
-/// locker given the connector (`Locker::cancel_tls`) and the address
-/// (`Locker::cancel_to`, `sslmode=require`): each cancel request goes over
-/// TLS, its stream kept open until the pooler closes it, and the pooler
-/// keeps serving.
-#[tokio::test(flavor = "multi_thread")]
-async fn cut_off_lock_calls_over_tls_leave_the_shared_pooler_serving() {
+async fn cut_off_lock_calls_over_tls_free_their_server_connections_within_a_slice() {
     let db = TestServer::shared();
     let _log = db.guard();
     calls_on_a_held_key(db, Calls::CutOffTls).await.unwrap();

@@ -72,31 +72,30 @@ pub struct CancellingPolicy {
 }
 
 impl CancellingPolicy {
-    /// `policy`, with cancel requests in plain text.
+    /// `policy`, with cancel requests in plain text, on connections not yet
+    /// proven to reach PostgreSQL itself: no request goes, and lock waits
+    /// are bounded on the server ([`Policy::bounds_waits`]).
     pub fn new(policy: Policy) -> Self {
         CancellingPolicy {
             policy: Arc::new(policy),
             canceller: Canceller::plain(),
         }
+        .settled()
     }
 
-    /// The same policy, with cancel requests sent through `tls`.
+    /// The same policy, with cancel requests sent through `tls`, the
+    /// connector the connections are made with: what a request to a
+    /// connection proven direct needs under `sslmode=require` (and
+    /// stricter), where tokio-postgres sends it over TLS.
     pub fn tls(self, tls: impl CancelTls) -> Self {
         CancellingPolicy {
-            canceller: Canceller::tls(tls).direct(self.canceller.direct),
+            canceller: Canceller {
+                tls: Canceller::tls(tls).tls,
+                ..self.canceller
+            },
             ..self
         }
-    }
-
-    /// The same policy, with plain-text cancel requests sent to the hosts
-    /// of `config`, the configuration the connections are made with, on a
-    /// connection kept open until the server closes it (see
-    /// [`Locker::cancel_to`](crate::Locker::cancel_to)).
-    pub fn cancel_to(self, config: &tokio_postgres::Config) -> Self {
-        CancellingPolicy {
-            canceller: self.canceller.to(config),
-            ..self
-        }
+        .settled()
     }
 
     /// The same policy, told whether the connection it was learned on
@@ -107,24 +106,28 @@ impl CancellingPolicy {
     ///
     /// A pooler gives its clients cancel keys of its own (pgbouncer draws
     /// them at random), never its server connections' keys, which it keeps
-    /// to itself. Without [`cancel_to`](Self::cancel_to), a request that
-    /// can go in plain text goes (as tokio-postgres sends it, its
-    /// connection closed at once) only when the key is the backend's own:
-    /// the connections reach PostgreSQL, which handles that. Otherwise none
-    /// goes: pgbouncer before 1.19 dies of such a request, and lockkit
-    /// cannot tell its version.
+    /// to itself. Only when the key is the backend's own does a cut-off
+    /// call send a cancel request (to PostgreSQL, which handles it), and
+    /// only then are its waits left unbounded on the server: a pooler's
+    /// cancel handling is not safe to rely on (pgbouncer before 1.19 dies of
+    /// requests in several ways), and lockkit cannot tell its version.
     pub fn learned_on(self, token: &CancelToken, backend_pid: i32) -> Self {
-        let direct = key_of(token).is_some_and(|(pid, _)| pid == backend_pid);
-        // A cut-off call's wait then ends at its cancel request: it needs
-        // no bound on the server.
-        let policy = match direct {
-            true => Arc::new(Policy::clone(&self.policy).unbounded_waits()),
-            false => self.policy,
-        };
         CancellingPolicy {
-            policy,
-            canceller: self.canceller.direct(direct),
+            canceller: self.canceller.learned_on(token, backend_pid),
+            ..self
         }
+        .settled()
+    }
+
+    /// The policy bounding waits exactly where no cancel request can end
+    /// them.
+    fn settled(self) -> Self {
+        let bounded = !self.canceller.sends();
+        let policy = match self.policy.bounds_waits() == bounded {
+            true => self.policy,
+            false => Arc::new(Policy::clone(&self.policy).with_bounded_waits(bounded)),
+        };
+        CancellingPolicy { policy, ..self }
     }
 
     /// The policy.
@@ -203,10 +206,12 @@ impl AsRef<Policy> for CancellingPolicy {
 pub(crate) struct Canceller {
     tls: Option<Arc<SendCancel>>,
     to: Option<Arc<Address>>,
-    /// Whether the connections reach PostgreSQL itself, so that a request
-    /// may go as tokio-postgres sends it, closed at once
-    /// ([`CancellingPolicy::learned_on`]).
+    /// Whether the connections are proven to reach PostgreSQL itself
+    /// ([`CancellingPolicy::learned_on`]): only then does a request go.
     direct: bool,
+    /// Whether their requests must go over TLS (`sslmode=require` and
+    /// stricter), which needs the connector.
+    over_tls: bool,
 }
 
 type SendCancel = dyn Fn(CancelToken) -> BoxFuture<'static, Result<(), SendError>> + Send + Sync;
@@ -221,6 +226,7 @@ impl Canceller {
             tls: None,
             to: None,
             direct: false,
+            over_tls: false,
         }
     }
 
@@ -247,6 +253,7 @@ impl Canceller {
             tls: Some(Arc::new(send)),
             to: None,
             direct: false,
+            over_tls: false,
         }
     }
 
@@ -260,10 +267,17 @@ impl Canceller {
         }
     }
 
-    /// The same, told whether the connections reach PostgreSQL itself
-    /// ([`CancellingPolicy::learned_on`]).
-    pub(crate) fn direct(self, direct: bool) -> Canceller {
-        Canceller { direct, ..self }
+    /// The same, told whether the connections reach PostgreSQL itself and
+    /// whether their requests must go over TLS, as [`key_of`] reads
+    /// `token` ([`CancellingPolicy::learned_on`]): `backend_pid` is the
+    /// backend the server says the connection has.
+    pub(crate) fn learned_on(self, token: &CancelToken, backend_pid: i32) -> Canceller {
+        let key = key_of(token).filter(|k| k.pid == backend_pid);
+        Canceller {
+            direct: key.is_some(),
+            over_tls: key.is_some_and(|k| k.tls),
+            ..self
+        }
     }
 
     /// Sends the cancel request for `token`'s connection in the background,
@@ -291,8 +305,8 @@ impl Canceller {
     /// client of the pooler loses its connection with it), and lockkit
     /// cannot tell a pooler's version. Elsewhere the call's wait is bounded
     /// on the server instead ([`Policy::bounds_waits`]), and ends there.
-    fn sends(&self) -> bool {
-        self.direct
+    pub(crate) fn sends(&self) -> bool {
+        self.direct && (!self.over_tls || self.tls.is_some())
     }
 
     /// Sends the cancel request for `token`'s connection, and waits until
@@ -307,7 +321,7 @@ impl Canceller {
     /// the connector.
     fn send(&self, token: CancelToken) -> BoxFuture<'static, Result<(), SendError>> {
         match (&self.tls, &self.to) {
-            (_, Some(to)) if to.plain || key_of(&token).is_some() => {
+            (_, Some(to)) if to.plain || key_of(&token).is_some_and(|k| !k.tls) => {
                 Box::pin(to.clone().send(token))
             }
             (Some(send), _) => send(token),
@@ -387,19 +401,42 @@ impl Canceller {
     }
 }
 
-/// The cancel key `token` holds, `(process id, secret key)`, when its
-/// request can go in plain text (`sslmode` `disable` or `prefer`): what
-/// tokio-postgres writes for it, read back from memory, nothing sent, a
-/// TLS request answered "no TLS". `None` when the request goes over TLS or
-/// not at all (`sslmode=require` and stricter), never in plain text.
-fn key_of(token: &CancelToken) -> Option<(i32, i32)> {
-    let mut recorder = Recorder::default();
-    // In memory, every write and read completes at once.
-    token
-        .cancel_query_raw(&mut recorder, Negotiates)
-        .now_or_never()?
-        .ok()?;
-    plain_request_key(&recorder.written)
+/// The cancel key `token` holds: what tokio-postgres writes for its
+/// request, read back from memory, nothing sent. A request that can go in
+/// plain text (`sslmode` `disable` or `prefer`) is read as written to a
+/// server that answers "no TLS"; one that must go over TLS
+/// (`sslmode=require` and stricter) as written over a TLS session agreed
+/// in memory, whose bytes pass as they are. `None` when tokio-postgres
+/// sends no request (a token whose connection used a socket it cannot
+/// open again).
+fn key_of(token: &CancelToken) -> Option<Key> {
+    let read = |tls: bool| {
+        let mut recorder = Recorder {
+            written: Vec::new(),
+            answered: false,
+            tls,
+        };
+        // In memory, every write and read completes at once.
+        token
+            .cancel_query_raw(&mut recorder, Negotiates)
+            .now_or_never()?
+            .ok()?;
+        plain_request_key(&recorder.written)
+    };
+    let key = |(pid, _), tls| Key { pid, tls };
+    match read(false) {
+        Some(plain) => Some(key(plain, false)),
+        None => read(true).map(|k| key(k, true)),
+    }
+}
+
+/// What [`key_of`] read of a cancel request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Key {
+    /// The process id the request names.
+    pid: i32,
+    /// Whether the request must go over TLS.
+    tls: bool,
 }
 
 /// The key of the plain-text cancel request in `written`, what a client
@@ -430,11 +467,12 @@ const CANCEL_REQUEST_CODE: i32 = 80_877_102;
 const TLS_REQUEST_CODE: i32 = 80_877_103;
 
 /// [`key_of`]'s stream: it keeps what is written, and answers a TLS
-/// request with `N` (no TLS), once; then the end of the stream.
-#[derive(Default)]
+/// request once, with `N` (no TLS) or, when `tls`, `S`; then the end of the
+/// stream.
 struct Recorder {
     written: Vec<u8>,
     answered: bool,
+    tls: bool,
 }
 
 impl AsyncRead for Recorder {
@@ -445,7 +483,7 @@ impl AsyncRead for Recorder {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if !std::mem::replace(&mut this.answered, true) {
-            buf.put_slice(b"N");
+            buf.put_slice(if this.tls { b"S" } else { b"N" });
         }
         Poll::Ready(Ok(()))
     }
@@ -470,18 +508,55 @@ impl AsyncWrite for Recorder {
     }
 }
 
-/// [`key_of`]'s connector: one that could negotiate TLS (so that
+/// [`key_of`]'s connector: one that can negotiate TLS (so that
 /// tokio-postgres asks for it where the mode says to, unlike with `NoTls`),
-/// and never does.
+/// and whose "TLS" session passes the bytes as they are, in memory.
 struct Negotiates;
 
-impl<S> TlsConnect<S> for Negotiates {
-    type Stream = tokio_postgres::tls::NoTlsStream;
+impl<S: AsyncRead + AsyncWrite + Unpin> TlsConnect<S> for Negotiates {
+    type Stream = InMemory<S>;
     type Error = io::Error;
     type Future = std::future::Ready<Result<Self::Stream, io::Error>>;
 
-    fn connect(self, _: S) -> Self::Future {
-        std::future::ready(Err(io::Error::other("no TLS in memory")))
+    fn connect(self, stream: S) -> Self::Future {
+        std::future::ready(Ok(InMemory(stream)))
+    }
+}
+
+/// [`Negotiates`]'s session: the stream as it is.
+struct InMemory<S>(S);
+
+impl<S: AsyncRead + Unpin> AsyncRead for InMemory<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for InMemory<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for InMemory<S> {
+    fn channel_binding(&self) -> ChannelBinding {
+        ChannelBinding::none()
     }
 }
 
@@ -887,20 +962,57 @@ mod tests {
         assert!(Canceller::tls(OtherTls).tls.is_some());
     }
 
+    /// A policy sends no request and bounds its waits until a connection
+    /// proves direct: made, and given a connector, it still does.
     #[test]
     #[cfg(feature = "tokio-postgres")]
-    fn a_policy_keeps_its_connector_and_its_address() {
-        let config = tokio_postgres::Config::from_str("host=db port=6432").unwrap();
+    fn a_policy_bounds_its_waits_until_it_can_send_a_request() {
         let policy = CancellingPolicy::new(Policy::new(
             crate::Config::default(),
             crate::ServerFacts::assumed(64, 100, 0),
         ));
-        assert!(policy.canceller().tls.is_none() && policy.canceller().to.is_none());
-        let policy = policy.tls(OtherTls).cancel_to(&config);
+        assert!(!policy.canceller().sends());
+        assert!(policy.policy().bounds_waits());
+        let policy = policy.tls(OtherTls);
         assert!(policy.canceller().tls.is_some());
-        let to = policy.canceller().to.as_ref().expect("the address");
-        assert_eq!(to.hosts, vec![(tcp("db"), None, 6432)]);
-        // The address keeps the connector.
-        assert!(Canceller::tls(OtherTls).to(&config).tls.is_some());
+        assert!(!policy.canceller().sends());
+        assert!(policy.policy().bounds_waits());
+    }
+
+    /// A request goes only to a connection proven direct, and over TLS only
+    /// with the connector; waits are bounded exactly where none goes.
+    #[test]
+    fn a_request_goes_only_where_proven_and_possible() {
+        let with = |direct, over_tls, tls: bool| Canceller {
+            direct,
+            over_tls,
+            ..match tls {
+                true => Canceller::tls(OtherTls),
+                false => Canceller::plain(),
+            }
+        };
+        assert!(with(true, false, false).sends());
+        assert!(with(true, false, true).sends());
+        assert!(with(true, true, true).sends());
+        assert!(!with(true, true, false).sends());
+        assert!(!with(false, false, false).sends());
+        assert!(!with(false, false, true).sends());
+        for tls in [false, true] {
+            let policy = CancellingPolicy {
+                policy: Arc::new(Policy::new(
+                    crate::Config::default(),
+                    crate::ServerFacts::assumed(64, 100, 0),
+                )),
+                canceller: with(true, false, tls),
+            }
+            .settled();
+            assert!(!policy.policy().bounds_waits());
+            let policy = CancellingPolicy {
+                canceller: with(false, false, tls),
+                ..policy
+            }
+            .settled();
+            assert!(policy.policy().bounds_waits());
+        }
     }
 }

@@ -64,48 +64,19 @@ macro_rules! locker_basics {
             /// connections are set up with, e.g. in
             /// `ManagerConfig::custom_setup`).
             ///
-            /// A lock call whose future is dropped while the server waits
-            /// for the key sends a cancel request, so that the connection is
-            /// usable again within about a round trip. By default the
-            /// request goes in plain text, which PostgreSQL accepts before
-            /// any TLS negotiation; that works with `sslmode` `disable` and
-            /// `prefer`. With `sslmode=require` (or `verify-ca`,
-            /// `verify-full`), tokio-postgres negotiates TLS for the request
-            /// too, and fails without the connector: the server would go on
-            /// waiting for the key, and the transaction's rollback with it.
+            /// An optimization, never needed for safety. A lock call cut off
+            /// in flight on a connection that `new` proved to reach
+            /// PostgreSQL itself (its cancel key is its backend's own, which
+            /// a pooler's never is) sends a cancel request, so that the
+            /// server stops waiting at once; everywhere else no request goes
+            /// and the wait is bounded on the server instead
+            /// ([`Policy::bounds_waits`](crate::driver::Policy::bounds_waits)).
+            /// With `sslmode=require` (or `verify-ca`, `verify-full`) the
+            /// request must go over TLS, which needs the connector: without
+            /// it, such a locker bounds its waits as through a pooler.
             pub fn cancel_tls(self, tls: impl $crate::driver::CancelTls) -> $locker {
                 $locker {
                     inner: self.inner.tls(tls),
-                }
-            }
-
-            /// Sends the plain-text cancel request of a dropped lock call to
-            /// the hosts of `config`, the `tokio_postgres::Config` the
-            /// connections are made with, on a connection that stays open
-            /// until the server (or the pooler) closes it, as libpq's does.
-            ///
-            /// Give it behind pgbouncer older than 1.19 (1.18 is Debian's and
-            /// Ubuntu's): such a pgbouncer dies of a cancel request whose
-            /// client closed it before the pooler forwarded it (pgbouncer's
-            /// issue 801), and every client of the pooler loses its
-            /// connection. Without `config`, lockkit cannot know where the
-            /// connection went (tokio-postgres keeps the address private).
-            /// A locker made with `new` on a connection that reaches
-            /// PostgreSQL itself (its cancel key is its backend's own, which
-            /// a pooler's never is) sends the request as tokio-postgres
-            /// does, closed at once, which PostgreSQL handles; made through
-            /// a pooler (or with `with_facts`), it sends none, and a cut-off
-            /// call's statement waits for the key, the connection's next
-            /// statements behind it. Through [`cancel_tls`](Self::cancel_tls),
-            /// requests that must go over TLS (`sslmode=require`) already
-            /// stay open until the server closes them; with `config`, one
-            /// that may go in plain text goes to its hosts, kept open.
-            ///
-            /// With several hosts, the request goes to each: only the server
-            /// whose session it names acts on it.
-            pub fn cancel_to(self, config: &::tokio_postgres::Config) -> $locker {
-                $locker {
-                    inner: self.inner.cancel_to(config),
                 }
             }
         }

@@ -55,8 +55,13 @@ impl Policy {
     /// to a connection proven to reach its backend itself: the
     /// tokio-postgres adapter learns that).
     pub fn unbounded_waits(self) -> Self {
+        self.with_bounded_waits(false)
+    }
+
+    /// The same policy, bounding its waits or not.
+    pub(crate) fn with_bounded_waits(self, bounds_waits: bool) -> Self {
         Policy {
-            bounds_waits: false,
+            bounds_waits,
             ..self
         }
     }
