@@ -601,9 +601,8 @@ const POOLED_UNSAFE: &str = "not safe here: SessionForm::SessionLevel (pg_adviso
 const POOLED_STATEMENTS: &str = "named prepared statements are not safe here: keep the default \
      StatementMode::Unnamed (StatementMode::Prepared only behind a pooler that keeps them, \
      e.g. pgbouncer 1.21+ with max_prepared_statements)";
-const POOLED_CANCEL: &str = "cancel requests: give a Locker (tokio-postgres, diesel-async) the \
-     connections' configuration here (Locker::cancel_to): without it, a lock call cut off in \
-     flight sends none, and its connection waits for the key";
+const POOLED_CANCEL: &str = "cut-off lock calls: nothing to configure; no cancel request goes \
+     through a pooler, and each wait ends on the server within one slice (deadlock_timeout + 1 s)";
 const DIRECT_STATEMENTS: &str = "every lockkit form works here, and StatementMode::Prepared \
      (named prepared statements, opt-in) as well as the default StatementMode::Unnamed";
 
@@ -693,7 +692,6 @@ async fn check(
             },
             "unsafe_forms": if pooled { json!(["SessionForm::SessionLevel"]) } else { json!([]) },
             "statement_modes": if pooled { json!(["Unnamed"]) } else { json!(["Unnamed", "Prepared"]) },
-            "cancel_to_needed": pooled,
             "session_keepalive_seconds": keepalive.as_secs_f64(),
             "settings": assessed.iter().map(|a| json!({
                 "name": a.name,

@@ -190,8 +190,8 @@ impl Driver for Locker {
     /// which the server ignores when it lands after the lock was granted and
     /// the session is idle; and never reported committed), and a cancel
     /// request for the statement, so the server stops waiting for the lock,
-    /// where the locker sends one (through a pooler, only given the
-    /// connections' address: `Locker::cancel_to`).
+    /// where the locker sends one (on a connection proven direct; elsewhere
+    /// the wait ends on the server within its slice).
     /// The cancel token (a copy of the connection's settings) is made only
     /// here: a call that completes pays nothing for it.
     fn cut_off(&self, conn: &mut AsyncPgConnection) {

@@ -40,10 +40,12 @@ impl Locker {
     /// [`Policy::recognizes_errors`](lockkit::driver::Policy::recognizes_errors)).
     ///
     /// It also learns whether `conn` reaches PostgreSQL itself or a pooler:
-    /// only on a direct connection does a cut-off lock call send its cancel
-    /// request without [`cancel_to`](Self::cancel_to) or
-    /// [`cancel_tls`](Self::cancel_tls) (see lockkit's README, pooler
-    /// section). Make it on a connection of the route its calls take.
+    /// only on a connection proven direct does a cut-off lock call send a
+    /// cancel request (over TLS with `sslmode=require`, given
+    /// [`cancel_tls`](Self::cancel_tls)); everywhere else its waits are
+    /// bounded on the server
+    /// ([`Policy::bounds_waits`](lockkit::driver::Policy::bounds_waits)).
+    /// Make it on a connection of the route its calls take.
     ///
     /// # Errors
     ///

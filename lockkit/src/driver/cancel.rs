@@ -165,43 +165,32 @@ impl AsRef<Policy> for CancellingPolicy {
     }
 }
 
-/// How a cancel request reaches the server: in plain text, or through the
-/// TLS connector the connection was made with; and where it goes.
+/// Whether, and how, a cut-off call's cancel request reaches the server.
+///
+/// A request goes only to a connection proven to reach PostgreSQL itself
+/// ([`CancellingPolicy::learned_on`]: its cancel key is its backend's own,
+/// which a pooler's never is). A pooler's cancel handling is not safe to
+/// rely on: pgbouncer before 1.19 dies of requests in several ways (its
+/// issues 801, 822 and 847, whatever the client does), and every client
+/// of the pooler loses its connection with it; lockkit cannot tell a
+/// pooler's version. Where no request goes, the wait is bounded on the
+/// server instead ([`Policy::bounds_waits`]), and ends there within one
+/// slice.
 ///
 /// PostgreSQL reads a cancel request before any TLS negotiation, so plain
-/// text works with `sslmode` `disable` and `prefer`. With `require` (and
-/// the `verify-*` modes), tokio-postgres negotiates TLS for the request as
-/// for the connection, so the request needs the connector.
+/// text works with `sslmode` `disable` and `prefer`, as tokio-postgres
+/// sends it. With `require` (and the `verify-*` modes), tokio-postgres
+/// negotiates TLS for the request as for the connection, so the request
+/// needs the connector ([`Locker::cancel_tls`](crate::Locker::cancel_tls),
+/// [`SessionLock::with_tls`](crate::SessionLock::with_tls)); without it
+/// none can go, and the waits are bounded. Adapters on other stacks that
+/// run on tokio-postgres (lockkit-diesel-async) send theirs the same way.
 ///
-/// A request's connection stays open until the server (or the pooler)
-/// closes it, as libpq's does: that close says the request was processed,
-/// and pgbouncer before 1.19 dies of a cancel request whose client left
-/// first (pgbouncer's issue 801), taking every client of the pooler with
-/// it. tokio-postgres's own `CancelToken::cancel_query` closes at once, so
-/// lockkit opens the connection itself: through the TLS connector, it
-/// takes the stream tokio-postgres opened; in plain text it needs the
-/// address, which tokio-postgres keeps private, so it takes it from the
-/// connections' `tokio_postgres::Config`
-/// ([`Locker::cancel_to`](crate::Locker::cancel_to); a
-/// [`SessionLock`](crate::SessionLock) knows its own).
-///
-/// Without the address, a request that could go in plain text (`sslmode`
-/// `disable`, or `prefer`, where tokio-postgres falls back to plain text
-/// when the server answers "no TLS", even with the connector) goes only
-/// where the connections are known to reach PostgreSQL itself
-/// ([`CancellingPolicy::learned_on`]: the connection's cancel key is its
-/// backend's own, which a pooler's never is), as tokio-postgres sends it.
-/// Anywhere else (a pooler, or a route never checked) none goes: the cut-off statement goes on
-/// waiting for the key, and what the connection sends next waits behind
-/// it, until the key is granted (and released by the rollback queued
-/// behind it) or the transaction's own timeout ends it. That costs the
-/// connection's time, never a lock reported held, and never the pooler.
-///
-/// The tokio-postgres adapter's lockers take a connector with
-/// [`Locker::cancel_tls`](crate::Locker::cancel_tls) and
-/// [`SessionLock::with_tls`](crate::SessionLock::with_tls); adapters on
-/// other stacks that run on tokio-postgres (lockkit-diesel-async) send
-/// their cancel requests through it too.
+/// A request's connection stays open until the server closes it, as
+/// libpq's does, wherever lockkit opens it itself (through the TLS
+/// connector, the stream tokio-postgres opened; to a
+/// [`SessionLock`](crate::SessionLock)'s own address): the close says the
+/// request was processed.
 #[derive(Clone, Default)]
 pub(crate) struct Canceller {
     tls: Option<Arc<SendCancel>>,

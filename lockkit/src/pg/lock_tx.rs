@@ -215,26 +215,25 @@ impl<'c> LockTx<'c> {
 
     /// Rolls back, releasing every lock this transaction (or savepoint) took.
     ///
-    /// After a lock call whose future was dropped, the call itself keeps
-    /// sending cancel requests until the server is done with its statement
-    /// (the first can reach the server before the statement does, and be
-    /// ignored), so neither this rollback nor a drop of the transaction
-    /// waits for another session to let go of the key (under
-    /// `sslmode=require`, given the TLS connector:
-    /// [`Locker::cancel_tls`](crate::Locker::cancel_tls); through a
-    /// pooler, given the connections' address:
-    /// [`Locker::cancel_to`](crate::Locker::cancel_to), without which no
-    /// request goes and this rollback waits until the key is granted). A request can
-    /// also arrive after the statement it was sent for ended, and cancel the
-    /// `ROLLBACK`; a transaction's `ROLLBACK` is then sent again (up to five
-    /// times), and a dropped transaction queues two, so the connection is
-    /// not left in a transaction. This rollback does not wait for the
-    /// server to process the requests (lockkit waits for that only before
-    /// sending the next request, and only where it knows the connection's
-    /// address: [`Locker::cancel_to`](crate::Locker::cancel_to)), so on a
-    /// loaded server a request processed late can still cancel a statement
-    /// sent after this rollback: a later statement on the connection may
-    /// fail once with [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled).
+    /// After a lock call whose future was dropped, neither this rollback nor
+    /// a drop of the transaction waits for another session to let go of
+    /// the key. On a connection proven direct the call itself keeps sending
+    /// cancel requests until the server is done with its statement (the
+    /// first can reach the server before the statement does, and be
+    /// ignored); under `sslmode=require` that needs the TLS connector
+    /// ([`Locker::cancel_tls`](crate::Locker::cancel_tls)). Everywhere else
+    /// (a pooler) no request goes, and this rollback waits at most until the
+    /// statement's slice ends on the server
+    /// ([`Policy::bounds_waits`](crate::driver::Policy::bounds_waits)).
+    ///
+    /// A request can also arrive after the statement it was sent for
+    /// ended, and cancel the `ROLLBACK`; a transaction's `ROLLBACK` is then
+    /// sent again (up to five times), and a dropped transaction queues two,
+    /// so the connection is not left in a transaction. This rollback does
+    /// not wait for the server to process the requests, so on a loaded
+    /// server a request processed late can still cancel a statement sent
+    /// after this rollback: a later statement on the connection may fail
+    /// once with [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled).
     /// Discard the connection after a cut-off call to rule that out.
     ///
     /// # Errors
