@@ -217,7 +217,7 @@ async fn send_one<'a, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>, K: Advisor
     let bounded = !try_only && driver::bounds_waits(driver);
     if bounded {
         if exclusive {
-            let call = state.acquire_one(policy, depth, (value, mode), true, Some(site))?;
+            let call = state.acquire_one_first(policy, depth, (value, mode), Some(site))?;
             match driver::run_one::<D>(&mut *conn, driver, call).await? {
                 Ok(grant) => return Ok(Ok(grant)),
                 Err(_busy) => {}

@@ -353,7 +353,14 @@ impl Acquisition<'_> {
             true => Error::not_installed_or(error, "a fencing token"),
             false => error,
         };
-        if self.uses_savepoint() {
+        // A bounded wait recovers only from a lock timeout, which may be
+        // its slice's end (the recovery round says); any other failure
+        // aborts the transaction, as it does an unbounded wait.
+        let recovers = match self.sliced {
+            true => error.code() == Some(LOCK_NOT_AVAILABLE),
+            false => self.uses_savepoint(),
+        };
+        if recovers {
             Stage::Recover(error)
         } else {
             // The failed statement aborted the transaction; what the batch

@@ -31,6 +31,9 @@ pub(super) struct Ledger<'a> {
     pub(super) started: Instant,
     /// The outcome is recorded, or nothing was to be sent.
     recorded: bool,
+    /// A busy outcome is not the call's own (the try that starts a lock
+    /// waiting in slices): not observed.
+    quiet_busy: bool,
 }
 
 impl<'a> Ledger<'a> {
@@ -67,7 +70,13 @@ impl<'a> Ledger<'a> {
             key_type,
             started: Instant::now(),
             recorded: empty,
+            quiet_busy: false,
         }
+    }
+
+    /// Marks a busy outcome as not the call's own: not observed.
+    pub(super) fn quiet_busy(&mut self) {
+        self.quiet_busy = true;
     }
 
     /// Records the outcome: the keys `taken` are held when granted, and
@@ -105,6 +114,7 @@ impl<'a> Ledger<'a> {
     fn observe(&self, outcome: &Result<Granted, Error>) {
         let outcome = match outcome {
             Ok(Granted::Now) => Outcome::Granted,
+            Ok(Granted::Busy(_)) if self.quiet_busy => return,
             Ok(Granted::Busy(_)) => Outcome::Busy,
             Err(e) => Outcome::of(e.kind()),
         };

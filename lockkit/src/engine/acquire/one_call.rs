@@ -48,6 +48,32 @@ impl TxState {
         self.start_one(policy, depth, request, try_only, None)
     }
 
+    /// Starts the first step of a lock that waits in slices
+    /// ([`Policy::bounds_waits`]) on a connection the call has to itself:
+    /// a try of `value`'s key in `mode`, in the one statement of the
+    /// unbounded lock, checked as the lock is (the order check included).
+    /// Granted, it is the lock's grant; busy, the caller waits in slices,
+    /// and the try is no busy outcome of its own (not in the metrics).
+    ///
+    /// # Errors
+    ///
+    /// As [`TxState::acquire_one`]'s lock; nothing is to be sent.
+    pub(crate) fn acquire_one_first<'a, K: AdvisoryKey + ?Sized>(
+        &'a self,
+        policy: &Policy,
+        depth: u32,
+        (value, mode): (&K, Mode),
+        site: Option<&'static Location<'static>>,
+    ) -> Result<OneCall<'a>, Error> {
+        let request = Request {
+            site,
+            ..Request::one(value, mode)
+        };
+        let mut call = self.start_one_as(policy, depth, request, true, true, None)?;
+        call.ledger.quiet_busy();
+        Ok(call)
+    }
+
     /// Starts a try for a permit of the semaphore of `permits` permits named
     /// by `value`'s key (KEYS.md, "Semaphore slots"): one statement that
     /// tries its slots, from one chosen at random, and takes the first free
@@ -107,7 +133,21 @@ impl TxState {
         try_only: bool,
         permit: Option<PermitTry>,
     ) -> Result<OneCall<'_>, Error> {
-        let (locks, plan) = self.open(policy, &request, !try_only)?;
+        self.start_one_as(policy, depth, request, try_only, !try_only, permit)
+    }
+
+    /// [`TxState::start_one`], checked as a call that `waits` (the order
+    /// check) or not.
+    fn start_one_as(
+        &self,
+        policy: &Policy,
+        depth: u32,
+        request: Request,
+        try_only: bool,
+        waits: bool,
+        permit: Option<PermitTry>,
+    ) -> Result<OneCall<'_>, Error> {
+        let (locks, plan) = self.open(policy, &request, waits)?;
         let (key, mode) = request.keys()[0];
         // Held already in a mode that covers `mode`: granted, nothing to
         // send, and the guard names the mode held. Sent and granted, the

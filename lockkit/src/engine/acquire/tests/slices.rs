@@ -102,23 +102,27 @@ fn a_lock_timeout_of_the_caller_s_own_ends_the_call() {
     assert!(lock_k(&state, 2).is_ok());
 }
 
+/// Any other failure of a slice ends the call with the transaction
+/// aborted, as it ends an unbounded wait: no recovery round.
 #[test]
-fn any_other_error_in_a_slice_ends_the_call() {
+fn any_other_error_in_a_slice_aborts_the_transaction_as_unbounded() {
     for (code, message) in [
-        ("40P01", "deadlock detected"),
-        ("57014", "canceling statement due to statement timeout"),
-        ("53200", "out of shared memory"),
+        (Some("40P01"), "deadlock detected"),
+        (Some("57014"), "canceling statement due to statement timeout"),
+        (Some("53200"), "out of shared memory"),
+        (None, "connection closed"),
     ] {
         let state = TxState::new();
         let mut call = sliced(&state);
-        call.receive(Err(DriverError::new("x")
-            .code(Some(code))
-            .message(Some(message))));
-        call.receive(Ok(recovered(1)));
-        assert!(call.round().is_none(), "{code}");
+        call.receive(Err(DriverError::new("x").code(code).message(Some(message))));
+        assert!(call.round().is_none(), "{code:?}");
         let err = call.finish().unwrap_err();
-        assert_eq!(err.code(), Some(code));
-        assert!(lock_k(&state, 2).is_ok(), "{code}");
+        assert_eq!(err.code(), code);
+        assert_eq!(
+            lock_k(&state, 2).unwrap_err().kind(),
+            ErrorKind::TransactionAborted,
+            "{code:?}"
+        );
     }
 }
 
@@ -190,4 +194,55 @@ fn a_sliced_batch_arms_one_slice_around_both_key_spaces() {
             Sql::EndSlice,
         ]
     );
+}
+
+/// The try that starts a bounded lock on a connection the call has to
+/// itself is checked as the lock is: the order check applies to it, as to
+/// any call that may wait.
+#[test]
+fn the_try_that_starts_a_bounded_lock_is_checked_as_a_lock() {
+    let checked = Policy::new(
+        Config::default().order_check(OrderCheck::Error),
+        ServerFacts::assumed(64, 100, 0),
+    );
+    let state = TxState::new();
+    let mut first = lock_k(&state, 5).unwrap();
+    let replies = granted(&first.round().unwrap());
+    first.receive(Ok(replies));
+    first.finish().unwrap().unwrap();
+    let err = state
+        .acquire_one_first(&checked, 0, (&K(1), Mode::Exclusive), None)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+    let call = state
+        .acquire_one_first(&checked, 0, (&K(9), Mode::Exclusive), None)
+        .unwrap();
+    assert_eq!(call.statement().unwrap().sql(), Sql::TryBigint);
+}
+
+/// A busy answer to that try is not the lock's outcome: its span records
+/// none; a grant is the lock's, and recorded.
+#[test]
+fn the_busy_try_that_starts_a_bounded_lock_records_no_outcome() {
+    use crate::engine::observe::recording::recorded;
+    let busy = |state: &TxState| {
+        let mut call = state
+            .acquire_one_first(&policy(), 0, (&K(1), Mode::Exclusive), None)
+            .unwrap();
+        let tag = Sql::TryBigint.tag().unwrap();
+        call.receive(Ok(Reply::Tagged { tag, n: 0 }), |_, r: &Reply| r.clone());
+        assert!(call.finish().unwrap().is_err(), "busy");
+    };
+    let ((), seen) = recorded(|| busy(&TxState::new()));
+    assert!(!seen.contains("outcome="), "{seen}");
+    let ((), seen) = recorded(|| {
+        let state = TxState::new();
+        let mut call = state
+            .acquire_one_first(&policy(), 0, (&K(1), Mode::Exclusive), None)
+            .unwrap();
+        let tag = Sql::TryBigint.tag().unwrap();
+        call.receive(Ok(Reply::Tagged { tag, n: 1 }), |_, r: &Reply| r.clone());
+        assert!(call.finish().unwrap().is_ok(), "granted");
+    });
+    assert!(seen.contains("outcome=\"granted\""), "{seen}");
 }
