@@ -22,13 +22,14 @@
 //!   else in `LOCKKIT_PG_BINDIR`, else in `/usr/lib/postgresql/*/bin`, else
 //!   on `PATH`. Its figure excludes its connection time, as it prints it.
 //!
-//! Each cell (connections × side) runs in two slices, one per pass over the
+//! Each cell (connections × side) runs in slices, one per pass over the
 //! whole grid, the sides taking turns in each, so that the machine's drift
 //! spreads over all of them: compare ratios within one run, never figures
 //! across runs. `LOCKKIT_SATURATION_SECS` sets the whole seconds per cell
-//! (default 4; each slice is half of it, at least a second: pgbench's `-T`
-//! counts whole seconds). Run without `--bench` (`cargo test --benches`),
-//! it does a smoke run of short cells at 1 and 4 connections.
+//! (default 4) and `LOCKKIT_SATURATION_SLICES` the slices it runs in
+//! (default 4; a slice lasts at least a second: pgbench's `-T` counts whole
+//! seconds). Run without `--bench` (`cargo test --benches`), it does a smoke
+//! run of one-second cells at 1 and 4 connections.
 //!
 //! After the run, the log table is checked against the counts: one row per
 //! committed transaction of every side, pgbench's included.
@@ -71,12 +72,11 @@ impl Side {
     }
 }
 
-/// Two slices per cell, one per pass over the grid.
-const PASSES: u32 = 2;
-
 /// What the run measures.
 struct Plan {
     connections: Vec<usize>,
+    /// Slices per cell, one per pass over the grid.
+    passes: u32,
     slice: Duration,
 }
 
@@ -87,14 +87,21 @@ impl Plan {
             .and_then(|s| s.parse::<u64>().ok())
             .filter(|s| *s > 0)
             .unwrap_or(4);
+        let passes = std::env::var("LOCKKIT_SATURATION_SLICES")
+            .ok()
+            .and_then(|s| s.parse::<u32>().ok())
+            .filter(|s| *s > 0)
+            .unwrap_or(4);
         if bench_run {
             Plan {
                 connections: vec![1, 4, 16],
-                slice: Duration::from_secs((secs / u64::from(PASSES)).max(1)),
+                passes,
+                slice: Duration::from_secs((secs / u64::from(passes)).max(1)),
             }
         } else {
             Plan {
                 connections: vec![1, 4],
+                passes: 1,
                 slice: Duration::from_secs(1),
             }
         }
@@ -326,7 +333,7 @@ fn main() {
         // tps[connections][side], summed over the slices.
         let mut tps = vec![vec![0.0f64; sides.len()]; plan.connections.len()];
         let mut committed = 0usize;
-        for pass in 0..PASSES as usize {
+        for pass in 0..plan.passes as usize {
             for (c, &connections) in plan.connections.iter().enumerate() {
                 for turn in 0..sides.len() {
                     // Which side goes first moves round, cell by cell.
@@ -343,7 +350,7 @@ fn main() {
                             (in_time as f64 / plan.slice.as_secs_f64(), all)
                         }
                     };
-                    tps[c][s] += t / f64::from(PASSES);
+                    tps[c][s] += t / f64::from(plan.passes);
                     committed += all;
                 }
             }
@@ -364,8 +371,9 @@ fn main() {
         let _ = std::fs::remove_file(&script);
         println!(
             "\nsaturation: BEGIN, one lock on a fresh key, one prepared INSERT, COMMIT \
-             ({} s per cell in {PASSES} slices); transactions per second, and the ratio to raw",
-            plan.slice.as_secs() * u64::from(PASSES)
+             ({} s per cell in {} slices); transactions per second, and the ratio to raw",
+            plan.slice.as_secs() * u64::from(plan.passes),
+            plan.passes
         );
         let header: String = sides.iter().map(|s| format!(" {} |", s.name())).collect();
         println!("| connections |{header}");
