@@ -28,8 +28,15 @@
 //! across runs. `LOCKKIT_SATURATION_SECS` sets the whole seconds per cell
 //! (default 4) and `LOCKKIT_SATURATION_SLICES` the slices it runs in
 //! (default 4; a slice lasts at least a second: pgbench's `-T` counts whole
-//! seconds). Run without `--bench` (`cargo test --benches`), it does a smoke
-//! run of one-second cells at 1 and 4 connections.
+//! seconds). `LOCKKIT_SATURATION_CONNECTIONS=1,4` sets the widths (default
+//! 1, 4 and 16), `LOCKKIT_SATURATION_ONLY=raw,default` the sides (`raw`,
+//! `default`, `prepared`, `pgbench`; the first is the ratios' baseline), for
+//! diagnostics such as counting one side's context switches.
+//! `LOCKKIT_SATURATION_RUNTIME=current` runs the client on tokio's
+//! current-thread runtime instead of the multi-thread one (a diagnostic: every
+//! task on one thread, no hand-off between threads). Run without `--bench`
+//! (`cargo test --benches`), it does a smoke run of one-second cells at 1 and
+//! 4 connections.
 //!
 //! After the run, the log table is checked against the counts: one row per
 //! committed transaction of every side, pgbench's included.
@@ -62,6 +69,16 @@ enum Side {
 const SIDES: [Side; 4] = [Side::Raw, Side::Default, Side::Prepared, Side::Pgbench];
 
 impl Side {
+    /// Its name in `LOCKKIT_SATURATION_ONLY`.
+    fn short(self) -> &'static str {
+        match self {
+            Side::Raw => "raw",
+            Side::Default => "default",
+            Side::Prepared => "prepared",
+            Side::Pgbench => "pgbench",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Side::Raw => "raw tokio-postgres",
@@ -94,7 +111,14 @@ impl Plan {
             .unwrap_or(4);
         if bench_run {
             Plan {
-                connections: vec![1, 4, 16],
+                connections: std::env::var("LOCKKIT_SATURATION_CONNECTIONS")
+                    .ok()
+                    .map(|list| {
+                        list.split(',')
+                            .map(|n| n.trim().parse().expect("a number of connections"))
+                            .collect()
+                    })
+                    .unwrap_or_else(|| vec![1, 4, 16]),
                 passes,
                 slice: Duration::from_secs((secs / u64::from(passes)).max(1)),
             }
@@ -286,10 +310,13 @@ fn main() {
         program.is_some() || !bench_run,
         "no pgbench: set LOCKKIT_PGBENCH to its path"
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = match std::env::var("LOCKKIT_SATURATION_RUNTIME").as_deref() {
+        Ok("current") => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    }
+    .enable_all()
+    .build()
+    .expect("tokio runtime");
     rt.block_on(async {
         let client = TestServer::shared().connect().await;
         let lockers = (
@@ -329,6 +356,10 @@ fn main() {
         let sides: Vec<Side> = SIDES
             .into_iter()
             .filter(|s| *s != Side::Pgbench || program.is_some())
+            .filter(|s| {
+                std::env::var("LOCKKIT_SATURATION_ONLY")
+                    .map_or(true, |only| only.split(',').any(|o| o.trim() == s.short()))
+            })
             .collect();
         // tps[connections][side], summed over the slices.
         let mut tps = vec![vec![0.0f64; sides.len()]; plan.connections.len()];
