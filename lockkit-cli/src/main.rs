@@ -122,8 +122,10 @@ enum Command {
         full: bool,
         /// Only the wait-for graph, for Graphviz (`dot`: `lockkit inspect
         /// --graph dot | dot -Tsvg > waits.svg`) or Mermaid (`mermaid`, to
-        /// paste into a ticket): a node per session, an edge from each
-        /// waiter to each session it waits for, labelled with the lock.
+        /// paste into a ticket): a node per session that holds or waits
+        /// (every holder), an edge from each waiter to the session it waits
+        /// for directly (the holder, or the one queued just ahead),
+        /// labelled with the lock.
         #[arg(long, value_enum, value_name = "FORMAT", conflicts_with = "json")]
         graph: Option<render::GraphFormat>,
         /// Refresh every SECONDS (at least 0.1) until interrupted: redrawn
