@@ -219,6 +219,14 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// The error of a query (`what`: `reading pg_locks`) that got no reply
+    /// within the bound, as [`within`](Self::within) says it.
+    pub(crate) fn silent(&self, what: &str) -> Failure {
+        silent(&self.target, &format!("the query {what}"), self.bound)
+    }
+}
+
 /// The error of a wait that ran past its bound.
 fn silent(target: &str, what: &str, bound: Duration) -> Failure {
     format!(

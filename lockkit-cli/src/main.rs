@@ -122,8 +122,10 @@ enum Command {
         full: bool,
         /// Only the wait-for graph, for Graphviz (`dot`: `lockkit inspect
         /// --graph dot | dot -Tsvg > waits.svg`) or Mermaid (`mermaid`, to
-        /// paste into a ticket): a node per session, an edge from each
-        /// waiter to each session it waits for, labelled with the lock.
+        /// paste into a ticket): a node per session that holds or waits
+        /// (every holder), an edge from each waiter to the session it waits
+        /// for directly (the holder, or the one queued just ahead),
+        /// labelled with the lock.
         #[arg(long, value_enum, value_name = "FORMAT", conflicts_with = "json")]
         graph: Option<render::GraphFormat>,
         /// Refresh every SECONDS (at least 0.1) until interrupted: redrawn
@@ -189,8 +191,10 @@ enum Command {
         /// compare with the idle timeouts.
         #[arg(long, value_name = "SECONDS", allow_negative_numbers = true, default_value_t = lockkit::pg::DEFAULT_KEEPALIVE.as_secs_f64())]
         session_keepalive: f64,
-        /// How long the pooler probe may take (it needs a second server
-        /// connection at once); past it, `check` says it cannot tell.
+        /// How long the first query and the pooler probe may each wait for
+        /// the server (behind a pooler, for a server connection); past it,
+        /// `check` says it cannot tell (and, its first query unanswered,
+        /// exits 1).
         #[arg(long, value_name = "SECONDS", allow_negative_numbers = true, default_value_t = lockkit::pg::DEFAULT_PROBE_TIMEOUT.as_secs_f64())]
         probe_timeout: f64,
         /// Print JSON.
@@ -614,13 +618,37 @@ async fn check(
     json: bool,
 ) -> Result<String> {
     let client = &conn.client;
-    let row = conn
-        .within("reading the server settings", async {
-            client.query_typed_one(CHECK_SQL, &[]).await.map_err(|e| {
-                query_error("cannot read the server settings", &lockkit::Error::from(e))
-            })
-        })
-        .await?;
+    // The first query needs a server connection as the probe does: behind
+    // a pooler whose server connections are all busy, none comes. Past the
+    // probe's bound (or the query bound, when shorter), `check` says it
+    // cannot tell and what holds everywhere, then fails naming the step.
+    let cut = probe_timeout.min(conn.bound);
+    let settings = client.query_typed_one(CHECK_SQL, &[]);
+    let row = match tokio::time::timeout(cut, settings).await {
+        Ok(row) => row.map_err(|e| {
+            query_error("cannot read the server settings", &lockkit::Error::from(e))
+        })?,
+        Err(_) => {
+            let what = "reading the server settings";
+            let why = format!(
+                "no reply within {} to the query {what}",
+                connect::seconds_text(cut)
+            );
+            emit(&cannot_tell(&why, json))?;
+            return Err(if probe_timeout < conn.bound {
+                format!(
+                    "{} did not answer within {} (--probe-timeout): no reply to the query \
+                     {what}; a pooler in front of it had no server connection free in that \
+                     time (or the server is stuck, or slower than that): cannot tell",
+                    conn.target,
+                    connect::seconds_text(cut)
+                )
+                .into()
+            } else {
+                conn.silent(what)
+            });
+        }
+    };
     let get = |i: usize| row.get::<_, i64>(i);
     let per_tx = get(0);
     // MaxBackends (PostgreSQL 15) plus prepared transactions: the processes
@@ -755,6 +783,35 @@ async fn check(
         }
     }
     Ok(out)
+}
+
+/// What `check` says when no server connection answered its first query
+/// within its probe's bound (`why`): it cannot tell whether a pooler is
+/// there, and what holds behind a transaction-mode pooler holds
+/// everywhere.
+fn cannot_tell(why: &str, json: bool) -> String {
+    if json {
+        let doc = json!({
+            "server_version": null,
+            "transaction_pooled": null,
+            "pooler_probe": why,
+            "safe_forms": ["transaction-scoped locks", "SessionLock (default form)", "SessionForm::Multiplexed"],
+            "unsafe_forms": ["SessionForm::SessionLevel"],
+            "statement_modes": ["Unnamed"],
+            "cancel_to_needed": true,
+            "settings": null,
+        });
+        return format!("{doc:#}\n");
+    }
+    let mut out = format!(
+        "server          not read: {why}\n\
+         pooled          cannot tell: {why} (every server connection of a pooler busy?); \
+         what holds behind a transaction-mode pooler, and so everywhere:\n"
+    );
+    for line in [POOLED_SAFE, POOLED_UNSAFE, POOLED_STATEMENTS, POOLED_CANCEL] {
+        let _ = writeln!(out, "{:16}{line}", "");
+    }
+    out
 }
 
 /// Parses the URL and the TLS options, and connects, each host within the

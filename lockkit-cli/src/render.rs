@@ -17,6 +17,9 @@ mod semaphore;
 
 mod graph;
 mod summary;
+mod waits;
+
+use waits::{wait_chains, WaitGraph};
 
 pub(crate) use graph::{graph, GraphFormat};
 pub(crate) use semaphore::semaphore_names;
@@ -591,157 +594,6 @@ impl<'a> Entry<'a> {
     }
 }
 
-/// The wait-for graph drawn as trees: each root is a session others wait
-/// for that waits for nobody; its children wait for it. Sessions caught in
-/// a cycle (a deadlock being detected) are drawn from the smallest pid. A
-/// session waits for one lock at a time, advisory or relation.
-pub(crate) fn wait_chains(entries: &[Entry<'_>]) -> String {
-    // waiter -> its awaited lock, and blocker -> waiters.
-    let mut waits: BTreeMap<i32, &Entry<'_>> = BTreeMap::new();
-    let mut waiters_of: BTreeMap<i32, BTreeSet<i32>> = BTreeMap::new();
-    for e in entries.iter().filter(|e| !e.granted) {
-        let Some(pid) = e.pid else { continue };
-        waits.insert(pid, e);
-        for &b in e.blocked_by {
-            waiters_of.entry(b).or_default().insert(pid);
-        }
-    }
-    if waits.is_empty() {
-        return String::new();
-    }
-    // A prepared transaction's locks have no pid; `pg_blocking_pids` names
-    // a prepared transaction as process 0, so they are drawn under 0.
-    let mut held: BTreeMap<i32, Vec<&Entry<'_>>> = BTreeMap::new();
-    for e in entries.iter().filter(|e| e.granted) {
-        held.entry(e.pid.unwrap_or(PREPARED_PID))
-            .or_default()
-            .push(e);
-    }
-    let label = |pid: i32| -> String {
-        let app = |e: &Entry<'_>| {
-            e.app
-                .as_deref()
-                .filter(|a| !a.is_empty())
-                .map(|a| format!(" [{a}]"))
-                .unwrap_or_default()
-        };
-        let session = |e: &Entry<'_>| {
-            let mut parts = Vec::new();
-            if let Some(state) = e.state {
-                parts.push(state.to_owned());
-            }
-            if let Some(age) = e.transaction_age {
-                parts.push(format!("transaction {:.1}s", age.as_secs_f64()));
-            }
-            if parts.is_empty() {
-                String::new()
-            } else {
-                format!(" <{}>", parts.join(", "))
-            }
-        };
-        if let Some(e) = waits.get(&pid) {
-            let waited = e
-                .waited
-                .map(|d| format!(" {:.1}s", d.as_secs_f64()))
-                .unwrap_or_default();
-            let query = e
-                .query
-                .map(|q| format!(": {}", one_line(q, 60)))
-                .unwrap_or_default();
-            format!("{pid}{} waits{waited} for {}{query}", app(e), e.what)
-        } else if pid == PREPARED_PID {
-            let what: Vec<&str> = held
-                .get(&pid)
-                .into_iter()
-                .flatten()
-                .take(3)
-                .map(|e| e.what.as_str())
-                .collect();
-            let count = held.get(&pid).map_or(0, Vec::len);
-            let more = if count > 3 {
-                format!(" and {} more", count - 3)
-            } else {
-                String::new()
-            };
-            if what.is_empty() {
-                "a prepared transaction (pg_blocking_pids 0)".to_owned()
-            } else {
-                format!("prepared transaction holds {}{more}", what.join(", "))
-            }
-        } else if let Some(es) = held.get(&pid) {
-            let what: Vec<&str> = es.iter().take(3).map(|e| e.what.as_str()).collect();
-            let more = if es.len() > 3 {
-                format!(" and {} more", es.len() - 3)
-            } else {
-                String::new()
-            };
-            let query = es[0]
-                .query
-                .map(|q| format!(": {}", one_line(q, 60)))
-                .unwrap_or_default();
-            format!(
-                "{pid}{} holds {}{more}{}{query}",
-                app(es[0]),
-                what.join(", "),
-                session(es[0]),
-            )
-        } else {
-            format!("{pid} (holds no lock shown here)")
-        }
-    };
-    let mut roots: Vec<i32> = waiters_of
-        .keys()
-        .copied()
-        .filter(|b| !waits.contains_key(b))
-        .collect();
-    let mut tree = Tree {
-        waiters_of: &waiters_of,
-        label: &label,
-        seen: BTreeSet::new(),
-        out: String::new(),
-    };
-    loop {
-        for root in roots.drain(..) {
-            tree.draw(root, "", true, true);
-        }
-        // Waiters not reached: a cycle. Start from the smallest.
-        match waits.keys().find(|p| !tree.seen.contains(p)) {
-            Some(&p) => roots.push(p),
-            None => break,
-        }
-    }
-    tree.out
-}
-
-/// Draws the wait-for graph depth first.
-struct Tree<'a> {
-    waiters_of: &'a BTreeMap<i32, BTreeSet<i32>>,
-    label: &'a dyn Fn(i32) -> String,
-    seen: BTreeSet<i32>,
-    out: String,
-}
-
-impl Tree<'_> {
-    fn draw(&mut self, pid: i32, prefix: &str, last: bool, root: bool) {
-        let (branch, next) = match (root, last) {
-            (true, _) => ("", String::new()),
-            (false, true) => ("└── ", format!("{prefix}    ")),
-            (false, false) => ("├── ", format!("{prefix}│   ")),
-        };
-        if !self.seen.insert(pid) {
-            let _ = writeln!(self.out, "{prefix}{branch}{pid} (cycle: a deadlock)");
-            return;
-        }
-        let _ = writeln!(self.out, "{prefix}{branch}{}", (self.label)(pid));
-        if let Some(children) = self.waiters_of.get(&pid) {
-            let n = children.len();
-            for (i, &child) in children.iter().enumerate() {
-                self.draw(child, &next, i + 1 == n, false);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -758,34 +610,5 @@ mod tests {
         assert_eq!(timestamp(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         let at = UNIX_EPOCH + Duration::from_millis(1_709_210_096_789);
         assert_eq!(timestamp(at), "2024-02-29T12:34:56.789Z");
-    }
-
-    #[test]
-    fn draws_chains_and_cycles() {
-        let rows = [
-            row(10, true, &[], 1),
-            row(11, false, &[10], 1),
-            row(12, false, &[11], 2),
-            row(13, false, &[10], 1),
-            row(20, false, &[21], 3),
-            row(21, false, &[20], 4),
-        ];
-        let calls = BTreeMap::new();
-        let names = SemaphoreNames::new();
-        let entries: Vec<Entry<'_>> = rows
-            .iter()
-            .map(|r| Entry::advisory(r, &calls, &names))
-            .collect();
-        let text = wait_chains(&entries);
-        let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[0].starts_with("10 holds exclusive 1"), "{text}");
-        assert!(lines[1].starts_with("├── 11 waits"), "{text}");
-        assert!(lines[2].starts_with("│   └── 12 waits"), "{text}");
-        assert!(lines[3].starts_with("└── 13 waits"), "{text}");
-        assert!(lines[4].starts_with("20 waits"), "{text}");
-        assert!(lines[5].starts_with("└── 21 waits"), "{text}");
-        assert!(lines[6].contains("20 (cycle"), "{text}");
-        assert_eq!(lines.len(), 7, "{text}");
-        assert!(wait_chains(&entries[..1]).is_empty());
     }
 }

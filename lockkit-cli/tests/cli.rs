@@ -16,6 +16,8 @@ use tokio_postgres::{Client, NoTls};
 mod bounds;
 #[path = "cli/inspect_many.rs"]
 mod inspect_many;
+#[path = "cli/inspect_waits.rs"]
+mod inspect_waits;
 #[path = "cli/pooler.rs"]
 mod pooler;
 

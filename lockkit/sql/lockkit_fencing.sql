@@ -16,7 +16,8 @@
 --   lockkit.fence(resource, token)   true, and the resource's newest token
 --                                    set to `token`, when `token` is at
 --                                    least the newest it has seen; false
---                                    otherwise. Call it in the transaction
+--                                    otherwise; an error for what is no
+--                                    token. Call it in the transaction
 --                                    of the protected write:
 --     UPDATE invoices SET paid = true
 --      WHERE id = 42 AND lockkit.fence('invoice:42', $token);
@@ -35,7 +36,10 @@
 --
 -- Both functions are SECURITY DEFINER: a role that may call them needs no
 -- privilege on the sequence or the table. They pin their search_path and
--- name every object by schema.
+-- name every object by schema. Calling them (and minting with a lock)
+-- needs USAGE on the schema lockkit, which this script grants to nobody:
+-- GRANT USAGE ON SCHEMA lockkit TO app_role (docs/FENCING.md, "Who may
+-- call it").
 
 CREATE SEQUENCE IF NOT EXISTS lockkit.fencing_counter AS bigint
     MINVALUE 1 MAXVALUE 281474976710655 NO CYCLE;
@@ -67,18 +71,52 @@ AS $$
 $$;
 
 -- true when `token` is at least the newest token `resource` has seen, which
--- it then becomes; false when `token` is older (a stale holder's write);
--- NULL when either is NULL. The resource's row stays locked until the
+-- it then becomes; false when `token` is older (a stale holder's write).
+-- Only a token is taken, a whole number in [0, 2^128): anything else (NaN,
+-- an infinity, a negative or fractional number, 2^128 or more) raises
+-- SQLSTATE 22023 (invalid_parameter_value), and a NULL resource or token
+-- 22004 (null_value_not_allowed); never false, which means stale, and
+-- never true (stored, such a number would sort above every token and
+-- refuse them all, for good). The resource's row stays locked until the
 -- transaction ends, so two writers fence one at a time.
 CREATE OR REPLACE FUNCTION lockkit.fence(resource text, token numeric) RETURNS boolean
-LANGUAGE sql VOLATILE STRICT PARALLEL UNSAFE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    WITH accepted AS (
-        INSERT INTO lockkit.fences AS f (resource, token) VALUES ($1, $2)
-        ON CONFLICT (resource) DO UPDATE SET token = excluded.token
-        WHERE f.token OPERATOR(pg_catalog.<=) excluded.token
-        RETURNING true
-    )
-    SELECT EXISTS (SELECT FROM accepted)
+#variable_conflict use_column
+BEGIN
+    IF $1 IS NULL OR $2 IS NULL THEN
+        RAISE EXCEPTION 'lockkit.fence: the resource and the token must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    -- In parentheses: PL/pgSQL ends an IF's condition at the first THEN.
+    IF (CASE
+        WHEN $2 OPERATOR(pg_catalog.=) 'NaN'::numeric THEN true
+        WHEN $2 OPERATOR(pg_catalog.<) 0
+          OR $2 OPERATOR(pg_catalog.>=) 340282366920938463463374607431768211456 THEN true
+        ELSE $2 OPERATOR(pg_catalog.<>) pg_catalog.trunc($2)
+    END) THEN
+        RAISE EXCEPTION 'lockkit.fence: not a fencing token: %', pg_catalog.left($2::text, 60)
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'A fencing token is a whole number from 0 to 2^128 - 1 (docs/FENCING.md).';
+    END IF;
+    INSERT INTO lockkit.fences AS f (resource, token) VALUES ($1, $2)
+    ON CONFLICT (resource) DO UPDATE SET token = excluded.token
+    WHERE f.token OPERATOR(pg_catalog.<=) excluded.token;
+    RETURN FOUND;
+END
 $$;
+
+-- A fence of an earlier version took any number: a row it left holding
+-- no token (NaN, an infinity, a negative or fractional number, 2^128 or
+-- more) refused every real token for good. Such a row now holds a fresh
+-- token: holders whose tokens were minted before it stay refused, as they
+-- were, and the next holders are accepted again. Nothing to do when no
+-- row is such (always, once this version fenced alone).
+UPDATE lockkit.fences SET token = lockkit.fencing_token()
+ WHERE CASE
+     WHEN token OPERATOR(pg_catalog.=) 'NaN'::numeric THEN true
+     WHEN token OPERATOR(pg_catalog.<) 0
+       OR token OPERATOR(pg_catalog.>=) 340282366920938463463374607431768211456 THEN true
+     ELSE token OPERATOR(pg_catalog.<>) pg_catalog.trunc(token)
+ END;

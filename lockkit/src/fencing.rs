@@ -313,6 +313,12 @@ mod tests {
             " 1",
             "x",
             "340282366920938463463374607431768211456",
+            // What the fence refuses, by class (docs/FENCING.md).
+            "NaN",
+            "Infinity",
+            "-5",
+            "5.5",
+            "1e60",
         ] {
             assert!(text.parse::<FencingToken>().is_err(), "{text:?}");
         }

@@ -157,8 +157,13 @@ where
 /// # Errors
 ///
 /// [`ErrorKind::NotInstalled`](crate::ErrorKind::NotInstalled) when the
-/// database has no `lockkit.fence` (run [`install`]); otherwise the
-/// server's or the connection's error.
+/// database has no `lockkit.fence` (run [`install`]);
+/// [`ErrorKind::Database`](crate::ErrorKind::Database) with SQLSTATE
+/// `42501` when the role lacks `USAGE` on the schema `lockkit`
+/// (docs/FENCING.md, "Who may call it"), or with the server's error
+/// otherwise; the connection's error. A [`FencingToken`](crate::fencing::FencingToken)
+/// is always a token, so the fence's refusal of anything else (`22023`)
+/// cannot come from here. Never `false` for an error: `false` means stale.
 ///
 /// # Cancel safety
 ///
@@ -183,7 +188,10 @@ where
         )
         .await
         .map_err(|e| crate::Error::not_installed_or(e.into(), "lockkit::sql::fence"))?;
-    Ok(row.try_get::<_, Option<bool>>(0)?.unwrap_or(false))
+    // The fence answers true or false, or fails: a NULL (which no
+    // installed version answers for a token and a resource) is an error
+    // here, not `false`, which would say stale.
+    Ok(row.try_get::<_, bool>(0)?)
 }
 
 #[cfg(test)]

@@ -30,3 +30,4 @@ mod sql_keys;
 mod standby;
 mod statement_clashes;
 mod timeouts;
+mod try_docs;

@@ -8,6 +8,7 @@ mod dedicated;
 mod failover;
 mod fencing;
 mod fencing_load;
+mod fencing_refusals;
 mod forms;
 mod lease;
 mod lost;

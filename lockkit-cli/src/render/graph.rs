@@ -22,10 +22,12 @@ fn node_id(pid: i32) -> String {
     }
 }
 
-/// The wait-for graph: a node per session that waits or is waited for
-/// (its pid, application and state), an edge from each waiter to each
-/// session it waits for, labelled with the lock it waits for. Relation
-/// locks are in it when `relations` is given (`--all`).
+/// The wait-for graph: a node per session that holds or waits for a
+/// lock (a holder nobody waits for too), labelled as [`WaitGraph::node`]
+/// says; an edge from each waiter to each session it waits for directly
+/// ([`WaitGraph::direct`]: the holder, or the one queued just ahead),
+/// labelled with the lock it waits for. Relation locks are in it when
+/// `relations` is given (`--all`).
 pub(crate) fn graph(
     rows: &[AdvisoryLockRow],
     relations: Option<&[RelationLockRow]>,
@@ -39,52 +41,26 @@ pub(crate) fn graph(
         .map(|r| Entry::advisory(r, &calls, names))
         .collect();
     entries.extend(relations.unwrap_or_default().iter().map(Entry::relation));
-    // pid -> its label (the first entry seen of it describes the session).
-    let mut nodes: BTreeMap<i32, String> = BTreeMap::new();
-    let describe = |e: &Entry<'_>, pid: i32| {
-        let mut label = if pid == PREPARED_PID {
-            "prepared transaction".to_owned()
-        } else {
-            pid.to_string()
-        };
-        if let Some(app) = e.app.as_deref().filter(|a| !a.is_empty()) {
-            let _ = write!(label, " [{}]", one_line(app, 40));
-        }
-        if let Some(state) = e.state {
-            let _ = write!(label, " {state}");
-        }
-        label
-    };
+    let waits = WaitGraph::new(&entries);
     let mut edges: Vec<(i32, i32, String)> = Vec::new();
-    for e in entries.iter().filter(|e| !e.granted) {
-        let Some(pid) = e.pid else { continue };
-        nodes.entry(pid).or_insert_with(|| describe(e, pid));
+    for (&waiter, blockers) in &waits.direct {
+        let e = waits.waits[&waiter];
         let waited = e
             .waited
             .map(|d| format!(", {:.1}s", d.as_secs_f64()))
             .unwrap_or_default();
-        for &blocker in e.blocked_by {
-            edges.push((pid, blocker, format!("{}{waited}", e.what)));
+        for &blocker in blockers {
+            edges.push((waiter, blocker, format!("{}{waited}", e.what)));
         }
     }
-    let blockers: BTreeSet<i32> = edges.iter().map(|&(_, b, _)| b).collect();
-    for b in blockers {
-        if nodes.contains_key(&b) {
-            continue;
-        }
-        let label = entries
-            .iter()
-            .find(|e| e.pid.unwrap_or(PREPARED_PID) == b)
-            .map(|e| describe(e, b))
-            .unwrap_or_else(|| {
-                if b == PREPARED_PID {
-                    "prepared transaction".into()
-                } else {
-                    b.to_string()
-                }
-            });
-        nodes.insert(b, label);
-    }
+    let pids: BTreeSet<i32> = waits
+        .held
+        .keys()
+        .chain(waits.waits.keys())
+        .copied()
+        .chain(edges.iter().map(|&(_, b, _)| b))
+        .collect();
+    let nodes: BTreeMap<i32, String> = pids.into_iter().map(|p| (p, waits.node(p))).collect();
     match format {
         GraphFormat::Dot => dot(&nodes, &edges),
         GraphFormat::Mermaid => mermaid(&nodes, &edges),
@@ -98,7 +74,7 @@ fn dot_escape(text: &str) -> String {
 
 fn dot(nodes: &BTreeMap<i32, String>, edges: &[(i32, i32, String)]) -> String {
     let mut out = String::from(
-        "// lockkit inspect --graph dot: an edge from each waiter to the session it waits for\n\
+        "// lockkit inspect --graph dot: an edge from each waiter to each session it waits for directly\n\
          digraph lockkit_waits {\n  rankdir=LR;\n  node [shape=box];\n",
     );
     for (pid, label) in nodes {
@@ -132,7 +108,7 @@ fn mermaid_escape(text: &str) -> String {
 
 fn mermaid(nodes: &BTreeMap<i32, String>, edges: &[(i32, i32, String)]) -> String {
     let mut out = String::from(
-        "%% lockkit inspect --graph mermaid: an edge from each waiter to the session it waits for\n\
+        "%% lockkit inspect --graph mermaid: an edge from each waiter to each session it waits for directly\n\
          flowchart LR\n",
     );
     for (pid, label) in nodes {
@@ -155,38 +131,56 @@ mod tests {
     use super::super::tests::row;
     use super::*;
 
-    /// Two waiters of one holder, and a quote in an application name: a
-    /// node each, an edge each, labels escaped.
+    /// A queue of two behind one holder, a holder nobody waits for, and a
+    /// quote in an application name: a node per session, an edge from
+    /// each waiter to the one it waits for directly (the second waiter's
+    /// `pg_blocking_pids` names the holder too), labels escaped.
     #[test]
-    fn draws_nodes_and_edges() {
+    fn draws_nodes_and_direct_edges() {
         let mut holder = row(10, true, &[], 1);
         holder.application_name = Some("a \"quoted\" app".into());
+        holder.state = Some("idle in transaction".into());
+        holder.transaction_age = Some(Duration::from_millis(10_250));
+        holder.query = Some("/* lockkit:try_bigint */ SELECT 1".into());
         let rows = [
             holder,
             row(11, false, &[10], 1),
             row(12, false, &[10, 11], 1),
+            row(30, true, &[], 3),
         ];
         let text = graph(&rows, None, &Sources::default(), GraphFormat::Dot);
         assert!(
-            text.contains("\"p10\" [label=\"10 [a \\\"quoted\\\" app]\"];"),
+            text.contains(
+                "\"p10\" [label=\"10 [a \\\"quoted\\\" app] <idle in transaction, transaction 10.2s>; \
+                 holds exclusive 1 (? tag 0x0000); try_lock 1×? tag 0x0000\"];"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("\"p30\" [label=\"30; holds exclusive 3"),
             "{text}"
         );
         assert!(
             text.contains("\"p11\" -> \"p10\" [label=\"exclusive 1 (? tag 0x0000)\"];"),
             "{text}"
         );
-        assert_eq!(text.matches(" -> ").count(), 3, "{text}");
+        assert!(text.contains("\"p12\" -> \"p11\" "), "{text}");
+        assert_eq!(text.matches(" -> ").count(), 2, "{text}");
         let text = graph(&rows, None, &Sources::default(), GraphFormat::Mermaid);
         assert!(
-            text.contains("p10[\"10 [a #quot;quoted#quot; app]\"]"),
+            text.contains("p10[\"10 [a #quot;quoted#quot; app] #lt;idle in transaction"),
             "{text}"
         );
         assert!(
             text.contains("p12 -->|\"exclusive 1 (? tag 0x0000)\"| p11"),
             "{text}"
         );
-        // No wait: no node, no edge.
+        assert_eq!(text.matches(" -->").count(), 2, "{text}");
+        // No wait: the holder alone.
         let text = graph(&rows[..1], None, &Sources::default(), GraphFormat::Dot);
-        assert!(!text.contains("->") && !text.contains("p10"), "{text}");
+        assert!(
+            !text.contains("->") && text.contains("\"p10\" [label="),
+            "{text}"
+        );
     }
 }

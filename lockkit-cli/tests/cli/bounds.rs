@@ -20,7 +20,7 @@ const HANG: Duration = Duration::from_secs(60);
 
 /// What the test's listener does with each connection it accepts.
 #[derive(Clone, Copy, Debug)]
-enum Silence {
+pub(super) enum Silence {
     /// Reads nothing, writes nothing.
     Total,
     /// Answers the SSLRequest with `S`, then nothing: the TLS handshake
@@ -30,15 +30,21 @@ enum Silence {
     /// (the startup done), then forwards nothing either way: the first
     /// query gets no answer.
     AfterStartup(u16),
+    /// Forwards the first connection to a real server both ways, and each
+    /// later one as [`AfterStartup`](Self::AfterStartup): a command's own
+    /// connection works, the further ones it opens (`check`'s pooler
+    /// probe) get no answer to their first query.
+    AllButFirst(u16),
 }
 
 /// A listener on a loopback port that keeps every connection open and
 /// silent as `how` says, until the test process ends.
-fn silent_listener(how: Silence) -> u16 {
+pub(super) fn silent_listener(how: Silence) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     thread::spawn(move || {
         let mut kept = Vec::new();
+        let mut first = true;
         for client in listener.incoming() {
             let Ok(mut client) = client else { continue };
             match how {
@@ -54,10 +60,31 @@ fn silent_listener(how: Silence) -> u16 {
                     let server = TcpStream::connect(("127.0.0.1", server)).unwrap();
                     forward_until_ready(client, server);
                 }
+                Silence::AllButFirst(server) => {
+                    let server = TcpStream::connect(("127.0.0.1", server)).unwrap();
+                    if std::mem::take(&mut first) {
+                        forward(client, server);
+                    } else {
+                        forward_until_ready(client, server);
+                    }
+                }
             }
         }
     });
     port
+}
+
+/// Forwards both ways until either side closes.
+fn forward(client: TcpStream, server: TcpStream) {
+    for (mut from, mut to) in [
+        (client.try_clone().unwrap(), server.try_clone().unwrap()),
+        (server, client),
+    ] {
+        thread::spawn(move || {
+            let _ = std::io::copy(&mut from, &mut to);
+            let _ = to.shutdown(std::net::Shutdown::Both);
+        });
+    }
 }
 
 /// Forwards both ways until the server's first ReadyForQuery has reached

@@ -354,7 +354,10 @@ impl SessionLock {
     ///
     /// # Errors
     ///
-    /// As [`lock`](Self::lock).
+    /// As [`try_lock`](Self::try_lock): [`ErrorKind::Timeout`] when no
+    /// answer came within one keepalive cadence, from the server or from a
+    /// pooler waiting for a free server connection ([Bounded
+    /// waits](super#bounded-waits)); nothing is held.
     ///
     /// # Cancel safety
     ///
@@ -504,7 +507,10 @@ impl SessionLock {
     ///
     /// # Errors
     ///
-    /// As [`lock`](Self::lock).
+    /// As [`try_lock`](Self::try_lock): [`ErrorKind::Timeout`] when no
+    /// answer came within one keepalive cadence, from the server or from a
+    /// pooler waiting for a free server connection ([Bounded
+    /// waits](super#bounded-waits)); nothing is held.
     ///
     /// # Cancel safety
     ///
