@@ -121,30 +121,41 @@ async fn a_bounded_wait_outlasts_its_slices_and_is_granted() {
 }
 
 /// Two bounded waits in a cycle: the server's deadlock check runs in every
-/// slice, so one of them fails as a deadlock (`40P01`); once its
-/// transaction ends, the other is granted.
+/// slice, so one of them fails as a deadlock (`40P01`), and its
+/// transaction is aborted with every lock it held released at once, as an
+/// unbounded wait's would be: the other is granted before either
+/// transaction ends. Without the abort (the victim rolled back to its
+/// savepoint only), the victim keeps its first key, and the other waits
+/// until the hang guard (60 s) fails the test.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deadlock_between_bounded_waits_is_still_detected() {
     let db = TestServer::shared();
     let _log = db.guard();
     let locker = bounded_locker(db).await;
-    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+    let taken = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+    let answered = std::sync::Arc::new(tokio::sync::Barrier::new(2));
     let side = |first: Slot, second: Slot| {
-        let (locker, barrier) = (locker.clone(), barrier.clone());
+        let (locker, taken, answered) = (locker.clone(), taken.clone(), answered.clone());
         tokio::spawn(async move {
             let mut client = LockClient::new(&locker, db.connect().await);
             let tx = client.begin().await.expect("BEGIN");
             short_slices(&tx).await;
             let _first = tx.lock(first).await.expect("the first key");
-            barrier.wait().await;
-            // Its transaction ends as the call returns, whatever it
-            // returned: a deadlock's victim lets the other go.
-            tx.lock(second).await.map(|held| held.key())
+            taken.wait().await;
+            let second = tx.lock(second).await.map(|held| held.key());
+            // Both calls answered before either transaction ends.
+            answered.wait().await;
+            second
         })
     };
     let (x, y) = (Slot { id: 10 }, Slot { id: 11 });
-    let (a, b) = (side(x, y), side(y, x));
-    let (a, b) = (a.await.expect("a"), b.await.expect("b"));
+    let both = async {
+        let (a, b) = (side(x, y), side(y, x));
+        (a.await.expect("a"), b.await.expect("b"))
+    };
+    let (a, b) = tokio::time::timeout(Duration::from_secs(60), both)
+        .await
+        .expect("the deadlock's survivor was not granted before the victim's transaction ended");
     let deadlocks = [&a, &b]
         .iter()
         .filter(|r| r.as_ref().is_err_and(|e| e.is_deadlock()))
@@ -154,7 +165,8 @@ async fn a_deadlock_between_bounded_waits_is_still_detected() {
 }
 
 /// A caller's own `lock_timeout` bounds the wait: the call ends as a
-/// timeout, not retried, its transaction usable, the setting as it was.
+/// timeout, not retried, with the transaction aborted as an unbounded
+/// wait's would be.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_caller_s_own_lock_timeout_ends_a_bounded_wait() {
     let db = TestServer::shared();
@@ -170,17 +182,20 @@ async fn a_caller_s_own_lock_timeout_ends_a_bounded_wait() {
         .unwrap();
     let error = tx.lock(key).await.expect_err("granted a held key");
     assert!(error.is_timeout(), "{error:?}");
-    let other = tx
+    let next = tx
         .lock(Slot { id: 21 })
         .await
-        .expect("the transaction is usable");
-    assert_eq!(other.key(), Slot { id: 21 }.lock_key());
-    let setting: String = tx
-        .query_one("SELECT current_setting('lock_timeout')", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(setting, "200ms");
-    tx.commit().await.unwrap();
+        .expect_err("the transaction is aborted");
+    assert_eq!(
+        next.kind(),
+        lockkit::ErrorKind::TransactionAborted,
+        "{next:?}"
+    );
+    let statement = tx.query_one("SELECT 1", &[]).await.expect_err("aborted");
+    assert_eq!(
+        statement.code(),
+        Some(&tokio_postgres::error::SqlState::IN_FAILED_SQL_TRANSACTION)
+    );
+    tx.rollback().await.unwrap();
     holder.batch_execute("ROLLBACK").await.unwrap();
 }

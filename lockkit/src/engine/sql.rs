@@ -215,6 +215,15 @@ pub(crate) const TRY_BATCH_PAIR: &str = "/* lockkit:try_batch_pair */ SELECT 781
 pub(crate) const SAVEPOINT: &str = "SAVEPOINT lockkit_acquire";
 /// Releases [`SAVEPOINT`] after success.
 pub(crate) const RELEASE: &str = "RELEASE SAVEPOINT lockkit_acquire";
+/// Aborts the transaction, on purpose: a bounded wait's failure (a
+/// deadlock, the caller's own timeout), once the call's savepoint is rolled
+/// back, ends the transaction as the same failure of an unbounded wait
+/// does, releasing its locks at once (a deadlock's victim lets the other
+/// go) and failing what the application sends next (`25P02`) until it
+/// rolls back. Always fails, with a message that says why (`22P02`).
+/// Simple query protocol.
+pub(crate) const ABORT_TRANSACTION: &str =
+    "SELECT CAST('lockkit: a lock call failed, and aborted its transaction' AS int4)";
 /// Undoes [`SAVEPOINT`] after a failure: releases the locks it took, restores
 /// the timeouts, and makes an aborted transaction usable again. Two
 /// statements: send it with the simple query protocol.

@@ -60,6 +60,8 @@ pub(crate) enum Sql {
     Release,
     /// [`sql::ROLLBACK`] (simple protocol, two statements).
     Rollback,
+    /// [`sql::ABORT_TRANSACTION`] (simple protocol; it always fails).
+    AbortTransaction,
 }
 
 /// A parameter type of lockkit's statements.
@@ -152,6 +154,7 @@ impl Sql {
             Sql::Savepoint => sql::SAVEPOINT,
             Sql::Release => sql::RELEASE,
             Sql::Rollback => sql::ROLLBACK,
+            Sql::AbortTransaction => sql::ABORT_TRANSACTION,
         }
     }
 
@@ -177,7 +180,8 @@ impl Sql {
             | Sql::EndSlice
             | Sql::Savepoint
             | Sql::Release
-            | Sql::Rollback => &[],
+            | Sql::Rollback
+            | Sql::AbortTransaction => &[],
         }
     }
 
@@ -189,7 +193,9 @@ impl Sql {
             }
             Sql::TryBatchBigint => ReplyShape::TriedBigint,
             Sql::TryBatchPair => ReplyShape::TriedPair,
-            Sql::Savepoint | Sql::Release | Sql::Rollback => ReplyShape::Done,
+            Sql::Savepoint | Sql::Release | Sql::Rollback | Sql::AbortTransaction => {
+                ReplyShape::Done
+            }
             _ => ReplyShape::Tagged,
         }
     }
@@ -207,6 +213,7 @@ impl Sql {
                 | Sql::Savepoint
                 | Sql::Release
                 | Sql::Rollback
+                | Sql::AbortTransaction
         )
     }
 
@@ -281,7 +288,7 @@ impl Sql {
             Sql::TryPermit => 18,
             Sql::ArmSlice => 19,
             Sql::EndSlice => 20,
-            Sql::Savepoint | Sql::Release | Sql::Rollback => return None,
+            Sql::Savepoint | Sql::Release | Sql::Rollback | Sql::AbortTransaction => return None,
         };
         Some(LOCKKIT | number)
     }

@@ -88,6 +88,9 @@ enum Stage {
     Settle(Vec<LockKey>),
     /// A failure is to be undone by rolling back lockkit's savepoint.
     Recover(Error),
+    /// A bounded wait's failure, its savepoint rolled back, is to abort the
+    /// transaction, as the same failure of an unbounded wait does.
+    Abort(Error),
     Finished(Result<Granted, Error>),
 }
 
@@ -140,6 +143,7 @@ impl Acquisition<'_> {
             }
             Stage::Settle(busy) if busy.is_empty() => out.push(Statement::new(Sql::Release, &[])),
             Stage::Settle(_) => out.push(Statement::new(Sql::Rollback, &[])),
+            Stage::Abort(_) => out.push(Statement::new(Sql::AbortTransaction, &[])),
             Stage::Main => match self.wait {
                 // One slice of the wait: armed before the savepoint, so
                 // that the recovery round can read whose timeout it was.
@@ -328,6 +332,10 @@ impl Acquisition<'_> {
                 Ok(Checked {
                     sliced: Some(true), ..
                 }) if error.code() == Some(LOCK_NOT_AVAILABLE) => Stage::Main,
+                // Any other failure of a bounded wait ends it as it ends an
+                // unbounded one: the transaction aborted, its locks released
+                // at once (a deadlock's victim lets the other go).
+                Ok(_) if self.sliced => Stage::Abort(error),
                 // The savepoint rollback released what the call took and
                 // left the transaction usable.
                 Ok(_) => {
@@ -336,6 +344,11 @@ impl Acquisition<'_> {
                 }
             },
             (Stage::Recover(error), Err(_)) => self.settled(Err(error), true),
+            // The statement that aborts the transaction failed, as it must.
+            (Stage::Abort(error), Err(_)) => self.settled(Err(error), true),
+            (Stage::Abort(_), Ok(_)) => self.cut_off(Error::unexpected(
+                "lockkit's statement that aborts the transaction succeeded".into(),
+            )),
             (finished @ Stage::Finished(_), _) => finished,
         };
     }
@@ -353,14 +366,7 @@ impl Acquisition<'_> {
             true => Error::not_installed_or(error, "a fencing token"),
             false => error,
         };
-        // A bounded wait recovers only from a lock timeout, which may be
-        // its slice's end (the recovery round says); any other failure
-        // aborts the transaction, as it does an unbounded wait.
-        let recovers = match self.sliced {
-            true => error.code() == Some(LOCK_NOT_AVAILABLE),
-            false => self.uses_savepoint(),
-        };
-        if recovers {
+        if self.uses_savepoint() {
             Stage::Recover(error)
         } else {
             // The failed statement aborted the transaction; what the batch

@@ -88,42 +88,74 @@ fn the_end_of_lockkit_s_slice_starts_the_next() {
     assert!(!state.is_poisoned());
 }
 
+/// The statement that aborts the transaction, and its failure.
+fn aborts(call: &mut Acquisition<'_>) {
+    assert_eq!(sqls(call), [Sql::AbortTransaction]);
+    call.receive(Err(DriverError::new("x")
+        .code(Some("22P02"))
+        .message(Some("invalid input syntax for type integer"))));
+    assert!(call.round().is_none());
+}
+
+/// A caller's own `lock_timeout` ends the call as it ends an unbounded
+/// wait: a timeout, the transaction aborted (its locks released at once).
 #[test]
-fn a_lock_timeout_of_the_caller_s_own_ends_the_call() {
+fn a_lock_timeout_of_the_caller_s_own_ends_the_call_as_unbounded() {
     let state = TxState::new();
     let mut call = sliced(&state);
     call.receive(Err(lock_timeout()));
     call.receive(Ok(recovered(0)));
-    assert!(call.round().is_none());
+    aborts(&mut call);
     let err = call.finish().unwrap_err();
     assert!(err.is_timeout(), "{err:?}");
-    // Rolled back to its savepoint: the transaction is usable.
-    assert!(!state.is_poisoned());
-    assert!(lock_k(&state, 2).is_ok());
+    assert_eq!(
+        lock_k(&state, 2).unwrap_err().kind(),
+        ErrorKind::TransactionAborted
+    );
 }
 
-/// Any other failure of a slice ends the call with the transaction
-/// aborted, as it ends an unbounded wait: no recovery round.
+/// Any other failure of a slice ends the call as it ends an unbounded
+/// wait: its savepoint rolled back, then the transaction aborted on
+/// purpose, which releases every lock it holds at once.
 #[test]
 fn any_other_error_in_a_slice_aborts_the_transaction_as_unbounded() {
     for (code, message) in [
-        (Some("40P01"), "deadlock detected"),
-        (Some("57014"), "canceling statement due to statement timeout"),
-        (Some("53200"), "out of shared memory"),
-        (None, "connection closed"),
+        ("40P01", "deadlock detected"),
+        ("57014", "canceling statement due to statement timeout"),
+        ("53200", "out of shared memory"),
     ] {
         let state = TxState::new();
         let mut call = sliced(&state);
-        call.receive(Err(DriverError::new("x").code(code).message(Some(message))));
-        assert!(call.round().is_none(), "{code:?}");
+        call.receive(Err(DriverError::new("x")
+            .code(Some(code))
+            .message(Some(message))));
+        assert_eq!(sqls(&call), [Sql::Rollback, Sql::EndSlice], "{code}");
+        call.receive(Ok(recovered(1)));
+        aborts(&mut call);
         let err = call.finish().unwrap_err();
-        assert_eq!(err.code(), code);
+        assert_eq!(err.code(), Some(code));
         assert_eq!(
             lock_k(&state, 2).unwrap_err().kind(),
             ErrorKind::TransactionAborted,
-            "{code:?}"
+            "{code}"
         );
     }
+}
+
+/// The statement that aborts the transaction succeeding is no reply of
+/// lockkit's: the transaction is poisoned.
+#[test]
+fn an_abort_that_succeeds_is_an_unexpected_reply() {
+    let state = TxState::new();
+    let mut call = sliced(&state);
+    call.receive(Err(lock_timeout()));
+    call.receive(Ok(recovered(0)));
+    call.receive(Ok(vec![Reply::Done]));
+    assert_eq!(
+        call.finish().unwrap_err().kind(),
+        ErrorKind::UnexpectedReply
+    );
+    assert!(state.is_poisoned());
 }
 
 #[test]
