@@ -218,8 +218,11 @@ async fn the_lease_and_not_the_servers_idle_timeout_bounds_a_held_lock() {
         .start();
 
     // The safe direction: a generous wait that must not see a lock go.
+    // Each keepalive waits one cadence for its answer before it gives the
+    // lock up: the cadence below the server's timeout is as long as it can
+    // be, for a loaded machine.
     for (base, cadence) in [
-        (200, Duration::from_millis(250)),
+        (200, Duration::from_millis(900)),
         (300, Duration::from_secs(3)),
     ] {
         let kept = paths(&db, cadence);
