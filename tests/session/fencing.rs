@@ -324,7 +324,10 @@ async fn inspect_shows_the_token_each_session_lock_holds_its_key_with() {
     let db = TestServer::shared();
     let _log = db.guard();
     let (url, observer) = installed(db, "lockkit_fencing_inspect").await;
-    let cadence = Duration::from_millis(200);
+    // Each inspection waits for a keepalive, which waits one cadence for
+    // its answer before it gives the lock up: a second, not a margin a
+    // loaded machine overruns.
+    let cadence = Duration::from_secs(1);
     for (i, form) in FORMS.iter().enumerate() {
         let sessions = minting(&url, form).keepalive(cadence);
         let first = take(

@@ -21,8 +21,9 @@ use lockkit::fencing::FencingToken;
 use lockkit_tests::{PgBouncer, TestServer};
 use tokio_postgres::Client;
 
-/// How long each churner runs.
-const SECONDS: u64 = 12;
+/// The longest a churner runs, a hang guard: the test ends each by
+/// closing its standard input once enough grants are logged.
+const SECONDS: u64 = 90;
 const KEYS: i64 = 8;
 const FIRST: i64 = 960_000;
 /// The bound on a wait of this test: it guards a hang, not a timing.
@@ -41,6 +42,7 @@ impl Churner {
                 &FIRST.to_string(),
                 &seconds.to_string(),
             ])
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .expect("token-churn");
@@ -113,7 +115,7 @@ async fn tokens_grow_per_key_under_load_through_a_pooler_with_kills_and_a_restar
     until_logged(&db, 100).await;
     let killed = churners.remove(0);
     drop(killed); // SIGKILL, whatever it holds
-    churners.push(Churner::start(&pooled, &direct, "transaction", SECONDS / 2));
+    churners.push(Churner::start(&pooled, &direct, "transaction", SECONDS));
 
     until_logged(&db, 300).await;
     db.restart();
@@ -124,6 +126,7 @@ async fn tokens_grow_per_key_under_load_through_a_pooler_with_kills_and_a_restar
     until_logged(&db, restarted_at + 100).await;
 
     for mut churner in churners {
+        drop(churner.0.stdin.take()); // its cue to stop
         let started = Instant::now();
         loop {
             if churner.0.try_wait().expect("wait").is_some() {

@@ -218,8 +218,11 @@ async fn the_lease_and_not_the_servers_idle_timeout_bounds_a_held_lock() {
         .start();
 
     // The safe direction: a generous wait that must not see a lock go.
+    // Each keepalive waits one cadence for its answer before it gives the
+    // lock up: the cadence below the server's timeout is as long as it can
+    // be, for a loaded machine.
     for (base, cadence) in [
-        (200, Duration::from_millis(250)),
+        (200, Duration::from_millis(900)),
         (300, Duration::from_secs(3)),
     ] {
         let kept = paths(&db, cadence);
@@ -246,14 +249,17 @@ async fn the_lease_and_not_the_servers_idle_timeout_bounds_a_held_lock() {
 /// clones): several locks held at once on one pooled `SessionLock`, taken
 /// after an idle gap in which the keeper had no lock to keep (its task ends
 /// then, and the next lock starts another), all outlive four times the
-/// server's `idle_in_transaction_session_timeout` (and their lease, 1 s
+/// server's `idle_in_transaction_session_timeout` (and their lease, 3 s
 /// here); terminating one lock's backend makes that one lost, and only that
 /// one. The control that a lock whose keepalives stop is lost at its lease
 /// is `tests/session/lease.rs`.
 #[tokio::test(flavor = "multi_thread")]
 async fn one_keeper_keeps_every_lock_of_a_session_lock() {
     const IDLE_TIMEOUT: Duration = Duration::from_secs(1);
-    const KEEP: Duration = Duration::from_millis(250);
+    // A keepalive waits one cadence for its answer, then gives the lock
+    // up: a second, which a loaded machine does not overrun, and a lease
+    // (3 s) still shorter than the waits below.
+    const KEEP: Duration = Duration::from_secs(1);
     let db = TestServer::builder()
         .setting("idle_in_transaction_session_timeout", "1s")
         .start();
@@ -317,11 +323,14 @@ fn runtime(workers: usize) -> tokio::runtime::Runtime {
 /// that runtime shuts down, the next lock (on another runtime) starts a new
 /// keeper, so its lock outlives the server's
 /// `idle_in_transaction_session_timeout`. Without the restart it would be
-/// lost after 1 s.
+/// lost at its lease (3 s).
 #[test]
 fn a_lock_is_kept_after_the_keepers_runtime_shut_down() {
     const IDLE_TIMEOUT: Duration = Duration::from_secs(1);
-    const KEEP: Duration = Duration::from_millis(250);
+    // A keepalive waits one cadence for its answer, then gives the lock
+    // up: a second, which a loaded machine does not overrun, and a lease
+    // (3 s) still shorter than the waits below.
+    const KEEP: Duration = Duration::from_secs(1);
     let db = TestServer::builder()
         .setting("idle_in_transaction_session_timeout", "1s")
         .start();

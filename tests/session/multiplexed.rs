@@ -522,7 +522,10 @@ async fn a_connection_that_held_nothing_for_a_cadence_is_closed() {
     let db = TestServer::shared();
     let _log = db.guard();
     let observer = db.connect().await;
-    let cadence = Duration::from_millis(200);
+    // A try, and a held lock's keepalive, wait one cadence for their
+    // answer: long enough for a loaded machine, since the connection's
+    // close is waited for as an event, however long the cadence.
+    let cadence = Duration::from_secs(2);
     let sessions = multiplexed(db.config(), 2).keepalive(cadence);
     let guards: Vec<_> = futures_util::stream::iter(931_000..931_200)
         .map(|id| sessions.try_lock(Feed { id }))

@@ -9,7 +9,9 @@
 //! session-level form on connections leased from a deadpool pool; `permit`, a permit
 //! of a one-permit semaphore per key) through `url`, at a keepalive cadence
 //! of `keepalive ms` (60 s unless given), minting fencing tokens when the
-//! last argument is `fencing`. It prints `held <n> <backend pids> <tokens>`
+//! last argument is `fencing`. Each key is taken by a try, made again
+//! when it timed out (a try waits one cadence at most, which a loaded
+//! machine can exceed). It prints `held <n> <backend pids> <tokens>`
 //! on one line (the tokens in key order, `-` without), then `lost <n>` once
 //! every lock is lost, and sleeps until killed.
 //!
@@ -27,8 +29,50 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lockkit::pg::SessionForm;
+use lockkit::pg::SessionGuard;
 use lockkit::SessionLock;
 use lockkit_tests::fixtures::Feed;
+
+/// How long [`take_free`] keeps trying a key before it gives up: a hang
+/// guard far above any load, not a timing claim.
+const PATIENT: Duration = Duration::from_secs(120);
+
+/// Takes key `id`, known free (each test gives its holder keys of its
+/// own), by a try (a permit's when `permit`), which must not find it busy.
+///
+/// A try waits at most one keepalive cadence for its answer (300 ms for
+/// the stopped-holder tests), which a loaded machine can exceed: a try
+/// that timed out held nothing, and is made again until [`PATIENT`]. Its
+/// connection is closed, but its backend may still hold the key for a
+/// moment, so after a timeout a busy answer is tried again too.
+async fn take_free(sessions: &SessionLock, permit: bool, id: i64) -> SessionGuard<Feed> {
+    let deadline = std::time::Instant::now() + PATIENT;
+    let mut timed_out = 0_u32;
+    loop {
+        let taken = match permit {
+            true => {
+                sessions
+                    .try_acquire_permit(Feed { id }, NonZeroU8::MIN)
+                    .await
+            }
+            false => sessions.try_lock(Feed { id }).await,
+        };
+        match taken {
+            Ok(Ok(guard)) => return guard,
+            Ok(Err(_busy)) if timed_out == 0 => panic!("key {id}: busy, though free"),
+            Ok(Err(_busy)) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) if e.kind() == lockkit::ErrorKind::Timeout => {
+                timed_out += 1;
+                eprintln!("hold-session-locks: key {id}: try {timed_out} timed out, again: {e}");
+            }
+            Err(e) => panic!("key {id}: {e}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "key {id}: not taken within {PATIENT:?} ({timed_out} tries timed out)"
+        );
+    }
+}
 
 #[tokio::main]
 async fn main() {
@@ -74,19 +118,9 @@ async fn main() {
         "permit" => (sessions, true),
         _ => panic!("{usage}"),
     };
-    let one = NonZeroU8::MIN;
     let mut guards: Vec<_> = futures_util::stream::iter(first..first + count)
-        .map(|id| {
-            let sessions = &sessions;
-            async move {
-                match permit {
-                    true => sessions.try_acquire_permit(Feed { id }, one).await,
-                    false => sessions.try_lock(Feed { id }).await,
-                }
-            }
-        })
+        .map(|id| take_free(&sessions, permit, id))
         .buffer_unordered(256)
-        .map(|taken| taken.expect("try_lock").expect("a free key"))
         .collect()
         .await;
     guards.sort_by_key(|g| g.id);

@@ -8,12 +8,18 @@
 //! wait; once granted it confirms the lock with the server
 //! (`SessionGuard::check`) and inserts `(key, token)` into `token_log` on
 //! its own connection to `log url`, confirms the lock again and marks the
-//! row confirmed, then releases. Errors (a restarted server, a busy key)
+//! row confirmed, then releases, until its standard input ends (its
+//! parent closes it once it has seen enough), or `seconds` have passed,
+//! a hang guard: a run of a fixed length would log fewer rows on a loaded
+//! machine than its parent waits for. Errors (a restarted server, a busy key)
 //! are counted, not fatal; the log connection is made anew on the next
 //! grant after it fails, so a holder whose lock ended with the server
 //! cannot record after the server came back. It prints
 //! `granted <n> logged <n> errors <n>` when its time is up.
 
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockkit::pg::SessionForm;
@@ -43,10 +49,18 @@ async fn main() {
         .keepalive(Duration::from_millis(500))
         .fencing_tokens(true);
     let deadline = Instant::now() + Duration::from_secs(seconds);
+    let stop = Arc::new(AtomicBool::new(false));
+    std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
+            stop.store(true, Ordering::Relaxed);
+        }
+    });
     let (mut granted, mut logged, mut errors) = (0_u64, 0_u64, 0_u64);
     let mut log: Option<Client> = None;
     let mut next = std::process::id() as i64;
-    while Instant::now() < deadline {
+    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
         // A cheap spread over the keys, different in every process.
         next = next
             .wrapping_mul(6364136223846793005)
