@@ -16,5 +16,6 @@ mod multiplexed_budget;
 mod multiplexed_setups;
 mod pooler;
 mod probe;
+mod refused;
 mod silent;
 mod tls;
