@@ -18,6 +18,8 @@ mod bounds;
 mod inspect_many;
 #[path = "cli/pooler.rs"]
 mod pooler;
+#[path = "cli/refused.rs"]
+mod refused;
 
 fn lockkit(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lockkit"))
