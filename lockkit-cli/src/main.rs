@@ -908,6 +908,13 @@ fn connect_error(target: &str, mode: tls::SslMode, e: &tokio_postgres::Error) ->
             "42501" => "permission denied",
             "28000" | "28P01" => "authentication failed",
             "3D000" => "no such database",
+            "53300" => "the server is full (too many clients)",
+            "57P03" => "the server is not accepting connections now",
+            // pgbouncer 1.18 refuses a client over its max_client_conn
+            // with this text and 08P01, a code that says nothing of it.
+            _ if db.message() == "no more connections allowed (max_client_conn)" => {
+                "the pooler is full (max_client_conn)"
+            }
             _ => "the server refused the connection",
         };
         return format!("{what} at {target}: {} (SQLSTATE {code})", db.message()).into();

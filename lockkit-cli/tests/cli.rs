@@ -20,6 +20,8 @@ mod inspect_many;
 mod inspect_waits;
 #[path = "cli/pooler.rs"]
 mod pooler;
+#[path = "cli/refused.rs"]
+mod refused;
 
 fn lockkit(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lockkit"))

@@ -17,5 +17,6 @@ mod multiplexed_budget;
 mod multiplexed_setups;
 mod pooler;
 mod probe;
+mod refused;
 mod silent;
 mod tls;

@@ -14,9 +14,10 @@
 //! (tokio-postgres bounds only the TCP connect, and the proxy accepts), and
 //! the statements of a try or a timed call on a connection taken from a
 //! pool or already open, in every form; it holds nothing. Opening fails
-//! with `ConnectionLost`; a take whose statements go unanswered on a
-//! connection already open (a pool's) fails with `Timeout`, since a silent
-//! server cannot be told from a pooler waiting for a free server connection
+//! with `ConnectFailed` (no connection was made); a take whose statements
+//! go unanswered on a connection already open (a pool's) fails with
+//! `Timeout`, since a silent server cannot be told from a pooler waiting
+//! for a free server connection
 //! (`session_pooler::tries_behind_a_saturated_pooler…`).
 //!
 //! The bound is asserted with a margin on top, for a loaded machine: what
@@ -187,7 +188,7 @@ enum Conn {
 }
 
 /// One take through a proxy whose path is cut first: it answers
-/// `ConnectionLost` (opening a connection) or `Timeout` (the statements on
+/// `ConnectFailed` (opening a connection) or `Timeout` (the statements on
 /// a pool's connection opened before the cut) within its bound, and
 /// nothing holds the key.
 async fn take_case(
@@ -252,7 +253,7 @@ async fn take_case(
         // A new connection is opened through the cut path: the opening
         // gives up (a multiplexed try on the one it holds gives that up,
         // and opens another).
-        Conn::Opened | Conn::OpenedWithOneHeld => ErrorKind::ConnectionLost,
+        Conn::Opened | Conn::OpenedWithOneHeld => ErrorKind::ConnectFailed,
         // The pool's connection is open: the take's statements go
         // unanswered.
         Conn::Pool => ErrorKind::Timeout,
@@ -320,7 +321,7 @@ async fn opening_over_a_silent_path_gives_up_after_the_default_bound() {
         .unwrap_or_else(|_| panic!("no answer within {bound:?}"));
     assert_eq!(
         answer.map(|r| r.is_ok()).map_err(|e| e.kind()),
-        Err(ErrorKind::ConnectionLost)
+        Err(ErrorKind::ConnectFailed)
     );
     // Not before the bound: the default is what gave up.
     assert!(

@@ -16,6 +16,9 @@ impl DriverError {
         if self.pool_timeout {
             return ErrorKind::Timeout;
         }
+        if self.pooler_full() {
+            return ErrorKind::ConnectFailed;
+        }
         match code {
             Some(LOCK_NOT_AVAILABLE) => ErrorKind::Timeout,
             Some(QUERY_CANCELED) => {
@@ -42,9 +45,13 @@ impl DriverError {
             Some(DUPLICATE_PREPARED_STATEMENT | INVALID_SQL_STATEMENT_NAME) => {
                 ErrorKind::UnexpectedReply
             }
-            Some(
-                ADMIN_SHUTDOWN | CRASH_SHUTDOWN | CANNOT_CONNECT_NOW | IDLE_IN_TRANSACTION_TIMEOUT,
-            ) => ErrorKind::ConnectionLost,
+            // Sent, as `FATAL`, only to refuse a connection at its startup:
+            // no session existed, so none was lost. (As an `ERROR` in a
+            // session, `28000` and `3D000` are other statements' errors.)
+            Some(c) if closed && REFUSALS.contains(&c) => ErrorKind::ConnectFailed,
+            Some(ADMIN_SHUTDOWN | CRASH_SHUTDOWN | IDLE_IN_TRANSACTION_TIMEOUT) => {
+                ErrorKind::ConnectionLost
+            }
             // A refused message (a `Bind` that does not fit the statement of
             // that name) is an `ERROR` the session survives; a `FATAL` one
             // closes the connection.
@@ -61,6 +68,87 @@ impl DriverError {
     /// The lockkit error for this driver error outside a lock call.
     pub fn into_error(self) -> Error {
         self.into_error_in(None, 0)
+    }
+
+    /// The lockkit error for this driver error in opening a connection
+    /// (up to the end of its startup): [`ErrorKind::ConnectFailed`] whatever
+    /// it is, since no session existed yet, with the SQLSTATE and a message
+    /// that says what refused it and what to do.
+    #[cfg_attr(not(feature = "tokio-postgres"), allow(dead_code))]
+    pub(crate) fn into_connect_error(self) -> Error {
+        let code = self
+            .code
+            .clone()
+            .or_else(|| self.code_by_message().map(str::to_owned));
+        let text = self.connect_failed_text(code.as_deref());
+        Error::make(
+            ErrorKind::ConnectFailed,
+            code,
+            Detail::Text(text),
+            Some(self.source),
+        )
+    }
+
+    /// What a [`ErrorKind::ConnectFailed`] of this error says: what refused
+    /// the connection (the server's or the pooler's own words, and `code`),
+    /// that nothing was held, and what to do.
+    fn connect_failed_text(&self, code: Option<&str>) -> String {
+        let (what, todo) = if self.pooler_full() {
+            (
+                "the pooler is full: it refused a new client",
+                "retry later, or keep fewer clients connected to the pooler at once (or raise \
+                 its max_client_conn)",
+            )
+        } else {
+            match code {
+                Some(TOO_MANY_CONNECTIONS) => (
+                    "the server is full: it refused a new connection (too many clients)",
+                    "retry later, or open fewer connections at once (fewer processes or \
+                     SessionLock connections, or a pooler in front), or raise max_connections",
+                ),
+                Some(INVALID_PASSWORD | INVALID_AUTHORIZATION_SPECIFICATION) => (
+                    "authentication failed: the server refused the connection",
+                    "check the user, the password and the server's pg_hba.conf (and sslmode)",
+                ),
+                Some(INVALID_CATALOG_NAME) => (
+                    "the database does not exist: the server refused the connection",
+                    "check the database name",
+                ),
+                Some(sqlstate::CANNOT_CONNECT_NOW) => (
+                    "the server is not accepting connections now (starting up, shutting down \
+                     or in recovery)",
+                    "retry later",
+                ),
+                Some(_) => (
+                    "the server (or a pooler in front of it) refused the connection",
+                    "see the server's message",
+                ),
+                None => (
+                    "could not connect to the server",
+                    "check the host and port, and that the server is running and reachable",
+                ),
+            }
+        };
+        let said = match (self.message.as_deref(), code) {
+            (Some(message), Some(code)) => format!("{message} (SQLSTATE {code})"),
+            (Some(message), None) => message.to_owned(),
+            (None, Some(code)) => format!("SQLSTATE {code}"),
+            (None, None) => {
+                // The driver's error and its causes ("error connecting to
+                // server: Connection refused (os error 111)").
+                let mut text = self.source.to_string();
+                let mut cause = self.source.source();
+                while let Some(e) = cause {
+                    let next = e.to_string();
+                    if !text.contains(&next) {
+                        text = format!("{text}: {next}");
+                    }
+                    cause = e.source();
+                }
+                text
+            }
+        };
+        format!("{what}: {said}; no connection was made and nothing was held: {todo}")
     }
 
     /// When the driver could not read the reply in the statement's shape
@@ -137,6 +225,10 @@ impl DriverError {
             .code
             .clone()
             .or_else(|| self.code_by_message().map(str::to_owned));
+        let detail = match kind {
+            ErrorKind::ConnectFailed => Detail::Text(self.connect_failed_text(code.as_deref())),
+            _ => detail,
+        };
         Error::make(kind, code, detail, Some(self.source))
     }
 
@@ -153,6 +245,14 @@ impl DriverError {
             .find(|(prefix, _)| message.starts_with(prefix))
             .map(|(_, code)| *code)
             .or_else(|| statement_name_code(message))
+    }
+
+    /// Whether the error is pgbouncer's refusal of a new client when its
+    /// `max_client_conn` are all connected, by its whole text (pgbouncer
+    /// 1.18 sends it as `FATAL`, SQLSTATE `08P01`, with no `V` field, at
+    /// the client's startup; a code that says nothing of a full pooler).
+    fn pooler_full(&self) -> bool {
+        self.message.as_deref() == Some(POOLER_FULL)
     }
 
     /// Whether the error is one pgbouncer ends the client's connection with,
@@ -188,6 +288,34 @@ pub(crate) fn statement_name_message(message: &str) -> Option<(&str, &'static st
         Some((name, sqlstate::INVALID_SQL_STATEMENT_NAME))
     }
 }
+
+/// pgbouncer's refusal of a new client when `max_client_conn` clients are
+/// connected, as pgbouncer 1.18 sends it (observed: `FATAL`, SQLSTATE
+/// `08P01`, this message, at the client's startup).
+const POOLER_FULL: &str = "no more connections allowed (max_client_conn)";
+
+/// `53300 too_many_connections`: "sorry, too many clients already",
+/// "remaining connection slots are reserved for …", "too many connections
+/// for role …".
+const TOO_MANY_CONNECTIONS: &str = "53300";
+/// `28P01 invalid_password`: "password authentication failed for user …".
+const INVALID_PASSWORD: &str = "28P01";
+/// `28000 invalid_authorization_specification`: among others, "no
+/// pg_hba.conf entry for host …", "role … does not exist".
+const INVALID_AUTHORIZATION_SPECIFICATION: &str = "28000";
+/// `3D000 invalid_catalog_name`: "database … does not exist".
+const INVALID_CATALOG_NAME: &str = "3D000";
+
+/// The SQLSTATEs with which a server refuses a new connection at its
+/// startup (as `FATAL`): too many clients, authentication, no such
+/// database, not accepting connections now (`57P03`).
+const REFUSALS: [&str; 5] = [
+    TOO_MANY_CONNECTIONS,
+    INVALID_PASSWORD,
+    INVALID_AUTHORIZATION_SPECIFICATION,
+    INVALID_CATALOG_NAME,
+    sqlstate::CANNOT_CONNECT_NOW,
+];
 
 /// pgbouncer's errors that end the client's connection (it sends them with
 /// severity `FATAL` and SQLSTATE `08P01`, then closes the connection), by

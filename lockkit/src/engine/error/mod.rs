@@ -86,7 +86,25 @@ pub enum ErrorKind {
     /// error had aborted the transaction.
     TransactionAborted,
     /// The connection is gone; the server released its locks with it.
+    /// Only for a connection that existed: one that could not be opened is
+    /// a [`ConnectFailed`](Self::ConnectFailed).
     ConnectionLost,
+    /// No connection was made: a connection lockkit opens (a session
+    /// lock's, the pooler probe's, a deadpool pool's new one) was refused,
+    /// or its server could not be reached. The server, or a pooler in front
+    /// of it, is full (`53300` too_many_connections: "sorry, too many
+    /// clients already", or "remaining connection slots are reserved";
+    /// pgbouncer's "no more connections allowed (max_client_conn)", which
+    /// it sends as `08P01`), authentication failed (`28P01`, `28000`), the
+    /// database does not exist (`3D000`), the server is not accepting
+    /// connections now (`57P03`: starting up, shutting down, in recovery)
+    /// or refused for another reason; or the TCP connect was refused or
+    /// timed out, or the opening got no answer within its bound.
+    /// [`Error::code`] is the SQLSTATE the server or pooler sent, if any,
+    /// and the message says what happened and what to do. Nothing was
+    /// held, so nothing was released: unlike a
+    /// [`ConnectionLost`](Self::ConnectionLost), no lock was lost.
+    ConnectFailed,
     /// Taking the keys would exceed the transaction's lock budget. Nothing
     /// was sent.
     BudgetExceeded,
@@ -343,6 +361,20 @@ impl Error {
 
     pub(crate) fn unexpected(what: String) -> Self {
         Error::make(ErrorKind::UnexpectedReply, None, Detail::Text(what), None)
+    }
+
+    /// A connection whose opening (the TCP connect, TLS, the startup) got
+    /// no answer within `bound`: [`ErrorKind::ConnectFailed`].
+    #[cfg_attr(not(feature = "tokio-postgres"), allow(dead_code))]
+    pub(crate) fn not_connected(bound: Duration) -> Self {
+        Error::with_message(
+            ErrorKind::ConnectFailed,
+            format!(
+                "could not connect to the server: no answer within {bound:?} (TCP connect, TLS, \
+                 startup: the server, or the path to it, is silent); no connection was made and \
+                 nothing was held: check that the server is running and reachable"
+            ),
+        )
     }
 
     /// An error of `kind` with a message of its own (for kinds whose
@@ -616,6 +648,9 @@ impl fmt::Display for Error {
             }
             (K::ConnectionLost, _) => f.write_str(
                 "the connection to the server was lost; its locks are released: take them again, in a new transaction on a new connection",
+            ),
+            (K::ConnectFailed, _) => f.write_str(
+                "no connection was made to the server; nothing was held",
             ),
             (
                 K::BudgetExceeded,

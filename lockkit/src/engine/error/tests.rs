@@ -307,3 +307,97 @@ fn a_statement_name_message_gives_its_name_and_code() {
     assert_eq!(taken("prepared statement \"s7\" does not exist"), None);
     assert_eq!(taken("deadlock detected"), None);
 }
+
+/// A server's refusal of a new connection (`FATAL` at its startup) is a
+/// connection that was never made, not one that was lost: too many
+/// clients, authentication, no such database, not accepting connections
+/// now, and pgbouncer's full `max_client_conn` (sent as `08P01`, told by
+/// its text). As an `ERROR` in a session, `3D000` or `28000` is another
+/// statement's error.
+#[test]
+fn a_refused_connection_is_a_connect_failure_not_a_lost_one() {
+    for (code, message) in [
+        ("53300", "sorry, too many clients already"),
+        (
+            "53300",
+            "remaining connection slots are reserved for non-replication superuser connections",
+        ),
+        ("28P01", "password authentication failed for user \"app\""),
+        ("28000", "no pg_hba.conf entry for host \"10.0.0.1\""),
+        ("3D000", "database \"nope\" does not exist"),
+        ("57P03", "the database system is starting up"),
+        ("08P01", "no more connections allowed (max_client_conn)"),
+    ] {
+        let e = err(code, message).closed(true).into_error();
+        assert_eq!(e.kind(), ErrorKind::ConnectFailed, "{code}: {e:?}");
+        assert!(!e.is_connection_lost() && !e.is_transient(), "{e:?}");
+        assert_eq!(e.code(), Some(code));
+        let text = e.to_string();
+        assert!(text.contains(message), "{text}");
+        assert!(text.contains("nothing was held"), "{text}");
+        assert!(!text.contains("lost"), "{text}");
+    }
+    // pgbouncer's refusal from a driver that hides code and severity.
+    let e = DriverError::new("x")
+        .message(Some("no more connections allowed (max_client_conn)"))
+        .into_error();
+    assert_eq!(e.kind(), ErrorKind::ConnectFailed, "{e:?}");
+    assert!(e.to_string().contains("the pooler is full"), "{e}");
+    // Each refusal says what it is.
+    for (code, says) in [
+        ("53300", "the server is full"),
+        ("28P01", "authentication failed"),
+        ("28000", "authentication failed"),
+        ("3D000", "the database does not exist"),
+        ("57P03", "not accepting connections now"),
+    ] {
+        let text = err(code, "m").closed(true).into_error().to_string();
+        assert!(text.contains(says), "{code}: {text}");
+    }
+    // The same codes as an `ERROR` in a live session are not refusals.
+    let e = err("3D000", "database \"nope\" does not exist").into_error();
+    assert_eq!(e.kind(), ErrorKind::Database);
+    // A session that existed and ended is lost, not refused.
+    for code in ["57P01", "57P02", "25P03", "08006"] {
+        let e = err(code, "terminating").closed(true).into_error();
+        assert_eq!(e.kind(), ErrorKind::ConnectionLost, "{code}");
+    }
+    let e = err("08P01", "query_wait_timeout").closed(true).into_error();
+    assert_eq!(e.kind(), ErrorKind::ConnectionLost);
+}
+
+/// Any error in opening a connection, up to the end of its startup, is a
+/// connect failure, whatever it would be in a session: no session existed.
+#[test]
+fn an_error_opening_a_connection_is_a_connect_failure() {
+    let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+    let e = DriverError::new(io).into_connect_error();
+    assert_eq!(e.kind(), ErrorKind::ConnectFailed);
+    assert_eq!(e.code(), None);
+    assert!(
+        e.to_string()
+            .starts_with("could not connect to the server: Connection refused;"),
+        "{e}"
+    );
+    // A connection closed during the startup (a pooler's own error there).
+    let e = err("08P01", "pgbouncer cannot connect to server")
+        .closed(true)
+        .into_connect_error();
+    assert_eq!(e.kind(), ErrorKind::ConnectFailed);
+    assert_eq!(e.code(), Some("08P01"));
+    assert!(
+        e.to_string().contains(
+            "refused the connection: pgbouncer cannot connect to server (SQLSTATE 08P01)"
+        ),
+        "{e}"
+    );
+    let e = DriverError::new("x").closed(true).into_connect_error();
+    assert_eq!(e.kind(), ErrorKind::ConnectFailed);
+    let e = Error::not_connected(Duration::from_secs(10));
+    assert_eq!(e.kind(), ErrorKind::ConnectFailed);
+    assert!(e.to_string().contains("no answer within 10s"), "{e}");
+    assert_eq!(
+        Error::from(ErrorKind::ConnectFailed).to_string(),
+        "no connection was made to the server; nothing was held"
+    );
+}

@@ -13,8 +13,7 @@ use tokio::sync::{watch, Notify};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Socket};
 
-use super::wire::within;
-use crate::driver::Canceller;
+use crate::driver::{Canceller, DriverError};
 use crate::engine::error::Error;
 use crate::engine::facts::ServerFacts;
 use crate::engine::sql;
@@ -93,7 +92,9 @@ impl Source {
         match self {
             Source::Connect(connect) => {
                 let bound = connect_bound(connect.config());
-                let (client, ended, close) = within(bound, OPENING, connect.connect()).await?;
+                let opening = tokio::time::timeout(bound, connect.connect());
+                let opened = opening.await.map_err(|_| Error::not_connected(bound))?;
+                let (client, ended, close) = opened?;
                 Ok((
                     Lease::owned(client, ended, close),
                     Some(connect.canceller()),
@@ -117,9 +118,6 @@ impl Source {
         }
     }
 }
-
-/// What the error of an opening that ran past its bound says.
-const OPENING: &str = "opening the connection (TCP connect, TLS, startup): nothing is held";
 
 /// How long opening a connection of `config` may take: its
 /// `connect_timeout` (or [`DEFAULT_CONNECT_TIMEOUT`]) for each of its hosts,
@@ -252,7 +250,8 @@ impl Drop for Lease {
 #[cfg(feature = "deadpool")]
 fn pool_error(e: deadpool_postgres::PoolError) -> Error {
     match e {
-        deadpool_postgres::PoolError::Backend(e) => Error::from(e),
+        // The pool's error in opening a new connection.
+        deadpool_postgres::PoolError::Backend(e) => DriverError::from(e).into_connect_error(),
         e => Error::other(e),
     }
 }
@@ -303,7 +302,10 @@ where
     /// (closing the socket).
     fn connect(&self) -> BoxFuture<'_, Result<Opened, Error>> {
         Box::pin(async move {
-            let (client, connection) = self.config.connect(self.tls.clone()).await?;
+            let connecting = self.config.connect(self.tls.clone());
+            let (client, connection) = connecting
+                .await
+                .map_err(|e| DriverError::from(e).into_connect_error())?;
             let (ended, lost) = watch::channel(false);
             let close = Arc::new(Notify::new());
             let closing = close.clone();

@@ -297,7 +297,8 @@ impl SessionLock {
     ///
     /// [`ErrorKind::HotStandby`], [`ErrorKind::HashtextMismatch`] and (session-level
     /// form) [`ErrorKind::PooledConnection`] or a [`ProbeTimeout`] before the
-    /// lock is handed out; [`ErrorKind::Deadlock`], [`ErrorKind::ConnectionLost`]
+    /// lock is handed out; [`ErrorKind::ConnectFailed`] when no connection
+    /// could be made; [`ErrorKind::Deadlock`], [`ErrorKind::ConnectionLost`]
     /// and other connection, pool or server errors. Nothing is held after
     /// an error.
     ///

@@ -110,9 +110,12 @@
 //!   each host of the configuration in turn) waits at most the
 //!   configuration's `connect_timeout` per host, or
 //!   [`DEFAULT_CONNECT_TIMEOUT`] per host when it sets none, then fails
-//!   with [`ErrorKind::ConnectionLost`]. (tokio-postgres itself bounds only
+//!   with [`ErrorKind::ConnectFailed`]. (tokio-postgres itself bounds only
 //!   the TCP connect.) A pool's lease (`from_pool`) waits as the pool's own
-//!   timeouts say.
+//!   timeouts say. A connection the server or a pooler refuses (too many
+//!   clients, authentication, no such database) fails with
+//!   `ConnectFailed` too, never `ConnectionLost`: no connection was made,
+//!   so no lock was lost.
 //! - **Taking a lock**, once connected: a try waits at most one keepalive
 //!   cadence for the server's answers, a `_timeout` call its timeout plus
 //!   one cadence (plus the [`probe_timeout`](SessionLock::probe_timeout)
