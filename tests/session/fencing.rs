@@ -106,13 +106,7 @@ async fn every_grant_mints_a_larger_token_in_every_form() {
     // lockkit.fencing_token(), what another client calls, mints in the
     // same order: between two of lockkit's grants.
     let (_, client) = (url.clone(), connect(&url).await);
-    let sql: FencingToken = client
-        .query_one("SELECT lockkit.fencing_token()::text", &[])
-        .await
-        .unwrap()
-        .get::<_, String>(0)
-        .parse()
-        .unwrap();
+    let sql: FencingToken = lockkit_tests::support::fencing_token_from_sql(&client).await;
     assert!(sql > last.unwrap(), "{sql} after {last:?}");
     let guard = take(&locks[0].1, "transaction", key).await;
     assert!(guard.fencing_token().unwrap() > sql);

@@ -144,13 +144,7 @@ async fn installing_again_replaces_the_earlier_fence_and_heals_its_poisoned_rows
     let _log = db.guard();
     let (config, client) = installed(db, "lockkit_fencing_upgrade").await;
     client.batch_execute(EARLIER_FENCE).await.unwrap();
-    let before: FencingToken = client
-        .query_one("SELECT lockkit.fencing_token()::text", &[])
-        .await
-        .unwrap()
-        .get::<_, String>(0)
-        .parse()
-        .unwrap();
+    let before: FencingToken = lockkit_tests::support::fencing_token_from_sql(&client).await;
     assert_eq!(
         fence(&client, Some("poisoned"), Some("NaN")).await,
         Ok(true)
@@ -233,13 +227,7 @@ async fn a_role_with_usage_on_the_schema_mints_and_fences_and_writes_nothing_els
         .batch_execute(&format!("GRANT USAGE ON SCHEMA lockkit TO {role}"))
         .await
         .unwrap();
-    let minted: FencingToken = caller
-        .query_one("SELECT lockkit.fencing_token()::text", &[])
-        .await
-        .unwrap()
-        .get::<_, String>(0)
-        .parse()
-        .unwrap();
+    let minted: FencingToken = lockkit_tests::support::fencing_token_from_sql(&caller).await;
     assert!(lockkit::sql::fence(&caller, "g", minted).await.unwrap());
     let guard = SessionLock::new(as_role)
         .fencing_tokens(true)

@@ -206,6 +206,39 @@ impl TestServer {
         Ok(client)
     }
 
+    /// Connects until the server refuses, on a server started with
+    /// `max_connections` at most `max` and no reserved slots: the
+    /// connections it took (keep them, or the server has room again) and
+    /// its refusal, checked to be `53300` (too many clients).
+    ///
+    /// # Panics
+    ///
+    /// If the server takes more than `max` connections, or refuses with
+    /// another error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped, the connections close.
+    pub async fn fill(&self, max: usize) -> (Vec<Client>, tokio_postgres::Error) {
+        let mut taken = Vec::new();
+        let refusal = loop {
+            assert!(
+                taken.len() <= max,
+                "the server took more than max_connections"
+            );
+            match self.try_connect().await {
+                Ok(client) => taken.push(client),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(
+            refusal.code().map(|c| c.code()),
+            Some("53300"),
+            "{refusal:?}"
+        );
+        (taken, refusal)
+    }
+
     /// Creates the database `name` (dropping an old one first) and returns
     /// its URL, so a test can have tables of its own on a shared server.
     ///

@@ -138,3 +138,19 @@ pub async fn hold_in_transaction(client: &Client, keys: impl IntoIterator<Item =
         .await
         .expect("the holder's transaction and its locks");
 }
+
+/// A fencing token minted in SQL (`lockkit.fencing_token()`), as any other
+/// client of the server mints one.
+///
+/// # Panics
+///
+/// If the function is not installed or fails.
+pub async fn fencing_token_from_sql(client: &Client) -> lockkit::fencing::FencingToken {
+    client
+        .query_one("SELECT lockkit.fencing_token()::text", &[])
+        .await
+        .expect("lockkit.fencing_token()")
+        .get::<_, String>(0)
+        .parse()
+        .expect("a token")
+}
