@@ -15,6 +15,7 @@ use tokio_postgres::Statement;
 
 use super::claims::Mux;
 use super::conn::{Lease, Settings};
+use super::drain::{Cleanup, Taking};
 use super::keeper::lease_of;
 use super::keeper::{watch_connection, Keeper, Kept, Tick};
 use super::simple::{begin_held, renew_held, HeldTx};
@@ -108,16 +109,21 @@ impl MuxConn {
         slot: usize,
     ) -> Result<Arc<Self>, Error> {
         let cadence = keeper.cadence;
-        let (lease, _canceller) = settings.source.lease().await?;
-        let client = lease.client();
+        // A try's bound: a slot within one cadence, and the set-up within
+        // another.
+        let lease = settings.pending_lease(Some(cadence)).await?;
+        // Dropped before it is kept (the try cut off, or its bound passed),
+        // the connection is drained: its held transaction rolled back
+        // behind whatever is in flight.
+        let taking = Taking::new(lease, Cleanup::Rollback);
+        let client = taking.lease().client();
         // The facts first, outside the transaction (they are the server's),
         // answered before the transaction is begun: a statement sent behind
         // an answer that leaves the connection idle is one a
         // transaction-mode pooler may hand, still running, to its next
         // client should this connection close meanwhile. Bounded as every
         // statement on the connection is; on a silent path, or behind a
-        // pooler with no free server connection, the lease drops here,
-        // closing the connection.
+        // pooler with no free server connection, the connection is drained.
         let ((in_recovery, backend_pid), facts) = within_take(cadence, async {
             let facts = server_facts(client).await?;
             let setup = begin_held(
@@ -129,6 +135,9 @@ impl MuxConn {
             Ok((setup, facts))
         })
         .await?;
+        let mut lease = taking.keep();
+        // Held for as long as it lives: bounded by the form's connections.
+        lease.hold();
         let facts = ServerFacts::from(&facts);
         let ended = lease.ended.clone();
         let conn = Arc::new(MuxConn {
