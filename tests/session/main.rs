@@ -15,6 +15,7 @@ mod multiplexed;
 mod multiplexed_budget;
 mod multiplexed_setups;
 mod pooler;
+mod pooler_hazard;
 mod probe;
 mod silent;
 mod tls;
