@@ -70,9 +70,8 @@ pub(super) async fn take_xact_lock(
     // A wait as long as it takes waits in slices that the server bounds
     // (`Policy::bounds_waits`): a take cut off, or whose client is gone,
     // frees its server connection within one slice.
-    let call = state
-        .acquire(policy, 0, request, wait)?
-        .sliced(policy.bounds_waits());
+    let call = state.acquire(policy, 0, request, wait)?;
+    let call = call.sliced(policy.bounds_waits());
     let mut conn = SimpleConn::new(client, Some((name, held)));
     let outcome = drive::<Simple<'_>>(&mut conn, &Simple(policy), Unnamed, call).await;
     let setup = conn.set_up()?;
