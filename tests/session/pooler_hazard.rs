@@ -435,3 +435,54 @@ async fn a_try_loop_behind_a_saturated_pooler_keeps_its_clients_within_the_bound
     );
     bouncer.serving().await.unwrap();
 }
+
+/// Tries of a busy key through a transaction-mode pgbouncer 1.18, in the
+/// default form and for a permit, as a leader loop makes them: a busy
+/// try's connection is inside the try's transaction, and a client that
+/// leaves there makes pgbouncer close the server connection ("client
+/// disconnect while server was not ready") and open another for its next
+/// client: a backend churned per try. Checks that no try did, and that
+/// every try answered busy.
+#[tokio::test(flavor = "multi_thread")]
+async fn busy_tries_churn_no_server_connection() {
+    let db = TestServer::shared();
+    let _log = db.guard();
+    let bouncer = PgBouncer::builder(db).default_pool_size(2).start();
+    let key = Job { id: 300 };
+    let holder = db.connect().await;
+    hold_in_transaction(&holder, [key.lock_key()]).await;
+    let sessions = SessionLock::new(bouncer.config());
+    let permits = std::num::NonZeroU8::new(1).unwrap();
+    let slot = db.connect().await;
+    // The permit's one slot, held elsewhere.
+    let taken = SessionLock::new(db.config())
+        .acquire_permit(Job { id: 301 }, permits)
+        .await
+        .unwrap();
+    for i in 0..20 {
+        assert!(sessions.try_lock(key).await.unwrap().is_err(), "try {i}");
+        assert!(
+            sessions
+                .try_acquire_permit(Job { id: 301 }, permits)
+                .await
+                .unwrap()
+                .is_err(),
+            "permit {i}"
+        );
+    }
+    drop(sessions);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while bouncer.clients_of("postgres").await > 0 {
+        assert!(Instant::now() < deadline, "the tries' clients stay");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let abrupt = bouncer.abrupt_client_closes();
+    assert!(
+        abrupt.is_empty(),
+        "{} busy tries left the pooler with a server connection to close, first: {:?}",
+        abrupt.len(),
+        abrupt.first()
+    );
+    drop((taken, slot));
+    holder.batch_execute("ROLLBACK").await.unwrap();
+}

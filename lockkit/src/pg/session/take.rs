@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::conn::{Lease, Settings};
-use super::drain::{Cleanup, Taking};
+use super::drain::{drain, Cleanup, Taking};
 use super::form::SessionForm;
 use super::guard::SessionGuard;
 use super::held::{Holding, Shared};
@@ -144,15 +144,26 @@ impl<'a> Own<'a> {
     /// The rollback waits at most one cadence: on a path gone silent the
     /// lease is dropped unclean instead (detached from its pool and closed).
     /// A connection of lockkit's own ends when dropped, as a dropped client
-    /// ends, after a busy try at once; after the server's error of a
-    /// statement it is rolled back first, so that the transaction's locks
-    /// are gone when the error is seen (the server ends a transaction that
-    /// an error aborted only after it sent the error).
+    /// ends; after a busy try in the default form it is rolled back first,
+    /// on a task ([`drain`]), so that the try answers at once: a client
+    /// that leaves inside a transaction makes a transaction-mode pooler
+    /// close the server connection, and open another for its next client.
+    /// After the server's error of a statement it is rolled back first, so
+    /// that the transaction's locks are gone when the error is seen (the
+    /// server ends a transaction that an error aborted only after it sent
+    /// the error).
     async fn discard(&self, mut lease: Lease, form: SessionForm, failed: Option<&Error>) {
         let busy = failed.is_none();
         if lease.is_owned() && busy {
-            lease.clean = true;
-            return; // Dropping it ends the session.
+            match form {
+                SessionForm::Transaction | SessionForm::Multiplexed => {
+                    drain(lease, Cleanup::Rollback);
+                }
+                // Outside a transaction, and taking nothing: dropping it
+                // ends the session.
+                SessionForm::SessionLevel => lease.clean = true,
+            }
+            return;
         }
         lease.clean = match form {
             SessionForm::Transaction | SessionForm::Multiplexed => {
