@@ -98,8 +98,9 @@ async fn session_locks_over_tls() {
             .await
             .unwrap_err();
         assert!(err.is_timeout(), "{err}");
-        // A wait given up mid-statement (cancelled over TLS, connection
-        // closed) leaves nothing behind.
+        // A wait given up mid-statement (drained: ended on the server at
+        // its slice, rolled back or unlocked behind it) leaves nothing
+        // behind.
         assert!(
             tokio::time::timeout(Duration::from_millis(200), sessions.lock(key))
                 .await
