@@ -283,6 +283,20 @@ async fn cut_off_session_locks_under_churn_leave_the_shared_pooler_and_its_clien
         errors.len()
     );
     bouncer.serving().await.unwrap();
+    // Every lockkit connection ends (the `SessionLock`s are gone): their
+    // ends are in pgbouncer's log before it is read.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = bouncer.clients_of("postgres").await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} clients left in pgbouncer 60 s after the churn"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let abrupt = bouncer.abrupt_client_closes();
     assert!(
         abrupt.is_empty(),

@@ -244,6 +244,19 @@ impl Lease {
         }
     }
 
+    /// The connection, moved out into a lease of its own (for a task to
+    /// drain it), leaving this one empty: dropping it does nothing.
+    pub(super) fn take_out(&mut self) -> Lease {
+        Lease {
+            conn: self.conn.take(),
+            ended: self.ended.take(),
+            clean: false,
+            close: self.close.take(),
+            session_lease: AtomicBool::new(self.session_lease.load(Ordering::Acquire)),
+            slot: self.slot.take(),
+        }
+    }
+
     /// A lock is held on the connection: it leaves its pending slot
     /// ([`PENDING_CONNECTIONS_PER_SESSION_LOCK`]) to the next take.
     pub(super) fn hold(&mut self) {

@@ -37,6 +37,9 @@ use crate::key::LockKey;
 /// this guard the connection is closed at once.
 pub(super) const DRAIN_GUARD: Duration = Duration::from_secs(150);
 
+/// [`Cleanup::EndHeld`]'s query.
+const END_HELD: &str = "SELECT pg_advisory_unlock_all(); ROLLBACK";
+
 /// What lets go of what a cut-off take may have taken.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Cleanup {
@@ -46,6 +49,11 @@ pub(super) enum Cleanup {
     /// A session-level lock of a key in a mode, granted or not: unlocked,
     /// and what the lock set on the session for its time reset.
     Unlock(LockKey, Mode),
+    /// A multiplexed connection's held transaction, once nothing refers to
+    /// the connection: every session-level lock let go, then rolled back,
+    /// in one query, so that no pooler can hand the server connection on
+    /// between the two.
+    EndHeld,
 }
 
 /// A take's connection while the take runs. Dropped before
@@ -106,8 +114,12 @@ pub(super) fn drain(lease: Lease, cleanup: Cleanup) {
 
 async fn drained(mut lease: Lease, cleanup: Cleanup) {
     let ended = tokio::time::timeout(DRAIN_GUARD, clean_up(&lease, cleanup)).await;
-    lease.clean = matches!(ended, Ok(Ok(())));
-    if !lease.clean {
+    let done = matches!(ended, Ok(Ok(())));
+    // A multiplexed connection leased from a pool never goes back to it,
+    // even ended cleanly: detached, it closes while idle.
+    let returns = !matches!(cleanup, Cleanup::EndHeld) || lease.is_owned();
+    lease.clean = done && returns;
+    if !done {
         tracing::debug!(?cleanup, answer = ?ended,
             "lockkit: a cut-off session lock's connection could not be drained; closing it");
     }
@@ -119,6 +131,7 @@ async fn clean_up(lease: &Lease, cleanup: Cleanup) -> Result<(), Error> {
     let client = lease.client();
     match cleanup {
         Cleanup::Rollback => client.batch_execute(sql::SESSION_ROLLBACK).await?,
+        Cleanup::EndHeld => client.batch_execute(END_HELD).await?,
         Cleanup::Unlock(key, mode) => {
             // `false` (with a warning) when the cut-off lock was not
             // granted.

@@ -147,11 +147,13 @@
 //! for as long as it lives:
 //! - **Behind any pooler.** The open transaction pins the connection's
 //!   backend, so no lock can be stranded on a pooled backend; the
-//!   transaction is never ended. A connection is closed instead, once it
-//!   has held nothing for a keepalive cadence, or when anything fails on
-//!   it; a client that goes away (closed, crashed, killed with `kill -9`)
-//!   ends the session too, since a pooler closes a backend its client left
-//!   inside a transaction, and the server releases every lock on it. Tested
+//!   transaction is ended only once the connection holds nothing and has
+//!   had no claim for a keepalive cadence (every lock let go and rolled
+//!   back in one query, then the connection ends while idle); when
+//!   anything fails on it, it is closed at once. A client that goes away
+//!   (crashed, killed with `kill -9`) ends the session too, since a pooler
+//!   closes a backend its client left inside a transaction, and the server
+//!   releases every lock on it. Tested
 //!   through transaction-mode pgbouncer: the locks are gone as soon as the
 //!   pooler sees the client's socket close, with no timeout involved.
 //! - **A try never waits, and a wait never delays another lock.** A free
@@ -190,9 +192,10 @@
 //! holds back VACUUM only while it is busy, and then only by its last
 //! statement's snapshot.
 //! On a pool (`from_pool`), each connection is leased for its life and
-//! never returned (a connection given up closes when its last guard
-//! drops); size the pool for them and for the waits that take connections
-//! of their own, since a lease waits for the pool.
+//! never returned: detached and closed once its held transaction ended as
+//! above (a connection given up closes when its last guard drops); size
+//! the pool for them and for the waits that take connections of their
+//! own, since a lease waits for the pool.
 //!
 //! # The plain session-level form
 //!

@@ -15,7 +15,7 @@ use tokio_postgres::Statement;
 
 use super::claims::Mux;
 use super::conn::{Lease, Settings};
-use super::drain::{Cleanup, Taking};
+use super::drain::{drain, Cleanup, Taking};
 use super::keeper::lease_of;
 use super::keeper::{watch_connection, Keeper, Kept, Tick};
 use super::simple::{begin_held, renew_held, HeldTx};
@@ -49,6 +49,10 @@ pub(super) struct MuxConn {
     /// Flipped once the connection is gone (closed, ended, or given up):
     /// every lock on it is gone.
     pub(super) lost: watch::Sender<bool>,
+    /// Whether it was given up ([`MuxConn::give_up`]): closed at once, its
+    /// state unknown. Otherwise, once nothing refers to it, its held
+    /// transaction is ended cleanly ([`Cleanup::EndHeld`]).
+    given_up: AtomicBool,
     /// Whether a key was claimed on it since the keeper last looked: an
     /// idle connection is closed only after a cadence without claims.
     pub(super) used: AtomicBool,
@@ -149,6 +153,7 @@ impl MuxConn {
             facts,
             cadence,
             lost: watch::Sender::new(false),
+            given_up: AtomicBool::new(false),
             used: AtomicBool::new(true),
             statements_run: AtomicU64::new(0),
             renewed: AtomicU64::new(0),
@@ -212,6 +217,7 @@ impl MuxConn {
         if let Some(mux) = self.mux.upgrade() {
             mux.forget(self.slot, self);
         }
+        self.given_up.store(true, Ordering::Release);
         self.lease.close();
         let was = self.lost.send_replace(true);
         if !was {
@@ -488,11 +494,19 @@ async fn drop_snapshot(conn: Weak<MuxConn>, mut seen: u64) {
 
 impl Drop for MuxConn {
     /// Nothing is in flight on a connection nothing refers to any more
-    /// (every statement runs on an `Arc` of it): an owned one ends as a
-    /// dropped client ends, and its session's end releases its locks. A
-    /// pooled one never goes back to its pool.
+    /// (every statement runs on an `Arc` of it), and no lock is held on it
+    /// (each guard and claim holds an `Arc`): its held transaction is ended
+    /// on a task, every session-level lock let go and rolled back in one
+    /// query ([`Cleanup::EndHeld`]), and the connection then ends while
+    /// idle: with a `Terminate`, or, leased from a pool, detached and
+    /// closed (it never goes back to its pool). A client that left inside
+    /// the transaction would make a transaction-mode pooler close the
+    /// server connection and open another. One given up was closed at
+    /// once.
     fn drop(&mut self) {
-        if self.lease.is_owned() {
+        if !self.given_up.load(Ordering::Acquire) {
+            drain(self.lease.take_out(), Cleanup::EndHeld);
+        } else if self.lease.is_owned() {
             self.lease.clean = true;
         }
     }
@@ -507,10 +521,9 @@ impl Kept for MuxConn {
                 return;
             }
             if idle(&self) {
-                // Nothing held and nothing claimed: closed, and the slot
-                // opens a new one when needed. (Closing ends the session,
-                // so the backend never goes back to a pooler's pool.)
-                self.lease.close();
+                // Nothing held and nothing claimed: the slot forgot it and
+                // opens a new one when needed; its held transaction ends
+                // cleanly once the last `Arc` of it drops (`Drop`).
                 let _ = self.lost.send_replace(true);
                 return;
             }
