@@ -42,12 +42,26 @@ pub(crate) struct Parts<'s, D: Driver, C, R> {
     pub(crate) conn: C,
     pub(crate) driver: R,
     pub(crate) depth: u32,
-    /// Whether the call has the connection to itself until it ends (the
-    /// generic face borrows it `&mut`): nothing the application sends can
-    /// run between two of the call's rounds. tokio-postgres's face lets
-    /// the application pipeline statements behind a call.
-    pub(crate) exclusive: bool,
     pub(crate) stack: PhantomData<fn() -> D>,
+}
+
+/// How a face holds its connection for a call: whether the call has it to
+/// itself until it ends (the generic face borrows it `&mut`), so that
+/// nothing the application sends can run between two of the call's
+/// rounds. tokio-postgres's face lets the application pipeline statements
+/// behind a call.
+pub(crate) trait Exclusivity {
+    /// Whether the call has the connection to itself.
+    const EXCLUSIVE: bool;
+}
+
+impl<T: ?Sized> Exclusivity for &mut T {
+    const EXCLUSIVE: bool = true;
+}
+
+#[cfg(feature = "tokio-postgres")]
+impl Exclusivity for crate::pg::exec::PgConn<'_> {
+    const EXCLUSIVE: bool = false;
 }
 
 impl<D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>> Parts<'_, D, C, R> {
@@ -67,7 +81,7 @@ pub(crate) async fn lock_one<
     'a,
     'g,
     D: Driver,
-    C: BorrowMut<D::Conn>,
+    C: BorrowMut<D::Conn> + Exclusivity,
     R: Borrow<D>,
     K: AdvisoryKey,
 >(
@@ -84,7 +98,7 @@ pub(crate) async fn try_lock_one<
     'a,
     'g,
     D: Driver,
-    C: BorrowMut<D::Conn>,
+    C: BorrowMut<D::Conn> + Exclusivity,
     R: Borrow<D>,
     K: AdvisoryKey,
 >(
@@ -203,7 +217,13 @@ pub(crate) async fn try_permit<
 /// then built in the lock call's own state, not returned from here and
 /// copied there.
 #[inline(always)]
-async fn send_one<'a, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>, K: AdvisoryKey>(
+async fn send_one<
+    'a,
+    D: Driver,
+    C: BorrowMut<D::Conn> + Exclusivity,
+    R: Borrow<D>,
+    K: AdvisoryKey,
+>(
     parts: impl FnOnce() -> Result<Parts<'a, D, C, R>, Error>,
     value: &K,
     mode: Mode,
@@ -211,29 +231,53 @@ async fn send_one<'a, D: Driver, C: BorrowMut<D::Conn>, R: Borrow<D>, K: Advisor
     site: Site,
 ) -> Result<Result<Grant, Busy>, Error> {
     let mut parts = parts()?;
-    let exclusive = parts.exclusive;
     let (state, conn, driver, depth) = parts.split();
-    let policy: &Policy = driver.as_ref();
-    let bounded = !try_only && driver::bounds_waits(driver);
-    if bounded {
-        if exclusive {
-            let call = state.acquire_one_first(policy, depth, (value, mode), Some(site))?;
-            match driver::run_one::<D>(&mut *conn, driver, call).await? {
-                Ok(grant) => return Ok(Ok(grant)),
-                Err(_busy) => {}
-            }
-        }
-        let request = Request::one(value, mode).at(site);
-        let call = state
-            .acquire(policy, depth, request, Wait::Forever)?
-            .sliced(true);
-        let statements = policy.config().statement_mode();
-        return call
-            .run(|call| driver::drive::<D>(conn, driver, statements, call))
-            .await;
+    // Behind a box: the common call's future stays as small as it is
+    // unbounded.
+    if !try_only && driver::bounds_waits(driver) {
+        return Box::pin(bounded_lock::<D, K>(
+            state,
+            conn,
+            driver,
+            depth,
+            (value, mode, site),
+            C::EXCLUSIVE,
+        ))
+        .await;
     }
-    let call = state.acquire_one(policy, depth, (value, mode), try_only, Some(site))?;
+    let call = state.acquire_one(driver.as_ref(), depth, (value, mode), try_only, Some(site))?;
     driver::run_one::<D>(conn, driver, call).await
+}
+
+/// A one-key lock whose wait is bounded on the server
+/// ([`driver::bounds_waits`]). Where the call has the connection to itself
+/// (`exclusive`), it tries first, in the one statement of the unbounded
+/// lock, and waits in slices only for a busy key: a free key costs what it
+/// costs unbounded. Where the application may pipeline statements behind
+/// the call (tokio-postgres), a busy try would let them run before the lock
+/// is held, so it waits in slices from the start.
+async fn bounded_lock<D: Driver, K: AdvisoryKey>(
+    state: &TxState,
+    conn: &mut D::Conn,
+    driver: &D,
+    depth: u32,
+    (value, mode, site): (&K, Mode, Site),
+    exclusive: bool,
+) -> Result<Result<Grant, Busy>, Error> {
+    let policy: &Policy = driver.as_ref();
+    if exclusive {
+        let call = state.acquire_one_first(policy, depth, (value, mode), Some(site))?;
+        if let Ok(grant) = driver::run_one::<D>(&mut *conn, driver, call).await? {
+            return Ok(Ok(grant));
+        }
+    }
+    let request = Request::one(value, mode).at(site);
+    let call = state
+        .acquire(policy, depth, request, Wait::Forever)?
+        .sliced(true);
+    let statements = policy.config().statement_mode();
+    call.run(|call| driver::drive::<D>(conn, driver, statements, call))
+        .await
 }
 
 /// The engine's general call for `request`, run by the driver round after

@@ -200,6 +200,7 @@ pub use pg::{
     Locker, Migration, MigrationError, MigrationGuard, PoolerProbe, ProbeTimeout, PublishedKeyType,
     SessionForm, SessionGuard, SessionLock, WhenBusy, DEFAULT_CONNECTIONS, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_KEEPALIVE, DEFAULT_PROBE_TIMEOUT, MULTIPLEXED_NAME,
+    PENDING_CONNECTIONS_PER_SESSION_LOCK,
 };
 #[cfg(feature = "tokio")]
 pub use retry::retry;

@@ -394,7 +394,6 @@ impl<'t, M: Io, D: Transactions<Io = M>> LockTx<'t, D, M> {
             conn: &mut *self.conn,
             driver: &self.locker,
             depth: self.depth,
-            exclusive: true,
             stack: PhantomData,
         })
     }

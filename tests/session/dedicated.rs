@@ -278,6 +278,11 @@ async fn a_cancelled_lock_leaves_nothing_behind() {
             _ = wait_until_awaited(&observer, key) => {}
         }
     }
+    // No cancel request: the server ends the cut-off wait at its slice,
+    // while the key is still held, and its connection is rolled back.
+    lockkit_tests::observe::until_key_not_waited(&observer, key)
+        .await
+        .unwrap();
     assert!(holder.release().await.unwrap());
     // The cancelled waiter must not end up holding the key.
     until_gone(&observer, key).await;

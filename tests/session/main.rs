@@ -16,6 +16,7 @@ mod multiplexed;
 mod multiplexed_budget;
 mod multiplexed_setups;
 mod pooler;
+mod pooler_hazard;
 mod probe;
 mod refused;
 mod silent;

@@ -143,8 +143,8 @@ async fn multiplexed_backends(observer: &Client) -> BTreeSet<i32> {
 /// backends, each of which `pg_stat_ssl` shows on SSL and `pg_locks` shows
 /// holding exactly the guards' keys; a rival over TLS refused; a wait for a
 /// held key (its own connection, in the default form, over TLS) timing out,
-/// and one cut off while the server has it waiting (cancelled over TLS),
-/// leaving no waiter; then every lock released on its own and none left.
+/// and one cut off while the server has it waiting (its wait ended on the
+/// server at its slice), leaving no waiter; then every lock released on its own and none left.
 /// The control: the same server refuses the multiplexed form's connection
 /// in plain text, so the locks above went over TLS.
 #[tokio::test(flavor = "multi_thread")]

@@ -619,7 +619,8 @@ async fn a_session_lock_leaves_no_name_on_a_pooled_backend() {
 /// its bound (one keepalive cadence, plus what the machine's load adds),
 /// never `ConnectionLost`. Both session forms, at the default keepalive and
 /// a short one. The control, below the loop: once a lock lets go, a try
-/// gets a server connection and the key.
+/// gets a server connection and the key; then every try's connection,
+/// drained meanwhile, ends cleanly.
 #[tokio::test(flavor = "multi_thread")]
 async fn tries_behind_a_saturated_pooler_are_busy_or_time_out() {
     const POOL: u32 = 2;
@@ -677,19 +678,19 @@ async fn tries_behind_a_saturated_pooler_are_busy_or_time_out() {
         );
     }
     assert_eq!(timeouts, 40);
-    // A try that gave up closed its connection: none is left open, its
-    // statement queued in the pooler to run (and take its key) once a
-    // server connection frees. Only the holders' connections stay.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while bouncer.clients_connected() > POOL as usize {
-        assert!(
-            Instant::now() < deadline,
-            "{} connections to the pooler, {POOL} of them the holders': tries that gave up left theirs open",
-            bouncer.clients_connected()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // The control: a server connection freed, a try gets it and the key.
+    // A try that gave up keeps its connection, drained, never closed under
+    // its statement queued in the pooler: pgbouncer 1.18, reading nothing
+    // from a client waiting for a server connection, would count a closed
+    // one until a server connection frees, and then close that server
+    // connection under the statement. Each `SessionLock` here tried once:
+    // one connection each, beside the holders'.
+    let clients = bouncer.clients_of("postgres").await;
+    assert!(
+        clients <= POOL as usize + 40,
+        "{clients} clients in the pooler: {POOL} holders and 40 drained tries at most"
+    );
+    // The control: a server connection freed, a try gets it and the key,
+    // behind the drained tries' statements, which run and roll back.
     held.pop().unwrap().release().await.unwrap();
     let sessions = SessionLock::new(bouncer.config()).keepalive(PATIENT);
     let guard = sessions
@@ -701,22 +702,45 @@ async fn tries_behind_a_saturated_pooler_are_busy_or_time_out() {
     for guard in held {
         guard.release().await.unwrap();
     }
+    drop((sessions, holders));
+    // Every drained connection ends with a Terminate while idle: none left,
+    // and the pooler closed no server connection under a statement.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = bouncer.clients_of("postgres").await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} clients left in the pooler 60 s after every lock let go"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(bouncer.abrupt_client_closes(), Vec::<String>::new());
+    for id in 71_001..=id {
+        assert_eq!(
+            granted(&observer, Leader { id }.lock_key()).await,
+            0,
+            "key {id}"
+        );
+    }
 }
 
 /// pgbouncer 1.18 in transaction mode hands a server connection on as soon
 /// as its client goes away if the last answer left it idle, even with a
 /// statement of that client's still running there
 /// (`tests/lockkit/pooler_handoff.rs`). A default-form lock of a `HashText`
-/// key, cut off while it waits, closes its connection: no statement of
-/// its may then still run behind an idle answer, or the pooler gives the
-/// next client a server connection inside the lock's transaction, the
-/// lock's answer as its own. Here, through a pooler of one server
-/// connection, on connections the `SessionLock` opens and on a deadpool
-/// pool's: the lock waits for a key held elsewhere and is cut off;
-/// the next client reads its own answer, and once the key is let go
-/// nothing holds it (on a pool's connection, which the cut-off lock closes
-/// without a cancel request, once the server has ended the wait). (The facts the lock reads beside its query went out
-/// at once ahead of it, and the next client read the lock's set-up row.)
+/// key, cut off while it waits, is drained: no statement of its may run
+/// behind an idle answer, or the pooler gives the next client a server
+/// connection inside the lock's transaction, the lock's answer as its own.
+/// Here, through a pooler of one server connection, on connections the
+/// `SessionLock` opens and on a deadpool pool's: the lock waits for a key
+/// held elsewhere and is cut off; the next client reads its own answer,
+/// and once the key is let go nothing holds it (on a pool's connection,
+/// once the server has ended the wait's slice, with no cancel request).
+/// (The facts the lock reads beside its query went out at once ahead of
+/// it, and the next client read the lock's set-up row.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cut_off_lock_leaves_no_statement_to_the_pooler_s_next_client() {
     use lockkit::key::HashText;
@@ -757,8 +781,7 @@ async fn a_cut_off_lock_leaves_no_statement_to_the_pooler_s_next_client() {
         let b = bouncer.connect().await;
         let answer = tokio::spawn(async move { simple_value(&b, "SELECT 'of B'").await });
         if round % 2 == 1 {
-            // A pool's connection is closed, not cancelled: the server ends
-            // the wait within `client_connection_check_interval`.
+            // No cancel request: the server ends the wait at its slice.
             lockkit_tests::observe::until_key_not_waited(&observer, key)
                 .await
                 .unwrap();
@@ -780,20 +803,19 @@ async fn a_cut_off_lock_leaves_no_statement_to_the_pooler_s_next_client() {
 
 /// Lock calls of a `SessionLock` on a deadpool pool, cut off at once or
 /// within a few milliseconds while another session holds the key, through
-/// pgbouncer 1.18 in transaction mode: 8 tasks of 25 calls each. A cancel
+/// pgbouncer 1.18 in transaction mode: 8 tasks of 50 calls each. A cancel
 /// request whose client closes before pgbouncer 1.18 forwarded it kills
 /// that pgbouncer (`FATAL … disconnect_client(): bad client state: 0`,
-/// pgbouncer's issue 801), and every client of the pooler with it; and
-/// lockkit cannot keep the request's connection open on a pool's
-/// connection, whose address deadpool-postgres keeps private. So a cut-off
-/// call on a leased connection sends none: it closes the connection, and
-/// the server ends the wait within `client_connection_check_interval`
-/// (PostgreSQL 14+), which the lock's transaction sets. Checks: the pooler
-/// still serves, no cancel request reached it (its log), and every wait
-/// ends while the holder still holds the key. Sending tokio-postgres's
-/// cancel request there (`.ci/mutations "for a pool's connection"`) fails
-/// it: pgbouncer died (3 runs of 3 on a busy machine, 1 of 3 on a quiet
-/// one), and the requests are in its log when it did not.
+/// pgbouncer's issue 801), and every client of the pooler with it. So a
+/// cut-off call sends none: its wait is bounded on the server (slices),
+/// and its connection is drained, rolled back behind the statement and
+/// returned to the pool, never closed under it. Checks: the pooler still
+/// serves, no cancel request reached it (its log), it closed no server
+/// connection under a statement whose client left, and every wait ends
+/// while the holder still holds the key. (Sending tokio-postgres's cancel
+/// request there killed pgbouncer in 3 runs of 3 on a busy machine.)
+/// Closing a cut-off take's connection at once (`.ci/mutations "cut-off
+/// take closed at once"`) fails it.
 #[tokio::test(flavor = "multi_thread")]
 async fn cut_off_pooled_lock_calls_leave_the_shared_pooler_serving() {
     let db = TestServer::shared();
@@ -834,16 +856,23 @@ async fn cut_off_pooled_lock_calls_leave_the_shared_pooler_serving() {
     );
     ended.unwrap();
     until_free(&observer, key.lock_key()).await;
+    let abrupt = bouncer.abrupt_client_closes();
+    assert!(
+        abrupt.is_empty(),
+        "the pooler closed {} server connections under a statement, first: {:?}",
+        abrupt.len(),
+        abrupt.first()
+    );
 }
 
 /// A session-level lock on a connection leased from a deadpool pool, cut
 /// off while it waits for a key held elsewhere: it sends no cancel request
-/// (`cut_off_pooled_lock_calls_leave_the_shared_pooler_serving`) and closes
-/// the connection, and the server ends the wait while the key is still
-/// held, through the `client_connection_check_interval` the lock set for
-/// its time on the pool's connection. Without that setting
-/// (`.ci/mutations "session-level form"`), the closed session waited for
-/// the key until its holder let go (30 s here).
+/// (`cut_off_pooled_lock_calls_leave_the_shared_pooler_serving`), and the
+/// server ends the wait while the key is still held, at the end of the
+/// slice the form set as the session's `lock_timeout` for the wait; the
+/// drained connection is unlocked and reset behind it, and goes back to
+/// the pool. Without the slices (`.ci/mutations "session-level slices"`),
+/// the session waited for the key until its holder let go (30 s here).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cut_off_session_level_lock_on_a_pool_s_connection_stops_waiting() {
     let db = TestServer::shared();

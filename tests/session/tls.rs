@@ -98,8 +98,9 @@ async fn session_locks_over_tls() {
             .await
             .unwrap_err();
         assert!(err.is_timeout(), "{err}");
-        // A wait given up mid-statement (cancelled over TLS, connection
-        // closed) leaves nothing behind.
+        // A wait given up mid-statement (drained: ended on the server at
+        // its slice, rolled back or unlocked behind it) leaves nothing
+        // behind.
         assert!(
             tokio::time::timeout(Duration::from_millis(200), sessions.lock(key))
                 .await
@@ -145,31 +146,46 @@ async fn a_plain_text_connection_to_a_tls_only_server_fails_clearly() {
 /// holder still holds the key (issue 9's first finding, over TLS). Twelve
 /// rounds, unnamed and prepared statements, one key and a batch.
 ///
-/// Found by reading the cancel path: the request went in plain text, which
-/// tokio-postgres refuses to send under `require` (it negotiates TLS for a
-/// cancel request as for the connection), so the server kept waiting and
-/// the rollback with it; this test failed at its first round then. The
-/// control is that default: the connection is still waiting for the key
-/// after the rollback has sent its cancel requests for 2 s. The holder
-/// keeps the key until the test ends, so a rollback that waited for it
-/// could not return.
+/// Under `require` a cancel request must go over TLS (tokio-postgres
+/// negotiates TLS for it as for the connection), so only a locker given
+/// the connector sends one; without it, the wait is bounded on the server
+/// instead. Every connection here sets `deadlock_timeout` to a minute, so
+/// a wait's slice lasts longer than the test's bounds: a wait that ends
+/// within them was ended by the cancel request. The control, without the
+/// connector: the connection is still waiting for the key 2 s after the
+/// cut-off. The holder keeps the key until the test ends.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dropped_lock_call_is_cancelled_over_tls() {
     let (db, tls) = tls_server();
     let observer = observer(&db).await;
     let mut config = db.config();
     config.ssl_mode(SslMode::Require);
+    // Slices of a minute (the server's deadlock_timeout and one second):
+    // a wait that ends within the test's bounds was ended by the cancel
+    // request, not by its slice.
     let connect = || {
         let (config, tls) = (config.clone(), tls.clone());
         async move {
             let (client, connection) = config.connect(tls).await.unwrap();
             tokio::spawn(connection);
             client
+                .batch_execute("SET deadlock_timeout = '60s'")
+                .await
+                .unwrap();
+            client
         }
     };
     let mut holder = connect().await;
     let plain = Locker::new(&holder, Config::default()).await.unwrap();
+    assert!(
+        plain.policy().bounds_waits(),
+        "no connector: no cancel request"
+    );
     let locker = plain.clone().cancel_tls(tls.clone());
+    assert!(
+        !locker.policy().bounds_waits(),
+        "proven direct under sslmode=require, with the connector"
+    );
     let key = Secret { id: 20 };
     let holder_pid = backend_pid(&holder).await;
     let held = plain.begin(&mut holder).await.unwrap();
@@ -207,7 +223,8 @@ async fn a_dropped_lock_call_is_cancelled_over_tls() {
         assert!(held_by(&observer, holder_pid, key.lock_key()).await);
     }
 
-    // The control: cancel requests in plain text do not get through.
+    // The control: without the connector no request goes, and the wait
+    // lasts until its slice ends.
     let mut control = connect().await;
     let control_pid = backend_pid(&control).await;
     let tx = plain.begin(&mut control).await.unwrap();
@@ -246,6 +263,11 @@ async fn a_dropped_diesel_async_lock_call_is_cancelled_over_tls() {
         let (config, tls) = (config.clone(), tls.clone());
         async move {
             let (client, connection) = config.connect(tls).await.unwrap();
+            // Slices of a minute, as above.
+            client
+                .batch_execute("SET deadlock_timeout = '60s'")
+                .await
+                .unwrap();
             let mut conn = AsyncPgConnection::try_from_client_and_connection(client, connection)
                 .await
                 .unwrap();
@@ -311,7 +333,8 @@ async fn a_dropped_diesel_async_lock_call_is_cancelled_over_tls() {
         assert!(held_by(&observer, holder_pid, key.lock_key()).await);
     }
 
-    // The control: cancel requests in plain text do not get through.
+    // The control: without the connector no request goes, and the wait
+    // lasts until its slice ends.
     let (mut control, control_pid) = connect().await;
     let outcome = control
         .transaction::<(), lockkit::Error, _>(async |conn| {

@@ -224,6 +224,69 @@ impl PgBouncer {
         fs::read_to_string(self.root.join("pgbouncer.log")).unwrap_or_default()
     }
 
+    /// The lines of its log that contain `text`.
+    pub fn log_lines(&self, text: &str) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The lines of its log where it closed a server connection because
+    /// its client left while a statement of that client's was still
+    /// running there (`client disconnect while server was not ready`):
+    /// each is a server connection the pooler then opens anew, a backend
+    /// churned, and a statement that ran with nobody to answer.
+    pub fn abrupt_client_closes(&self) -> Vec<String> {
+        self.log_lines("while server was not ready")
+    }
+
+    /// How many clients pgbouncer itself counts for `database`, whatever
+    /// state they are in (`SHOW CLIENTS` on its admin console): a client
+    /// that closed its side while waiting for a server connection is still
+    /// counted until pgbouncer reads from it again, and takes one of its
+    /// `max_client_conn` until then (which
+    /// [`clients_connected`](Self::clients_connected) does not see).
+    ///
+    /// # Panics
+    ///
+    /// If the admin console does not answer (it is a client too: one more
+    /// of `max_client_conn`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops the admin client.
+    pub async fn clients_of(&self, database: &str) -> usize {
+        let (client, connection) = self
+            .admin_config()
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("pgbouncer's admin console");
+        let task = tokio::spawn(connection);
+        let rows = client
+            .simple_query("SHOW CLIENTS")
+            .await
+            .expect("SHOW CLIENTS");
+        drop(client);
+        let _ = task.await;
+        rows.iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(row) => row.get("database"),
+                _ => None,
+            })
+            .filter(|d| *d == database)
+            .count()
+    }
+
+    /// The connection settings of pgbouncer's admin console (database
+    /// `pgbouncer`, as `postgres`, one of its `admin_users`).
+    pub fn admin_config(&self) -> Config {
+        let mut config = self.config();
+        config.dbname("pgbouncer");
+        config
+    }
+
     /// The lines of its log about cancel requests: pgbouncer logs each
     /// request's client as it closes it (`… closing because: successfully
     /// sent cancel request`, or a failed one), so none means that no
@@ -426,6 +489,7 @@ rm -rf "$3""#;
              listen_port = {port}\n\
              unix_socket_dir =\n\
              auth_type = trust\n\
+             admin_users = postgres\n\
              auth_file = {root}/userlist.txt\n\
              pool_mode = {mode}\n\
              default_pool_size = {size}\n\

@@ -5,7 +5,6 @@
 
 use std::any::TypeId;
 use std::io;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -17,7 +16,6 @@ use futures_util::FutureExt;
 use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
-use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 #[cfg(feature = "tokio-postgres")]
 use tokio_postgres::Client;
@@ -32,9 +30,6 @@ const RESEND_FIRST: Duration = Duration::from_millis(100);
 /// The longest delay between two cancel requests for the same statements.
 #[cfg(feature = "tokio-postgres")]
 const RESEND_MAX: Duration = Duration::from_secs(1);
-/// How long a cancel request's connection may take to open, when the
-/// connections' configuration sets no `connect_timeout`.
-const CONNECT_BOUND: Duration = Duration::from_secs(10);
 /// How long a cancel request's connection stays open for the server (or
 /// the pooler) to close it, which says that it processed the request.
 const CLOSE_BOUND: Duration = Duration::from_secs(10);
@@ -194,7 +189,6 @@ impl AsRef<Policy> for CancellingPolicy {
 #[derive(Clone, Default)]
 pub(crate) struct Canceller {
     tls: Option<Arc<SendCancel>>,
-    to: Option<Arc<Address>>,
     /// Whether the connections are proven to reach PostgreSQL itself
     /// ([`CancellingPolicy::learned_on`]): only then does a request go.
     direct: bool,
@@ -213,7 +207,6 @@ impl Canceller {
     pub(crate) const fn plain() -> Canceller {
         Canceller {
             tls: None,
-            to: None,
             direct: false,
             over_tls: false,
         }
@@ -240,19 +233,8 @@ impl Canceller {
         };
         Canceller {
             tls: Some(Arc::new(send)),
-            to: None,
             direct: false,
             over_tls: false,
-        }
-    }
-
-    /// The same, with plain-text requests sent to the hosts of `config`,
-    /// which the connections were made with; with `sslmode=disable`, every
-    /// request.
-    pub(crate) fn to(self, config: &tokio_postgres::Config) -> Canceller {
-        Canceller {
-            to: Address::of(config).map(Arc::new),
-            ..self
         }
     }
 
@@ -298,24 +280,15 @@ impl Canceller {
         self.direct && (!self.over_tls || self.tls.is_some())
     }
 
-    /// Sends the cancel request for `token`'s connection, and waits until
-    /// the server closes the request's connection (within
-    /// [`CLOSE_BOUND`]), unless it goes as tokio-postgres sends it (only
-    /// when [`sends`](Self::sends) says so).
-    ///
-    /// With the address, a request that may go in plain text (`sslmode`
-    /// `disable` or `prefer`) goes there in plain text, kept open: through
-    /// the connector, tokio-postgres would send it closed at once to a
-    /// server that answers "no TLS". Only one that must go over TLS takes
-    /// the connector.
+    /// Sends the cancel request for `token`'s connection: through the TLS
+    /// connector when there is one (kept open until the server closes it,
+    /// within [`CLOSE_BOUND`], when it negotiated TLS), else as
+    /// tokio-postgres sends it. Only to a connection proven direct
+    /// ([`sends`](Self::sends)): PostgreSQL handles either.
     fn send(&self, token: CancelToken) -> BoxFuture<'static, Result<(), SendError>> {
-        match (&self.tls, &self.to) {
-            (_, Some(to)) if to.plain || key_of(&token).is_some_and(|k| !k.tls) => {
-                Box::pin(to.clone().send(token))
-            }
-            (Some(send), _) => send(token),
-            (None, Some(to)) => Box::pin(to.clone().send(token)),
-            (None, None) => Box::pin(async move { Ok(token.cancel_query(NoTls).await?) }),
+        match &self.tls {
+            Some(send) => send(token),
+            None => Box::pin(async move { Ok(token.cancel_query(NoTls).await?) }),
         }
     }
 
@@ -549,120 +522,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for InMemory<S> {
     }
 }
 
-/// Where plain-text cancel requests go: the hosts of the connections'
-/// configuration.
-#[derive(Debug)]
-struct Address {
-    /// Each host, its port, and its `hostaddr` when the configuration sets
-    /// one (connected to instead of looking the name up).
-    hosts: Vec<(Host, Option<IpAddr>, u16)>,
-    connect_timeout: Duration,
-    /// Whether the connections are in plain text (`sslmode=disable`).
-    plain: bool,
-}
-
-impl Address {
-    /// The hosts of `config`, as tokio-postgres connects to them; `None`
-    /// when it names none.
-    fn of(config: &tokio_postgres::Config) -> Option<Address> {
-        let (names, addrs, ports) = (
-            config.get_hosts(),
-            config.get_hostaddrs(),
-            config.get_ports(),
-        );
-        // As tokio-postgres picks them: the host's own port, else the
-        // first, else PostgreSQL's.
-        let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-        let hosts: Vec<_> = match names {
-            [] => addrs
-                .iter()
-                .enumerate()
-                .map(|(i, a)| (Host::Tcp(a.to_string()), Some(*a), port(i)))
-                .collect(),
-            names => names
-                .iter()
-                .enumerate()
-                .map(|(i, h)| (h.clone(), addrs.get(i).copied(), port(i)))
-                .collect(),
-        };
-        (!hosts.is_empty()).then(|| Address {
-            hosts,
-            connect_timeout: config
-                .get_connect_timeout()
-                .copied()
-                .unwrap_or(CONNECT_BOUND),
-            plain: config.get_ssl_mode() == SslMode::Disable,
-        })
-    }
-
-    /// Sends the request in plain text to every host at once (the key
-    /// matches on one server only; the others ignore it), each on a
-    /// connection that stays open until the server closes it. An error
-    /// only when no host could be reached.
-    async fn send(self: Arc<Self>, token: CancelToken) -> Result<(), SendError> {
-        let sends = self
-            .hosts
-            .iter()
-            .map(|(host, addr, port)| self.send_to(&token, host, *addr, *port));
-        let results = futures_util::future::join_all(sends).await;
-        let reached = results.iter().any(Result::is_ok);
-        match results.into_iter().find_map(Result::err) {
-            Some(e) if !reached => Err(e),
-            _ => Ok(()),
-        }
-    }
-
-    async fn send_to(
-        &self,
-        token: &CancelToken,
-        host: &Host,
-        addr: Option<IpAddr>,
-        port: u16,
-    ) -> Result<(), SendError> {
-        use tokio::net::TcpStream;
-        match (host, addr) {
-            (_, Some(addr)) => self.send_on(token, TcpStream::connect((addr, port))).await,
-            (Host::Tcp(name), None) => {
-                self.send_on(token, TcpStream::connect((name.as_str(), port)))
-                    .await
-            }
-            #[cfg(unix)]
-            (Host::Unix(dir), None) => {
-                let path = dir.join(format!(".s.PGSQL.{port}"));
-                self.send_on(token, tokio::net::UnixStream::connect(path))
-                    .await
-            }
-            #[cfg(not(unix))]
-            (Host::Unix(_), None) => Err(io::Error::from(io::ErrorKind::Unsupported).into()),
-        }
-    }
-
-    /// Sends the request on the connection `connect` opens, within the
-    /// connect timeout, and reads it until the server closes it.
-    async fn send_on<S>(
-        &self,
-        token: &CancelToken,
-        connect: impl std::future::Future<Output = io::Result<S>>,
-    ) -> Result<(), SendError>
-    where
-        S: AsyncRead + AsyncWrite + Unpin,
-    {
-        let stream = tokio::time::timeout(self.connect_timeout, connect)
-            .await
-            .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut)))?;
-        let (back, kept) = oneshot::channel();
-        let held = Held {
-            inner: Some(stream),
-            back: Some(back),
-        };
-        token.cancel_query_raw(held, NoTls).await?;
-        if let Ok(stream) = kept.await {
-            until_closed(stream).await;
-        }
-        Ok(())
-    }
-}
-
 /// Reads `stream` until the server closes it, within [`CLOSE_BOUND`].
 async fn until_closed<S: AsyncRead + Unpin>(mut stream: S) {
     let mut sink = [0_u8; 64];
@@ -817,7 +676,6 @@ impl std::fmt::Debug for Canceller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Canceller")
             .field("tls", &self.tls.is_some())
-            .field("to", &self.to)
             .field("direct", &self.direct)
             .finish()
     }
@@ -825,68 +683,7 @@ impl std::fmt::Debug for Canceller {
 
 #[cfg(test)]
 mod tests {
-    use std::str::FromStr;
-
     use super::*;
-
-    fn hosts(url: &str) -> Option<Vec<(Host, Option<IpAddr>, u16)>> {
-        let config = tokio_postgres::Config::from_str(url).unwrap();
-        Address::of(&config).map(|a| a.hosts)
-    }
-
-    fn tcp(name: &str) -> Host {
-        Host::Tcp(name.to_owned())
-    }
-
-    #[test]
-    fn the_address_is_each_host_with_its_port() {
-        assert_eq!(
-            hosts("host=db port=6432"),
-            Some(vec![(tcp("db"), None, 6432)])
-        );
-        // No port: PostgreSQL's.
-        assert_eq!(hosts("host=db"), Some(vec![(tcp("db"), None, 5432)]));
-        // One port for every host, or one each.
-        assert_eq!(
-            hosts("host=a,b port=6432"),
-            Some(vec![(tcp("a"), None, 6432), (tcp("b"), None, 6432)])
-        );
-        assert_eq!(
-            hosts("host=a,b port=6432,7432"),
-            Some(vec![(tcp("a"), None, 6432), (tcp("b"), None, 7432)])
-        );
-        // A hostaddr is connected to instead of the name.
-        let ip: IpAddr = "10.0.0.7".parse().unwrap();
-        assert_eq!(
-            hosts("host=db hostaddr=10.0.0.7 port=6432"),
-            Some(vec![(tcp("db"), Some(ip), 6432)])
-        );
-        assert_eq!(
-            hosts("hostaddr=10.0.0.7"),
-            Some(vec![(tcp("10.0.0.7"), Some(ip), 5432)])
-        );
-        // A Unix socket's directory.
-        assert_eq!(
-            hosts("host=/run/postgresql port=6432"),
-            Some(vec![(Host::Unix("/run/postgresql".into()), None, 6432)])
-        );
-        // No host: nowhere to send.
-        assert_eq!(hosts("user=app"), None);
-    }
-
-    #[test]
-    fn the_address_knows_plain_text_and_its_connect_timeout() {
-        let config =
-            |url: &str| Address::of(&tokio_postgres::Config::from_str(url).unwrap()).unwrap();
-        assert!(config("host=db sslmode=disable").plain);
-        assert!(!config("host=db sslmode=prefer").plain);
-        assert!(!config("host=db").plain);
-        assert_eq!(config("host=db").connect_timeout, CONNECT_BOUND);
-        assert_eq!(
-            config("host=db connect_timeout=3").connect_timeout,
-            Duration::from_secs(3)
-        );
-    }
 
     /// A connector of another type than `NoTls` (it makes `NoTls`'s).
     #[derive(Clone)]

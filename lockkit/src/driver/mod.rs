@@ -182,7 +182,9 @@ pub use crate::engine::{
     read_reply, DriverError, FactsRow, Param, Reply, ReplyRow, ReplyShape, SavepointEnd, Statement,
     HASHTEXT_PROBES,
 };
+// Named by the docs of the tokio-postgres adapter's cut-off path.
 #[cfg(feature = "tokio-postgres")]
+#[allow(unused_imports)]
 pub(crate) use cancel::Canceller;
 #[cfg(feature = "cancel")]
 pub use cancel::{CancelTls, CancellingPolicy};

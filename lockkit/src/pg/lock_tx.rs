@@ -484,7 +484,6 @@ impl<'c> LockTx<'c> {
             },
             driver: Pg::new(&self.locker.inner),
             depth: self.depth,
-            exclusive: false,
             stack: std::marker::PhantomData,
         })
     }

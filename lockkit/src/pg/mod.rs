@@ -24,5 +24,5 @@ pub use publish::{published_key_types, PublishedKeyType};
 pub use session::{
     probe_pooler, PoolerProbe, ProbeTimeout, SessionForm, SessionGuard, SessionLock,
     DEFAULT_CONNECTIONS, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_PROBE_TIMEOUT,
-    MULTIPLEXED_NAME,
+    MULTIPLEXED_NAME, PENDING_CONNECTIONS_PER_SESSION_LOCK,
 };

@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use tokio::sync::{watch, Notify};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Socket};
 
-use crate::driver::{Canceller, DriverError};
+use crate::driver::DriverError;
 use crate::engine::error::Error;
 use crate::engine::facts::ServerFacts;
 use crate::engine::sql;
@@ -23,6 +23,20 @@ use crate::StatementMode;
 /// configuration, when its `connect_timeout` is not set: see
 /// [Bounded waits](super#bounded-waits).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How many connections one [`SessionLock`](super::SessionLock) (with its
+/// clones) has at most between opening and either holding a lock or
+/// being closed: opening, waiting for a take's answer (a statement queued
+/// in a pooler whose server connections are all busy), or being drained
+/// after a take that was cut off or gave up ([Connections that hold
+/// nothing](super#connections-that-hold-nothing)). A take that finds them
+/// all in use waits for one within its own bound (a try one keepalive
+/// cadence, a timed call its timeout and one cadence) and, past it, fails
+/// with [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) having opened
+/// nothing. So however long a loop of tries runs behind a saturated
+/// pooler, the `SessionLock`'s clients there are at most its held locks'
+/// connections, its multiplexed connections and this many.
+pub const PENDING_CONNECTIONS_PER_SESSION_LOCK: usize = 8;
 
 /// What every lock of a [`SessionLock`](super::SessionLock) is taken with,
 /// whatever its form: where its connection comes from, and the checks
@@ -50,6 +64,9 @@ pub(super) struct Settings {
     /// until its first lock): its locks run the engine under the policy
     /// of these facts ([`xact::policy`](super::xact)). Shared by clones.
     pub(super) facts: Arc<Mutex<Option<ServerFacts>>>,
+    /// The slots of the connections that hold no lock yet
+    /// ([`PENDING_CONNECTIONS_PER_SESSION_LOCK`]). Shared by clones.
+    pub(super) pending: Arc<Semaphore>,
 }
 
 impl Settings {
@@ -66,14 +83,56 @@ impl Settings {
             statements: StatementMode::Unnamed,
             check_interval_known: Arc::new(AtomicBool::new(false)),
             facts: Arc::new(Mutex::new(None)),
+            pending: Arc::new(Semaphore::new(PENDING_CONNECTIONS_PER_SESSION_LOCK)),
         }
+    }
+
+    /// A connection for a take, in one of the lock's pending slots
+    /// ([`PENDING_CONNECTIONS_PER_SESSION_LOCK`]): the slot waited for at
+    /// most `bound` (`None`: as long as it takes), then the connection
+    /// opened or leased ([`Source::lease`]). The slot is the lease's until
+    /// a lock is held on it ([`Lease::hold`]) or it is closed.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) when no slot
+    /// freed within `bound` (nothing was opened); the lease's own errors.
+    pub(super) async fn pending_lease(&self, bound: Option<Duration>) -> Result<Lease, Error> {
+        let slot = self.pending.clone().acquire_owned();
+        let slot = match bound {
+            Some(bound) => match tokio::time::timeout(bound, slot).await {
+                Ok(slot) => slot,
+                Err(_) => return Err(no_slot(bound)),
+            },
+            None => slot.await,
+        }
+        .expect("the semaphore is never closed");
+        let mut lease = self.source.lease().await?;
+        lease.slot = Some(slot);
+        Ok(lease)
     }
 }
 
+/// The refusal of a take that found no pending slot free within `bound`.
+fn no_slot(bound: Duration) -> Error {
+    Error::with_message(
+        crate::ErrorKind::Timeout,
+        format!(
+            "no connection slot freed within {bound:?}: this SessionLock has \
+             {PENDING_CONNECTIONS_PER_SESSION_LOCK} connections opening, waiting for the server \
+             (or for a pooler's free server connection) or being drained; the lock was not \
+             granted and nothing was opened"
+        ),
+    )
+}
+
 impl Source {
-    /// A connection for a lock (or the probe), and how to cancel a
-    /// statement on it: `None` on a pool's connection, which a cut-off
-    /// lock closes instead.
+    /// A connection for a lock (or the probe). No cancel request is ever
+    /// sent for a statement on it: a pooler may be in between, and
+    /// pgbouncer before 1.19 can die of one (its issues 801, 822, 847),
+    /// every client of the pooler with it. A take's wait is bounded on the
+    /// server instead, and a cut-off take's connection is drained
+    /// ([`drain`](super::drain)).
     ///
     /// It is opened with the configuration's own `application_name`, never
     /// a lock's: a transaction-mode pooler applies a client's startup name
@@ -88,32 +147,19 @@ impl Source {
     /// and a path gone silent after it (a half-open connection, a pooler
     /// or proxy that accepts and says nothing) would hold the startup
     /// forever.
-    pub(super) async fn lease(&self) -> Result<(Lease, Option<Canceller>), Error> {
+    pub(super) async fn lease(&self) -> Result<Lease, Error> {
         match self {
             Source::Connect(connect) => {
                 let bound = connect_bound(connect.config());
                 let opening = tokio::time::timeout(bound, connect.connect());
                 let opened = opening.await.map_err(|_| Error::not_connected(bound))?;
                 let (client, ended, close) = opened?;
-                Ok((
-                    Lease::owned(client, ended, close),
-                    Some(connect.canceller()),
-                ))
+                Ok(Lease::owned(client, ended, close))
             }
             #[cfg(feature = "deadpool")]
             Source::Pool(pool) => {
                 let object = pool.get().await.map_err(pool_error)?;
-                // No cancel request: deadpool-postgres keeps the pool's
-                // address and TLS connector private, so one would go as
-                // tokio-postgres sends it, its connection closed at once,
-                // and pgbouncer 1.18 dies of a request whose client left
-                // before it was forwarded (pgbouncer's issue 801). A cut-off
-                // lock drops the lease instead, which closes the connection;
-                // the server ends the wait within the
-                // `client_connection_check_interval` the lock set for its
-                // time (PostgreSQL 14+), or at the grant, when its answer
-                // finds no client.
-                Ok((Lease::pooled(object), None))
+                Ok(Lease::pooled(object))
             }
         }
     }
@@ -152,6 +198,10 @@ pub(super) struct Lease {
     /// and client check on this pooled connection, for the lock's time: reset
     /// ([`Lease::reset_session_lease`]) before the connection may go back.
     pub(super) session_lease: AtomicBool,
+    /// The pending slot the connection takes until a lock is held on it
+    /// ([`Settings::pending_lease`]); `None` once one is, or for the
+    /// probe's connections.
+    slot: Option<OwnedSemaphorePermit>,
 }
 
 enum Conn {
@@ -168,6 +218,7 @@ impl Lease {
             clean: false,
             close: Some(close),
             session_lease: AtomicBool::new(false),
+            slot: None,
         }
     }
 
@@ -179,6 +230,7 @@ impl Lease {
             clean: false,
             close: None,
             session_lease: AtomicBool::new(false),
+            slot: None,
         }
     }
 
@@ -189,6 +241,25 @@ impl Lease {
             Some(Conn::Pooled(object)) => object,
             None => unreachable!("only Drop takes the connection"),
         }
+    }
+
+    /// The connection, moved out into a lease of its own (for a task to
+    /// drain it), leaving this one empty: dropping it does nothing.
+    pub(super) fn take_out(&mut self) -> Lease {
+        Lease {
+            conn: self.conn.take(),
+            ended: self.ended.take(),
+            clean: false,
+            close: self.close.take(),
+            session_lease: AtomicBool::new(self.session_lease.load(Ordering::Acquire)),
+            slot: self.slot.take(),
+        }
+    }
+
+    /// A lock is held on the connection: it leaves its pending slot
+    /// ([`PENDING_CONNECTIONS_PER_SESSION_LOCK`]) to the next take.
+    pub(super) fn hold(&mut self) {
+        self.slot = None;
     }
 
     pub(super) fn is_owned(&self) -> bool {
@@ -281,7 +352,6 @@ pub(super) type Opened = (Client, watch::Receiver<bool>, Arc<Notify>);
 /// Opens connections, whatever the TLS connector's type.
 pub(super) trait Connect: Send + Sync {
     fn connect(&self) -> BoxFuture<'_, Result<Opened, Error>>;
-    fn canceller(&self) -> Canceller;
     fn config(&self) -> &tokio_postgres::Config;
 }
 
@@ -321,10 +391,6 @@ where
             });
             Ok((client, lost, close))
         })
-    }
-
-    fn canceller(&self) -> Canceller {
-        Canceller::tls(self.tls.clone()).to(&self.config)
     }
 
     fn config(&self) -> &tokio_postgres::Config {

@@ -18,6 +18,7 @@ use crate::engine::sql::{self, SettingScope, CHECK_CLIENT};
 use crate::engine::Wait;
 use crate::key::LockKey;
 use crate::pg::locker::server_facts;
+use tokio_postgres::error::SqlState;
 
 /// The plain session-level form: facts, the pooler probe, the lock's
 /// name (on a connection of lockkit's own) and (PostgreSQL 14+) its lease
@@ -61,11 +62,11 @@ pub(super) async fn lock(
         client.batch_execute(&setup).await?;
     } else if facts.server_version_num() >= 140000 {
         // A connection leased from the application's pool keeps its own
-        // name and settings, save the client check (a cut-off lock closes
-        // it without a cancel request: the check ends the wait) and the
-        // lease, which it has for the lock's time only: both reset before
-        // the connection goes back (flagged before they are sent, so that
-        // a cut-off `SET` is reset too).
+        // name and settings, save the client check (the server then ends
+        // the session of a client gone within a second) and the lease,
+        // which it has for the lock's time only: both reset before the
+        // connection goes back (flagged before they are sent, so that a
+        // cut-off `SET` is reset too).
         let mut setup = String::from(CHECK_CLIENT);
         setup.push_str("; ");
         sql::write_lease(&mut setup, SettingScope::Session, lease_for);
@@ -81,28 +82,44 @@ pub(super) async fn lock(
         }
         Wait::Forever | Wait::Try => None,
     };
+    // A wait as long as it takes waits in slices the server bounds, as
+    // the default form's does: a lock cut off, or whose client is gone,
+    // frees its connection within one slice. A caller's own
+    // `lock_timeout` bounds the wait instead.
+    let sliced = match wait {
+        Wait::Forever => arm_slices(client).await?,
+        Wait::Timeout(_) | Wait::Try => false,
+    };
     let try_only = matches!(wait, Wait::Try);
     let statement = match settings.fencing {
         true => sql::session_lock_minting(key, mode, try_only),
         false => sql::session_lock(key, mode, try_only),
     };
     let started = std::time::Instant::now();
-    let rows = match key_query(client, statement, key).await {
-        Ok(rows) => rows,
-        Err(e) => {
-            let e = DriverError::from(e).into_error_in(context.map(|t| (t, started.elapsed())), 1);
-            if !settings.fencing {
-                return Err(e);
+    let rows = loop {
+        match key_query(client, statement, key).await {
+            // One slice ended with the key still busy: the next.
+            Err(e) if sliced && e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => continue,
+            Ok(rows) => break rows,
+            Err(e) => {
+                let elapsed = context.map(|t| (t, started.elapsed()));
+                let e = DriverError::from(e).into_error_in(elapsed, 1);
+                if !settings.fencing {
+                    return Err(e);
+                }
+                // A lock granted before its token failed stays on the
+                // session (a statement's error ends no session-level lock):
+                // let it go now, so that nothing is held when the error is
+                // seen. (The caller closes the connection after an error
+                // too, but the server ends the session a moment later.)
+                let _ = key_query(client, sql::session_unlock(key, mode), key).await;
+                return Err(Error::not_installed_or(e, "a fencing token"));
             }
-            // A lock granted before its token failed stays on the session
-            // (a statement's error ends no session-level lock): let it go
-            // now, so that nothing is held when the error is seen. (The
-            // caller closes the connection after an error too, but the
-            // server ends the session a moment later.)
-            let _ = key_query(client, sql::session_unlock(key, mode), key).await;
-            return Err(Error::not_installed_or(e, "a fencing token"));
         }
     };
+    if sliced {
+        client.batch_execute(UNARM_SLICES).await?;
+    }
     let granted = match (settings.fencing, wait) {
         (true, _) => granted_with_token(&rows)?.map(|token| (key, Some(token))),
         (false, Wait::Try) => one_bool(&rows)?.then_some((key, None)),
@@ -116,6 +133,31 @@ pub(super) async fn lock(
     }
     Ok((granted, backend_pid))
 }
+
+/// Sets the session's `lock_timeout` to one slice of a bounded wait
+/// ([`wait_slice_ms`](crate::engine::sql::wait_slice_ms)) when it is off
+/// (`0`, the default), and says whether it did: a `lock_timeout` of the
+/// caller's own is left as it is, and bounds the wait.
+///
+/// # Errors
+///
+/// When the statement fails, or its answer is not one `bool`.
+async fn arm_slices(client: &tokio_postgres::Client) -> Result<bool, Error> {
+    let rows = client.query_typed(ARM_SLICES, &[]).await?;
+    one_bool(&rows)
+}
+
+/// [`arm_slices`]' statement: one `bool`, whether the wait is sliced.
+const ARM_SLICES: &str = concat!(
+    "/* lockkit:arm_slices */ SELECT s.sliced, set_config('lock_timeout', CASE WHEN s.sliced THEN ",
+    crate::engine::sql::wait_slice_ms!(),
+    "::text || 'ms' ELSE current_setting('lock_timeout') END, false) \
+     FROM (SELECT current_setting('lock_timeout')::interval = interval '0' AS sliced) AS s"
+);
+
+/// Turns the slices off again once the wait ended: the session's
+/// `lock_timeout` back to `0`, as it was.
+const UNARM_SLICES: &str = "SET lock_timeout = 0";
 
 /// The standby and `hashtext` checks before a session-level lock.
 fn refuse(settings: &Settings, facts: &crate::ServerFacts, hashtext: bool) -> Result<(), Error> {

@@ -107,7 +107,6 @@ impl SessionLock {
     /// tokio-postgres TLS connector (e.g. `postgres_openssl::MakeTlsConnector`
     /// or `tokio_postgres_rustls::MakeRustlsConnect`), as
     /// `config.connect(tls)` would make them; `sslmode` is the config's.
-    /// Cancel requests for an abandoned wait go through `tls` too.
     pub fn with_tls<T>(config: tokio_postgres::Config, tls: T) -> Self
     where
         T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
@@ -304,11 +303,12 @@ impl SessionLock {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: dropping the future cancels the waiting statement and
-    /// closes the connection (for a pool, detaches and closes it, without a
-    /// cancel request: the module docs' "Connections leased from a pool"),
-    /// so the lock is not taken, or, if it was just granted, released with
-    /// the connection.
+    /// Cancel safe: dropping the future hands the connection to a task
+    /// that waits for the statement in flight to end (the server ends a
+    /// wait within one slice), then rolls back (or unlocks) behind it and
+    /// gives the connection back: the lock is not taken, or, if it was just
+    /// granted, released there. No cancel request is sent (the module
+    /// docs' [Connections that hold nothing](super#connections-that-hold-nothing)).
     pub async fn lock<K: AdvisoryKey>(&self, key: K) -> Result<SessionGuard<K>, Error> {
         self.acquire(key, Mode::Exclusive, Wait::Forever)
             .await

@@ -105,7 +105,8 @@
 //! # Bounded waits
 //!
 //! A network path gone silent never holds a call forever; where a call
-//! gives up, it closes the connection and holds nothing:
+//! gives up, it holds nothing, and its connection is drained ([Connections
+//! that hold nothing](#connections-that-hold-nothing)):
 //! - **Opening a connection** (the TCP connect, TLS and the startup, for
 //!   each host of the configuration in turn) waits at most the
 //!   configuration's `connect_timeout` per host, or
@@ -127,8 +128,10 @@
 //!   transaction holding one): either way the lock was not granted in
 //!   time, and a loop of tries (a leader election) sees a timeout it can
 //!   retry, not a lost connection. A multiplexed try on a connection it
-//!   already holds waits for no server connection. A call that waits for
-//!   the key as long as it takes is not bounded: a silent path cannot be
+//!   already holds waits for no server connection. A take waits for one of
+//!   the `SessionLock`'s pending slots within the same bound. A call that
+//!   waits for the key as long as it takes is not bounded here (the server
+//!   bounds each slice of its wait, not the whole): a silent path cannot be
 //!   told apart from a key held for long; bound it with
 //!   `tokio::time::timeout` (it is cancel safe) or a `_timeout` call.
 //! - **Holding a lock**: see the keepalive above.
@@ -147,11 +150,13 @@
 //! for as long as it lives:
 //! - **Behind any pooler.** The open transaction pins the connection's
 //!   backend, so no lock can be stranded on a pooled backend; the
-//!   transaction is never ended. A connection is closed instead, once it
-//!   has held nothing for a keepalive cadence, or when anything fails on
-//!   it; a client that goes away (closed, crashed, killed with `kill -9`)
-//!   ends the session too, since a pooler closes a backend its client left
-//!   inside a transaction, and the server releases every lock on it. Tested
+//!   transaction is ended only once the connection holds nothing and has
+//!   had no claim for a keepalive cadence (every lock let go and rolled
+//!   back in one query, then the connection ends while idle); when
+//!   anything fails on it, it is closed at once. A client that goes away
+//!   (crashed, killed with `kill -9`) ends the session too, since a pooler
+//!   closes a backend its client left inside a transaction, and the server
+//!   releases every lock on it. Tested
 //!   through transaction-mode pgbouncer: the locks are gone as soon as the
 //!   pooler sees the client's socket close, with no timeout involved.
 //! - **A try never waits, and a wait never delays another lock.** A free
@@ -190,9 +195,10 @@
 //! holds back VACUUM only while it is busy, and then only by its last
 //! statement's snapshot.
 //! On a pool (`from_pool`), each connection is leased for its life and
-//! never returned (a connection given up closes when its last guard
-//! drops); size the pool for them and for the waits that take connections
-//! of their own, since a lease waits for the pool.
+//! never returned: detached and closed once its held transaction ended as
+//! above (a connection given up closes when its last guard drops); size
+//! the pool for them and for the waits that take connections of their
+//! own, since a lease waits for the pool.
 //!
 //! # The plain session-level form
 //!
@@ -217,17 +223,42 @@
 //! lock on it, and keeps its own name: a lock's `application_name` is set
 //! transaction-locally, as on every connection.
 //!
-//! A lock call cut off on a leased connection sends no cancel request: it
-//! closes the connection. deadpool-postgres keeps its pool's address and
-//! TLS connector private, so lockkit could only send the request as
-//! tokio-postgres does, its connection closed at once, which pgbouncer
-//! 1.18 does not survive when the request's client is gone before it was
-//! forwarded (the README's pooler section). The server ends the closed
-//! session's wait within a second on PostgreSQL 14+ (every form sets
-//! `client_connection_check_interval` for the lock's time), and before 14
-//! when the key is granted to it and its answer finds no client: the key
-//! is then held for that instant by a session that nobody believes holds
-//! it.
+//! # Connections that hold nothing
+//!
+//! No form ever sends a cancel request: a pooler may be in between, and
+//! pgbouncer before 1.19 can die of one (its issues 801, 822 and 847), with
+//! every client of every service that shares it. Instead:
+//! - **A wait is bounded on the server.** A lock that waits as long as it
+//!   takes waits in slices of the server's `deadlock_timeout` and one
+//!   second, each ended by a `lock_timeout` of lockkit's own and followed
+//!   by the next while the key is busy (the default form's, under a
+//!   savepoint: [`Policy::bounds_waits`](crate::Policy::bounds_waits); the
+//!   session-level form's, between statements). A lock cut off, or whose
+//!   client is gone, stops waiting on the server within one slice, behind
+//!   any pooler. A `lock_timeout` of the caller's own (its role's or
+//!   database's) bounds the wait instead. The cost: a waiter that starts a
+//!   new slice joins the key's queue again, behind those that came since.
+//! - **A take cut off, or given up at its bound, is drained, never closed
+//!   under its statement.** Its connection goes to a task that waits for
+//!   the statement to end (a guard of 150 s against a path that hangs),
+//!   rolls back (or, in the session-level form, unlocks the key) behind
+//!   it, and then gives the connection back to its pool, or ends one
+//!   lockkit opened with a `Terminate` while idle. Closing it at once
+//!   would let a statement queued in a transaction-mode pgbouncer reach
+//!   the server after its client left, and pgbouncer would then close that
+//!   server connection and open another: under many cut-off calls,
+//!   PostgreSQL runs out of connections for everyone.
+//! - **At most [`PENDING_CONNECTIONS_PER_SESSION_LOCK`] connections of a
+//!   `SessionLock` (with its clones) hold no lock yet**: opening, waiting
+//!   for a take's answer, or being drained. A take waits for a slot within
+//!   its own bound ([Bounded waits](#bounded-waits)), and past it fails
+//!   with [`ErrorKind::Timeout`] having opened nothing. pgbouncer 1.18
+//!   reads nothing from a client waiting for a server connection, so a
+//!   client that closed then still takes a slot of its `max_client_conn`
+//!   until a server connection frees; a loop of tries that gave up behind
+//!   a saturated pooler would fill them, and the pooler would refuse every
+//!   new client, of every service. With the slots, such a loop keeps at
+//!   most this many clients there beside its held locks.
 
 #[cfg(doc)]
 use crate::engine::error::ErrorKind;
@@ -235,6 +266,7 @@ use crate::pg::locker::Locker;
 
 mod claims;
 mod conn;
+mod drain;
 mod form;
 mod guard;
 mod held;
@@ -250,7 +282,7 @@ mod wire;
 mod xact;
 
 pub use claims::DEFAULT_CONNECTIONS;
-pub use conn::DEFAULT_CONNECT_TIMEOUT;
+pub use conn::{DEFAULT_CONNECT_TIMEOUT, PENDING_CONNECTIONS_PER_SESSION_LOCK};
 pub use form::SessionForm;
 pub use guard::SessionGuard;
 pub use keeper::{DEFAULT_KEEPALIVE, LEASE_CADENCES, MIN_LEASE};

@@ -4,15 +4,20 @@
 //!
 //! # Why it cannot leak
 //!
-//! Each connection opens a transaction first and never ends it: it is
-//! closed instead, once it holds nothing (or when anything fails on it).
-//! An open transaction pins its server connection in a transaction-mode
-//! pooler, so every `pg_advisory_lock` taken inside stays on a backend no
-//! other client can be handed; and when the client goes (a close, a
-//! crash, a `kill -9`, a lost network), the pooler cannot give a backend
-//! that is inside a transaction to anyone else: it closes it, and the
-//! server releases the session's locks. No statement that ends the
-//! transaction (`COMMIT`, `ROLLBACK`) is ever sent on such a connection.
+//! Each connection opens a transaction first and keeps it while it may
+//! hold a lock. An open transaction pins its server connection in a
+//! transaction-mode pooler, so every `pg_advisory_lock` taken inside stays
+//! on a backend no other client can be handed; and when the client goes (a
+//! crash, a `kill -9`, a lost network, a connection given up after a
+//! failure), the pooler cannot give a backend that is inside a transaction
+//! to anyone else: it closes it, and the server releases the session's
+//! locks. No statement that ends the transaction (`COMMIT`, `ROLLBACK`) is
+//! sent on such a connection while anything refers to it (a guard, a
+//! claim, a statement in flight): only once nothing does, and then behind
+//! `pg_advisory_unlock_all()` in the same query, so that no pooler can
+//! hand the server connection on between the two; the connection then
+//! ends while idle (leased from a pool, it is detached, never returned),
+//! and the pooler keeps its server connection for its other clients.
 //!
 //! # Exactly one holder per key and connection
 //!

@@ -15,6 +15,7 @@ use tokio_postgres::Statement;
 
 use super::claims::Mux;
 use super::conn::{Lease, Settings};
+use super::drain::{drain, Cleanup, Taking};
 use super::keeper::lease_of;
 use super::keeper::{watch_connection, Keeper, Kept, Tick};
 use super::simple::{begin_held, renew_held, HeldTx};
@@ -48,6 +49,10 @@ pub(super) struct MuxConn {
     /// Flipped once the connection is gone (closed, ended, or given up):
     /// every lock on it is gone.
     pub(super) lost: watch::Sender<bool>,
+    /// Whether it was given up ([`MuxConn::give_up`]): closed at once, its
+    /// state unknown. Otherwise, once nothing refers to it, its held
+    /// transaction is ended cleanly ([`Cleanup::EndHeld`]).
+    given_up: AtomicBool,
     /// Whether a key was claimed on it since the keeper last looked: an
     /// idle connection is closed only after a cadence without claims.
     pub(super) used: AtomicBool,
@@ -108,16 +113,21 @@ impl MuxConn {
         slot: usize,
     ) -> Result<Arc<Self>, Error> {
         let cadence = keeper.cadence;
-        let (lease, _canceller) = settings.source.lease().await?;
-        let client = lease.client();
+        // A try's bound: a slot within one cadence, and the set-up within
+        // another.
+        let lease = settings.pending_lease(Some(cadence)).await?;
+        // Dropped before it is kept (the try cut off, or its bound passed),
+        // the connection is drained: its held transaction rolled back
+        // behind whatever is in flight.
+        let taking = Taking::new(lease, Cleanup::Rollback);
+        let client = taking.lease().client();
         // The facts first, outside the transaction (they are the server's),
         // answered before the transaction is begun: a statement sent behind
         // an answer that leaves the connection idle is one a
         // transaction-mode pooler may hand, still running, to its next
         // client should this connection close meanwhile. Bounded as every
         // statement on the connection is; on a silent path, or behind a
-        // pooler with no free server connection, the lease drops here,
-        // closing the connection.
+        // pooler with no free server connection, the connection is drained.
         let ((in_recovery, backend_pid), facts) = within_take(cadence, async {
             let facts = server_facts(client).await?;
             let setup = begin_held(
@@ -129,6 +139,9 @@ impl MuxConn {
             Ok((setup, facts))
         })
         .await?;
+        let mut lease = taking.keep();
+        // Held for as long as it lives: bounded by the form's connections.
+        lease.hold();
         let facts = ServerFacts::from(&facts);
         let ended = lease.ended.clone();
         let conn = Arc::new(MuxConn {
@@ -140,6 +153,7 @@ impl MuxConn {
             facts,
             cadence,
             lost: watch::Sender::new(false),
+            given_up: AtomicBool::new(false),
             used: AtomicBool::new(true),
             statements_run: AtomicU64::new(0),
             renewed: AtomicU64::new(0),
@@ -203,6 +217,7 @@ impl MuxConn {
         if let Some(mux) = self.mux.upgrade() {
             mux.forget(self.slot, self);
         }
+        self.given_up.store(true, Ordering::Release);
         self.lease.close();
         let was = self.lost.send_replace(true);
         if !was {
@@ -479,11 +494,19 @@ async fn drop_snapshot(conn: Weak<MuxConn>, mut seen: u64) {
 
 impl Drop for MuxConn {
     /// Nothing is in flight on a connection nothing refers to any more
-    /// (every statement runs on an `Arc` of it): an owned one ends as a
-    /// dropped client ends, and its session's end releases its locks. A
-    /// pooled one never goes back to its pool.
+    /// (every statement runs on an `Arc` of it), and no lock is held on it
+    /// (each guard and claim holds an `Arc`): its held transaction is ended
+    /// on a task, every session-level lock let go and rolled back in one
+    /// query ([`Cleanup::EndHeld`]), and the connection then ends while
+    /// idle: with a `Terminate`, or, leased from a pool, detached and
+    /// closed (it never goes back to its pool). A client that left inside
+    /// the transaction would make a transaction-mode pooler close the
+    /// server connection and open another. One given up was closed at
+    /// once.
     fn drop(&mut self) {
-        if self.lease.is_owned() {
+        if !self.given_up.load(Ordering::Acquire) {
+            drain(self.lease.take_out(), Cleanup::EndHeld);
+        } else if self.lease.is_owned() {
             self.lease.clean = true;
         }
     }
@@ -498,10 +521,9 @@ impl Kept for MuxConn {
                 return;
             }
             if idle(&self) {
-                // Nothing held and nothing claimed: closed, and the slot
-                // opens a new one when needed. (Closing ends the session,
-                // so the backend never goes back to a pooler's pool.)
-                self.lease.close();
+                // Nothing held and nothing claimed: the slot forgot it and
+                // opens a new one when needed; its held transaction ends
+                // cleanly once the last `Arc` of it drops (`Drop`).
                 let _ = self.lost.send_replace(true);
                 return;
             }

@@ -100,7 +100,7 @@ pub async fn probe_pooler(config: &tokio_postgres::Config) -> Result<PoolerProbe
 /// [`probe_pooler`] on connections from `source`, bounded by `timeout`.
 pub(super) async fn probe(source: &Source, timeout: Duration) -> Result<PoolerProbe, Error> {
     bounded(timeout, async {
-        let (mut lease, _) = source.lease().await?;
+        let mut lease = source.lease().await?;
         let first = backend_pid(lease.client()).await?;
         let probe = backends(source, &lease, first).await?;
         // Only statements in autocommit ran on it: a pooled connection
@@ -156,7 +156,7 @@ pub(super) async fn backends(
             "backend {again} carries another client's pooler probe mark {found}"
         )));
     }
-    let (mut other, _) = source.lease().await?;
+    let mut other = source.lease().await?;
     other.client().batch_execute(sql::PROBE_BEGIN).await?;
     let (other_pid, other_found) = read_mark(other.client(), None).await?;
     let after = if other_pid == first {

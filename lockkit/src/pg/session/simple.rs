@@ -67,7 +67,11 @@ pub(super) async fn take_xact_lock(
     held: HeldTx<'_>,
 ) -> Result<Taken, Error> {
     let state = TxState::new();
+    // A wait as long as it takes waits in slices that the server bounds
+    // (`Policy::bounds_waits`): a take cut off, or whose client is gone,
+    // frees its server connection within one slice.
     let call = state.acquire(policy, 0, request, wait)?;
+    let call = call.sliced(policy.bounds_waits());
     let mut conn = SimpleConn::new(client, Some((name, held)));
     let outcome = drive::<Simple<'_>>(&mut conn, &Simple(policy), Unnamed, call).await;
     let setup = conn.set_up()?;
@@ -97,7 +101,9 @@ pub(super) async fn take_permit<K: AdvisoryKey>(
     let outcome = match (outcome, wait) {
         (Ok(Err(_busy)), Wait::Forever | Wait::Timeout(_)) => {
             let request = Request::permit_slot(value, permits);
-            let call = state.acquire(policy, 0, request, wait)?;
+            let call = state
+                .acquire(policy, 0, request, wait)?
+                .sliced(policy.bounds_waits());
             let outcome = drive::<Simple<'_>>(&mut conn, &Simple(policy), Unnamed, call).await;
             // A query that did not answer its commands: the call's own
             // error, as in the first round.
@@ -232,8 +238,8 @@ impl<'c> Driver for Simple<'c> {
         }
     }
 
-    /// Nothing: the lock call's own guard cancels the query and closes the
-    /// connection (`acquire_own`).
+    /// Nothing: the take's connection is drained behind the query
+    /// ([`Taking`](super::drain::Taking)).
     fn cut_off(&self, _: &mut SimpleConn<'c>) {}
 }
 

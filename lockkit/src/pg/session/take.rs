@@ -1,16 +1,16 @@
 //! Taking a lock on a connection of its own, in the default or the
-//! session-level form ([`Own::acquire`]): the connection, the bound on the
-//! take, the form's lock, then the guard made of it, or the connection
-//! given back.
+//! session-level form ([`Own::acquire`]): the connection (in a pending
+//! slot), the bound on the take, the form's lock, then the guard made of
+//! it, or the connection given back or drained.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio_postgres::Client;
 
 use super::conn::{Lease, Settings};
+use super::drain::{drain, Cleanup, Taking};
 use super::form::SessionForm;
 use super::guard::SessionGuard;
 use super::held::{Holding, Shared};
@@ -19,7 +19,6 @@ use super::simple::Granted;
 use super::wire::{within, within_take, AppName, NOTHING_HELD};
 use super::xact::Take;
 use super::{level, xact};
-use crate::driver::Canceller;
 use crate::engine::error::Error;
 use crate::engine::plan::Mode;
 use crate::engine::sql;
@@ -52,49 +51,67 @@ impl<'a> Own<'a> {
         let hashtext = K::KEY_SPEC.form() == KeyForm::HashText;
         let name = AppName(K::KEY_SPEC.namespace(), key);
         let settings = self.settings;
-        let (lease, canceller) = settings.source.lease().await?;
-        let mut cancel = CancelOnDrop::new(lease.client(), canceller.as_ref());
-        let taking = async {
-            match (form, take) {
-                (SessionForm::SessionLevel, Take::Key(mode)) => {
-                    let held = (key, &name, self.keeper.lease());
-                    level::lock(settings, &lease, held, mode, wait, hashtext).await
-                }
-                (_, take) => {
-                    let value = (&value, key);
-                    let held = (&name, self.keeper.lease());
-                    xact::lock(settings, &lease, value, take, wait, held, hashtext).await
-                }
-            }
-        };
-        // A silent path, or a pooler with no free server connection, fails
-        // the take as a timeout (the connection is then closed below): only
-        // a wait for the key as long as it takes is unbounded.
-        let taken = match self.take_bound(wait, form) {
-            Some(bound) => within_take(bound, taking).await,
-            None => taking.await,
-        };
-        cancel.disarm();
-        drop(cancel);
         let mode = match take {
             Take::Key(mode) => mode,
             Take::Permit(_) => Mode::Exclusive,
         };
+        let bound = self.take_bound(wait, form);
+        let lease = settings.pending_lease(bound).await?;
+        // Dropped with the call (cut off), the connection is drained, never
+        // closed under a statement in flight.
+        let cleanup = match form {
+            SessionForm::SessionLevel => Cleanup::Unlock(key, mode),
+            SessionForm::Transaction | SessionForm::Multiplexed => Cleanup::Rollback,
+        };
+        let taking = Taking::new(lease, cleanup);
+        let lease = taking.lease();
+        let take_it = async {
+            match (form, take) {
+                (SessionForm::SessionLevel, Take::Key(mode)) => {
+                    let held = (key, &name, self.keeper.lease());
+                    level::lock(settings, lease, held, mode, wait, hashtext).await
+                }
+                (_, take) => {
+                    let value = (&value, key);
+                    let held = (&name, self.keeper.lease());
+                    xact::lock(settings, lease, value, take, wait, held, hashtext).await
+                }
+            }
+        };
+        // A silent path, or a pooler with no free server connection, fails
+        // the take as a timeout (the connection is then drained): only a
+        // wait for the key as long as it takes is unbounded here, and the
+        // server bounds each of its slices.
+        let taken = match bound {
+            Some(bound) => within_take(bound, take_it).await,
+            None => take_it.await,
+        };
         match taken {
-            Ok((Some(granted), backend_pid)) => Ok(Ok(self.hold(
-                value,
-                granted,
-                mode,
-                form,
-                backend_pid,
-                lease,
-            ))),
+            Ok((Some(granted), backend_pid)) => {
+                let mut lease = taking.keep();
+                lease.hold();
+                Ok(Ok(self.hold(
+                    value,
+                    granted,
+                    mode,
+                    form,
+                    backend_pid,
+                    lease,
+                )))
+            }
             Ok((None, _)) => {
-                self.discard(lease, form, None).await;
+                self.discard(taking.keep(), form, None).await;
                 Ok(Err(value))
             }
+            // The server's error: its statement ended.
+            Err(e) if answered(&e) => {
+                self.discard(taking.keep(), form, Some(&e)).await;
+                Err(e)
+            }
+            // No answer (the take's bound passed: a statement may still be
+            // queued in a pooler), or the connection lost: drained.
             Err(e) => {
-                self.discard(lease, form, Some(&e)).await;
+                drop(taking);
                 Err(e)
             }
         }
@@ -120,24 +137,33 @@ impl<'a> Own<'a> {
         )
     }
 
-    /// Gives a connection back after a failed (`failed`: its error) or busy
-    /// acquisition: a pooled one only once nothing can be held on it.
+    /// Gives a connection back after a busy acquisition, or one that
+    /// failed with the server's error (`failed`): nothing is in flight on
+    /// it. A pooled one goes back only once nothing can be held on it.
     ///
     /// The rollback waits at most one cadence: on a path gone silent the
     /// lease is dropped unclean instead (detached from its pool and closed).
-    /// A connection of lockkit's own is closed when dropped: after a busy
-    /// try as a dropped client ends (nothing is in flight); after a failure
-    /// with no answer of the server's (a take cut at its bound, a lost
-    /// connection) at once, with whatever is still in flight; after the
-    /// server's error of a statement it is rolled back first, so that the
-    /// transaction's locks are gone when the error is seen (the server ends
-    /// a transaction that an error aborted only after it sent the error).
+    /// A connection of lockkit's own ends when dropped, as a dropped client
+    /// ends; after a busy try in the default form it is rolled back first,
+    /// on a task ([`drain`]), so that the try answers at once: a client
+    /// that leaves inside a transaction makes a transaction-mode pooler
+    /// close the server connection, and open another for its next client.
+    /// After the server's error of a statement it is rolled back first, so
+    /// that the transaction's locks are gone when the error is seen (the
+    /// server ends a transaction that an error aborted only after it sent
+    /// the error).
     async fn discard(&self, mut lease: Lease, form: SessionForm, failed: Option<&Error>) {
         let busy = failed.is_none();
-        let answered = failed.is_some_and(|e| e.code().is_some() && !e.is_connection_lost());
-        if lease.is_owned() && !answered {
-            lease.clean = busy;
-            return; // Dropping it closes the session.
+        if lease.is_owned() && busy {
+            match form {
+                SessionForm::Transaction | SessionForm::Multiplexed => {
+                    drain(lease, Cleanup::Rollback);
+                }
+                // Outside a transaction, and taking nothing: dropping it
+                // ends the session.
+                SessionForm::SessionLevel => lease.clean = true,
+            }
+            return;
         }
         lease.clean = match form {
             SessionForm::Transaction | SessionForm::Multiplexed => {
@@ -202,35 +228,9 @@ impl<'a> Own<'a> {
     }
 }
 
-/// Cancels what is in flight on a session lock's connection if dropped
-/// armed: a dropped lock call must not leave the server waiting for its
-/// lock. The cancelling is [`Canceller::cancel_until_answered`], as for a
-/// transaction's call cut off in flight. Without a canceller (a pool's
-/// connection) it does nothing: the lease, dropped with the call, closes
-/// the connection ([`Source::lease`](super::conn::Source::lease)).
-struct CancelOnDrop<'a> {
-    armed: Option<(&'a Client, &'a Canceller)>,
-}
-
-impl<'a> CancelOnDrop<'a> {
-    /// Armed: dropped before [`disarm`](Self::disarm), it cancels what is in
-    /// flight on `client` through `canceller`, if any.
-    fn new(client: &'a Client, canceller: Option<&'a Canceller>) -> Self {
-        CancelOnDrop {
-            armed: canceller.map(|canceller| (client, canceller)),
-        }
-    }
-
-    /// The statements completed: nothing to cancel.
-    fn disarm(&mut self) {
-        self.armed = None;
-    }
-}
-
-impl Drop for CancelOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some((client, canceller)) = self.armed.take() {
-            canceller.cancel_until_answered(client);
-        }
-    }
+/// Whether `e` is the server's error of a statement, which ended it: not
+/// a bound that passed with the statement unanswered, nor a lost
+/// connection.
+fn answered(e: &Error) -> bool {
+    e.code().is_some() && !e.is_connection_lost()
 }
