@@ -242,10 +242,12 @@ fn the_try_that_starts_a_bounded_lock_is_checked_as_a_lock() {
     let replies = granted(&first.round().unwrap());
     first.receive(Ok(replies));
     first.finish().unwrap().unwrap();
+    let site = Location::caller();
     let err = state
-        .acquire_one_first(&checked, 0, (&K(1), Mode::Exclusive), None)
+        .acquire_one_first(&checked, 0, (&K(1), Mode::Exclusive), Some(site))
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockOrder, "{err}");
+    assert_eq!(err.lock_order_sites().unwrap().1, Some(site));
     let call = state
         .acquire_one_first(&checked, 0, (&K(9), Mode::Exclusive), None)
         .unwrap();
@@ -267,6 +269,18 @@ fn the_busy_try_that_starts_a_bounded_lock_records_no_outcome() {
     };
     let ((), seen) = recorded(|| busy(&TxState::new()));
     assert!(!seen.contains("outcome="), "{seen}");
+    // The control: the same busy answer to a try of the application's own
+    // is its outcome, and recorded.
+    let ((), seen) = recorded(|| {
+        let state = TxState::new();
+        let mut call = state
+            .acquire_one(&policy(), 0, (&K(1), Mode::Exclusive), true, None)
+            .unwrap();
+        let tag = Sql::TryBigint.tag().unwrap();
+        call.receive(Ok(Reply::Tagged { tag, n: 0 }), |_, r: &Reply| r.clone());
+        assert!(call.finish().unwrap().is_err(), "busy");
+    });
+    assert!(seen.contains("outcome=\"busy\""), "{seen}");
     let ((), seen) = recorded(|| {
         let state = TxState::new();
         let mut call = state
