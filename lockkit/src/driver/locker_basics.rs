@@ -70,7 +70,7 @@ macro_rules! locker_basics {
             /// a pooler's never is) sends a cancel request, so that the
             /// server stops waiting at once; everywhere else no request goes
             /// and the wait is bounded on the server instead
-            /// ([`Policy::bounds_waits`](crate::driver::Policy::bounds_waits)).
+            /// (`Policy::bounds_waits`).
             /// With `sslmode=require` (or `verify-ca`, `verify-full`) the
             /// request must go over TLS, which needs the connector: without
             /// it, such a locker bounds its waits as through a pooler.
