@@ -26,6 +26,7 @@
 //! [`control_session_level_locks_left_behind_the_pooler`].
 
 mod checks;
+mod cutoff;
 mod fleet;
 
 use std::time::Duration;
