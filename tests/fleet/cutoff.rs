@@ -371,7 +371,7 @@ impl Figures {
             },
         );
         for f in self.fatal.iter().take(3) {
-            eprintln!("cutoff:   FATAL: {f}");
+            eprintln!("cutoff:   {f}");
         }
     }
 }
@@ -927,9 +927,16 @@ async fn cut_off_calls_of_every_form_through_pgbouncer() {
     for f in &all {
         f.print();
     }
-    let killed = control.iter().filter(|f| !f.alive).count();
+    // pgbouncer's own FATALs (`FATAL @src/...`) say it died; a pooler
+    // that does not serve without one was refused logins by PostgreSQL.
+    let crashed = control
+        .iter()
+        .filter(|f| f.fatal.iter().any(|l| l.contains("FATAL @")))
+        .count();
+    let not_serving = control.iter().filter(|f| !f.alive).count();
     eprintln!(
-        "==== control, tokio-postgres cancel_query: pgbouncer killed in {killed} of {} rounds ====",
+        "==== control, tokio-postgres cancel_query: pgbouncer died in {crashed} of {} rounds, \
+         did not serve at the end in {not_serving} ====",
         control.len()
     );
     for f in &control {
