@@ -657,18 +657,27 @@ async fn lockers(form: Form, cell: &Cell) -> Lockers {
     out
 }
 
-/// Runs `calls` cut-off calls of `form` on `transport` (at most for
-/// `seconds`), with the foreign application beside; its figures.
-async fn cell(
-    db: &TestServer,
-    observer: &Client,
-    tls: &Tls,
-    form: Form,
-    transport: Transport,
+/// What every cell of a run shares.
+struct Run<'a> {
+    db: &'a TestServer,
+    observer: &'a Client,
+    tls: &'a Tls,
+    /// Calls per cell.
     calls: u64,
+    /// The most a cell makes calls for.
     seconds: u64,
-    seed: u64,
-) -> Figures {
+}
+
+/// Runs `run.calls` cut-off calls of `form` on `transport` (at most for
+/// `run.seconds`), with the foreign application beside; its figures.
+async fn cell(run: &Run<'_>, form: Form, transport: Transport, seed: u64) -> Figures {
+    let Run {
+        db,
+        observer,
+        tls,
+        calls,
+        seconds,
+    } = *run;
     let cell = Arc::new(Cell::start(db, transport, tls));
     let mut figures = Figures {
         name: format!("{} {}", form.name(), transport.name()),
@@ -892,30 +901,20 @@ async fn cut_off_calls_of_every_form_through_pgbouncer() {
          the waits must end within {FREED_BOUND:?} of the last call",
         cells.len()
     );
+    let run = Run {
+        db: &db,
+        observer: &observer,
+        tls: &tls,
+        calls: per_cell,
+        seconds,
+    };
     let mut all = Vec::new();
     for (i, &(form, transport)) in cells.iter().enumerate() {
-        all.push(
-            cell(
-                &db, &observer, &tls, form, transport, per_cell, seconds, i as u64,
-            )
-            .await,
-        );
+        all.push(cell(&run, form, transport, i as u64).await);
     }
     let mut control = Vec::new();
     for round in 0..rounds {
-        control.push(
-            cell(
-                &db,
-                &observer,
-                &tls,
-                Form::CancelQuery,
-                Transport::Plain,
-                per_cell,
-                seconds,
-                1_000 + round,
-            )
-            .await,
-        );
+        control.push(cell(&run, Form::CancelQuery, Transport::Plain, 1_000 + round).await);
     }
     let _ = release.send(());
     holding.await.expect("the holder");
@@ -941,6 +940,10 @@ async fn cut_off_calls_of_every_form_through_pgbouncer() {
     );
     for f in &control {
         f.print();
+        // The same checks as lockkit's cells: what they catch.
+        for h in f.hazards() {
+            eprintln!("cutoff:   control hazard: {h}");
+        }
     }
     let hazards: Vec<String> = all
         .iter()
