@@ -298,7 +298,11 @@ struct Figures {
     /// Connections to the pooler that failed (not calls).
     connect_errors: u64,
     first_connect_error: Option<String>,
+    /// The first error of a call that ended before its cut-off.
+    first_early_error: Option<String>,
     alive: bool,
+    /// Why a new client was not answered at the end.
+    not_serving: Option<String>,
     fatal: Vec<String>,
     foreign_ok: u64,
     foreign_own: u64,
@@ -318,7 +322,10 @@ impl Figures {
     fn hazards(&self) -> Vec<String> {
         let mut out = Vec::new();
         if !self.alive {
-            out.push(format!("pgbouncer dead: {:?}", self.fatal));
+            out.push(format!(
+                "pgbouncer not serving ({:?}): {:?}",
+                self.not_serving, self.fatal
+            ));
         }
         if self.foreign_caused > 0 {
             out.push(format!(
@@ -352,7 +359,7 @@ impl Figures {
             self.calls,
             self.ended,
             self.seconds,
-            if self.alive { "alive" } else { "DEAD" },
+            if self.alive { "serving" } else { "NOT SERVING" },
             self.fatal.len(),
             self.foreign_ok,
             self.foreign_own,
@@ -370,6 +377,12 @@ impl Figures {
                 None => String::new(),
             },
         );
+        if let Some(e) = &self.first_early_error {
+            eprintln!("cutoff:   a call that failed before its cut-off: {e}");
+        }
+        if let Some(e) = &self.not_serving {
+            eprintln!("cutoff:   a new client was not served: {e}");
+        }
         for f in self.fatal.iter().take(3) {
             eprintln!("cutoff:   {f}");
         }
@@ -496,8 +509,8 @@ async fn cut_off_point(n: u64, rng: &mut fastrand::Rng, observer: &Client) {
     }
 }
 
-/// One call of `form`, cut off at [`cut_off_point`]: `true` when it ended
-/// before (an error, or granted).
+/// One call of `form`, cut off at [`cut_off_point`]: `None` when it was
+/// cut off, `Some` when it ended before (with its error, if it failed).
 async fn one_call(
     form: Form,
     cell: &Cell,
@@ -506,7 +519,7 @@ async fn one_call(
     n: u64,
     rng: &mut fastrand::Rng,
     observer: &Client,
-) -> Result<bool, String> {
+) -> Result<Option<Option<String>>, String> {
     let cut = cut_off_point(n, rng, observer);
     // The call's set-up (a connection, `BEGIN`) behind a pooler whose
     // server connections are all taken waits for one: bounded, and
@@ -519,8 +532,8 @@ async fn one_call(
     macro_rules! race {
         ($call:expr) => {{
             tokio::select! {
-                _ = $call => Ok(true),
-                () = cut => Ok(false),
+                r = $call => Ok(Some(r.err().map(|e| e.to_string()))),
+                () = cut => Ok(None),
             }
         }};
     }
@@ -722,10 +735,17 @@ async fn cell(run: &Run<'_>, form: Form, transport: Transport, seed: u64) -> Fig
     let made = AtomicU64::new(0);
     let connect_errors = AtomicU64::new(0);
     let first_error = std::sync::Mutex::new(None::<String>);
+    let first_early = std::sync::Mutex::new(None::<String>);
     let tasks = (0..TASKS).map(|t| {
         let (cell, lockers, sessions) = (&cell, &lockers, sessions.as_ref());
-        let (next, ended, made, connect_errors, first_error) =
-            (&next, &ended, &made, &connect_errors, &first_error);
+        let (next, ended, made, connect_errors, first_error, first_early) = (
+            &next,
+            &ended,
+            &made,
+            &connect_errors,
+            &first_error,
+            &first_early,
+        );
         async move {
             let mut rng = fastrand::Rng::with_seed(seed ^ (t as u64).wrapping_mul(0x9e37_79b9));
             loop {
@@ -736,8 +756,11 @@ async fn cell(run: &Run<'_>, form: Form, transport: Transport, seed: u64) -> Fig
                 match one_call(form, cell, lockers, sessions, n, &mut rng, observer).await {
                     Ok(early) => {
                         made.fetch_add(1, Ordering::Relaxed);
-                        if early {
+                        if let Some(error) = early {
                             ended.fetch_add(1, Ordering::Relaxed);
+                            if let Some(e) = error {
+                                first_early.lock().unwrap().get_or_insert(e);
+                            }
                         }
                     }
                     Err(e) => {
@@ -756,6 +779,7 @@ async fn cell(run: &Run<'_>, form: Form, transport: Transport, seed: u64) -> Fig
     figures.ended = ended.load(Ordering::Relaxed);
     figures.connect_errors = connect_errors.load(Ordering::Relaxed);
     figures.first_connect_error = first_error.lock().unwrap().take();
+    figures.first_early_error = first_early.lock().unwrap().take();
     drop(sessions);
 
     // Every wait ends within the bound, the keys still held.
@@ -779,13 +803,16 @@ async fn cell(run: &Run<'_>, form: Form, transport: Transport, seed: u64) -> Fig
     figures.foreign_longest = longest;
     (figures.max_backends, figures.max_clients) = sampler.await.expect("the sampler");
     // Whether a new client (over TLS where the cell is) is answered.
-    figures.alive = matches!(
-        tokio::time::timeout(SETUP_BOUND, async {
-            cell.connect().await?.simple_query("SELECT 1").await
-        })
-        .await,
-        Ok(Ok(_))
-    );
+    let answer = tokio::time::timeout(SETUP_BOUND, async {
+        cell.connect().await?.simple_query("SELECT 1").await
+    })
+    .await;
+    figures.not_serving = match answer {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(with_sources(&e)),
+        Err(_) => Some(format!("no answer within {SETUP_BOUND:?}")),
+    };
+    figures.alive = figures.not_serving.is_none();
     figures.fatal = cell
         .bouncer
         .log()
