@@ -29,6 +29,24 @@ pub(crate) fn errors(report: &Report) -> Result<(), String> {
     ))
 }
 
+/// No error of the foreign applications that lockkit may have caused
+/// (`lockkit_tests::harm`): the pooler never refused them nor went away,
+/// and none of their transactions took longer than
+/// `harm::HOSTAGE_BOUND`, as one would behind server connections held
+/// hostage by lockkit's waits.
+pub(crate) fn harm(report: &Report) -> Result<(), String> {
+    let harmed = report.harmed_count();
+    if harmed == 0 {
+        return Ok(());
+    }
+    let first: Vec<String> = report.harmed.iter().take(5).map(|e| short(e)).collect();
+    Err(format!(
+        "{harmed} errors of the foreign applications caused by lockkit (by role: {:?}); \
+         the first: {first:#?}",
+        report.by_role("harmed"),
+    ))
+}
+
 /// Exclusion held: for every key, its counter equals its log rows (a lost
 /// update, two holders at once, leaves it below), and the sampler never saw
 /// a key granted exclusive to two sessions at once.

@@ -129,6 +129,9 @@ struct Seen {
     finished: bool,
     /// Its unexpected errors, as printed.
     unexpected: Vec<String>,
+    /// Its foreign applications' errors that lockkit may have caused, as
+    /// printed.
+    harmed: Vec<String>,
     /// Its stderr.
     stderr: String,
 }
@@ -148,6 +151,10 @@ pub(crate) struct Report {
     counts: Vec<(Role, Value)>,
     /// Unexpected errors as the workers printed them, with their role.
     pub(crate) unexpected: Vec<String>,
+    /// Errors of the foreign applications that lockkit may have caused
+    /// (`lockkit_tests::harm`), as the workers printed them, with their
+    /// role.
+    pub(crate) harmed: Vec<String>,
     /// Processes started (restarts included).
     pub(crate) processes: usize,
     /// Processes killed with SIGKILL.
@@ -174,6 +181,31 @@ impl Report {
             .iter()
             .map(|(_, v)| v[field].as_u64().unwrap_or(0))
             .sum()
+    }
+
+    /// The largest value of counter `field` over every process.
+    pub(crate) fn max(&self, field: &str) -> u64 {
+        self.counts
+            .iter()
+            .map(|(_, v)| v[field].as_u64().unwrap_or(0))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Transactions of the foreign applications.
+    pub(crate) fn foreign_txs(&self) -> u64 {
+        self.counts
+            .iter()
+            .filter(|(role, _)| matches!(role, Role::ForeignTp | Role::ForeignSqlx))
+            .map(|(_, v)| v["txs"].as_u64().unwrap_or(0))
+            .sum()
+    }
+
+    /// Errors of the foreign applications that lockkit may have caused:
+    /// the workers' counts, or the lines they printed if more (a killed
+    /// worker's last count may be behind its lines).
+    pub(crate) fn harmed_count(&self) -> u64 {
+        self.sum("harmed").max(self.harmed.len() as u64)
     }
 
     /// Counter `field` summed per role.
@@ -212,6 +244,14 @@ impl Report {
             self.sum("foreign"),
             self.sum("unexpected").max(self.unexpected.len() as u64),
         );
+        eprintln!(
+            "foreign applications: {} transactions, the longest {} ms; \
+             errors caused by lockkit (pooler refused or gone, or a transaction over {:?}): {}",
+            self.foreign_txs(),
+            self.max("longest_ms"),
+            lockkit_tests::harm::HOSTAGE_BOUND,
+            self.harmed_count(),
+        );
         for field in ["txs", "locks", "timeouts", "lost", "clashes", "unexpected"] {
             eprintln!("  {field} by role: {:?}", self.by_role(field));
         }
@@ -222,6 +262,9 @@ impl Report {
         );
         for e in self.unexpected.iter().take(10) {
             eprintln!("  unexpected: {}", short(e));
+        }
+        for e in self.harmed.iter().take(10) {
+            eprintln!("  caused by lockkit: {}", short(e));
         }
         for f in &self.failures {
             eprintln!("  failure: {f}");
@@ -345,6 +388,14 @@ impl Fleet {
                         short(message)
                     );
                     seen.unexpected.push(message.to_owned());
+                } else if let Some(message) = v.get("harmed").and_then(Value::as_str) {
+                    eprintln!(
+                        "fleet: {} caused by lockkit?, {} worker {pid}: {}",
+                        utc_now(),
+                        role.arg(),
+                        short(message)
+                    );
+                    seen.harmed.push(message.to_owned());
                 } else {
                     seen.finished = v["final"].as_bool().unwrap_or(false);
                     seen.last = Some(v);
@@ -531,6 +582,9 @@ impl Fleet {
                     .iter()
                     .map(|m| format!("{}: {m}", w.role.arg())),
             );
+            report
+                .harmed
+                .extend(seen.harmed.iter().map(|m| format!("{}: {m}", w.role.arg())));
         }
         report
     }

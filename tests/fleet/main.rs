@@ -9,6 +9,10 @@
 //! says what each role does). After the run, [`checks`] asks:
 //! - no unexpected error on any worker ([`checks::errors`]), a pooled
 //!   connection handed out inside a transaction included;
+//! - no error of the foreign applications caused by lockkit
+//!   ([`checks::harm`]): the pooler never refused them nor went away, and
+//!   none of their transactions took longer than
+//!   `lockkit_tests::harm::HOSTAGE_BOUND`;
 //! - exclusion held ([`checks::exclusion`]): per key, the counter equals
 //!   its log rows, and the sampler never saw a key granted exclusive to
 //!   two sessions;
@@ -22,6 +26,7 @@
 //! [`control_session_level_locks_left_behind_the_pooler`].
 
 mod checks;
+mod cutoff;
 mod fleet;
 
 use std::time::Duration;
@@ -68,6 +73,7 @@ async fn a_fleet_behind_one_shared_pooler() {
     report.print(&format!("the fleet ({seconds} s)"));
     let mut failures = Vec::new();
     failures.extend(checks::errors(&report).err());
+    failures.extend(checks::harm(&report).err());
     failures.extend(checks::exclusion(&fleet.observer, &report).await.err());
     failures.extend(
         checks::nothing_left(&fleet.observer, checks::SETTLE)
@@ -180,4 +186,112 @@ async fn sqlx_locker_new_behind_the_shared_pooler() {
         failures.len(),
         failures[0]
     );
+}
+
+/// Control of [`checks::harm`]: what a real pgbouncer 1.18 sends a client it
+/// refuses, and what a refused connection gives, are read as caused by
+/// lockkit (`lockkit_tests::harm::caused_by_lockkit`); an application's own
+/// errors (a statement name clash, its backend terminated) are not. Each
+/// text comes from the pooler itself: its client slots full
+/// (`max_client_conn`), no server connection within `query_wait_timeout`,
+/// nothing listening once it is gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_harm_classifier_reads_what_pgbouncer_sends() {
+    use lockkit_tests::harm::caused_by_lockkit;
+    use lockkit_tests::{PgBouncer, TestServer};
+    use tokio_postgres::NoTls;
+
+    let db = TestServer::shared();
+    let bouncer = PgBouncer::builder(db)
+        .pool_mode("transaction")
+        .default_pool_size(1)
+        .setting("max_client_conn", "3")
+        .setting("query_wait_timeout", "1")
+        .start();
+    let text = |e: &tokio_postgres::Error| {
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            text.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        text
+    };
+    let mut caused = Vec::new();
+    let mut own = Vec::new();
+
+    // The application's own: a statement name it used twice on its
+    // server connection, and its backend terminated under it.
+    let app = bouncer.connect().await;
+    let e = app
+        .batch_execute("BEGIN; PREPARE fleet_own AS SELECT 1; PREPARE fleet_own AS SELECT 2")
+        .await
+        .expect_err("a name used twice");
+    own.push(text(&e));
+    app.batch_execute("ROLLBACK; BEGIN").await.unwrap();
+    let pid: i32 = app
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let observer = db.connect().await;
+    observer
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let e = app
+        .simple_query("SELECT 1")
+        .await
+        .expect_err("its backend was terminated");
+    own.push(text(&e));
+
+    // The one server connection pinned by an open transaction: another
+    // client waits for it until query_wait_timeout.
+    let pin = bouncer.connect().await;
+    pin.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let waiter = bouncer.connect().await;
+    let e = waiter
+        .simple_query("SELECT 1")
+        .await
+        .expect_err("no server connection within query_wait_timeout");
+    caused.push(text(&e));
+
+    // Its client slots full (those closed may take a moment to free
+    // theirs): a new client is refused.
+    let mut clients = Vec::new();
+    let refused = loop {
+        match bouncer.config().connect(NoTls).await {
+            Ok((client, connection)) => {
+                tokio::spawn(connection);
+                clients.push(client);
+                assert!(clients.len() <= 3, "max_client_conn = 3 refused no client");
+            }
+            Err(e) => break e,
+        }
+    };
+    caused.push(text(&refused));
+    drop((pin, clients));
+
+    // The pooler gone: nothing listens.
+    let config = bouncer.config();
+    drop(bouncer);
+    let e = config
+        .connect(NoTls)
+        .await
+        .err()
+        .expect("nothing listens once pgbouncer is gone");
+    caused.push(text(&e));
+
+    for t in &caused {
+        eprintln!("caused by lockkit? {:?} <- {t}", caused_by_lockkit(t));
+    }
+    for t in &own {
+        eprintln!("the application's own? {:?} <- {t}", caused_by_lockkit(t));
+    }
+    let misread: Vec<&String> = caused
+        .iter()
+        .filter(|t| caused_by_lockkit(t).is_none())
+        .chain(own.iter().filter(|t| caused_by_lockkit(t).is_some()))
+        .collect();
+    assert!(misread.is_empty(), "misread: {misread:#?}");
 }

@@ -71,6 +71,7 @@ mod binaries;
 pub mod capture;
 pub mod fixtures;
 pub mod forge;
+pub mod harm;
 mod instance;
 pub mod keys_doc;
 pub mod observe;

@@ -29,7 +29,10 @@
 //! `PROBE`, in simple-protocol form (`PROBE_SET`, `PROBE_CHECK`).
 //!
 //! Output, on stdout, one JSON object a line: `{"unexpected": …}` at once
-//! for each unexpected error, and every second and at the end (with
+//! for each unexpected error, `{"harmed": …}` at once for each error of a
+//! foreign role that lockkit may have caused (`lockkit_tests::harm`: the
+//! pooler refused it or was gone, or a transaction took longer than
+//! `harm::HOSTAGE_BOUND`), and every second and at the end (with
 //! `"final": true`) the cumulative counts (`Tally`). A worker killed
 //! with SIGKILL has printed every unexpected error it met and its counts of
 //! the last second.
@@ -40,6 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockkit::{AdvisoryKey, Batch, Config, Error, LockClient, Locker, StatementMode};
+use lockkit_tests::harm;
 use serde_json::json;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, NoTls};
@@ -130,8 +134,16 @@ struct Tally {
     /// Pooled connections checked for a transaction at hand-out.
     probes: AtomicU64,
     /// Errors of the foreign roles, whose own named statements meet the
-    /// pooler: counted, not a lockkit failure.
+    /// pooler, or whose backend the runner terminated: counted, not a
+    /// lockkit failure.
     foreign: AtomicU64,
+    /// Errors of the foreign roles that lockkit may have caused
+    /// (`lockkit_tests::harm`): the pooler refused them or was gone, or one
+    /// of their transactions took longer than `harm::HOSTAGE_BOUND`.
+    harmed: AtomicU64,
+    /// The foreign roles' longest transaction, first statement (connection
+    /// from the pool included) to the commit's reply, in milliseconds.
+    longest_ms: AtomicU64,
 }
 
 /// Why an error happened.
@@ -262,6 +274,42 @@ impl Tally {
         println!("{}", json!({ "role": role, "unexpected": message }));
     }
 
+    /// Counts an error of a foreign role: lockkit's doing
+    /// ([`Tally::harmed`], printed at once with `what`) when
+    /// `lockkit_tests::harm` says so, else the application's own.
+    fn foreign_error(&self, role: &str, what: &str, text: &str) {
+        match harm::caused_by_lockkit(text) {
+            Some(cause) => {
+                Self::add(&self.harmed, 1);
+                println!(
+                    "{}",
+                    json!({ "role": role, "harmed": format!("{cause}: {what}: {text}") })
+                );
+            }
+            None => Self::add(&self.foreign, 1),
+        }
+    }
+
+    /// Times a foreign role's transaction that took `took`: past
+    /// `harm::HOSTAGE_BOUND`, it was held hostage ([`Tally::harmed`]).
+    fn foreign_took(&self, role: &str, took: Duration) {
+        let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        self.longest_ms.fetch_max(ms, Ordering::Relaxed);
+        if took > harm::HOSTAGE_BOUND {
+            Self::add(&self.harmed, 1);
+            println!(
+                "{}",
+                json!({
+                    "role": role,
+                    "harmed": format!(
+                        "a transaction took {took:.1?}, over the bound of {:?}",
+                        harm::HOSTAGE_BOUND
+                    ),
+                })
+            );
+        }
+    }
+
     /// Counts what `done` says was done.
     fn done(&self, done: &Done) {
         match done {
@@ -292,6 +340,8 @@ impl Tally {
             "clashes": get(&self.clashes),
             "probes": get(&self.probes),
             "foreign": get(&self.foreign),
+            "harmed": get(&self.harmed),
+            "longest_ms": get(&self.longest_ms),
         })
         .to_string()
     }
@@ -551,6 +601,10 @@ impl Ctx {
                 Ok((client, connection)) => {
                     tokio::spawn(connection);
                     return Some(client);
+                }
+                Err(e) if self.role.starts_with("foreign") => {
+                    self.tally.foreign_error(&self.role, "connect", &chain(&e));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Err(e) => {
                     self.tally.error(&self.role, "connect", &Error::from(e));
@@ -1001,6 +1055,7 @@ async fn foreign_tp(ctx: Arc<Ctx>, task: u64) {
     let mut round = 0_u64;
     while ctx.running() {
         round += 1;
+        let started = Instant::now();
         let outcome: Result<(), tokio_postgres::Error> = async {
             let tx = client.transaction().await?;
             let add = tx.prepare("SELECT $1::int8 + 1").await?;
@@ -1014,10 +1069,12 @@ async fn foreign_tp(ctx: Arc<Ctx>, task: u64) {
             tx.commit().await
         }
         .await;
+        ctx.tally.foreign_took(&ctx.role, started.elapsed());
         match outcome {
             Ok(()) => Tally::add(&ctx.tally.txs, 1),
-            Err(_) => {
-                Tally::add(&ctx.tally.foreign, 1);
+            Err(e) => {
+                ctx.tally
+                    .foreign_error(&ctx.role, "transaction", &chain(&e));
                 if client.is_closed() {
                     match ctx.connect().await {
                         Some(c) => client = c,
@@ -1042,6 +1099,11 @@ mod with_sqlx {
         while ctx.running() {
             match PgPool::connect(&ctx.url).await {
                 Ok(pool) => return Some(pool),
+                Err(e) if ctx.role.starts_with("foreign") => {
+                    ctx.tally
+                        .foreign_error(&ctx.role, "PgPool::connect", &chain(&e));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 Err(e) => {
                     ctx.tally
                         .error(&ctx.role, "PgPool::connect", &lock_error(e));
@@ -1197,6 +1259,7 @@ mod with_sqlx {
                 tokio::spawn(async move {
                     let mut dice = ctx.dice(t);
                     while ctx.running() {
+                        let started = Instant::now();
                         let outcome: Result<(), sqlx::Error> = async {
                             let mut tx = pool.begin().await?;
                             let _: i64 = sqlx::query_scalar("SELECT $1::int8 * 2")
@@ -1209,9 +1272,12 @@ mod with_sqlx {
                             tx.commit().await
                         }
                         .await;
+                        ctx.tally.foreign_took(&ctx.role, started.elapsed());
                         match outcome {
                             Ok(()) => Tally::add(&ctx.tally.txs, 1),
-                            Err(_) => Tally::add(&ctx.tally.foreign, 1),
+                            Err(e) => ctx
+                                .tally
+                                .foreign_error(&ctx.role, "transaction", &chain(&e)),
                         }
                     }
                 })
