@@ -263,14 +263,17 @@ async fn a_dropped_diesel_async_lock_call_is_cancelled_over_tls() {
         let (config, tls) = (config.clone(), tls.clone());
         async move {
             let (client, connection) = config.connect(tls).await.unwrap();
-            // Slices of a minute, as above.
-            client
-                .batch_execute("SET deadlock_timeout = '60s'")
-                .await
-                .unwrap();
             let mut conn = AsyncPgConnection::try_from_client_and_connection(client, connection)
                 .await
                 .unwrap();
+            // Slices of a minute, as above (once the connection runs: it is
+            // diesel-async's to drive).
+            diesel_async::SimpleAsyncConnection::batch_execute(
+                &mut conn,
+                "SET deadlock_timeout = '60s'",
+            )
+            .await
+            .unwrap();
             let pid = diesel_async_pid(&mut conn).await;
             (conn, pid)
         }
