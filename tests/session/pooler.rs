@@ -705,18 +705,9 @@ async fn tries_behind_a_saturated_pooler_are_busy_or_time_out() {
     drop((sessions, holders));
     // Every drained connection ends with a Terminate while idle: none left,
     // and the pooler closed no server connection under a statement.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = bouncer.clients_of("postgres").await;
-        if left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{left} clients left in the pooler 60 s after every lock let go"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    bouncer
+        .until_no_clients_of("postgres", "every lock let go")
+        .await;
     assert_eq!(bouncer.abrupt_client_closes(), Vec::<String>::new());
     for id in 71_001..=id {
         assert_eq!(

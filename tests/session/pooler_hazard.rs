@@ -285,18 +285,7 @@ async fn cut_off_session_locks_under_churn_leave_the_shared_pooler_and_its_clien
     bouncer.serving().await.unwrap();
     // Every lockkit connection ends (the `SessionLock`s are gone): their
     // ends are in pgbouncer's log before it is read.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = bouncer.clients_of("postgres").await;
-        if left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{left} clients left in pgbouncer 60 s after the churn"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    bouncer.until_no_clients_of("postgres", "the churn").await;
     let abrupt = bouncer.abrupt_client_closes();
     assert!(
         abrupt.is_empty(),
@@ -430,18 +419,9 @@ async fn a_try_loop_behind_a_saturated_pooler_keeps_its_clients_within_the_bound
     }
     drop((sessions, holders));
     // The drained connections end, each with a Terminate while idle.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = bouncer.clients_of("postgres").await;
-        if left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{left} clients left in pgbouncer 60 s after the locks let go"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    bouncer
+        .until_no_clients_of("postgres", "the locks let go")
+        .await;
     let abrupt = bouncer.abrupt_client_closes();
     assert!(
         abrupt.is_empty(),

@@ -279,6 +279,34 @@ impl PgBouncer {
             .count()
     }
 
+    /// Waits until pgbouncer has no client of `database` left (a hang guard
+    /// of 60 s, no timing claim: a client that ends cleanly is gone at
+    /// once); `after` names what they should have ended with, for the
+    /// panic.
+    ///
+    /// # Panics
+    ///
+    /// When clients are still there after 60 s, or as
+    /// [`clients_of`](Self::clients_of).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`clients_of`](Self::clients_of).
+    pub async fn until_no_clients_of(&self, database: &str, after: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = self.clients_of(database).await;
+            if left == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{left} clients left in pgbouncer 60 s after {after}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// The connection settings of pgbouncer's admin console (database
     /// `pgbouncer`, as `postgres`, one of its `admin_users`).
     pub fn admin_config(&self) -> Config {
