@@ -466,7 +466,7 @@ async fn calls_on_a_held_key(db: &TestServer, calls: Calls) -> Result<(), String
 /// never lets go: no cancel request reaches the pooler, and every wait
 /// still ends, at the end of its slice on the server, freeing its server
 /// connection, while the key is held. With waits left unbounded
-/// (`.ci/mutations "waits unbounded"`), the cut-off waits hold the pool's
+/// (`.ci/mutations "left unbounded"`), the cut-off waits hold the pool's
 /// server connections until the holder lets go: sessions still wait after
 /// 30 s.
 #[tokio::test(flavor = "multi_thread")]
