@@ -619,12 +619,12 @@ async fn a_lock_taken_again_the_moment_one_is_lost_gets_a_new_connection() {
     let _log = db.guard();
     let observer = db.connect().await;
     let sessions = multiplexed(db.config(), 1);
-    let first = Feed { id: 931_000 };
+    let first = Feed { id: 935_000 };
     let mut guard = sessions.try_lock(first).await.expect("try").expect("free");
     for round in 1..=30 {
         let victim = guard.backend_pid();
         let next = Feed {
-            id: 931_000 + round,
+            id: 935_000 + round,
         };
         let (polled_tx, polled) = tokio::sync::oneshot::channel();
         let _hook = {
