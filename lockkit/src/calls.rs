@@ -206,12 +206,7 @@ pub(crate) async fn try_permit<
 /// the driver: the engine's fast path.
 ///
 /// A lock whose wait is bounded on the server ([`driver::bounds_waits`])
-/// waits in the general call's slices. Where the call has the connection to
-/// itself, it tries first, in the one statement of the fast path, and
-/// waits only for a busy key: a key that is free costs what it costs
-/// unbounded. Where the application may pipeline statements behind the
-/// call (tokio-postgres), a busy try would let them run before the lock is
-/// held, so the call waits in slices from the start.
+/// runs as [`bounded_lock`] says, behind a box.
 ///
 /// Always inlined, as the engine's hot path is: the statement's future is
 /// then built in the lock call's own state, not returned from here and
@@ -252,8 +247,8 @@ async fn send_one<
 /// A one-key lock whose wait is bounded on the server
 /// ([`driver::bounds_waits`]). Where the call has the connection to itself
 /// (`exclusive`), it tries first, in the one statement of the unbounded
-/// lock, and waits in slices only for a busy key: a free key costs what it
-/// costs unbounded. Where the application may pipeline statements behind
+/// lock, and waits in slices only for a busy key: a free key costs the one
+/// statement it costs unbounded (and the box). Where the application may pipeline statements behind
 /// the call (tokio-postgres), a busy try would let them run before the lock
 /// is held, so it waits in slices from the start.
 async fn bounded_lock<D: Driver, K: AdvisoryKey>(
