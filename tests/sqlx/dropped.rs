@@ -180,15 +180,14 @@ async fn a_savepoint_dropped_while_its_closure_waits_is_rolled_back_and_the_tran
     assert!(!held_by(observer, pid, after.lock_key()).await);
 }
 
-/// A closure form whose lock call was cut off in flight (here by
-/// `now_or_never`, while another session holds the key) and whose closure
-/// then returns `Ok` must not report the transaction committed: whether
-/// the cancel or the grant won, the call's outcome is unknown, the
-/// transaction is poisoned, and `transaction` rolls back and fails typed.
-/// The application's write in it is not committed.
+/// A closure form whose lock call was cut off in flight (here once the
+/// server shows it waiting for the key another session holds) and whose
+/// closure then returns `Ok` must not report the transaction committed:
+/// the call's outcome is unknown, the transaction is poisoned, and
+/// `transaction` rolls back and fails typed. The application's write in it
+/// is not committed.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_closure_whose_lock_call_was_cut_off_is_not_committed() {
-    use futures_util::FutureExt;
     let s = Setup::new().await;
     let holder = s.db.connect().await;
     let (pool, locker, observer) = (&s.pool, &s.locker, &s.observer);
@@ -210,10 +209,13 @@ async fn a_closure_whose_lock_call_was_cut_off_is_not_committed() {
             .await
             .unwrap();
         // sqlx has no cancel request: the cut-off statement keeps waiting
-        // behind the holder, and so does the transaction's end. It runs
-        // in a task; the holder lets go once the statement is seen
-        // waiting for the key.
+        // behind the holder (for at most its slice), and so does the
+        // transaction's end. It runs in a task, cut off once the server
+        // shows it waiting for the key (a lock's first statement, a try,
+        // does not wait); then the holder lets go.
         let (pool2, locker2) = (pool.clone(), locker.clone());
+        let cut = std::sync::Arc::new(tokio::sync::Notify::new());
+        let cut_here = cut.clone();
         let task = tokio::spawn(async move {
             locker2
                 .transaction(&pool2, |tx| {
@@ -223,14 +225,18 @@ async fn a_closure_whose_lock_call_was_cut_off_is_not_committed() {
                             .execute(tx.conn())
                             .await
                             .map_err(lockkit_sqlx::lock_error)?;
-                        // Sent, waiting behind the holder, then dropped.
-                        assert!(tx.lock(key).now_or_never().is_none());
+                        // Waiting behind the holder, then dropped.
+                        tokio::select! {
+                            r = tx.lock(key) => panic!("granted while held: {:?}", r.map(|_| ())),
+                            () = cut_here.notified() => {}
+                        }
                         Ok::<_, Error>(())
                     })
                 })
                 .await
         });
         lockkit_tests::observe::wait_until_key_waited(observer, lock_key).await;
+        cut.notify_one();
         holder.batch_execute("ROLLBACK").await.unwrap();
         let result = task.await.unwrap();
         let e = result.expect_err("a transaction with a cut-off lock call was reported committed");
