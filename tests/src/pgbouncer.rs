@@ -242,6 +242,22 @@ impl PgBouncer {
         self.log_lines("while server was not ready")
     }
 
+    /// Asserts that the pooler closed no server connection under a
+    /// statement whose client left ([`abrupt_client_closes`](Self::abrupt_client_closes)).
+    ///
+    /// # Panics
+    ///
+    /// When it did, naming how many and the first.
+    pub fn assert_no_abrupt_closes(&self) {
+        let abrupt = self.abrupt_client_closes();
+        assert!(
+            abrupt.is_empty(),
+            "the pooler closed {} server connections under a statement, first: {:?}",
+            abrupt.len(),
+            abrupt.first()
+        );
+    }
+
     /// How many clients pgbouncer itself counts for `database`, whatever
     /// state they are in (`SHOW CLIENTS` on its admin console): a client
     /// that closed its side while waiting for a server connection is still
